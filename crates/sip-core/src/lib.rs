@@ -1,0 +1,13 @@
+//! The sans-IO SIP protocol core of sipsec.
+//!
+//! Nothing here touches a socket, a clock or a thread: callers hand in bytes and the current
+//! time, and get back parsed views, rewritten bytes, and actions to perform. That keeps every
+//! protocol decision testable in simulated time, the way `quinn-proto` and `rustls` are built.
+//!
+//! - [`message`]: zero-copy, lazy RFC 3261 parsing, URIs, splice-based rewriting, framing.
+//! - [`transaction`]: the four RFC 3261 §17 transaction state machines and their table.
+//! - [`timer`]: the hierarchical timing wheel every timer lives on.
+
+pub mod message;
+pub mod timer;
+pub mod transaction;

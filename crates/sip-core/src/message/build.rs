@@ -1,0 +1,130 @@
+//! Building messages the server originates: responses to a request, and the ACK for a non-2xx
+//! final response (RFC 3261 §17.1.1.3). Header values are copied verbatim from the request, so
+//! building costs one output buffer.
+
+use super::{HeaderName, Message};
+use std::io::Write as _;
+
+/// The default reason phrase for a status code.
+pub fn reason_phrase(code: u16) -> &'static str {
+    match code {
+        100 => "Trying",
+        180 => "Ringing",
+        183 => "Session Progress",
+        200 => "OK",
+        202 => "Accepted",
+        302 => "Moved Temporarily",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        407 => "Proxy Authentication Required",
+        408 => "Request Timeout",
+        415 => "Unsupported Media Type",
+        416 => "Unsupported URI Scheme",
+        420 => "Bad Extension",
+        423 => "Interval Too Brief",
+        480 => "Temporarily Unavailable",
+        481 => "Call/Transaction Does Not Exist",
+        482 => "Loop Detected",
+        483 => "Too Many Hops",
+        487 => "Request Terminated",
+        500 => "Server Internal Error",
+        501 => "Not Implemented",
+        503 => "Service Unavailable",
+        504 => "Server Time-out",
+        505 => "Version Not Supported",
+        513 => "Message Too Large",
+        _ => "Unknown",
+    }
+}
+
+/// Writes a response to `req` into `out`: Via, From, To (with `to_tag` added when the To has
+/// no tag and the code is above 100), Call-ID and CSeq copied; then `extra` header lines (each
+/// ending in CRLF), and `body`.
+pub fn response(
+    req: &Message<'_>,
+    code: u16,
+    reason: &str,
+    to_tag: Option<&str>,
+    extra: &[u8],
+    body: &[u8],
+    out: &mut Vec<u8>,
+) {
+    let _ = write!(out, "SIP/2.0 {code} {reason}\r\n");
+    for h in req.headers_named(HeaderName::Via) {
+        out.extend_from_slice(b"Via: ");
+        out.extend_from_slice(req.value(h));
+        out.extend_from_slice(b"\r\n");
+    }
+    copy_header(req, HeaderName::From, "From", out);
+    if let Some(h) = req.header(HeaderName::To) {
+        out.extend_from_slice(b"To: ");
+        out.extend_from_slice(req.value(h));
+        let has_tag = req.to().ok().and_then(|t| t.tag()).is_some();
+        if let (false, Some(tag), true) = (has_tag, to_tag, code > 100) {
+            let _ = write!(out, ";tag={tag}");
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    copy_header(req, HeaderName::CallId, "Call-ID", out);
+    copy_header(req, HeaderName::CSeq, "CSeq", out);
+    out.extend_from_slice(extra);
+    let _ = write!(out, "Content-Length: {}\r\n\r\n", body.len());
+    out.extend_from_slice(body);
+}
+
+fn copy_header(req: &Message<'_>, name: HeaderName, label: &str, out: &mut Vec<u8>) {
+    if let Some(v) = req.header_value(name) {
+        out.extend_from_slice(label.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Writes the ACK a client INVITE transaction sends for a non-2xx final response: same
+/// Request-URI, top Via, From, Call-ID, CSeq number and Route as the INVITE, To from the
+/// response (RFC 3261 §17.1.1.3).
+pub fn ack_for_non2xx(invite: &Message<'_>, response: &Message<'_>, out: &mut Vec<u8>) {
+    let uri = invite.request_uri().map_or(&b""[..], |u| u.raw);
+    out.extend_from_slice(b"ACK ");
+    out.extend_from_slice(uri);
+    out.extend_from_slice(b" SIP/2.0\r\nVia: ");
+    let via = invite.top_via();
+    out.extend_from_slice(&invite.as_bytes()[via.start..via.end]);
+    out.extend_from_slice(b"\r\n");
+    copy_header(invite, HeaderName::From, "From", out);
+    copy_header(response, HeaderName::To, "To", out);
+    copy_header(invite, HeaderName::CallId, "Call-ID", out);
+    let _ = write!(out, "CSeq: {} ACK\r\n", invite.cseq().seq);
+    for h in invite.headers_named(HeaderName::Route) {
+        out.extend_from_slice(b"Route: ");
+        out.extend_from_slice(invite.value(h));
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n");
+}
+
+/// Writes a CANCEL for a request this element sent (RFC 3261 §9.1): same Request-URI, top Via,
+/// From, To, Call-ID, CSeq number and Route.
+pub fn cancel_for(request: &Message<'_>, out: &mut Vec<u8>) {
+    let uri = request.request_uri().map_or(&b""[..], |u| u.raw);
+    out.extend_from_slice(b"CANCEL ");
+    out.extend_from_slice(uri);
+    out.extend_from_slice(b" SIP/2.0\r\nVia: ");
+    let via = request.top_via();
+    out.extend_from_slice(&request.as_bytes()[via.start..via.end]);
+    out.extend_from_slice(b"\r\n");
+    copy_header(request, HeaderName::From, "From", out);
+    copy_header(request, HeaderName::To, "To", out);
+    copy_header(request, HeaderName::CallId, "Call-ID", out);
+    let _ = write!(out, "CSeq: {} CANCEL\r\n", request.cseq().seq);
+    for h in request.headers_named(HeaderName::Route) {
+        out.extend_from_slice(b"Route: ");
+        out.extend_from_slice(request.value(h));
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n");
+}

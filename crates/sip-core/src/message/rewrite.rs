@@ -1,0 +1,241 @@
+//! Rewriting by splicing byte ranges: a proxy forwards the bytes it received with a few edits
+//! (a Via added or removed, Max-Forwards decremented, a Record-Route added, a Route removed, the
+//! Request-URI retargeted) instead of re-serialising the message.
+//!
+//! A [`Splice`] collects edits as (offset range of the original, replacement text) and writes
+//! the result in one pass. Replacement text is appended to one scratch buffer, so a whole
+//! forward costs the output buffer and no per-edit allocation.
+
+use super::{HeaderField, HeaderName, Message};
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+#[derive(Debug, Clone, Copy)]
+struct Edit {
+    start: usize,
+    end: usize,
+    text_start: usize,
+    text_end: usize,
+    /// Orders edits at one offset: inserts keep the order they were added in.
+    seq: usize,
+}
+
+/// A set of edits over one source buffer.
+#[derive(Debug, Default)]
+pub struct Splice {
+    edits: Vec<Edit>,
+    text: Vec<u8>,
+}
+
+impl Splice {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Clears the edits, keeping the allocations for the next message.
+    pub fn clear(&mut self) {
+        self.edits.clear();
+        self.text.clear();
+    }
+
+    /// Replaces `src[start..end]` with text written by `write` (empty range: an insert).
+    pub fn replace_with(&mut self, start: usize, end: usize, write: impl FnOnce(&mut Vec<u8>)) {
+        let text_start = self.text.len();
+        write(&mut self.text);
+        let seq = self.edits.len();
+        self.edits.push(Edit {
+            start,
+            end,
+            text_start,
+            text_end: self.text.len(),
+            seq,
+        });
+    }
+
+    pub fn replace(&mut self, start: usize, end: usize, text: &[u8]) {
+        self.replace_with(start, end, |t| t.extend_from_slice(text));
+    }
+
+    pub fn insert(&mut self, at: usize, text: &[u8]) {
+        self.replace(at, at, text);
+    }
+
+    pub fn remove(&mut self, start: usize, end: usize) {
+        self.replace(start, end, b"");
+    }
+
+    /// Writes `src` with the edits applied onto `out`. Edits must not overlap.
+    pub fn apply(&mut self, src: &[u8], out: &mut Vec<u8>) {
+        self.edits
+            .sort_unstable_by_key(|e| (e.start, e.end != e.start, e.seq));
+        let growth: usize = self.edits.iter().map(|e| e.text_end - e.text_start).sum();
+        out.reserve(src.len() + growth);
+        let mut pos = 0;
+        for e in &self.edits {
+            debug_assert!(e.start >= pos, "overlapping splice edits");
+            out.extend_from_slice(&src[pos..e.start.max(pos)]);
+            out.extend_from_slice(&self.text[e.text_start..e.text_end]);
+            pos = e.end.max(pos);
+        }
+        out.extend_from_slice(&src[pos..]);
+    }
+}
+
+/// Edits a proxy makes, expressed on a parsed message.
+pub struct Rewriter<'m, 'a> {
+    pub msg: &'m Message<'a>,
+    pub splice: &'m mut Splice,
+}
+
+impl<'m, 'a> Rewriter<'m, 'a> {
+    pub fn new(msg: &'m Message<'a>, splice: &'m mut Splice) -> Self {
+        splice.clear();
+        Rewriter { msg, splice }
+    }
+
+    /// Adds a Via line above all others.
+    pub fn push_via(&mut self, transport: &str, sent_by: &str, branch: &str) {
+        let at = self.first_line_of(HeaderName::Via);
+        self.splice.replace_with(at, at, |t| {
+            let _ = write!(t, "Via: SIP/2.0/{transport} {sent_by};branch={branch}\r\n");
+        });
+    }
+
+    /// Records the source of a request in its top Via (RFC 3261 §18.2.1, RFC 3581): adds
+    /// `received` when the sent-by host is not the source address, fills `rport` if asked.
+    pub fn stamp_top_via(&mut self, source_ip: &str, source_port: u16) {
+        let via = *self.msg.top_via();
+        let host = match via.host {
+            [b'[', inner @ .., b']'] => inner,
+            h => h,
+        };
+        let needs_received = host != source_ip.as_bytes() || via.rport().is_some();
+        if via.rport() == Some(None) {
+            // Replace the bare `rport` parameter with a filled one.
+            if let Some(pos) = find_param(self.msg.as_bytes(), via.params.0, b"rport") {
+                let start =
+                    via.params.0.as_ptr() as usize - self.msg.as_bytes().as_ptr() as usize + pos;
+                self.splice.replace_with(start, start + 5, |t| {
+                    let _ = write!(t, "rport={source_port}");
+                });
+            }
+        }
+        if needs_received && via.received().is_none() {
+            self.splice.replace_with(via.end, via.end, |t| {
+                let _ = write!(t, ";received={source_ip}");
+            });
+        }
+    }
+
+    /// Removes the top Via value (and its line if it was the only value there).
+    pub fn pop_via(&mut self) {
+        let field = *self.msg.top_via_field();
+        let via = *self.msg.top_via();
+        self.remove_first_value(&field, via.end);
+    }
+
+    /// Removes the first value of a list header line whose first value ends at `value_end`.
+    pub fn remove_first_value(&mut self, field: &HeaderField, value_end: usize) {
+        let src = self.msg.as_bytes();
+        let line_value_end = field.value_end as usize;
+        let mut i = value_end;
+        while i < line_value_end && super::scan::is_ws(src[i]) {
+            i += 1;
+        }
+        if i < line_value_end && src[i] == b',' {
+            i += 1;
+            while i < line_value_end && super::scan::is_ws(src[i]) {
+                i += 1;
+            }
+            self.splice.remove(field.value_start as usize, i);
+        } else {
+            self.splice
+                .remove(field.line_start as usize, field.line_end as usize);
+        }
+    }
+
+    /// Decrements Max-Forwards, or adds `Max-Forwards: 70` when absent.
+    pub fn decrement_max_forwards(&mut self) {
+        match (
+            self.msg.header(HeaderName::MaxForwards),
+            self.msg.max_forwards(),
+        ) {
+            (Some(h), Some(mf)) => {
+                let (s, e) = (h.value_start as usize, h.value_end as usize);
+                self.splice.replace_with(s, e, |t| {
+                    let _ = write!(t, "{}", mf.saturating_sub(1));
+                });
+            }
+            _ => {
+                let at = self.msg.headers_end();
+                self.splice.insert(at, b"Max-Forwards: 70\r\n");
+            }
+        }
+    }
+
+    /// Adds a Record-Route above any existing ones.
+    pub fn push_record_route(&mut self, uri: &str) {
+        let at = self
+            .msg
+            .header(HeaderName::RecordRoute)
+            .map_or(self.msg.headers_end(), |h| h.line_start as usize);
+        self.splice.replace_with(at, at, |t| {
+            let _ = write!(t, "Record-Route: <{uri}>\r\n");
+        });
+    }
+
+    /// Replaces the Request-URI.
+    pub fn set_request_uri(&mut self, uri: &[u8]) {
+        if let Some((s, e)) = self.msg.request_uri_range() {
+            self.splice.replace(s, e, uri);
+        }
+    }
+
+    /// Appends a header line at the end of the headers.
+    pub fn append_header(&mut self, line: std::fmt::Arguments<'_>) {
+        let at = self.msg.headers_end();
+        self.splice.replace_with(at, at, |t| {
+            let _ = t.write_fmt(line);
+            t.extend_from_slice(b"\r\n");
+        });
+    }
+
+    fn first_line_of(&self, name: HeaderName) -> usize {
+        self.msg
+            .header(name)
+            .map_or(self.msg.headers_end(), |h| h.line_start as usize)
+    }
+
+    pub fn finish(self, out: &mut Vec<u8>) {
+        self.splice.apply(self.msg.as_bytes(), out);
+    }
+}
+
+/// Finds the offset of parameter `name` (its name's first byte) within a `;a;b=c` string.
+fn find_param(_src: &[u8], params: &[u8], name: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i < params.len() {
+        if params[i] == b';' {
+            let mut j = i + 1;
+            while j < params.len() && super::scan::is_ws(params[j]) {
+                j += 1;
+            }
+            let end = j + name.len();
+            if end <= params.len()
+                && params[j..end].eq_ignore_ascii_case(name)
+                && params.get(end).is_none_or(|b| !super::scan::is_token(*b))
+            {
+                return Some(j);
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Formats into a fresh String (small helper for callers building header text).
+pub fn fmt_string(args: std::fmt::Arguments<'_>) -> String {
+    let mut s = String::new();
+    let _ = s.write_fmt(args);
+    s
+}

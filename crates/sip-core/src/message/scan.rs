@@ -1,0 +1,208 @@
+//! Byte-level lexing shared by the value parsers: character classes from the RFC 3261 ABNF and
+//! a cursor that understands linear whitespace.
+//!
+//! Header values are indexed in place, so a folded value still contains its CRLF. Inside an
+//! indexed value a CR or LF can only be part of a fold, which makes it plain whitespace here.
+
+/// RFC 3261 `token` characters.
+pub fn is_token(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-.!%*_+`'~".contains(&b)
+}
+
+/// RFC 3261 `unreserved`.
+pub fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-_.!~*'()".contains(&b)
+}
+
+/// Whitespace inside an indexed header value (folds included).
+pub fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\r' | b'\n')
+}
+
+/// Validates `%HH` escapes and a character class over `s`.
+pub fn check_escaped(s: &[u8], allowed: impl Fn(u8) -> bool) -> bool {
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'%' => {
+                if !(s.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && s.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+                {
+                    return false;
+                }
+                i += 3;
+            }
+            b if allowed(b) => i += 1,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Parses an unsigned decimal with overflow checking. Empty or non-digit input is `None`.
+pub fn parse_u64(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 20 {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &b in s {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(v)
+}
+
+/// Case-insensitive ASCII equality.
+pub fn eq_ic(a: &[u8], b: &[u8]) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
+/// A cursor over `buf[pos..end]`. Slices it returns borrow `buf`, and positions are absolute
+/// offsets into `buf`, so callers can splice at them.
+#[derive(Debug, Clone, Copy)]
+pub struct Cursor<'a> {
+    pub buf: &'a [u8],
+    pub pos: usize,
+    pub end: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub fn new(buf: &'a [u8], start: usize, end: usize) -> Self {
+        Cursor {
+            buf,
+            pos: start,
+            end,
+        }
+    }
+
+    pub fn at_end(&self) -> bool {
+        self.pos >= self.end
+    }
+
+    pub fn peek(&self) -> Option<u8> {
+        (self.pos < self.end).then(|| self.buf[self.pos])
+    }
+
+    pub fn skip_ws(&mut self) -> bool {
+        let start = self.pos;
+        while self.pos < self.end && is_ws(self.buf[self.pos]) {
+            self.pos += 1;
+        }
+        self.pos > start
+    }
+
+    /// Consumes `c` if it is next, without skipping whitespace.
+    pub fn eat(&mut self, c: u8) -> bool {
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Consumes `SWS c SWS` (the ABNF's SLASH, SEMI, COLON, EQUAL, COMMA); restores the
+    /// position and returns false if `c` is not there.
+    pub fn eat_sep(&mut self, c: u8) -> bool {
+        let save = self.pos;
+        self.skip_ws();
+        if self.eat(c) {
+            self.skip_ws();
+            true
+        } else {
+            self.pos = save;
+            false
+        }
+    }
+
+    /// Consumes a run of bytes matching `f`.
+    pub fn take_while(&mut self, f: impl Fn(u8) -> bool) -> &'a [u8] {
+        let start = self.pos;
+        while self.pos < self.end && f(self.buf[self.pos]) {
+            self.pos += 1;
+        }
+        &self.buf[start..self.pos]
+    }
+
+    /// Consumes a non-empty token.
+    pub fn token(&mut self) -> Option<&'a [u8]> {
+        let t = self.take_while(is_token);
+        (!t.is_empty()).then_some(t)
+    }
+
+    /// Consumes a quoted string including its quotes; `None` (position unchanged) if it is
+    /// unterminated or not there.
+    pub fn quoted(&mut self) -> Option<&'a [u8]> {
+        let start = self.pos;
+        if !self.eat(b'"') {
+            return None;
+        }
+        while self.pos < self.end {
+            match self.buf[self.pos] {
+                b'"' => {
+                    self.pos += 1;
+                    return Some(&self.buf[start..self.pos]);
+                }
+                b'\\' => self.pos += 2,
+                _ => self.pos += 1,
+            }
+        }
+        self.pos = start;
+        None
+    }
+
+    pub fn rest(&self) -> &'a [u8] {
+        &self.buf[self.pos.min(self.end)..self.end]
+    }
+}
+
+/// Trims linear whitespace from both ends.
+pub fn trim(mut s: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = s {
+        if is_ws(*first) {
+            s = rest;
+        } else {
+            break;
+        }
+    }
+    while let [rest @ .., last] = s {
+        if is_ws(*last) {
+            s = rest;
+        } else {
+            break;
+        }
+    }
+    s
+}
+
+/// Splits a header value at top-level commas (not inside quotes or angle brackets).
+pub fn split_commas(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    let mut done = false;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let (mut quoted, mut angle, mut i) = (false, false, start);
+        while i < value.len() {
+            match value[i] {
+                b'\\' if quoted => i += 1,
+                b'"' => quoted = !quoted,
+                b'<' if !quoted => angle = true,
+                b'>' if !quoted => angle = false,
+                b',' if !quoted && !angle => break,
+                _ => {}
+            }
+            i += 1;
+        }
+        let item = &value[start..i.min(value.len())];
+        if i >= value.len() {
+            done = true;
+        } else {
+            start = i + 1;
+        }
+        Some(trim(item))
+    })
+}

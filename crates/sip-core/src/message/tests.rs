@@ -1,0 +1,305 @@
+//! Parser tests, including RFC 4475's torture messages read from `shared/testdata/rfc4475`.
+
+use super::rewrite::{Rewriter, Splice};
+use super::*;
+use std::path::PathBuf;
+
+fn torture(name: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/rfc4475");
+    std::fs::read(dir.join(format!("{name}.dat")))
+        .unwrap_or_else(|e| panic!("reading {name}.dat from {}: {e}", dir.display()))
+}
+
+/// Parse plus the strict check, as a validating endpoint would.
+fn strict(buf: &[u8]) -> Result<Message<'_>, ParseError> {
+    let m = Message::parse(buf)?;
+    m.check_all()?;
+    Ok(m)
+}
+
+#[test]
+fn rfc4475_valid_messages_parse() {
+    for name in [
+        "wsinv",
+        "intmeth",
+        "esc01",
+        "escnull",
+        "esc02",
+        "lwsdisp",
+        "longreq",
+        "dblreq",
+        "semiuri",
+        "transports",
+        "mpart01",
+        "unreason",
+        "noreason",
+    ] {
+        let buf = torture(name);
+        if let Err(e) = strict(&buf) {
+            panic!("{name}: valid message rejected: {e}");
+        }
+    }
+}
+
+#[test]
+fn rfc4475_invalid_messages_are_rejected_with_the_right_fault() {
+    use ParseError as E;
+    let h = |header, what| E::Header { header, what };
+    let cases: &[(&str, ParseError)] = &[
+        ("badinv01", h("Via", "empty parameter")),
+        ("clerr", E::ContentLengthTooLarge),
+        ("ncl", h("Content-Length", "negative")),
+        ("scalar02", h("CSeq", "bad sequence number")),
+        ("scalarlg", h("CSeq", "bad sequence number")),
+        ("quotbal", h("To", "unbalanced quotes")),
+        ("ltgtruri", E::RequestUri("bad scheme")),
+        ("lwsruri", E::StartLine("junk after Request-URI")),
+        ("lwsstart", E::StartLine("extra whitespace")),
+        ("trws", E::StartLine("trailing whitespace")),
+        ("escruri", E::RequestUri("headers not allowed")),
+        ("baddate", h("Date", "not an RFC 1123 GMT date")),
+        ("regbadct", h("Contact", "URI with headers needs <>")),
+        ("badaspec", h("To", "whitespace inside <>")),
+        ("baddn", h("From", "bad display name")),
+        ("badvers", E::Version),
+        ("mismatch01", E::CSeqMethodMismatch),
+        ("mismatch02", E::CSeqMethodMismatch),
+        ("bigcode", E::StatusCode),
+    ];
+    for (name, expected) in cases {
+        let buf = torture(name);
+        match strict(&buf) {
+            Ok(_) => panic!("{name}: invalid message accepted"),
+            Err(e) => assert_eq!(&e, expected, "{name}: wrong fault"),
+        }
+    }
+}
+
+#[test]
+fn rfc4475_application_layer_messages_parse_or_fail_as_the_rfc_allows() {
+    // Syntactically valid: the application decides (416, 420, 415, 483, ...).
+    for name in [
+        "badbranch",
+        "unkscm",
+        "novelsc",
+        "unksm2",
+        "bext01",
+        "invut",
+        "regaut01",
+        "bcast",
+        "zeromf",
+        "cparam01",
+        "cparam02",
+        "regescrt",
+        "sdp01",
+        "inv2543",
+    ] {
+        let buf = torture(name);
+        if let Err(e) = strict(&buf) {
+            panic!("{name}: rejected at parse level: {e}");
+        }
+    }
+    assert_eq!(
+        Message::parse(&torture("insuf")).unwrap_err(),
+        ParseError::Missing("Call-ID")
+    );
+    assert_eq!(
+        Message::parse(&torture("multi01")).unwrap_err(),
+        ParseError::Duplicate("CSeq")
+    );
+    assert_eq!(
+        Message::parse(&torture("mcl01")).unwrap_err(),
+        ParseError::Duplicate("Content-Length")
+    );
+}
+
+#[test]
+fn wsinv_values_survive_folding() {
+    let buf = torture("wsinv");
+    let m = Message::parse(&buf).unwrap();
+    assert_eq!(m.method(), Method::Invite);
+    assert_eq!(m.max_forwards(), Some(68));
+    assert_eq!(m.cseq().seq, 9);
+    assert_eq!(m.to().unwrap().tag(), Some(&b"1918181833n"[..]));
+    assert_eq!(m.from().unwrap().tag(), Some(&b"98asjd8"[..]));
+    let mut vias = Vec::new();
+    m.vias(|v| vias.push((v.transport, v.host, v.branch)))
+        .unwrap();
+    assert_eq!(
+        vias,
+        vec![
+            (&b"UDP"[..], &b"192.0.2.2"[..], Some(&b"390skdjuw"[..])),
+            (
+                &b"TCP"[..],
+                &b"spindle.example.com"[..],
+                Some(&b"z9hG4bK9ikj8"[..])
+            ),
+            (
+                &b"UDP"[..],
+                &b"192.168.255.111"[..],
+                Some(&b"z9hG4bK30239"[..])
+            ),
+        ]
+    );
+    let mut q = None;
+    m.name_addrs(HeaderName::Contact, |_, na| {
+        q = na.params.get(b"q").flatten()
+    })
+    .unwrap();
+    assert_eq!(q, Some(&b"0.33"[..]));
+    assert_eq!(m.body().len(), 150);
+}
+
+#[test]
+fn dblreq_ignores_octets_after_content_length() {
+    let buf = torture("dblreq");
+    let m = Message::parse(&buf).unwrap();
+    assert!(m.as_bytes().len() < buf.len());
+    assert_eq!(m.method(), Method::Register);
+}
+
+#[test]
+fn escaped_method_and_compact_headers() {
+    let buf = torture("esc02");
+    let m = Message::parse(&buf).unwrap();
+    assert_eq!(m.method(), Method::Other);
+    assert_eq!(m.method_raw(), b"RE%47IST%45R");
+    let mut contacts = 0;
+    m.name_addrs(HeaderName::Contact, |_, _| contacts += 1)
+        .unwrap();
+    assert_eq!(contacts, 2, "C%6Fntact is not a Contact header");
+    let buf = torture("esc01");
+    let m = Message::parse(&buf).unwrap();
+    assert_eq!(m.call_id(), b"esc01.239409asdfakjkn23onasd0-3234");
+    assert_eq!(
+        m.header_value(HeaderName::ContentType),
+        Some(&b"application/sdp"[..])
+    );
+}
+
+const INVITE: &[u8] = b"INVITE sip:bob@example.test SIP/2.0\r\n\
+Via: SIP/2.0/UDP 10.0.0.1:5070;rport;branch=z9hG4bKabc, SIP/2.0/UDP 10.0.0.9;branch=z9hG4bKold\r\n\
+Max-Forwards: 70\r\n\
+Route: <sip:127.0.0.1:5060;lr>, <sip:next.example.test;lr>\r\n\
+From: <sip:alice@example.test>;tag=1\r\n\
+To: <sip:bob@example.test>\r\n\
+Call-ID: c1\r\n\
+CSeq: 1 INVITE\r\n\
+Content-Length: 4\r\n\
+\r\n\
+body";
+
+#[test]
+fn proxy_rewrite_splices_only_what_changes() {
+    let m = Message::parse(INVITE).unwrap();
+    let mut splice = Splice::new();
+    let mut rw = Rewriter::new(&m, &mut splice);
+    rw.stamp_top_via("192.0.2.7", 5071);
+    rw.push_via("UDP", "127.0.0.1:5060", "z9hG4bKnew");
+    rw.decrement_max_forwards();
+    rw.push_record_route("sip:127.0.0.1:5060;lr");
+    let route = m.header(HeaderName::Route).copied().unwrap();
+    let mut first_route_end = 0;
+    m.name_addrs(HeaderName::Route, |_, na| {
+        if first_route_end == 0 {
+            first_route_end = na.end
+        }
+    })
+    .unwrap();
+    rw.remove_first_value(&route, first_route_end);
+    rw.set_request_uri(b"sip:bob@192.0.2.44:5062");
+    let mut out = Vec::new();
+    rw.finish(&mut out);
+    let text = String::from_utf8(out.clone()).unwrap();
+    assert_eq!(
+        text,
+        "INVITE sip:bob@192.0.2.44:5062 SIP/2.0\r\n\
+Via: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKnew\r\n\
+Via: SIP/2.0/UDP 10.0.0.1:5070;rport=5071;branch=z9hG4bKabc;received=192.0.2.7, SIP/2.0/UDP 10.0.0.9;branch=z9hG4bKold\r\n\
+Max-Forwards: 69\r\n\
+Route: <sip:next.example.test;lr>\r\n\
+From: <sip:alice@example.test>;tag=1\r\n\
+To: <sip:bob@example.test>\r\n\
+Call-ID: c1\r\n\
+CSeq: 1 INVITE\r\n\
+Content-Length: 4\r\n\
+Record-Route: <sip:127.0.0.1:5060;lr>\r\n\
+\r\n\
+body"
+    );
+    let again = Message::parse(&out).unwrap();
+    again.check_all().unwrap();
+    assert_eq!(again.top_via().branch, Some(&b"z9hG4bKnew"[..]));
+
+    // A response going back: pop our Via.
+    let resp = b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKnew\r\nVia: SIP/2.0/UDP 10.0.0.1:5070;branch=z9hG4bKabc\r\nFrom: <sip:a@x>;tag=1\r\nTo: <sip:b@x>;tag=2\r\nCall-ID: c1\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n";
+    let r = Message::parse(resp).unwrap();
+    let mut rw = Rewriter::new(&r, &mut splice);
+    rw.pop_via();
+    let mut out = Vec::new();
+    rw.finish(&mut out);
+    let popped = Message::parse(&out).unwrap();
+    assert_eq!(popped.top_via().branch, Some(&b"z9hG4bKabc"[..]));
+    assert_eq!(popped.headers_named(HeaderName::Via).count(), 1);
+}
+
+#[test]
+fn responses_copy_the_request_identity() {
+    let m = Message::parse(INVITE).unwrap();
+    let mut out = Vec::new();
+    build::response(
+        &m,
+        404,
+        "Not Found",
+        Some("xyz"),
+        b"Server: sipsec\r\n",
+        b"",
+        &mut out,
+    );
+    let r = Message::parse(&out).unwrap();
+    r.check_all().unwrap();
+    assert_eq!(r.status(), Some(404));
+    assert_eq!(r.to().unwrap().tag(), Some(&b"xyz"[..]));
+    assert_eq!(r.call_id(), b"c1");
+    let mut n = 0;
+    r.vias(|_| n += 1).unwrap();
+    assert_eq!(n, 2);
+    let mut ack = Vec::new();
+    build::ack_for_non2xx(&m, &r, &mut ack);
+    let a = Message::parse(&ack).unwrap();
+    assert_eq!(a.method(), Method::Ack);
+    assert_eq!(a.top_via().branch, m.top_via().branch);
+    assert_eq!(a.to().unwrap().tag(), Some(&b"xyz"[..]));
+}
+
+#[test]
+fn never_panics_on_truncations_and_mutations() {
+    // Every prefix and a spread of single-byte mutations of every torture message.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/rfc4475");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "dat") {
+            continue;
+        }
+        let buf = std::fs::read(&path).unwrap();
+        for cut in 0..buf.len() {
+            if let Ok(m) = Message::parse(&buf[..cut]) {
+                let _ = m.check_all();
+            }
+        }
+        for i in (0..buf.len()).step_by(3) {
+            for byte in [b'\0', b' ', b':', b';', b',', b'<', b'"', b'\n', b'%', b'['] {
+                let mut b = buf.clone();
+                b[i] = byte;
+                if let Ok(m) = Message::parse(&b) {
+                    let _ = m.check_all();
+                    let _ = m.from();
+                    let _ = m.name_addrs(HeaderName::Route, |_, _| {});
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 10_000);
+}

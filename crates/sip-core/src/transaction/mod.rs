@@ -1,0 +1,650 @@
+//! The RFC 3261 §17 transaction layer: client and server, INVITE and non-INVITE, with the
+//! "Accepted" states of RFC 6026 so that 2xx retransmissions and their ACKs pass end to end.
+//!
+//! Sans-IO: the table is handed messages and "now", and appends [`Output`]s (bytes to send,
+//! timeouts, terminations) for the caller to perform. Every timer (A–M) sits on one
+//! [`TimerWheel`], so a busy table costs O(1) per event however many transactions it holds.
+//! Transactions live in a slab addressed by [`TxId`] (index plus generation, so a stale id
+//! finds nothing), and each carries a user value `U` that the transaction user (a proxy, a
+//! UA) links to its own state; `U` comes back in [`Output::Terminated`].
+//!
+//! Matching follows §17.1.3 and §17.2.3: by branch (with the magic cookie) plus sent-by and
+//! method for server transactions, ACK matching the INVITE; by branch plus CSeq method for
+//! client transactions; requests with RFC 2543 branches match on Call-ID, CSeq, From tag and
+//! top Via.
+
+#[cfg(test)]
+mod tests;
+
+use crate::message::{build, Message, Method};
+use crate::timer::{Millis, TimerHandle, TimerWheel};
+use bytes::Bytes;
+use std::collections::HashMap;
+
+/// Timer base values (RFC 3261 §17.1.1.1).
+#[derive(Debug, Clone, Copy)]
+pub struct Timers {
+    pub t1: Millis,
+    pub t2: Millis,
+    pub t4: Millis,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Timers {
+            t1: 500,
+            t2: 4_000,
+            t4: 5_000,
+        }
+    }
+}
+
+/// A transaction handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TxId {
+    index: u32,
+    generation: u32,
+}
+
+/// Which of the four machines a transaction runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    ClientInvite,
+    ClientNonInvite,
+    ServerInvite,
+    ServerNonInvite,
+}
+
+/// Transaction states across the four machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Calling,
+    Trying,
+    Proceeding,
+    Accepted,
+    Completed,
+    Confirmed,
+    Terminated,
+}
+
+/// What the caller must do.
+#[derive(Debug)]
+pub enum Output<A, U> {
+    /// Send these bytes to `dest`.
+    Transmit { dest: A, data: Bytes },
+    /// Timer B, F or H fired: the transaction failed (the TU answers 408 for a client
+    /// transaction); a `Terminated` follows.
+    Timeout { id: TxId, kind: Kind },
+    /// The transaction is gone; its user value is handed back.
+    Terminated { id: TxId, user: U },
+}
+
+/// How an incoming request related to existing transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestMatch {
+    /// No transaction: the TU decides (and calls [`Transactions::create_server`]).
+    New,
+    /// A retransmission, answered from the transaction's state.
+    Retransmission(TxId),
+    /// The ACK for a non-2xx final response, absorbed (RFC 3261 §17.2.1).
+    AckAbsorbed(TxId),
+    /// An ACK for a 2xx or matching nothing: end to end, the TU forwards it.
+    Ack,
+}
+
+/// How an incoming response related to client transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseMatch {
+    /// Pass to the TU.
+    Deliver(TxId),
+    /// A retransmission handled here (ACK re-sent, or dropped).
+    Absorbed,
+    /// No matching client transaction (a stray, or a 2xx retransmission after the
+    /// transaction ended); a stateful proxy forwards it statelessly (RFC 3261 §16.7).
+    Unmatched,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimerKind {
+    /// A, E or G: retransmit.
+    Retransmit,
+    /// B, F or H: the transaction failed.
+    Timeout,
+    /// D, I, J, K, L or M: linger for retransmissions, then end.
+    Linger,
+}
+
+struct Tx<A, U> {
+    kind: Kind,
+    state: State,
+    generation: u32,
+    key: Box<[u8]>,
+    dest: A,
+    reliable: bool,
+    /// Client: the request (for retransmission, ACK and CANCEL). Server: the last response.
+    message: Bytes,
+    /// Client INVITE: the ACK sent for a non-2xx final response.
+    ack: Option<Bytes>,
+    retransmit_timer: Option<TimerHandle>,
+    timeout_timer: Option<TimerHandle>,
+    interval: Millis,
+    user: Option<U>,
+}
+
+/// A table of transactions with their timers.
+pub struct Transactions<A, U> {
+    timers: Timers,
+    slab: Vec<Option<Tx<A, U>>>,
+    generations: Vec<u32>,
+    free: Vec<u32>,
+    server_keys: HashMap<Box<[u8]>, TxId>,
+    client_keys: HashMap<Box<[u8]>, TxId>,
+    wheel: TimerWheel<(TxId, TimerKind)>,
+    key_scratch: Vec<u8>,
+    fired: Vec<(TxId, TimerKind)>,
+}
+
+/// Writes the server-transaction key of a request into `out` (ACK maps to INVITE).
+pub fn server_key(msg: &Message<'_>, out: &mut Vec<u8>) {
+    out.clear();
+    let via = msg.top_via();
+    let method = match msg.method() {
+        Method::Ack => b"INVITE" as &[u8],
+        _ => msg.method_raw(),
+    };
+    if via.is_rfc3261() {
+        out.extend_from_slice(via.branch.unwrap_or_default());
+        out.push(0);
+        out.extend_from_slice(via.host);
+        out.push(0);
+        out.extend_from_slice(via.port.unwrap_or(0).to_string().as_bytes());
+    } else {
+        out.extend_from_slice(b"2543\0");
+        out.extend_from_slice(msg.call_id());
+        out.push(0);
+        out.extend_from_slice(msg.cseq().seq.to_string().as_bytes());
+        out.push(0);
+        if let Ok(from) = msg.from() {
+            out.extend_from_slice(from.tag().unwrap_or_default());
+        }
+        out.push(0);
+        out.extend_from_slice(&msg.as_bytes()[via.start..via.end]);
+    }
+    out.push(0);
+    out.extend_from_slice(method);
+}
+
+/// Writes the client-transaction key for a branch and method.
+pub fn client_key(branch: &[u8], method: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(branch);
+    out.push(0);
+    out.extend_from_slice(method);
+}
+
+impl<A: Copy, U> Transactions<A, U> {
+    pub fn new(now: Millis, timers: Timers) -> Self {
+        Transactions {
+            timers,
+            slab: Vec::new(),
+            generations: Vec::new(),
+            free: Vec::new(),
+            server_keys: HashMap::new(),
+            client_keys: HashMap::new(),
+            wheel: TimerWheel::new(now),
+            key_scratch: Vec::with_capacity(128),
+            fired: Vec::new(),
+        }
+    }
+
+    /// Live transactions.
+    pub fn len(&self) -> usize {
+        self.server_keys.len() + self.client_keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn timers(&self) -> Timers {
+        self.timers
+    }
+
+    fn get(&self, id: TxId) -> Option<&Tx<A, U>> {
+        self.slab
+            .get(id.index as usize)?
+            .as_ref()
+            .filter(|t| t.generation == id.generation)
+    }
+
+    fn get_mut(&mut self, id: TxId) -> Option<&mut Tx<A, U>> {
+        self.slab
+            .get_mut(id.index as usize)?
+            .as_mut()
+            .filter(|t| t.generation == id.generation)
+    }
+
+    pub fn state(&self, id: TxId) -> Option<State> {
+        self.get(id).map(|t| t.state)
+    }
+
+    pub fn kind(&self, id: TxId) -> Option<Kind> {
+        self.get(id).map(|t| t.kind)
+    }
+
+    pub fn user(&self, id: TxId) -> Option<&U> {
+        self.get(id)?.user.as_ref()
+    }
+
+    pub fn user_mut(&mut self, id: TxId) -> Option<&mut U> {
+        self.get_mut(id)?.user.as_mut()
+    }
+
+    /// The request a client transaction sent.
+    pub fn request(&self, id: TxId) -> Option<&Bytes> {
+        self.get(id)
+            .filter(|t| matches!(t.kind, Kind::ClientInvite | Kind::ClientNonInvite))
+            .map(|t| &t.message)
+    }
+
+    /// Where a transaction sends (client) or answers (server).
+    pub fn dest(&self, id: TxId) -> Option<A> {
+        self.get(id).map(|t| t.dest)
+    }
+
+    /// The earliest time `advance` has work.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.wheel.next_deadline()
+    }
+
+    /// Finds the server transaction a request belongs to, if any.
+    pub fn find_server(&mut self, msg: &Message<'_>) -> Option<TxId> {
+        server_key(msg, &mut self.key_scratch);
+        self.server_keys.get(self.key_scratch.as_slice()).copied()
+    }
+
+    /// Finds the INVITE server transaction a CANCEL targets (same key, method INVITE).
+    pub fn find_cancelled(&mut self, cancel: &Message<'_>) -> Option<TxId> {
+        server_key(cancel, &mut self.key_scratch);
+        let cut = self.key_scratch.len() - cancel.method_raw().len();
+        self.key_scratch.truncate(cut);
+        self.key_scratch.extend_from_slice(b"INVITE");
+        self.server_keys.get(self.key_scratch.as_slice()).copied()
+    }
+
+    /// Matches an incoming request against server transactions, absorbing retransmissions
+    /// and non-2xx ACKs.
+    pub fn recv_request(
+        &mut self,
+        now: Millis,
+        msg: &Message<'_>,
+        out: &mut Vec<Output<A, U>>,
+    ) -> RequestMatch {
+        let Some(id) = self.find_server(msg) else {
+            return if msg.method() == Method::Ack {
+                RequestMatch::Ack
+            } else {
+                RequestMatch::New
+            };
+        };
+        let t4 = self.timers.t4;
+        let tx = self.get_mut(id).expect("keyed transactions exist");
+        if msg.method() == Method::Ack {
+            return match tx.state {
+                State::Completed => {
+                    tx.state = State::Confirmed;
+                    let (r, t) = (tx.retransmit_timer.take(), tx.timeout_timer.take());
+                    let reliable = tx.reliable;
+                    self.cancel_timers(r, t);
+                    // Timer I: absorb ACK retransmissions for T4 on unreliable transports.
+                    self.arm(id, now + if reliable { 0 } else { t4 }, TimerKind::Linger);
+                    RequestMatch::AckAbsorbed(id)
+                }
+                State::Confirmed => RequestMatch::AckAbsorbed(id),
+                _ => RequestMatch::Ack,
+            };
+        }
+        match (tx.kind, tx.state) {
+            (Kind::ServerInvite, State::Proceeding | State::Completed)
+            | (Kind::ServerNonInvite, State::Proceeding | State::Completed)
+                if !tx.message.is_empty() =>
+            {
+                out.push(Output::Transmit {
+                    dest: tx.dest,
+                    data: tx.message.clone(),
+                });
+            }
+            _ => {}
+        }
+        RequestMatch::Retransmission(id)
+    }
+
+    fn alloc(&mut self, tx: Tx<A, U>) -> TxId {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slab.push(None);
+                self.generations.push(0);
+                (self.slab.len() - 1) as u32
+            }
+        };
+        let generation = self.generations[index as usize];
+        let mut tx = tx;
+        tx.generation = generation;
+        self.slab[index as usize] = Some(tx);
+        TxId { index, generation }
+    }
+
+    fn arm(&mut self, id: TxId, at: Millis, kind: TimerKind) {
+        let handle = self.wheel.insert(at, (id, kind));
+        if let Some(tx) = self.get_mut(id) {
+            match kind {
+                TimerKind::Retransmit => tx.retransmit_timer = Some(handle),
+                TimerKind::Timeout | TimerKind::Linger => tx.timeout_timer = Some(handle),
+            }
+        }
+    }
+
+    fn cancel_timers(&mut self, a: Option<TimerHandle>, b: Option<TimerHandle>) {
+        for h in [a, b].into_iter().flatten() {
+            self.wheel.cancel(h);
+        }
+    }
+
+    /// Creates a server transaction for a request that matched nothing. `dest` is where
+    /// responses go (RFC 3261 §18.2.2, worked out by the caller).
+    pub fn create_server(&mut self, msg: &Message<'_>, dest: A, reliable: bool, user: U) -> TxId {
+        server_key(msg, &mut self.key_scratch);
+        let key: Box<[u8]> = self.key_scratch.as_slice().into();
+        let kind = if msg.method() == Method::Invite {
+            Kind::ServerInvite
+        } else {
+            Kind::ServerNonInvite
+        };
+        let id = self.alloc(Tx {
+            kind,
+            state: if kind == Kind::ServerInvite {
+                State::Proceeding
+            } else {
+                State::Trying
+            },
+            generation: 0,
+            key: key.clone(),
+            dest,
+            reliable,
+            message: Bytes::new(),
+            ack: None,
+            retransmit_timer: None,
+            timeout_timer: None,
+            interval: self.timers.t1,
+            user: Some(user),
+        });
+        if let Some(old) = self.server_keys.insert(key, id) {
+            // Same key as a live transaction: the newer wins; the old one ends quietly.
+            if let Some(slot) = self.slab.get_mut(old.index as usize) {
+                if let Some(tx) = slot.as_mut() {
+                    tx.key = Box::new([]);
+                }
+            }
+        }
+        id
+    }
+
+    /// Sends a response through a server transaction. Returns false if the transaction is
+    /// gone or already answered finally (a late response is then the caller's to drop).
+    pub fn respond(
+        &mut self,
+        now: Millis,
+        id: TxId,
+        code: u16,
+        data: Bytes,
+        out: &mut Vec<Output<A, U>>,
+    ) -> bool {
+        let t1 = self.timers.t1;
+        let Some(tx) = self.get_mut(id) else {
+            return false;
+        };
+        let dest = tx.dest;
+        let reliable = tx.reliable;
+        let accepted_again = tx.kind == Kind::ServerInvite
+            && tx.state == State::Accepted
+            && (200..300).contains(&code);
+        if !accepted_again && !matches!(tx.state, State::Trying | State::Proceeding) {
+            return false;
+        }
+        out.push(Output::Transmit {
+            dest,
+            data: data.clone(),
+        });
+        if accepted_again {
+            return true;
+        }
+        tx.message = data;
+        match (tx.kind, code) {
+            (_, 100..=199) => {
+                tx.state = State::Proceeding;
+            }
+            (Kind::ServerInvite, 200..=299) => {
+                tx.state = State::Accepted;
+                tx.message = Bytes::new();
+                // Timer L: stay to pass 2xx retransmissions and absorb request retransmissions.
+                self.arm(id, now + 64 * t1, TimerKind::Linger);
+            }
+            (Kind::ServerInvite, _) => {
+                tx.state = State::Completed;
+                tx.interval = t1;
+                if !reliable {
+                    self.arm(id, now + t1, TimerKind::Retransmit); // G
+                }
+                self.arm(id, now + 64 * t1, TimerKind::Timeout); // H
+            }
+            (_, _) => {
+                tx.state = State::Completed;
+                self.arm(
+                    id,
+                    now + if reliable { 0 } else { 64 * t1 },
+                    TimerKind::Linger,
+                ); // J
+            }
+        }
+        true
+    }
+
+    /// Starts a client transaction and sends `request` to `dest`. `branch` and `method` are
+    /// the request's top Via branch and CSeq method (they key the transaction).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_client(
+        &mut self,
+        now: Millis,
+        request: Bytes,
+        branch: &[u8],
+        method: &[u8],
+        dest: A,
+        reliable: bool,
+        user: U,
+        out: &mut Vec<Output<A, U>>,
+    ) -> TxId {
+        client_key(branch, method, &mut self.key_scratch);
+        let key: Box<[u8]> = self.key_scratch.as_slice().into();
+        let invite = method == b"INVITE";
+        let t1 = self.timers.t1;
+        out.push(Output::Transmit {
+            dest,
+            data: request.clone(),
+        });
+        let id = self.alloc(Tx {
+            kind: if invite {
+                Kind::ClientInvite
+            } else {
+                Kind::ClientNonInvite
+            },
+            state: if invite {
+                State::Calling
+            } else {
+                State::Trying
+            },
+            generation: 0,
+            key: key.clone(),
+            dest,
+            reliable,
+            message: request,
+            ack: None,
+            retransmit_timer: None,
+            timeout_timer: None,
+            interval: t1,
+            user: Some(user),
+        });
+        self.client_keys.insert(key, id);
+        if !reliable {
+            self.arm(id, now + t1, TimerKind::Retransmit); // A or E
+        }
+        self.arm(id, now + 64 * t1, TimerKind::Timeout); // B or F
+        id
+    }
+
+    /// Matches a response to a client transaction and advances it.
+    pub fn recv_response(
+        &mut self,
+        now: Millis,
+        msg: &Message<'_>,
+        out: &mut Vec<Output<A, U>>,
+    ) -> ResponseMatch {
+        let Some(branch) = msg.top_via().branch else {
+            return ResponseMatch::Unmatched;
+        };
+        client_key(branch, msg.cseq().method, &mut self.key_scratch);
+        let Some(&id) = self.client_keys.get(self.key_scratch.as_slice()) else {
+            return ResponseMatch::Unmatched;
+        };
+        let code = msg.status().unwrap_or(0);
+        let (t1, t4) = (self.timers.t1, self.timers.t4);
+        let tx = self.get_mut(id).expect("keyed transactions exist");
+        let reliable = tx.reliable;
+        match (tx.kind, tx.state, code) {
+            (Kind::ClientInvite, State::Calling | State::Proceeding, 100..=199) => {
+                tx.state = State::Proceeding;
+                let r = tx.retransmit_timer.take();
+                self.cancel_timers(r, None);
+                ResponseMatch::Deliver(id)
+            }
+            (Kind::ClientInvite, State::Calling | State::Proceeding, 200..=299) => {
+                tx.state = State::Accepted;
+                let (r, t) = (tx.retransmit_timer.take(), tx.timeout_timer.take());
+                self.cancel_timers(r, t);
+                self.arm(id, now + 64 * t1, TimerKind::Linger); // M
+                ResponseMatch::Deliver(id)
+            }
+            (Kind::ClientInvite, State::Accepted, 200..=299) => ResponseMatch::Deliver(id),
+            (Kind::ClientInvite, State::Calling | State::Proceeding, _) => {
+                let invite = tx.message.clone();
+                let mut ack = Vec::with_capacity(invite.len() / 2);
+                if let Ok(inv) = Message::parse(&invite) {
+                    build::ack_for_non2xx(&inv, msg, &mut ack);
+                }
+                let ack = Bytes::from(ack);
+                let tx = self.get_mut(id).expect("still there");
+                tx.state = State::Completed;
+                tx.ack = Some(ack.clone());
+                out.push(Output::Transmit {
+                    dest: tx.dest,
+                    data: ack,
+                });
+                let (r, t) = (tx.retransmit_timer.take(), tx.timeout_timer.take());
+                self.cancel_timers(r, t);
+                self.arm(
+                    id,
+                    now + if reliable { 0 } else { 32_000 },
+                    TimerKind::Linger,
+                ); // D
+                ResponseMatch::Deliver(id)
+            }
+            (Kind::ClientInvite, State::Completed, 300..=699) => {
+                if let Some(ack) = tx.ack.clone() {
+                    out.push(Output::Transmit {
+                        dest: tx.dest,
+                        data: ack,
+                    });
+                }
+                ResponseMatch::Absorbed
+            }
+            (Kind::ClientNonInvite, State::Trying | State::Proceeding, 100..=199) => {
+                if tx.state == State::Trying {
+                    tx.state = State::Proceeding;
+                }
+                ResponseMatch::Deliver(id)
+            }
+            (Kind::ClientNonInvite, State::Trying | State::Proceeding, _) => {
+                tx.state = State::Completed;
+                let (r, t) = (tx.retransmit_timer.take(), tx.timeout_timer.take());
+                self.cancel_timers(r, t);
+                self.arm(id, now + if reliable { 0 } else { t4 }, TimerKind::Linger); // K
+                ResponseMatch::Deliver(id)
+            }
+            _ => ResponseMatch::Absorbed,
+        }
+    }
+
+    /// Ends a transaction now (e.g. the TU gives up on it), handing back its user value.
+    pub fn terminate(&mut self, id: TxId) -> Option<U> {
+        let tx = self
+            .slab
+            .get_mut(id.index as usize)?
+            .take_if(|t| t.generation == id.generation)?;
+        self.generations[id.index as usize] = id.generation.wrapping_add(1);
+        self.free.push(id.index);
+        let map = match tx.kind {
+            Kind::ClientInvite | Kind::ClientNonInvite => &mut self.client_keys,
+            Kind::ServerInvite | Kind::ServerNonInvite => &mut self.server_keys,
+        };
+        if map.get(&tx.key) == Some(&id) {
+            map.remove(&tx.key);
+        }
+        self.cancel_timers(tx.retransmit_timer, tx.timeout_timer);
+        tx.user
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn advance(&mut self, now: Millis, out: &mut Vec<Output<A, U>>) {
+        let mut fired = std::mem::take(&mut self.fired);
+        self.wheel.advance(now, &mut fired);
+        let t2 = self.timers.t2;
+        for (id, kind) in fired.drain(..) {
+            let Some(tx) = self.get_mut(id) else { continue };
+            match kind {
+                TimerKind::Retransmit => {
+                    tx.retransmit_timer = None;
+                    let resend = match (tx.kind, tx.state) {
+                        (Kind::ClientInvite, State::Calling) => Some(tx.interval * 2),
+                        (Kind::ClientNonInvite, State::Trying) => Some((tx.interval * 2).min(t2)),
+                        (Kind::ClientNonInvite, State::Proceeding) => Some(t2),
+                        (Kind::ServerInvite, State::Completed) => Some((tx.interval * 2).min(t2)),
+                        _ => None,
+                    };
+                    if let Some(next) = resend {
+                        out.push(Output::Transmit {
+                            dest: tx.dest,
+                            data: tx.message.clone(),
+                        });
+                        tx.interval = next;
+                        self.arm(id, now + next, TimerKind::Retransmit);
+                    }
+                }
+                TimerKind::Timeout => {
+                    let kind = tx.kind;
+                    tx.timeout_timer = None;
+                    out.push(Output::Timeout { id, kind });
+                    if let Some(user) = self.terminate(id) {
+                        out.push(Output::Terminated { id, user });
+                    }
+                }
+                TimerKind::Linger => {
+                    tx.timeout_timer = None;
+                    if let Some(user) = self.terminate(id) {
+                        out.push(Output::Terminated { id, user });
+                    }
+                }
+            }
+        }
+        self.fired = fired;
+    }
+}
