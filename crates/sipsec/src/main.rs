@@ -1,1 +1,65 @@
-fn main() {}
+//! `sipsec`: a secure, high-performance SIP server.
+//!
+//! One binary with subcommands; this is the command line. The server lives in [`server`],
+//! the per-worker protocol engine (no I/O) in [`engine`], the I/O drivers in [`worker`] and
+//! [`udp`], registrations in [`location`] and [`store`], configuration in [`config`].
+
+mod config;
+mod engine;
+mod location;
+mod server;
+mod store;
+mod udp;
+mod worker;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "sipsec",
+    version,
+    about = "A secure, high-performance SIP server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the SIP server: registrar, stateful or stateless proxy, or redirect server.
+    Serve {
+        /// TOML configuration file; without it, the embedded defaults (UDP on
+        /// 127.0.0.1:5060, stateful proxy, domain localhost, SQLite sipsec.db).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SIPSEC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve { config } => config
+            .map_or_else(
+                || Ok(config::Config::default()),
+                |p| config::Config::load(&p),
+            )
+            .and_then(server::run),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sipsec: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

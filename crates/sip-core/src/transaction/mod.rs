@@ -72,9 +72,15 @@ pub enum State {
 pub enum Output<A, U> {
     /// Send these bytes to `dest`.
     Transmit { dest: A, data: Bytes },
-    /// Timer B, F or H fired: the transaction failed (the TU answers 408 for a client
-    /// transaction); a `Terminated` follows.
-    Timeout { id: TxId, kind: Kind },
+    /// Timer B, F or H fired: the transaction failed and is gone (the TU answers 408 for a
+    /// client transaction). Carries the user value and the request a client transaction sent
+    /// (the last response for a server transaction).
+    Timeout {
+        id: TxId,
+        kind: Kind,
+        user: U,
+        message: Bytes,
+    },
     /// The transaction is gone; its user value is handed back.
     Terminated { id: TxId, user: U },
 }
@@ -631,10 +637,15 @@ impl<A: Copy, U> Transactions<A, U> {
                 }
                 TimerKind::Timeout => {
                     let kind = tx.kind;
+                    let message = tx.message.clone();
                     tx.timeout_timer = None;
-                    out.push(Output::Timeout { id, kind });
                     if let Some(user) = self.terminate(id) {
-                        out.push(Output::Terminated { id, user });
+                        out.push(Output::Timeout {
+                            id,
+                            kind,
+                            user,
+                            message,
+                        });
                     }
                 }
                 TimerKind::Linger => {

@@ -1,0 +1,351 @@
+//! The configuration contract: the TOML file `sipsec serve --config FILE` reads, its embedded
+//! defaults, and validation that names the offending key.
+//!
+//! The keys documented in README.md are public; unknown keys are rejected so a typo fails at
+//! start instead of being silently ignored.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+/// Where the server listens: `transport:ip:port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen {
+    pub transport: Transport,
+    pub addr: SocketAddr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Udp,
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.transport {
+            Transport::Udp => write!(f, "udp:{}", self.addr),
+        }
+    }
+}
+
+/// Parses `udp:127.0.0.1:5060` or `udp:[::1]:5060`.
+pub fn parse_listen(s: &str) -> Result<Listen, String> {
+    let (transport, addr) = s
+        .split_once(':')
+        .ok_or_else(|| format!("'{s}' is not transport:ip:port"))?;
+    let transport = match transport.to_ascii_lowercase().as_str() {
+        "udp" => Transport::Udp,
+        "tcp" | "tls" => {
+            return Err(format!(
+                "transport '{transport}' is not available yet (only udp)"
+            ))
+        }
+        other => return Err(format!("unknown transport '{other}' (expected udp)")),
+    };
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("'{addr}' is not an ip:port address"))?;
+    Ok(Listen { transport, addr })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Proxy,
+    Redirect,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawServer {
+    listen: Vec<String>,
+    domains: Vec<String>,
+    mode: Mode,
+    stateful: bool,
+    record_route: bool,
+    workers: usize,
+    max_message_size: usize,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            listen: vec!["udp:127.0.0.1:5060".into()],
+            domains: vec!["localhost".into()],
+            mode: Mode::Proxy,
+            stateful: true,
+            record_route: true,
+            workers: 0,
+            max_message_size: 16 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawRouting {
+    default_route: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawDatabase {
+    url: String,
+}
+
+impl Default for RawDatabase {
+    fn default() -> Self {
+        RawDatabase {
+            url: "sqlite://sipsec.db".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawRegistrar {
+    min_expires: u32,
+    max_expires: u32,
+    default_expires: u32,
+    max_contacts: usize,
+}
+
+impl Default for RawRegistrar {
+    fn default() -> Self {
+        RawRegistrar {
+            min_expires: 60,
+            max_expires: 86_400,
+            default_expires: 3_600,
+            max_contacts: 16,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawConfig {
+    server: RawServer,
+    routing: RawRouting,
+    database: RawDatabase,
+    registrar: RawRegistrar,
+}
+
+/// Registrar limits (`[registrar]`).
+#[derive(Debug, Clone)]
+pub struct RegistrarConfig {
+    pub min_expires: u32,
+    pub max_expires: u32,
+    pub default_expires: u32,
+    pub max_contacts: usize,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: Vec<Listen>,
+    pub domains: Vec<String>,
+    pub mode: Mode,
+    pub stateful: bool,
+    pub record_route: bool,
+    /// Resolved worker count (never 0).
+    pub workers: usize,
+    pub max_message_size: usize,
+    /// The default route: its URI text and where it sends.
+    pub default_route: Option<(String, SocketAddr)>,
+    pub database_url: String,
+    pub registrar: RegistrarConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_toml("").expect("the embedded defaults are valid")
+    }
+}
+
+/// Resolves a SIP URI's host:port to an address without DNS (IP literals and `localhost`).
+pub fn uri_socket_addr(uri: &sip_core::message::Uri<'_>) -> Option<SocketAddr> {
+    let host = uri
+        .param(b"maddr")
+        .flatten()
+        .unwrap_or(uri.host_unbracketed());
+    let ip: IpAddr = if host.eq_ignore_ascii_case(b"localhost") {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        std::str::from_utf8(host).ok()?.parse().ok()?
+    };
+    let default_port = if uri.scheme == sip_core::message::Scheme::Sips {
+        5061
+    } else {
+        5060
+    };
+    Some(SocketAddr::new(ip, uri.port.unwrap_or(default_port)))
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        Config::from_toml(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    /// Parses and validates TOML text (empty text gives the embedded defaults).
+    pub fn from_toml(text: &str) -> Result<Config> {
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let mut listen = Vec::new();
+        if raw.server.listen.is_empty() {
+            bail!("server.listen: at least one address is needed");
+        }
+        for (i, l) in raw.server.listen.iter().enumerate() {
+            listen.push(parse_listen(l).map_err(|e| anyhow::anyhow!("server.listen[{i}]: {e}"))?);
+        }
+        if raw.server.domains.is_empty() {
+            bail!("server.domains: at least one domain is needed");
+        }
+        for (i, d) in raw.server.domains.iter().enumerate() {
+            if !sip_core::message::uri::valid_host(d.as_bytes()) {
+                bail!("server.domains[{i}]: '{d}' is not a valid host name");
+            }
+        }
+        if !(1024..=65_535).contains(&raw.server.max_message_size) {
+            bail!("server.max_message_size: must be between 1024 and 65535 bytes");
+        }
+        let workers = match raw.server.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n if n > 36 => bail!("server.workers: at most 36 workers"),
+            n => n,
+        };
+        let default_route = match raw.routing.default_route {
+            None => None,
+            Some(r) => {
+                let uri = sip_core::message::Uri::parse(r.as_bytes()).map_err(|e| {
+                    anyhow::anyhow!(
+                        "routing.default_route: '{r}' is not a SIP URI ({})",
+                        e.as_str()
+                    )
+                })?;
+                if !matches!(
+                    uri.scheme,
+                    sip_core::message::Scheme::Sip | sip_core::message::Scheme::Sips
+                ) {
+                    bail!("routing.default_route: '{r}' must be a sip: or sips: URI");
+                }
+                if let Some(t) = uri.transport() {
+                    if !t.eq_ignore_ascii_case(b"udp") {
+                        bail!(
+                            "routing.default_route: transport '{}' is not available yet (only udp)",
+                            String::from_utf8_lossy(t)
+                        );
+                    }
+                }
+                let addr = uri_socket_addr(&uri).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "routing.default_route: host of '{r}' must be an IP address (no DNS yet)"
+                    )
+                })?;
+                Some((r, addr))
+            }
+        };
+        let url = raw.database.url;
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres:")
+            || url.starts_with("postgresql:")
+            || url.starts_with("mysql:")
+            || url.starts_with("mariadb:"))
+        {
+            bail!("database.url: '{url}' is not a sqlite://, postgres:// or mysql:// URL");
+        }
+        let reg = raw.registrar;
+        if reg.min_expires > reg.max_expires {
+            bail!("registrar.min_expires: must not exceed registrar.max_expires");
+        }
+        if reg.default_expires < reg.min_expires || reg.default_expires > reg.max_expires {
+            bail!("registrar.default_expires: must lie between min_expires and max_expires");
+        }
+        if reg.max_contacts == 0 {
+            bail!("registrar.max_contacts: must be at least 1");
+        }
+        Ok(Config {
+            listen,
+            domains: raw
+                .server
+                .domains
+                .into_iter()
+                .map(|d| d.to_ascii_lowercase())
+                .collect(),
+            mode: raw.server.mode,
+            stateful: raw.server.stateful,
+            record_route: raw.server.record_route,
+            workers,
+            max_message_size: raw.server.max_message_size,
+            default_route,
+            database_url: url,
+            registrar: RegistrarConfig {
+                min_expires: reg.min_expires,
+                max_expires: reg.max_expires,
+                default_expires: reg.default_expires,
+                max_contacts: reg.max_contacts,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Config::from_toml(text).unwrap_err())
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = Config::default();
+        assert_eq!(c.listen, vec![parse_listen("udp:127.0.0.1:5060").unwrap()]);
+        assert_eq!(c.domains, vec!["localhost"]);
+        assert_eq!(c.mode, Mode::Proxy);
+        assert!(c.stateful && c.record_route);
+        assert!(c.workers >= 1);
+        assert_eq!(c.database_url, "sqlite://sipsec.db");
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let c = Config::from_toml(
+            r#"
+            [server]
+            listen = ["udp:127.0.0.1:5060"]
+            domains = ["example.test"]
+            mode = "proxy"
+            stateful = true
+            record_route = true
+            workers = 0
+            [routing]
+            default_route = "sip:127.0.0.1:5080;transport=udp"
+            [database]
+            url = "sqlite://sipsec.db"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.default_route.unwrap().1,
+            "127.0.0.1:5080".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert!(err("[server]\nlisten = [\"udp:1.2.3:5060\"]").contains("server.listen[0]"));
+        assert!(err("[server]\nlisten = [\"sctp:1.2.3.4:5060\"]").contains("unknown transport"));
+        assert!(err("[server]\nmode = \"relay\"").contains("mode"));
+        assert!(err("[server]\nlisten_typo = []").contains("listen_typo"));
+        assert!(err("[routing]\ndefault_route = \"nonsense\"").contains("routing.default_route"));
+        assert!(err("[routing]\ndefault_route = \"sip:proxy.example.com\"").contains("IP address"));
+        assert!(err("[database]\nurl = \"redis://x\"").contains("database.url"));
+        assert!(err("[registrar]\nmin_expires = 100\nmax_expires = 50")
+            .contains("registrar.min_expires"));
+        assert!(err("[server]\nworkers = \"two\"").contains("workers"));
+    }
+}

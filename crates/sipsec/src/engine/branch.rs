@@ -1,0 +1,81 @@
+//! Via branch values sipsec generates, and what they encode.
+//!
+//! `z9hG4bK` + `sS` + worker digit + 8 hex digits of loop hash + a suffix. The worker digit is
+//! how a response finds the worker owning its transaction without a shared table: whichever
+//! worker's socket the kernel hands it to reads the digit and, if it is another's, passes the
+//! datagram over that worker's mailbox. The loop hash (RFC 3261 §16.6 step 8) covers what
+//! identifies the request's routing (Request-URI, Call-ID, CSeq number, From and To tags); a
+//! request that comes back with one of our Vias carrying the same hash is a loop (482).
+
+use sip_core::message::Message;
+
+pub const MAGIC: &[u8] = b"z9hG4bKsS";
+
+/// FNV-1a, 64 bit: fast, deterministic, good enough to spread hashes (not for secrets).
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in *p {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn worker_digit(worker: usize) -> char {
+    char::from_digit(worker as u32, 36).expect("at most 36 workers encode in one digit")
+}
+
+/// The loop-detection hash of a request as received.
+pub fn loop_hash(msg: &Message<'_>) -> u32 {
+    let ruri = msg.request_uri().map_or(&b""[..], |u| u.raw);
+    let from_tag = msg.from().ok().and_then(|f| f.tag()).unwrap_or_default();
+    let to_tag = msg.to().ok().and_then(|t| t.tag()).unwrap_or_default();
+    let seq = msg.cseq().seq.to_le_bytes();
+    fnv1a(&[ruri, msg.call_id(), &seq, from_tag, to_tag]) as u32
+}
+
+/// A unique branch for a stateful forward.
+pub fn stateful(worker: usize, loop_hash: u32, counter: u64) -> String {
+    format!(
+        "z9hG4bKsS{}{loop_hash:08x}.{counter:x}",
+        worker_digit(worker)
+    )
+}
+
+/// A deterministic branch for a stateless forward: retransmissions and the CANCEL of an
+/// INVITE (same incoming branch) map to the same outgoing branch (RFC 3261 §16.11).
+pub fn stateless(worker: usize, loop_hash: u32, msg: &Message<'_>) -> String {
+    let via = msg.top_via();
+    let h = fnv1a(&[via.branch.unwrap_or_default(), via.host, msg.call_id()]);
+    format!("z9hG4bKsS{}{loop_hash:08x}-{h:016x}", worker_digit(worker))
+}
+
+/// Which worker issued a branch, if we did.
+pub fn owner(branch: &[u8]) -> Option<usize> {
+    let digit = *branch.strip_prefix(MAGIC)?.first()?;
+    (digit as char).to_digit(36).map(|d| d as usize)
+}
+
+/// The loop hash a branch of ours carries.
+pub fn carried_loop_hash(branch: &[u8]) -> Option<u32> {
+    let hex = branch.strip_prefix(MAGIC)?.get(1..9)?;
+    u32::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_owner_and_loop_hash() {
+        let b = stateful(11, 0xdead_beef, 42);
+        assert!(b.starts_with("z9hG4bK"));
+        assert_eq!(owner(b.as_bytes()), Some(11));
+        assert_eq!(carried_loop_hash(b.as_bytes()), Some(0xdead_beef));
+        assert_eq!(owner(b"z9hG4bKother"), None);
+    }
+}

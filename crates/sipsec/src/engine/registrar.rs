@@ -1,0 +1,177 @@
+//! The registrar (RFC 3261 §10.3): REGISTER adds, refreshes and removes bindings and is
+//! answered with the bindings now current.
+//!
+//! Pure logic over a [`Location`] replica: it returns the response to send and the
+//! [`BindingChange`]s to apply everywhere; the engine applies and distributes them.
+
+use crate::config::{uri_socket_addr, RegistrarConfig};
+use crate::location::{Binding, BindingChange, Location};
+use sip_core::message::{HeaderName, Message, NameAddr};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+/// The registrar's answer.
+#[derive(Debug)]
+pub struct Outcome {
+    pub code: u16,
+    pub reason: &'static str,
+    /// Extra header lines for the response, each ending in CRLF.
+    pub headers: String,
+    pub changes: Vec<BindingChange>,
+}
+
+impl Outcome {
+    fn reject(code: u16, reason: &'static str) -> Outcome {
+        Outcome {
+            code,
+            reason,
+            headers: String::new(),
+            changes: Vec::new(),
+        }
+    }
+}
+
+struct Requested<'a> {
+    contact: NameAddr<'a>,
+    expires: u32,
+}
+
+/// Handles one REGISTER for `aor` (already checked to be in one of our domains).
+pub fn register(
+    cfg: &RegistrarConfig,
+    location: &Location,
+    aor: &str,
+    msg: &Message<'_>,
+    source: SocketAddr,
+    now_unix_ms: u64,
+) -> Outcome {
+    let header_expires = match msg.expires() {
+        None => None,
+        Some(Ok(e)) => Some(e),
+        Some(Err(_)) => return Outcome::reject(400, "Bad Expires header"),
+    };
+    let call_id = String::from_utf8_lossy(msg.call_id());
+    let cseq = msg.cseq().seq;
+    let existing: Vec<&Binding> = location.bindings(aor, now_unix_ms).collect();
+
+    if msg.contact_is_star() {
+        let only = msg.headers_named(HeaderName::Contact).count() == 1;
+        if !only || header_expires != Some(0) {
+            return Outcome::reject(400, "Wildcard Contact needs Expires 0 and no other Contact");
+        }
+        for b in &existing {
+            if *b.call_id == *call_id && cseq < b.cseq {
+                return Outcome::reject(500, "Out of order CSeq");
+            }
+        }
+        return Outcome {
+            code: 200,
+            reason: "OK",
+            headers: String::new(),
+            changes: vec![BindingChange::RemoveAll { aor: aor.into() }],
+        };
+    }
+
+    let mut requested: Vec<Requested<'_>> = Vec::new();
+    let mut bad_expires = false;
+    let parsed = msg.name_addrs(HeaderName::Contact, |_, na| {
+        let expires = match na.params.get(b"expires") {
+            Some(Some(v)) => match std::str::from_utf8(v)
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+            {
+                Some(e) => e,
+                None => {
+                    bad_expires = true;
+                    0
+                }
+            },
+            Some(None) => {
+                bad_expires = true;
+                0
+            }
+            None => header_expires.unwrap_or(cfg.default_expires),
+        };
+        requested.push(Requested {
+            contact: na,
+            expires,
+        });
+    });
+    if parsed.is_err() {
+        return Outcome::reject(400, "Bad Contact header");
+    }
+    if bad_expires {
+        return Outcome::reject(400, "Bad expires parameter");
+    }
+    if let Some(r) = requested
+        .iter()
+        .find(|r| r.expires > 0 && r.expires < cfg.min_expires)
+    {
+        let _ = r;
+        return Outcome {
+            code: 423,
+            reason: "Interval Too Brief",
+            headers: format!("Min-Expires: {}\r\n", cfg.min_expires),
+            changes: Vec::new(),
+        };
+    }
+
+    let mut changes = Vec::new();
+    let mut live: Vec<Binding> = existing.iter().map(|b| (*b).clone()).collect();
+    for r in &requested {
+        let contact = String::from_utf8_lossy(r.contact.uri.raw);
+        if let Some(b) = existing.iter().find(|b| *b.contact == *contact) {
+            if *b.call_id == *call_id && cseq <= b.cseq {
+                if cseq < b.cseq {
+                    return Outcome::reject(500, "Out of order CSeq");
+                }
+                continue; // A retransmission of the same registration: nothing changes.
+            }
+        }
+        live.retain(|b| *b.contact != *contact);
+        if r.expires == 0 {
+            changes.push(BindingChange::Remove {
+                aor: aor.into(),
+                contact: contact.into(),
+            });
+            continue;
+        }
+        let expires = r.expires.min(cfg.max_expires);
+        let target = uri_socket_addr(&r.contact.uri).unwrap_or(source);
+        let binding = Binding {
+            contact: contact.into(),
+            target,
+            expires_at: now_unix_ms + u64::from(expires) * 1000,
+            q: r.contact
+                .params
+                .get(b"q")
+                .flatten()
+                .map(|q| String::from_utf8_lossy(q).into()),
+            call_id: call_id.as_ref().into(),
+            cseq,
+        };
+        live.push(binding.clone());
+        changes.push(BindingChange::Upsert {
+            aor: aor.into(),
+            binding,
+        });
+    }
+    if live.len() > cfg.max_contacts {
+        return Outcome::reject(403, "Too Many Contacts");
+    }
+    let mut headers = String::new();
+    for b in &live {
+        let remaining = b.expires_at.saturating_sub(now_unix_ms).div_ceil(1000);
+        let _ = write!(headers, "Contact: <{}>;expires={remaining}", b.contact);
+        if let Some(q) = &b.q {
+            let _ = write!(headers, ";q={q}");
+        }
+        headers.push_str("\r\n");
+    }
+    Outcome {
+        code: 200,
+        reason: "OK",
+        headers,
+        changes,
+    }
+}

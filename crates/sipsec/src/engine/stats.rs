@@ -1,0 +1,111 @@
+//! Per-worker counters. Each worker writes only its own (relaxed atomics on its own cache
+//! lines, so no contention); the server sums them for its reports.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal),* $(,)?) => {
+        /// Counters of one worker.
+        #[derive(Debug, Default)]
+        #[repr(align(128))]
+        pub struct Stats { $(#[doc = $doc] pub $name: AtomicU64,)* }
+
+        impl Stats {
+            /// Name and value of every counter.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    datagrams_in: "datagrams received",
+    requests_in: "requests parsed",
+    responses_in: "responses parsed",
+    malformed: "messages rejected by the parser (answered 400/505 where possible)",
+    malformed_dropped: "malformed messages that could not be answered",
+    oversize: "messages over max_message_size (answered 513 where possible)",
+    keepalives: "CRLF keep-alives",
+    retransmissions_absorbed: "request and response retransmissions absorbed by transactions",
+    forwarded_requests: "requests forwarded",
+    forwarded_responses: "responses forwarded",
+    local_responses: "responses generated here",
+    registrations: "REGISTER requests accepted",
+    not_allowed: "requests answered 405 or 501",
+    loops: "requests answered 482",
+    too_many_hops: "requests answered 483",
+    unroutable: "requests with no route (404/480)",
+    stray_responses: "responses matching no transaction, dropped",
+    branch_timeouts: "client transactions that timed out",
+    handoffs: "datagrams passed to the worker owning their transaction",
+    send_errors: "datagrams the kernel refused to send",
+}
+
+pub fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Sums several workers' counters.
+pub fn total(all: &[std::sync::Arc<Stats>]) -> Vec<(&'static str, u64)> {
+    let mut sum = Stats::default().snapshot();
+    for s in all {
+        for (acc, (_, v)) in sum.iter_mut().zip(s.snapshot()) {
+            acc.1 += v;
+        }
+    }
+    sum
+}
+
+/// Rate-limits log lines from the network path: at most `per_second` a second, then a count
+/// of what was suppressed.
+#[derive(Debug)]
+pub struct LogLimiter {
+    window_start: u64,
+    count: u32,
+    suppressed: u32,
+    per_second: u32,
+}
+
+impl LogLimiter {
+    pub fn new(per_second: u32) -> Self {
+        LogLimiter {
+            window_start: 0,
+            count: 0,
+            suppressed: 0,
+            per_second,
+        }
+    }
+
+    /// True if a line may be logged at `now_ms`.
+    pub fn allow(&mut self, now_ms: u64) -> bool {
+        if now_ms >= self.window_start + 1_000 {
+            if self.suppressed > 0 {
+                tracing::warn!("{} similar log lines suppressed", self.suppressed);
+            }
+            self.window_start = now_ms;
+            self.count = 0;
+            self.suppressed = 0;
+        }
+        if self.count < self.per_second {
+            self.count += 1;
+            true
+        } else {
+            self.suppressed += 1;
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limiter_allows_a_burst_per_second() {
+        let mut l = LogLimiter::new(3);
+        let allowed = (0..10).filter(|_| l.allow(5)).count();
+        assert_eq!(allowed, 3);
+        assert!(l.allow(1_005));
+    }
+}

@@ -1,0 +1,203 @@
+//! The location service: address-of-record → current bindings, in memory.
+//!
+//! Each worker holds its own replica, so a lookup on the call path takes no lock shared with
+//! other workers. A registration is applied by the worker that received it and then sent as a
+//! [`BindingChange`] to every other worker (through their mailboxes, drained before each
+//! receive batch, so a REGISTER's 200 OK never overtakes its binding) and to the write-behind
+//! store. Expiry sits on a timing wheel: no sweep over all bindings, ever.
+
+use sip_core::timer::{Millis, TimerWheel};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// One contact bound to an address-of-record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// The contact URI as registered.
+    pub contact: Box<str>,
+    /// Where requests for this contact are sent.
+    pub target: SocketAddr,
+    /// Expiry, in Unix milliseconds.
+    pub expires_at: u64,
+    /// The `q` parameter as written, if any.
+    pub q: Option<Box<str>>,
+    pub call_id: Box<str>,
+    pub cseq: u32,
+}
+
+/// A change to the location service, applied by every replica and by the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingChange {
+    Upsert { aor: Box<str>, binding: Binding },
+    Remove { aor: Box<str>, contact: Box<str> },
+    RemoveAll { aor: Box<str> },
+}
+
+/// What a lookup found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    /// Live bindings, best `q` first.
+    Found(Vec<&'a Binding>),
+    /// The AOR has registered before but has no live binding now (480).
+    Unavailable,
+    /// Never heard of it (404).
+    Unknown,
+}
+
+/// One replica of the location service. Times are Unix milliseconds.
+pub struct Location {
+    aors: HashMap<Box<str>, Vec<Binding>>,
+    expiry: TimerWheel<(Box<str>, Box<str>)>,
+    fired: Vec<(Box<str>, Box<str>)>,
+}
+
+fn q_value(b: &Binding) -> f32 {
+    b.q.as_deref().and_then(|q| q.parse().ok()).unwrap_or(1.0)
+}
+
+impl Location {
+    pub fn new(now_unix_ms: u64) -> Self {
+        Location {
+            aors: HashMap::new(),
+            expiry: TimerWheel::new(now_unix_ms),
+            fired: Vec::new(),
+        }
+    }
+
+    /// Marks an AOR as known without bindings (loaded from the store).
+    pub fn know(&mut self, aor: &str) {
+        self.aors.entry(aor.into()).or_default();
+    }
+
+    /// Applies a change made here or elsewhere.
+    pub fn apply(&mut self, change: &BindingChange) {
+        match change {
+            BindingChange::Upsert { aor, binding } => {
+                let list = self.aors.entry(aor.clone()).or_default();
+                match list.iter_mut().find(|b| b.contact == binding.contact) {
+                    Some(b) => *b = binding.clone(),
+                    None => list.push(binding.clone()),
+                }
+                self.expiry
+                    .insert(binding.expires_at, (aor.clone(), binding.contact.clone()));
+            }
+            BindingChange::Remove { aor, contact } => {
+                if let Some(list) = self.aors.get_mut(aor) {
+                    list.retain(|b| &b.contact != contact);
+                }
+            }
+            BindingChange::RemoveAll { aor } => {
+                if let Some(list) = self.aors.get_mut(aor) {
+                    list.clear();
+                }
+            }
+        }
+    }
+
+    /// Live bindings of an AOR.
+    pub fn bindings(&self, aor: &str, now_unix_ms: u64) -> impl Iterator<Item = &Binding> {
+        self.aors
+            .get(aor)
+            .into_iter()
+            .flatten()
+            .filter(move |b| b.expires_at > now_unix_ms)
+    }
+
+    pub fn lookup(&self, aor: &str, now_unix_ms: u64) -> Lookup<'_> {
+        match self.aors.get(aor) {
+            None => Lookup::Unknown,
+            Some(_) => {
+                let mut live: Vec<&Binding> = self.bindings(aor, now_unix_ms).collect();
+                if live.is_empty() {
+                    return Lookup::Unavailable;
+                }
+                live.sort_by(|a, b| q_value(b).total_cmp(&q_value(a)));
+                Lookup::Found(live)
+            }
+        }
+    }
+
+    /// Drops bindings whose expiry passed (each was scheduled on the wheel when bound; a
+    /// binding refreshed since is left alone).
+    pub fn expire(&mut self, now_unix_ms: u64) {
+        self.expiry.advance(now_unix_ms, &mut self.fired);
+        for (aor, contact) in self.fired.drain(..) {
+            if let Some(list) = self.aors.get_mut(&aor) {
+                list.retain(|b| !(b.contact == contact && b.expires_at <= now_unix_ms));
+            }
+        }
+    }
+
+    /// When `expire` next has work.
+    pub fn next_expiry(&self) -> Option<Millis> {
+        self.expiry.next_deadline()
+    }
+}
+
+/// A change shared between replicas without copying it per worker.
+pub type SharedChange = Arc<BindingChange>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(contact: &str, expires_at: u64, q: Option<&str>) -> Binding {
+        Binding {
+            contact: contact.into(),
+            target: "127.0.0.1:5070".parse().unwrap(),
+            expires_at,
+            q: q.map(Into::into),
+            call_id: "c".into(),
+            cseq: 1,
+        }
+    }
+
+    #[test]
+    fn lookup_orders_by_q_and_distinguishes_unknown_from_unavailable() {
+        let mut loc = Location::new(0);
+        assert_eq!(loc.lookup("a@x", 0), Lookup::Unknown);
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:1@h", 10_000, Some("0.5")),
+        });
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:2@h", 10_000, None),
+        });
+        let Lookup::Found(found) = loc.lookup("a@x", 0) else {
+            panic!()
+        };
+        assert_eq!(
+            found.iter().map(|b| &*b.contact).collect::<Vec<_>>(),
+            vec!["sip:2@h", "sip:1@h"]
+        );
+        loc.apply(&BindingChange::RemoveAll { aor: "a@x".into() });
+        assert_eq!(loc.lookup("a@x", 0), Lookup::Unavailable);
+    }
+
+    #[test]
+    fn expiry_removes_only_bindings_not_refreshed() {
+        let mut loc = Location::new(0);
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:1@h", 1_000, None),
+        });
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:2@h", 1_000, None),
+        });
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:2@h", 5_000, None),
+        });
+        loc.expire(1_000);
+        assert_eq!(
+            loc.bindings("a@x", 999).count(),
+            1,
+            "sip:1 expired, sip:2 refreshed"
+        );
+        loc.expire(5_000);
+        assert_eq!(loc.lookup("a@x", 5_000), Lookup::Unavailable);
+    }
+}

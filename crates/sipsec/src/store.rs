@@ -1,0 +1,402 @@
+//! The registration store: bindings written behind to a real database through sqlx, so the
+//! call path never waits on it and a restart loses no registration.
+//!
+//! SQLite is the embedded default; PostgreSQL and MariaDB/MySQL work through the same code
+//! (sqlx's `Any` driver) with a small dialect switch for placeholders. Writes run on one
+//! thread of their own with a single-threaded tokio runtime: workers hand it
+//! [`BindingChange`]s over a channel, and it commits whatever has queued up in one
+//! transaction, so a burst of registrations costs one commit. On shutdown the server flushes
+//! the queue before exiting. If the database fails, the batch is kept and retried, the error
+//! is logged once per retry period, and registrations keep working from memory.
+
+use crate::location::{Binding, BindingChange, SharedChange};
+use anyhow::{Context, Result};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// SQL dialect differences that matter here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+impl Dialect {
+    fn of(url: &str) -> Dialect {
+        if url.starts_with("postgres") {
+            Dialect::Postgres
+        } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+            Dialect::MySql
+        } else {
+            Dialect::Sqlite
+        }
+    }
+
+    /// Rewrites `?` placeholders for PostgreSQL.
+    fn sql(self, text: &str) -> String {
+        if self != Dialect::Postgres {
+            return text.to_string();
+        }
+        let mut out = String::with_capacity(text.len() + 8);
+        let mut n = 0;
+        for c in text.chars() {
+            if c == '?' {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+}
+
+const SCHEMA_VERSION: i64 = 1;
+
+/// A connected store.
+pub struct Store {
+    pool: AnyPool,
+    dialect: Dialect,
+}
+
+/// What the server loads at start.
+pub struct Loaded {
+    pub bindings: Vec<(String, Binding)>,
+    pub known_aors: Vec<String>,
+}
+
+fn normalise_url(url: &str) -> String {
+    let url = url.replacen("mariadb://", "mysql://", 1);
+    if url.starts_with("sqlite:") && !url.contains("mode=") && !url.contains(":memory:") {
+        // Create the database file on first start.
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}mode=rwc")
+    } else {
+        url
+    }
+}
+
+impl Store {
+    /// Connects and creates or migrates the schema.
+    pub async fn connect(url: &str) -> Result<Store> {
+        sqlx::any::install_default_drivers();
+        let dialect = Dialect::of(url);
+        let pool = AnyPoolOptions::new()
+            .max_connections(if dialect == Dialect::Sqlite { 1 } else { 4 })
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&normalise_url(url))
+            .await
+            .with_context(|| format!("cannot open database {url}"))?;
+        let store = Store { pool, dialect };
+        store
+            .migrate()
+            .await
+            .context("cannot create or migrate the database schema")?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        if self.dialect == Dialect::Sqlite {
+            sqlx::query("PRAGMA journal_mode=WAL")
+                .execute(&self.pool)
+                .await?;
+            sqlx::query("PRAGMA synchronous=NORMAL")
+                .execute(&self.pool)
+                .await?;
+        }
+        sqlx::query("CREATE TABLE IF NOT EXISTS sipsec_schema (version BIGINT NOT NULL)")
+            .execute(&self.pool)
+            .await?;
+        let version: Option<i64> = sqlx::query("SELECT MAX(version) FROM sipsec_schema")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        if version.unwrap_or(0) < 1 {
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS location_aors (aor VARCHAR(255) NOT NULL PRIMARY KEY)",
+            )
+            .execute(&self.pool)
+            .await?;
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS location_bindings (\
+                 aor VARCHAR(255) NOT NULL, contact VARCHAR(512) NOT NULL, \
+                 target VARCHAR(64) NOT NULL, expires_at BIGINT NOT NULL, q VARCHAR(16), \
+                 call_id VARCHAR(255) NOT NULL, cseq BIGINT NOT NULL, \
+                 PRIMARY KEY (aor, contact))",
+            )
+            .execute(&self.pool)
+            .await?;
+            sqlx::query(
+                &self
+                    .dialect
+                    .sql("INSERT INTO sipsec_schema (version) VALUES (?)"),
+            )
+            .bind(SCHEMA_VERSION)
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Loads live bindings and known AORs; expired rows are deleted on the way.
+    pub async fn load(&self, now_unix_ms: u64) -> Result<Loaded> {
+        sqlx::query(
+            &self
+                .dialect
+                .sql("DELETE FROM location_bindings WHERE expires_at <= ?"),
+        )
+        .bind(now_unix_ms as i64)
+        .execute(&self.pool)
+        .await?;
+        let rows: Vec<AnyRow> = sqlx::query(
+            "SELECT aor, contact, target, expires_at, q, call_id, cseq FROM location_bindings",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut bindings = Vec::with_capacity(rows.len());
+        for r in rows {
+            let target: String = r.try_get(2)?;
+            let Ok(target) = target.parse() else { continue };
+            let q: Option<String> = r.try_get(4)?;
+            bindings.push((
+                r.try_get::<String, _>(0)?,
+                Binding {
+                    contact: r.try_get::<String, _>(1)?.into(),
+                    target,
+                    expires_at: r.try_get::<i64, _>(3)? as u64,
+                    q: q.map(Into::into),
+                    call_id: r.try_get::<String, _>(5)?.into(),
+                    cseq: r.try_get::<i64, _>(6)? as u32,
+                },
+            ));
+        }
+        let known_aors = sqlx::query("SELECT aor FROM location_aors")
+            .fetch_all(&self.pool)
+            .await?
+            .into_iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()?;
+        Ok(Loaded {
+            bindings,
+            known_aors,
+        })
+    }
+
+    /// Applies a batch of changes in one transaction.
+    pub async fn write(&self, changes: &[SharedChange]) -> Result<()> {
+        let d = self.dialect;
+        let mut tx = self.pool.begin().await?;
+        for change in changes {
+            match &**change {
+                BindingChange::Upsert { aor, binding } => {
+                    let ignore = match d {
+                        Dialect::MySql => "INSERT IGNORE INTO location_aors (aor) VALUES (?)",
+                        Dialect::Sqlite => "INSERT OR IGNORE INTO location_aors (aor) VALUES (?)",
+                        Dialect::Postgres => {
+                            "INSERT INTO location_aors (aor) VALUES (?) ON CONFLICT DO NOTHING"
+                        }
+                    };
+                    sqlx::query(&d.sql(ignore))
+                        .bind(&**aor)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(
+                        &d.sql("DELETE FROM location_bindings WHERE aor = ? AND contact = ?"),
+                    )
+                    .bind(&**aor)
+                    .bind(&*binding.contact)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(&d.sql(
+                        "INSERT INTO location_bindings (aor, contact, target, expires_at, q, call_id, cseq) \
+                         VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    ))
+                    .bind(&**aor)
+                    .bind(&*binding.contact)
+                    .bind(binding.target.to_string())
+                    .bind(binding.expires_at as i64)
+                    .bind(binding.q.as_deref())
+                    .bind(&*binding.call_id)
+                    .bind(i64::from(binding.cseq))
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                BindingChange::Remove { aor, contact } => {
+                    sqlx::query(
+                        &d.sql("DELETE FROM location_bindings WHERE aor = ? AND contact = ?"),
+                    )
+                    .bind(&**aor)
+                    .bind(&**contact)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                BindingChange::RemoveAll { aor } => {
+                    sqlx::query(&d.sql("DELETE FROM location_bindings WHERE aor = ?"))
+                        .bind(&**aor)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+enum Command {
+    Change(SharedChange),
+    Flush(oneshot::Sender<()>),
+}
+
+/// The workers' side of the write-behind queue.
+#[derive(Clone)]
+pub struct StoreHandle {
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl StoreHandle {
+    pub fn send(&self, change: SharedChange) {
+        let _ = self.tx.send(Command::Change(change));
+    }
+
+    /// Waits until everything queued so far is committed (or the writer gave up).
+    pub fn flush_blocking(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Command::Flush(done)).is_ok() {
+            let _ = wait.blocking_recv();
+        }
+    }
+}
+
+/// Starts the write-behind thread for a connected store, on the given runtime.
+pub fn spawn_writer(store: Store, runtime: &tokio::runtime::Runtime) -> StoreHandle {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Command>();
+    runtime.spawn(async move {
+        let mut pending: Vec<SharedChange> = Vec::new();
+        let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
+        let mut failing_since: Option<std::time::Instant> = None;
+        loop {
+            let first = if pending.is_empty() { rx.recv().await } else { rx.try_recv().ok() };
+            let mut closed = false;
+            match first {
+                Some(Command::Change(c)) => pending.push(c),
+                Some(Command::Flush(w)) => waiters.push(w),
+                None if pending.is_empty() => break,
+                None => closed = rx.is_closed(),
+            }
+            while let Ok(cmd) = rx.try_recv() {
+                match cmd {
+                    Command::Change(c) => pending.push(c),
+                    Command::Flush(w) => waiters.push(w),
+                }
+            }
+            if !pending.is_empty() {
+                match store.write(&pending).await {
+                    Ok(()) => {
+                        if failing_since.take().is_some() {
+                            tracing::info!("database writes recovered");
+                        }
+                        pending.clear();
+                    }
+                    Err(e) => {
+                        if failing_since.is_none() {
+                            tracing::error!("cannot write registrations to the database (kept in memory, retrying): {e:#}");
+                            failing_since = Some(std::time::Instant::now());
+                        }
+                        if !waiters.is_empty() || closed {
+                            // A flush waits for at most one failed attempt: shutdown must not hang.
+                            for w in waiters.drain(..) {
+                                let _ = w.send(());
+                            }
+                            if closed {
+                                break;
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                }
+            }
+            for w in waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+    });
+    StoreHandle { tx }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn binding(contact: &str, expires_at: u64) -> Binding {
+        Binding {
+            contact: contact.into(),
+            target: "127.0.0.1:5070".parse().unwrap(),
+            expires_at,
+            q: Some("0.7".into()),
+            call_id: "call".into(),
+            cseq: 3,
+        }
+    }
+
+    #[test]
+    fn postgres_placeholders_are_numbered() {
+        assert_eq!(
+            Dialect::Postgres.sql("a = ? AND b = ?"),
+            "a = $1 AND b = $2"
+        );
+        assert_eq!(Dialect::Sqlite.sql("a = ?"), "a = ?");
+    }
+
+    #[test]
+    fn bindings_survive_reopening_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/loc.db", dir.path().display());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let store = Store::connect(&url).await.unwrap();
+            let changes: Vec<SharedChange> = vec![
+                Arc::new(BindingChange::Upsert {
+                    aor: "a@x".into(),
+                    binding: binding("sip:a@1.2.3.4", 10_000),
+                }),
+                Arc::new(BindingChange::Upsert {
+                    aor: "a@x".into(),
+                    binding: binding("sip:a@5.6.7.8", 10_000),
+                }),
+                Arc::new(BindingChange::Upsert {
+                    aor: "b@x".into(),
+                    binding: binding("sip:b@1.2.3.4", 500),
+                }),
+                Arc::new(BindingChange::Remove {
+                    aor: "a@x".into(),
+                    contact: "sip:a@5.6.7.8".into(),
+                }),
+            ];
+            store.write(&changes).await.unwrap();
+            drop(store);
+            let store = Store::connect(&url).await.unwrap();
+            let loaded = store.load(1_000).await.unwrap();
+            assert_eq!(
+                loaded.bindings,
+                vec![("a@x".to_string(), binding("sip:a@1.2.3.4", 10_000))]
+            );
+            let mut known = loaded.known_aors;
+            known.sort();
+            assert_eq!(
+                known,
+                vec!["a@x", "b@x"],
+                "expired b@x is still known (480, not 404)"
+            );
+        });
+    }
+}

@@ -1,0 +1,172 @@
+//! UDP sockets with batched system calls: one `recvmmsg` takes up to [`BATCH`] datagrams and
+//! one `sendmmsg` sends a worker's queued datagrams, so a busy worker pays a few system calls
+//! per batch instead of two per message. Sockets are bound with SO_REUSEPORT so every worker
+//! owns its own socket on the shared address and the kernel spreads peers across them.
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Datagrams per system call.
+pub const BATCH: usize = 64;
+/// Largest datagram we read.
+pub const MAX_DATAGRAM: usize = 65_535;
+
+/// Binds a non-blocking UDP socket with SO_REUSEPORT and large kernel buffers.
+pub fn bind_reuseport(addr: SocketAddr) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    // Best effort: the kernel caps these at net.core.{r,w}mem_max.
+    let _ = socket.set_recv_buffer_size(8 << 20);
+    let _ = socket.set_send_buffer_size(8 << 20);
+    socket.set_nonblocking(true)?;
+    socket.bind(&SockAddr::from(addr))?;
+    Ok(socket)
+}
+
+/// Receive buffers and headers for one `recvmmsg` call, reused across calls.
+pub struct RecvBatch {
+    buffers: Vec<u8>,
+    addrs: Vec<libc::sockaddr_storage>,
+    iovecs: Vec<libc::iovec>,
+    headers: Vec<libc::mmsghdr>,
+    count: usize,
+}
+
+// The raw pointers inside point into the batch's own vectors, which never move once built.
+unsafe impl Send for RecvBatch {}
+
+impl Default for RecvBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RecvBatch {
+    pub fn new() -> Self {
+        let mut b = RecvBatch {
+            buffers: vec![0u8; BATCH * MAX_DATAGRAM],
+            // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+            addrs: vec![unsafe { MaybeUninit::zeroed().assume_init() }; BATCH],
+            iovecs: Vec::with_capacity(BATCH),
+            headers: Vec::with_capacity(BATCH),
+            count: 0,
+        };
+        for i in 0..BATCH {
+            b.iovecs.push(libc::iovec {
+                iov_base: b.buffers[i * MAX_DATAGRAM..].as_mut_ptr().cast(),
+                iov_len: MAX_DATAGRAM,
+            });
+        }
+        for i in 0..BATCH {
+            // SAFETY: msghdr/mmsghdr are plain old data; fields are set below.
+            let mut h: libc::mmsghdr = unsafe { MaybeUninit::zeroed().assume_init() };
+            h.msg_hdr.msg_name = (&mut b.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_hdr.msg_iov = &mut b.iovecs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            b.headers.push(h);
+        }
+        b
+    }
+
+    /// Receives up to [`BATCH`] datagrams without blocking. Returns how many arrived (0 when
+    /// none is waiting).
+    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        for h in &mut self.headers {
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_len = 0;
+        }
+        // SAFETY: headers point at buffers, iovecs and addresses owned by self, sized as
+        // declared; the kernel writes at most that much.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.headers.as_mut_ptr(),
+                BATCH as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            self.count = 0;
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        self.count = n as usize;
+        Ok(self.count)
+    }
+
+    /// The `i`th datagram of the last `recv` and its source, if the address is IP.
+    pub fn get(&self, i: usize) -> Option<(SocketAddr, &[u8])> {
+        if i >= self.count {
+            return None;
+        }
+        let len = (self.headers[i].msg_len as usize).min(MAX_DATAGRAM);
+        let data = &self.buffers[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len];
+        // SAFETY: the kernel filled a sockaddr_storage of msg_namelen bytes.
+        let addr = unsafe { SockAddr::new(self.addrs[i], self.headers[i].msg_hdr.msg_namelen) };
+        addr.as_socket().map(|a| (a, data))
+    }
+}
+
+/// Sends datagrams with `sendmmsg`, in batches. Returns how many the kernel refused.
+pub fn send_all(fd: RawFd, datagrams: &[(SocketAddr, bytes::Bytes)]) -> usize {
+    let mut failed = 0;
+    for chunk in datagrams.chunks(BATCH) {
+        let addrs: Vec<SockAddr> = chunk.iter().map(|(a, _)| SockAddr::from(*a)).collect();
+        let mut iovecs: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|(_, d)| libc::iovec {
+                iov_base: d.as_ptr() as *mut _,
+                iov_len: d.len(),
+            })
+            .collect();
+        let mut headers: Vec<libc::mmsghdr> = (0..chunk.len())
+            .map(|i| {
+                // SAFETY: plain old data, filled in below.
+                let mut h: libc::mmsghdr = unsafe { MaybeUninit::zeroed().assume_init() };
+                h.msg_hdr.msg_name = addrs[i].as_ptr() as *mut _;
+                h.msg_hdr.msg_namelen = addrs[i].len();
+                h.msg_hdr.msg_iov = &mut iovecs[i];
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        let mut sent = 0;
+        while sent < headers.len() {
+            // SAFETY: every header points at live data in `chunk`, `addrs` and `iovecs`.
+            let n = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    headers[sent..].as_mut_ptr(),
+                    (headers.len() - sent) as u32,
+                    0,
+                )
+            };
+            if n <= 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // Skip the datagram the kernel refused (e.g. unreachable), keep the rest going.
+                failed += 1;
+                sent += 1;
+                continue;
+            }
+            sent += n as usize;
+        }
+    }
+    failed
+}
+
+/// The raw descriptor of a socket.
+pub fn fd(socket: &Socket) -> RawFd {
+    socket.as_raw_fd()
+}
