@@ -1,1 +1,628 @@
+//! The engine driven in simulated time, without sockets: every role, forking, CANCEL,
+//! timeouts and bad input.
 
+use super::*;
+use crate::config::Config;
+
+const PROXY: &str = "127.0.0.1:5060";
+const ALICE: &str = "127.0.0.2:5070";
+const BOB1: &str = "127.0.0.3:5080";
+const BOB2: &str = "127.0.0.4:5090";
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn engine(extra: &str) -> Engine {
+    let cfg = Config::from_toml(&format!(
+        "[server]\nlisten = [\"udp:{PROXY}\"]\ndomains = [\"example.test\"]\nworkers = 2\n{extra}"
+    ))
+    .unwrap();
+    Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()))
+}
+
+struct Sent {
+    to: SocketAddr,
+    text: String,
+}
+
+impl Sent {
+    fn msg(&self) -> Message<'_> {
+        Message::parse(self.text.as_bytes()).unwrap()
+    }
+    fn status(&self) -> Option<u16> {
+        self.msg().status()
+    }
+    fn method(&self) -> Method {
+        self.msg().method()
+    }
+}
+
+fn deliver(e: &mut Engine, now: Millis, from: &str, text: &str) -> (Vec<Sent>, Effects) {
+    let mut fx = Effects::default();
+    e.on_datagram(now, addr(from), text.as_bytes(), &mut fx);
+    let sent = fx
+        .transmits
+        .drain(..)
+        .map(|(to, d)| Sent {
+            to,
+            text: String::from_utf8(d.to_vec()).unwrap(),
+        })
+        .collect();
+    (sent, fx)
+}
+
+fn tick(e: &mut Engine, now: Millis) -> Vec<Sent> {
+    let mut fx = Effects::default();
+    e.on_tick(now, &mut fx);
+    fx.transmits
+        .into_iter()
+        .map(|(to, d)| Sent {
+            to,
+            text: String::from_utf8(d.to_vec()).unwrap(),
+        })
+        .collect()
+}
+
+fn request(method: &str, ruri: &str, branch: &str, extra: &str) -> String {
+    format!(
+        "{method} {ruri} SIP/2.0\r\nVia: SIP/2.0/UDP {ALICE};branch={branch}\r\nMax-Forwards: 70\r\n\
+From: <sip:alice@example.test>;tag=a1\r\nTo: <sip:bob@example.test>{}\r\nCall-ID: call-{branch}\r\n\
+CSeq: 1 {method}\r\nContact: <sip:alice@{ALICE}>\r\n{extra}Content-Length: 0\r\n\r\n",
+        if method == "BYE" { ";tag=b1" } else { "" }
+    )
+}
+
+fn register(user: &str, contact: &str, expires: &str, branch: &str, cseq: u32) -> String {
+    format!(
+        "REGISTER sip:example.test SIP/2.0\r\nVia: SIP/2.0/UDP {ALICE};branch={branch}\r\nMax-Forwards: 70\r\n\
+From: <sip:{user}@example.test>;tag=r1\r\nTo: <sip:{user}@example.test>\r\nCall-ID: reg-{user}\r\n\
+CSeq: {cseq} REGISTER\r\nContact: {contact}\r\n{expires}Content-Length: 0\r\n\r\n"
+    )
+}
+
+/// A response from a downstream UAS to a request we forwarded.
+fn answer(forwarded: &Sent, code: u16, to_tag: &str) -> String {
+    let m = forwarded.msg();
+    let mut out = Vec::new();
+    build::response(&m, code, "X", Some(to_tag), b"", b"", &mut out);
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn options_to_the_server_is_answered() {
+    let mut e = engine("");
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("OPTIONS", "sip:127.0.0.1:5060", "z9hG4bKo1", ""),
+    );
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].status(), Some(200));
+    assert_eq!(sent[0].to, addr(ALICE));
+    assert!(sent[0]
+        .text
+        .contains("Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER"));
+    assert!(sent[0].msg().to().unwrap().tag().is_some());
+}
+
+#[test]
+fn register_then_invite_reaches_the_contact_with_the_proxy_edits() {
+    let mut e = engine("");
+    let (sent, fx) = deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register(
+            "bob",
+            &format!("<sip:bob@{BOB1}>"),
+            "Expires: 600\r\n",
+            "z9hG4bKr1",
+            1,
+        ),
+    );
+    assert_eq!(sent[0].status(), Some(200));
+    assert!(
+        sent[0]
+            .text
+            .contains(&format!("Contact: <sip:bob@{BOB1}>;expires=600")),
+        "{}",
+        sent[0].text
+    );
+    assert_eq!(
+        fx.changes.len(),
+        1,
+        "the binding goes to the other workers and the store"
+    );
+
+    let (sent, _) = deliver(
+        &mut e,
+        10,
+        ALICE,
+        &request("INVITE", "sip:bob@example.test", "z9hG4bKi1", ""),
+    );
+    assert_eq!(sent.len(), 2);
+    assert_eq!(
+        sent[0].status(),
+        Some(100),
+        "a stateful proxy answers INVITE with 100 Trying"
+    );
+    let fwd = &sent[1];
+    assert_eq!(fwd.to, addr(BOB1));
+    let m = fwd.msg();
+    assert_eq!(
+        m.request_uri().unwrap().raw,
+        format!("sip:bob@{BOB1}").as_bytes()
+    );
+    assert_eq!(m.max_forwards(), Some(69));
+    assert!(m.top_via().branch.unwrap().starts_with(b"z9hG4bKsS0"));
+    assert_eq!(m.top_via().host, b"127.0.0.1");
+    assert!(fwd.text.contains("Record-Route: <sip:127.0.0.1:5060;lr>"));
+
+    // 180 and 200 come back through us, our Via popped.
+    let (up, _) = deliver(&mut e, 20, BOB1, &answer(fwd, 180, "b1"));
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].status(), Some(180));
+    assert_eq!(up[0].to, addr(ALICE));
+    assert_eq!(up[0].msg().top_via().branch, Some(&b"z9hG4bKi1"[..]));
+    let (up, _) = deliver(&mut e, 30, BOB1, &answer(fwd, 200, "b1"));
+    assert_eq!(up[0].status(), Some(200));
+    // A 2xx retransmission from the UAS is forwarded too (RFC 6026).
+    let (up, _) = deliver(&mut e, 530, BOB1, &answer(fwd, 200, "b1"));
+    assert_eq!(up.len(), 1);
+}
+
+#[test]
+fn in_dialog_requests_follow_the_route_set() {
+    let mut e = engine("");
+    let bye = format!(
+        "BYE sip:bob@{BOB1} SIP/2.0\r\nVia: SIP/2.0/UDP {ALICE};branch=z9hG4bKbye\r\nRoute: <sip:127.0.0.1:5060;lr>\r\n\
+Max-Forwards: 70\r\nFrom: <sip:alice@example.test>;tag=a1\r\nTo: <sip:bob@example.test>;tag=b1\r\n\
+Call-ID: dlg\r\nCSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n"
+    );
+    let (sent, _) = deliver(&mut e, 0, ALICE, &bye);
+    assert_eq!(sent.len(), 1, "no 100 for BYE");
+    assert_eq!(sent[0].to, addr(BOB1));
+    assert!(!sent[0].text.contains("Route:"), "our Route was consumed");
+    assert!(
+        !sent[0].text.contains("Record-Route"),
+        "no Record-Route in dialog"
+    );
+    let ack = bye
+        .replace("BYE", "ACK")
+        .replace("z9hG4bKbye", "z9hG4bKack");
+    let (sent, _) = deliver(&mut e, 1, ALICE, &ack);
+    assert_eq!(sent.len(), 1, "2xx ACK passes end to end");
+    assert_eq!(sent[0].method(), Method::Ack);
+}
+
+#[test]
+fn unknown_and_unregistered_users() {
+    let mut e = engine("");
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("INVITE", "sip:nobody@example.test", "z9hG4bKu1", ""),
+    );
+    assert_eq!(sent.last().unwrap().status(), Some(404));
+    deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register(
+            "carol",
+            &format!("<sip:carol@{BOB1}>"),
+            "Expires: 60\r\n",
+            "z9hG4bKr2",
+            1,
+        ),
+    );
+    deliver(
+        &mut e,
+        10,
+        BOB1,
+        &register("carol", "*", "Expires: 0\r\n", "z9hG4bKr3", 2),
+    );
+    let (sent, _) = deliver(
+        &mut e,
+        20,
+        ALICE,
+        &request("INVITE", "sip:carol@example.test", "z9hG4bKu2", ""),
+    );
+    assert_eq!(sent.last().unwrap().status(), Some(480));
+}
+
+#[test]
+fn registrations_expire() {
+    let mut e = engine("[registrar]\nmin_expires = 1\ndefault_expires = 60");
+    deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register(
+            "dave",
+            &format!("<sip:dave@{BOB1}>;expires=2"),
+            "",
+            "z9hG4bKr4",
+            1,
+        ),
+    );
+    let (sent, _) = deliver(
+        &mut e,
+        1_000,
+        ALICE,
+        &request("OPTIONS", "sip:dave@example.test", "z9hG4bKe1", ""),
+    );
+    assert_eq!(sent[0].to, addr(BOB1));
+    tick(&mut e, 2_001);
+    let (sent, _) = deliver(
+        &mut e,
+        2_001,
+        ALICE,
+        &request("OPTIONS", "sip:dave@example.test", "z9hG4bKe2", ""),
+    );
+    assert_eq!(sent[0].status(), Some(480));
+}
+
+#[test]
+fn registrar_limits_and_wildcards() {
+    let mut e = engine("");
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register(
+            "bob",
+            &format!("<sip:bob@{BOB1}>"),
+            "Expires: 5\r\n",
+            "z9hG4bKr5",
+            1,
+        ),
+    );
+    assert_eq!(sent[0].status(), Some(423));
+    assert!(sent[0].text.contains("Min-Expires: 60"));
+    let (sent, _) = deliver(&mut e, 0, BOB1, &register("bob", "*", "", "z9hG4bKr6", 2));
+    assert_eq!(sent[0].status(), Some(400), "a wildcard needs Expires: 0");
+    // Two contacts in one REGISTER, then a refresh answers both.
+    let two = format!("<sip:bob@{BOB1}>, <sip:bob@{BOB2}>;q=0.5");
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register("bob", &two, "Expires: 100000\r\n", "z9hG4bKr7", 3),
+    );
+    assert_eq!(sent[0].status(), Some(200));
+    assert_eq!(sent[0].text.matches("Contact:").count(), 2);
+    assert!(
+        sent[0].text.contains("expires=86400"),
+        "clamped to max_expires: {}",
+        sent[0].text
+    );
+    // An older CSeq from the same Call-ID is out of order.
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKr8", 1),
+    );
+    assert_eq!(sent[0].status(), Some(500));
+    // Registering for a foreign domain is refused.
+    let foreign = register("bob", "<sip:bob@1.2.3.4>", "", "z9hG4bKr9", 9)
+        .replace("To: <sip:bob@example.test>", "To: <sip:bob@elsewhere.test>");
+    let (sent, _) = deliver(&mut e, 0, BOB1, &foreign);
+    assert_eq!(sent[0].status(), Some(404));
+}
+
+#[test]
+fn forking_forwards_the_first_2xx_and_cancels_the_rest() {
+    let mut e = engine("");
+    let two = format!("<sip:bob@{BOB1}>, <sip:bob@{BOB2}>");
+    deliver(&mut e, 0, BOB1, &register("bob", &two, "", "z9hG4bKf0", 1));
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("INVITE", "sip:bob@example.test", "z9hG4bKf1", ""),
+    );
+    assert_eq!(sent.len(), 3, "100 plus two branches");
+    let b1 = sent.iter().find(|s| s.to == addr(BOB1)).unwrap();
+    let b2 = sent.iter().find(|s| s.to == addr(BOB2)).unwrap();
+    assert_ne!(b1.msg().top_via().branch, b2.msg().top_via().branch);
+    deliver(&mut e, 5, BOB2, &answer(b2, 180, "t2"));
+    let (up, _) = deliver(&mut e, 10, BOB1, &answer(b1, 200, "t1"));
+    let ok = up
+        .iter()
+        .find(|s| s.status() == Some(200))
+        .expect("2xx forwarded");
+    assert_eq!(ok.to, addr(ALICE));
+    let cancel = up
+        .iter()
+        .find(|s| s.status().is_none())
+        .expect("CANCEL to the ringing branch");
+    assert_eq!(cancel.method(), Method::Cancel);
+    assert_eq!(cancel.to, addr(BOB2));
+    assert_eq!(cancel.msg().top_via().branch, b2.msg().top_via().branch);
+    // The cancelled branch's 487 is not forwarded: a final was already sent.
+    let (up, _) = deliver(&mut e, 20, BOB2, &answer(b2, 487, "t2"));
+    assert!(
+        up.iter().all(|s| s.status().is_none()),
+        "only the ACK for the 487 goes out"
+    );
+}
+
+#[test]
+fn best_final_response_wins_when_every_branch_fails() {
+    let mut e = engine("");
+    let two = format!("<sip:bob@{BOB1}>, <sip:bob@{BOB2}>");
+    deliver(&mut e, 0, BOB1, &register("bob", &two, "", "z9hG4bKg0", 1));
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("INVITE", "sip:bob@example.test", "z9hG4bKg1", ""),
+    );
+    let b1 = sent.iter().find(|s| s.to == addr(BOB1)).unwrap();
+    let b2 = sent.iter().find(|s| s.to == addr(BOB2)).unwrap();
+    let (up, _) = deliver(&mut e, 5, BOB1, &answer(b1, 503, "t1"));
+    assert_eq!(
+        up.len(),
+        1,
+        "only the ACK; the 503 waits for the other branch"
+    );
+    assert_eq!(up[0].method(), Method::Ack);
+    let (up, _) = deliver(&mut e, 10, BOB2, &answer(b2, 486, "t2"));
+    let final_up = up.iter().find(|s| s.status().is_some()).unwrap();
+    assert_eq!(final_up.status(), Some(486), "4xx beats 5xx");
+    assert_eq!(final_up.to, addr(ALICE));
+}
+
+#[test]
+fn a_silent_branch_times_out_into_408() {
+    let mut e = engine("");
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("MESSAGE", "sip:x@127.0.0.9", "z9hG4bKt1", ""),
+    );
+    assert_eq!(sent.len(), 1);
+    let mut retransmits = 0;
+    let mut final_up = None;
+    for now in (0..=32_000).step_by(250) {
+        for s in tick(&mut e, now) {
+            match s.status() {
+                None => retransmits += 1,
+                Some(code) => final_up = Some((code, s.to)),
+            }
+        }
+    }
+    assert_eq!(
+        retransmits, 10,
+        "timer E: 0.5,1.5,3.5,7.5, then every 4 s to 31.5 s"
+    );
+    assert_eq!(final_up, Some((408, addr(ALICE))));
+}
+
+#[test]
+fn cancel_is_answered_and_relayed_after_a_provisional() {
+    let mut e = engine("");
+    deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKc0", 1),
+    );
+    let invite = request("INVITE", "sip:bob@example.test", "z9hG4bKc1", "");
+    let (sent, _) = deliver(&mut e, 0, ALICE, &invite);
+    let fwd = sent.iter().find(|s| s.to == addr(BOB1)).unwrap();
+    deliver(&mut e, 5, BOB1, &answer(fwd, 180, "t1"));
+    let cancel = invite.replace("INVITE", "CANCEL");
+    let (sent, _) = deliver(&mut e, 10, ALICE, &cancel);
+    let ok = sent
+        .iter()
+        .find(|s| s.status() == Some(200))
+        .expect("200 for the CANCEL");
+    assert_eq!(ok.msg().cseq().method, b"CANCEL");
+    let down = sent
+        .iter()
+        .find(|s| s.status().is_none())
+        .expect("CANCEL relayed");
+    assert_eq!(down.method(), Method::Cancel);
+    assert_eq!(down.msg().top_via().branch, fwd.msg().top_via().branch);
+    let (up, _) = deliver(&mut e, 20, BOB1, &answer(fwd, 487, "t1"));
+    assert!(up
+        .iter()
+        .any(|s| s.status() == Some(487) && s.to == addr(ALICE)));
+    // A CANCEL for nothing gets 481.
+    let (sent, _) = deliver(
+        &mut e,
+        30,
+        ALICE,
+        &request("CANCEL", "sip:bob@example.test", "z9hG4bKnone", ""),
+    );
+    assert_eq!(sent[0].status(), Some(481));
+}
+
+#[test]
+fn retransmitted_invite_is_absorbed_and_gets_the_provisional_again() {
+    let mut e = engine("[routing]\ndefault_route = \"sip:127.0.0.3:5080\"");
+    let invite = request("INVITE", "sip:someone@elsewhere.test", "z9hG4bKrt", "");
+    let (sent, _) = deliver(&mut e, 0, ALICE, &invite);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(
+        sent[1].to,
+        addr(BOB1),
+        "foreign domains go to the default route"
+    );
+    let (sent, _) = deliver(&mut e, 500, ALICE, &invite);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].status(), Some(100));
+}
+
+#[test]
+fn loops_and_hop_limits() {
+    let mut e = engine("[routing]\ndefault_route = \"sip:127.0.0.3:5080\"");
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("OPTIONS", "sip:x@elsewhere.test", "z9hG4bKl1", ""),
+    );
+    let fwd = &sent[0];
+    // The same request comes back to us: a loop.
+    let (back, _) = deliver(&mut e, 1, BOB1, &fwd.text);
+    assert_eq!(back[0].status(), Some(482));
+    let zero = request("OPTIONS", "sip:x@elsewhere.test", "z9hG4bKl2", "")
+        .replace("Max-Forwards: 70", "Max-Forwards: 0");
+    let (sent, _) = deliver(&mut e, 2, ALICE, &zero);
+    assert_eq!(sent[0].status(), Some(483));
+}
+
+#[test]
+fn stateless_mode_forwards_without_state_and_routes_responses_by_via() {
+    let mut e = engine("stateful = false\n[routing]\ndefault_route = \"sip:127.0.0.3:5080\"");
+    let invite = request("INVITE", "sip:x@elsewhere.test", "z9hG4bKs1", "");
+    let (sent, _) = deliver(&mut e, 0, ALICE, &invite);
+    assert_eq!(sent.len(), 1, "no 100 Trying");
+    assert_eq!(e.transactions(), 0);
+    let (again, _) = deliver(&mut e, 500, ALICE, &invite);
+    assert_eq!(
+        again[0].msg().top_via().branch,
+        sent[0].msg().top_via().branch,
+        "same branch for a retransmission"
+    );
+    let (up, _) = deliver(&mut e, 10, BOB1, &answer(&sent[0], 200, "t"));
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].to, addr(ALICE));
+    assert_eq!(up[0].msg().top_via().branch, Some(&b"z9hG4bKs1"[..]));
+    // A response whose top Via is not ours is dropped.
+    let (up, _) = deliver(
+        &mut e,
+        20,
+        BOB1,
+        &answer(
+            &Sent {
+                to: addr(ALICE),
+                text: invite.clone(),
+            },
+            200,
+            "t",
+        ),
+    );
+    assert!(up.is_empty());
+}
+
+#[test]
+fn redirect_mode_answers_302_with_the_contacts() {
+    let mut e = engine("mode = \"redirect\"");
+    deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKd0", 1),
+    );
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("INVITE", "sip:bob@example.test", "z9hG4bKd1", ""),
+    );
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].status(), Some(302));
+    assert!(sent[0]
+        .text
+        .contains(&format!("Contact: <sip:bob@{BOB1}>;expires=3600")));
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("INVITE", "sip:nobody@example.test", "z9hG4bKd2", ""),
+    );
+    assert_eq!(sent[0].status(), Some(404));
+}
+
+#[test]
+fn bad_requests_get_precise_answers() {
+    let mut e = engine("");
+    let cases: &[(&str, u16, &str)] = &[
+        ("INVITE sip:bob@example.test SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.2:5070;branch=z9hG4bKb1\r\nFrom: <sip:a@x>;tag=1\r\nTo: <sip:b@x>\r\nCall-ID: c\r\nCSeq: 99999999999 INVITE\r\n\r\n", 400, "Bad CSeq header: bad sequence number"),
+        ("OPTIONS sip:bob@example.test SIP/3.0\r\nVia: SIP/2.0/UDP 127.0.0.2:5070;branch=z9hG4bKb2\r\nFrom: <sip:a@x>;tag=1\r\nTo: <sip:b@x>\r\nCall-ID: c\r\nCSeq: 1 OPTIONS\r\n\r\n", 505, "Version Not Supported"),
+        ("FOO sip:127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.2:5070;branch=z9hG4bKb3\r\nFrom: <sip:a@x>;tag=1\r\nTo: <sip:b@x>\r\nCall-ID: c\r\nCSeq: 1 FOO\r\n\r\n", 501, "Not Implemented"),
+        ("BYE sip:127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.2:5070;branch=z9hG4bKb4\r\nFrom: <sip:a@x>;tag=1\r\nTo: <sip:b@x>\r\nCall-ID: c\r\nCSeq: 1 BYE\r\n\r\n", 405, "Method Not Allowed"),
+        ("OPTIONS mailto:a@b SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.2:5070;branch=z9hG4bKb5\r\nFrom: <sip:a@x>;tag=1\r\nTo: <sip:b@x>\r\nCall-ID: c\r\nCSeq: 1 OPTIONS\r\n\r\n", 416, "Unsupported URI Scheme"),
+        ("OPTIONS sip:x@example.test SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.2:5070;branch=z9hG4bKb6\r\nProxy-Require: foo\r\nFrom: <sip:a@x>;tag=1\r\nTo: <sip:b@x>\r\nCall-ID: c\r\nCSeq: 1 OPTIONS\r\n\r\n", 420, "Bad Extension"),
+        ("OPTIONS sip:x@example.test SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.2:5070;branch=z9hG4bKb7\r\nFrom: \"unterminated <sip:a@x>;tag=1\r\nTo: <sip:b@x>\r\nCall-ID: c\r\nCSeq: 1 OPTIONS\r\n\r\n", 400, "Bad From or To header"),
+    ];
+    for (text, code, reason) in cases {
+        let (sent, _) = deliver(&mut e, 0, ALICE, text);
+        assert_eq!(sent.len(), 1, "{reason}");
+        // Salvaged answers echo the request's broken lines, so read only the status line.
+        let status_line = sent[0].text.lines().next().unwrap();
+        assert_eq!(
+            status_line,
+            format!("SIP/2.0 {code} {reason}"),
+            "{}",
+            sent[0].text
+        );
+        assert!(sent[0].text.contains("Call-ID: c\r\n"));
+        assert_eq!(sent[0].to, addr(ALICE));
+    }
+    // Oversize gets 513; garbage and malformed responses are dropped and counted.
+    let big = request(
+        "OPTIONS",
+        "sip:x@example.test",
+        "z9hG4bKbig",
+        &format!("X-Pad: {}\r\n", "a".repeat(20_000)),
+    );
+    let (sent, _) = deliver(&mut e, 0, ALICE, &big);
+    assert_eq!(sent[0].status(), Some(513));
+    let (sent, _) = deliver(&mut e, 0, ALICE, "\u{1}\u{2}garbage");
+    assert!(sent.is_empty());
+    let (sent, _) = deliver(&mut e, 0, ALICE, "SIP/2.0 200 OK\r\nVia: broken\r\n\r\n");
+    assert!(sent.is_empty());
+    let snapshot = e.stats().snapshot();
+    let get = |k: &str| snapshot.iter().find(|(n, _)| *n == k).unwrap().1;
+    assert_eq!(get("oversize"), 1);
+    assert_eq!(get("malformed_dropped"), 2);
+    assert_eq!(get("not_allowed"), 2);
+}
+
+#[test]
+fn responses_for_another_worker_are_handed_over() {
+    let mut e = engine("");
+    let resp = "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKsS1deadbeef.1\r\n\
+Via: SIP/2.0/UDP 127.0.0.2:5070;branch=z9hG4bKx\r\nFrom: <sip:a@x>;tag=1\r\nTo: <sip:b@x>;tag=2\r\n\
+Call-ID: c\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n";
+    let (sent, fx) = deliver(&mut e, 0, BOB1, resp);
+    assert!(sent.is_empty());
+    assert_eq!(fx.mail.len(), 1);
+    assert_eq!(fx.mail[0].0, 1, "worker 1 owns branch z9hG4bKsS1...");
+}
+
+#[test]
+fn never_panics_on_torture_messages_or_mutations() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/testdata/rfc4475");
+    let mut e = engine("[routing]\ndefault_route = \"sip:127.0.0.3:5080\"");
+    let mut seed: u64 = 0x1234_5678_9abc_def0;
+    let mut now = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let buf = std::fs::read(entry.unwrap().path()).unwrap();
+        let mut fx = Effects::default();
+        e.on_datagram(now, addr(ALICE), &buf, &mut fx);
+        for _ in 0..300 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut b = buf.clone();
+            let i = (seed as usize) % b.len().max(1);
+            b[i] = (seed >> 32) as u8;
+            b.truncate(((seed >> 40) as usize % (buf.len() + 1)).max(i));
+            e.on_datagram(now, addr(ALICE), &b, &mut fx);
+            now += 7;
+            e.on_tick(now, &mut fx);
+        }
+    }
+}
