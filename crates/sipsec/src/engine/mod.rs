@@ -202,7 +202,8 @@ impl Engine {
         self.location.know(aor);
     }
 
-    /// Live transactions (for tests and reports).
+    /// Live transactions.
+    #[cfg(test)]
     pub fn transactions(&self) -> usize {
         self.tx.len()
     }

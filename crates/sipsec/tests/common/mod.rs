@@ -1,0 +1,244 @@
+//! Shared helpers for the integration tests: start the real `sipsec` binary on its own
+//! ports and database, run real SIPp against it, and talk raw SIP over UDP.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+/// Ports for one test: distinct per test in this process, and per test binary via `base`.
+pub fn ports(base: u16) -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    base + NEXT.fetch_add(10, Ordering::Relaxed)
+}
+
+pub fn shared_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+}
+
+pub fn scenario(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scenarios")
+        .join(name)
+}
+
+/// True when SIPp can run here. Under CI a missing SIPp is a failure, not a skip.
+pub fn have_sipp() -> bool {
+    let ok = Command::new("sipp")
+        .arg("-v")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SIPp (Debian package sip-tester) is required under CI"
+        );
+        eprintln!("skipped: SIPp is not installed (apt-get install sip-tester)");
+    }
+    ok
+}
+
+/// A running `sipsec serve`, stopped with SIGTERM on drop.
+pub struct Server {
+    pub child: Child,
+    pub dir: PathBuf,
+    pub banner: String,
+}
+
+impl Server {
+    /// Starts sipsec with `config` (written to `dir/sipsec.toml`) and waits for its banner.
+    pub fn start(dir: &Path, config: &str) -> Server {
+        let path = dir.join("sipsec.toml");
+        std::fs::write(&path, config).unwrap();
+        Self::spawn(dir, &["serve", "--config", path.to_str().unwrap()])
+    }
+
+    pub fn spawn(dir: &Path, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(args)
+            .current_dir(dir)
+            .env("SIPSEC_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sipsec");
+        let mut banner = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut banner)
+            .unwrap();
+        assert!(
+            banner.starts_with("sipsec listening on"),
+            "unexpected banner: {banner:?}"
+        );
+        Server {
+            child,
+            dir: dir.to_path_buf(),
+            banner,
+        }
+    }
+
+    /// Stops the server gracefully and waits for it to exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: sending a signal to our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        for _ in 0..100 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.child.kill().unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+    }
+}
+
+/// A SIPp process in the background (a UAS), killed on drop.
+pub struct Background(pub Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn sipp_uas(ip: &str, port: u16, scenario: &Path) -> Background {
+    let child = Command::new("sipp")
+        .args([
+            "-sf",
+            scenario.to_str().unwrap(),
+            "-i",
+            ip,
+            "-p",
+            &port.to_string(),
+            "-nostdin",
+            "-timeout",
+            "120s",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start sipp uas");
+    std::thread::sleep(Duration::from_millis(300));
+    Background(child)
+}
+
+/// Outcome of a SIPp client run, from its statistics file.
+#[derive(Debug)]
+pub struct SippResult {
+    pub successful: u64,
+    pub failed: u64,
+    pub exit: i32,
+}
+
+/// Runs a SIPp client to completion.
+pub fn sipp_client(dir: &Path, target: &str, args: &[&str]) -> SippResult {
+    let stat = dir.join(format!("stat-{}.csv", std::process::id() ^ rand_suffix()));
+    let status = Command::new("sipp")
+        .arg(target)
+        .args(args)
+        .args([
+            "-nostdin",
+            "-trace_stat",
+            "-stf",
+            stat.to_str().unwrap(),
+            "-fd",
+            "1",
+            "-timeout",
+            "120s",
+        ])
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run sipp");
+    let text = std::fs::read_to_string(&stat).unwrap_or_default();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split(';').collect())
+        .collect();
+    let col = |name: &str| -> u64 {
+        let (Some(head), Some(last)) = (rows.first(), rows.last()) else {
+            return 0;
+        };
+        head.iter()
+            .position(|h| *h == name)
+            .and_then(|i| last.get(i))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    SippResult {
+        successful: col("SuccessfulCall(C)"),
+        failed: col("FailedCall(C)"),
+        exit: status.code().unwrap_or(-1),
+    }
+}
+
+fn rand_suffix() -> u32 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+}
+
+/// A raw SIP endpoint on a UDP socket.
+pub struct Endpoint {
+    pub socket: UdpSocket,
+    pub addr: String,
+}
+
+impl Endpoint {
+    pub fn bind(addr: &str) -> Endpoint {
+        let socket = UdpSocket::bind(addr).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        Endpoint {
+            addr: socket.local_addr().unwrap().to_string(),
+            socket,
+        }
+    }
+
+    pub fn send(&self, to: &str, text: &str) {
+        self.socket.send_to(text.as_bytes(), to).unwrap();
+    }
+
+    pub fn recv(&self) -> String {
+        let mut buf = vec![0u8; 65_536];
+        let (n, _) = self
+            .socket
+            .recv_from(&mut buf)
+            .expect("no datagram within 3 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// Receives until a message whose first line starts with `prefix`.
+    pub fn recv_until(&self, prefix: &str) -> String {
+        loop {
+            let m = self.recv();
+            if m.starts_with(prefix) {
+                return m;
+            }
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! `sipsec serve` end to end: the real binary on real sockets, with real SIPp as caller and
+//! callee, and the registration database across a restart.
+
+mod common;
+
+use common::*;
+
+fn proxy_config(port: u16, uas_port: u16, db: &std::path::Path, stateful: bool) -> String {
+    format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nmode = \"proxy\"\n\
+stateful = {stateful}\nrecord_route = true\nworkers = 2\n[routing]\n\
+default_route = \"sip:127.0.0.3:{uas_port};transport=udp\"\n[database]\nurl = \"sqlite://{}\"\n",
+        db.display()
+    )
+}
+
+fn thousand_calls_through(stateful: bool) {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(41000);
+    let uas_port = port + 1;
+    let _uas = sipp_uas(
+        "127.0.0.3",
+        uas_port,
+        &shared_dir().join("bench/kamailio/uas.xml"),
+    );
+    let server = Server::start(
+        dir.path(),
+        &proxy_config(port, uas_port, &dir.path().join("s.db"), stateful),
+    );
+    let uac = shared_dir().join("bench/kamailio/uac.xml");
+    let result = sipp_client(
+        dir.path(),
+        &format!("127.0.0.1:{port}"),
+        &[
+            "-sf",
+            uac.to_str().unwrap(),
+            "-s",
+            "bench",
+            "-i",
+            "127.0.0.2",
+            "-p",
+            &(port + 2).to_string(),
+            "-r",
+            "200",
+            "-m",
+            "1000",
+        ],
+    );
+    assert_eq!(
+        (result.successful, result.failed, result.exit),
+        (1000, 0, 0),
+        "{result:?}"
+    );
+    assert!(server.stop().success());
+}
+
+#[test]
+fn sipp_calls_through_the_stateful_proxy() {
+    thousand_calls_through(true);
+}
+
+#[test]
+fn sipp_calls_through_the_stateless_proxy() {
+    thousand_calls_through(false);
+}
+
+#[test]
+fn sipp_registers_then_calls_the_registered_user() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(42000);
+    let uas_port = port + 1;
+    let _uas = sipp_uas(
+        "127.0.0.3",
+        uas_port,
+        &shared_dir().join("bench/kamailio/uas.xml"),
+    );
+    // No default route: the call can only reach the UAS through its registration.
+    let config = format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
+[database]\nurl = \"sqlite://{}\"\n",
+        dir.path().join("s.db").display()
+    );
+    let server = Server::start(dir.path(), &config);
+    let target = format!("127.0.0.1:{port}");
+    let contact = format!("127.0.0.3:{uas_port}");
+    let before = sipp_client(
+        dir.path(),
+        &target,
+        &[
+            "-sf",
+            scenario("uac_user.xml").to_str().unwrap(),
+            "-s",
+            "bob",
+            "-i",
+            "127.0.0.2",
+            "-p",
+            &(port + 2).to_string(),
+            "-m",
+            "1",
+        ],
+    );
+    assert_eq!(
+        before.successful, 0,
+        "bob is not registered yet: {before:?}"
+    );
+    let reg = sipp_client(
+        dir.path(),
+        &target,
+        &[
+            "-sf",
+            scenario("register.xml").to_str().unwrap(),
+            "-s",
+            "bob",
+            "-set",
+            "contact",
+            &contact,
+            "-i",
+            "127.0.0.4",
+            "-p",
+            &(port + 3).to_string(),
+            "-m",
+            "1",
+        ],
+    );
+    assert_eq!((reg.successful, reg.exit), (1, 0), "{reg:?}");
+    let calls = sipp_client(
+        dir.path(),
+        &target,
+        &[
+            "-sf",
+            scenario("uac_user.xml").to_str().unwrap(),
+            "-s",
+            "bob",
+            "-i",
+            "127.0.0.2",
+            "-p",
+            &(port + 4).to_string(),
+            "-r",
+            "50",
+            "-m",
+            "100",
+        ],
+    );
+    assert_eq!(
+        (calls.successful, calls.failed, calls.exit),
+        (100, 0, 0),
+        "{calls:?}"
+    );
+    server.stop();
+}
+
+#[test]
+fn sipp_is_redirected_to_the_registered_contact() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(43000);
+    let config = format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nmode = \"redirect\"\nworkers = 1\n\
+[database]\nurl = \"sqlite://{}\"\n",
+        dir.path().join("s.db").display()
+    );
+    let server = Server::start(dir.path(), &config);
+    let target = format!("127.0.0.1:{port}");
+    let contact = format!("127.0.0.3:{}", port + 1);
+    let reg = sipp_client(
+        dir.path(),
+        &target,
+        &[
+            "-sf",
+            scenario("register.xml").to_str().unwrap(),
+            "-s",
+            "bob",
+            "-set",
+            "contact",
+            &contact,
+            "-i",
+            "127.0.0.4",
+            "-p",
+            &(port + 3).to_string(),
+            "-m",
+            "1",
+        ],
+    );
+    assert_eq!(reg.successful, 1, "{reg:?}");
+    let xml = std::fs::read_to_string(scenario("redirect_uac.xml"))
+        .unwrap()
+        .replace(
+            "EXPECTED_CONTACT",
+            &format!("sip:bob@{}", contact.replace('.', "\\.")),
+        );
+    let redirect = dir.path().join("redirect.xml");
+    std::fs::write(&redirect, xml).unwrap();
+    let r = sipp_client(
+        dir.path(),
+        &target,
+        &[
+            "-sf",
+            redirect.to_str().unwrap(),
+            "-s",
+            "bob",
+            "-i",
+            "127.0.0.2",
+            "-p",
+            &(port + 2).to_string(),
+            "-m",
+            "20",
+            "-r",
+            "20",
+        ],
+    );
+    assert_eq!((r.successful, r.failed, r.exit), (20, 0, 0), "{r:?}");
+    // And a user nobody registered is not found.
+    let r = sipp_client(
+        dir.path(),
+        &target,
+        &[
+            "-sf",
+            redirect.to_str().unwrap(),
+            "-s",
+            "nobody",
+            "-i",
+            "127.0.0.2",
+            "-p",
+            &(port + 4).to_string(),
+            "-m",
+            "1",
+        ],
+    );
+    assert_eq!(r.successful, 0);
+    server.stop();
+}
+
+fn register_text(port: u16, contact: &str, branch: &str) -> String {
+    format!(
+        "REGISTER sip:example.test SIP/2.0\r\nVia: SIP/2.0/UDP {contact};branch={branch}\r\nMax-Forwards: 70\r\n\
+From: <sip:carol@example.test>;tag=r\r\nTo: <sip:carol@example.test>\r\nCall-ID: reg-{port}\r\nCSeq: 1 REGISTER\r\n\
+Contact: <sip:carol@{contact}>\r\nExpires: 600\r\nContent-Length: 0\r\n\r\n"
+    )
+}
+
+fn options_to_carol(caller: &Endpoint, branch: &str) -> String {
+    format!(
+        "OPTIONS sip:carol@example.test SIP/2.0\r\nVia: SIP/2.0/UDP {};branch={branch}\r\nMax-Forwards: 70\r\n\
+From: <sip:dave@example.test>;tag=d\r\nTo: <sip:carol@example.test>\r\nCall-ID: {branch}\r\nCSeq: 1 OPTIONS\r\n\
+Content-Length: 0\r\n\r\n",
+        caller.addr
+    )
+}
+
+#[test]
+fn a_restart_loses_no_registration() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(44000);
+    let config = format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
+[database]\nurl = \"sqlite://{}\"\n",
+        dir.path().join("s.db").display()
+    );
+    let proxy = format!("127.0.0.1:{port}");
+    let carol = Endpoint::bind("127.0.0.5:0");
+    let caller = Endpoint::bind("127.0.0.6:0");
+
+    // Register many times in a burst, stop immediately: write-behind must flush them all.
+    let server = Server::start(dir.path(), &config);
+    carol.send(&proxy, &register_text(port, &carol.addr, "z9hG4bKreg1"));
+    assert!(carol.recv().starts_with("SIP/2.0 200"));
+    let others = Endpoint::bind("127.0.0.7:0");
+    for i in 0..200 {
+        let text = register_text(port, &others.addr, &format!("z9hG4bKo{i}"))
+            .replace("carol", &format!("user{i}"))
+            .replace(&format!("reg-{port}"), &format!("reg-{port}-{i}"));
+        others.send(&proxy, &text);
+    }
+    for _ in 0..200 {
+        assert!(others.recv().starts_with("SIP/2.0 200"));
+    }
+    assert!(server.stop().success());
+
+    let server = Server::start(dir.path(), &config);
+    assert!(
+        server.banner.contains("201 registrations loaded"),
+        "{}",
+        server.banner
+    );
+    caller.send(&proxy, &options_to_carol(&caller, "z9hG4bKafter"));
+    let forwarded = carol.recv();
+    assert!(
+        forwarded.starts_with(&format!("OPTIONS sip:carol@{} SIP/2.0", carol.addr)),
+        "{forwarded}"
+    );
+    server.stop();
+}
+
+#[test]
+fn bad_config_fails_at_start_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[server]\nlisten = [\"udp:300.1.1.1:5060\"]\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["serve", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("server.listen[0]"), "{err}");
+}
+
+#[test]
+fn embedded_defaults_listen_on_5060_with_sqlite_in_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::spawn(dir.path(), &["serve"]);
+    assert!(
+        server.banner.contains("udp:127.0.0.1:5060"),
+        "{}",
+        server.banner
+    );
+    assert!(server.banner.contains("stateful proxy"));
+    let ep = Endpoint::bind("127.0.0.1:0");
+    ep.send(
+        "127.0.0.1:5060",
+        &format!(
+            "OPTIONS sip:localhost SIP/2.0\r\nVia: SIP/2.0/UDP {};branch=z9hG4bKdef\r\nFrom: <sip:a@localhost>;tag=1\r\n\
+To: <sip:localhost>\r\nCall-ID: defaults\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n",
+            ep.addr
+        ),
+    );
+    assert!(ep.recv().starts_with("SIP/2.0 200 OK"));
+    assert!(server.stop().success());
+    assert!(dir.path().join("sipsec.db").exists());
+}
+
+#[test]
+fn hostile_datagrams_do_not_stall_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(45000);
+    let config = format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
+[database]\nurl = \"sqlite://{}\"\n",
+        dir.path().join("s.db").display()
+    );
+    let server = Server::start(dir.path(), &config);
+    let proxy = format!("127.0.0.1:{port}");
+    let attacker = Endpoint::bind("127.0.0.8:0");
+    let torture = shared_dir().join("testdata/rfc4475");
+    for entry in std::fs::read_dir(torture).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        attacker.socket.send_to(&bytes, &proxy).unwrap();
+    }
+    for i in 0..2000u32 {
+        let junk: Vec<u8> = (0..(i % 1400))
+            .map(|j| (j.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        attacker.socket.send_to(&junk, &proxy).unwrap();
+    }
+    attacker
+        .socket
+        .send_to(&vec![b'A'; 60_000], &proxy)
+        .unwrap();
+    let ep = Endpoint::bind("127.0.0.9:0");
+    ep.send(
+        &proxy,
+        &format!(
+            "OPTIONS sip:127.0.0.1:{port} SIP/2.0\r\nVia: SIP/2.0/UDP {};branch=z9hG4bKalive\r\nFrom: <sip:a@x>;tag=1\r\n\
+To: <sip:x@x>\r\nCall-ID: alive\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n",
+            ep.addr
+        ),
+    );
+    assert!(ep.recv_until("SIP/2.0 200").contains("Call-ID: alive"));
+    assert!(
+        server.stop().success(),
+        "the server survived and shut down cleanly"
+    );
+}
