@@ -66,6 +66,7 @@ struct RawServer {
     record_route: bool,
     workers: usize,
     max_message_size: usize,
+    max_batch_delay_us: u64,
 }
 
 impl Default for RawServer {
@@ -78,6 +79,7 @@ impl Default for RawServer {
             record_route: true,
             workers: 0,
             max_message_size: 16 * 1024,
+            max_batch_delay_us: 500,
         }
     }
 }
@@ -151,6 +153,8 @@ pub struct Config {
     /// Resolved worker count (never 0).
     pub workers: usize,
     pub max_message_size: usize,
+    /// Cap on how long a loaded worker lets datagrams accumulate after waking (0: never).
+    pub max_batch_delay_us: u64,
     /// The default route: its URI text and where it sends.
     pub default_route: Option<(String, SocketAddr)>,
     pub database_url: String,
@@ -211,6 +215,9 @@ impl Config {
         }
         if !(1024..=65_535).contains(&raw.server.max_message_size) {
             bail!("server.max_message_size: must be between 1024 and 65535 bytes");
+        }
+        if raw.server.max_batch_delay_us > 10_000 {
+            bail!("server.max_batch_delay_us: at most 10000 (10 ms)");
         }
         let workers = match raw.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -280,6 +287,7 @@ impl Config {
             record_route: raw.server.record_route,
             workers,
             max_message_size: raw.server.max_message_size,
+            max_batch_delay_us: raw.server.max_batch_delay_us,
             default_route,
             database_url: url,
             registrar: RegistrarConfig {

@@ -4,6 +4,7 @@
 //! the per-worker protocol engine (no I/O) in [`engine`], the I/O drivers in [`worker`] and
 //! [`udp`], registrations in [`location`] and [`store`], configuration in [`config`].
 
+mod coalesce;
 mod config;
 mod engine;
 mod location;

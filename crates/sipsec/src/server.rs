@@ -77,6 +77,9 @@ pub fn run(cfg: Config) -> Result<()> {
             shutdown: shutdown.clone(),
             started,
             index,
+            coalescer: crate::coalesce::Coalescer::new(Duration::from_micros(
+                cfg.max_batch_delay_us,
+            )),
         });
     }
     let handles: Vec<_> = workers

@@ -5,8 +5,10 @@
 //! engine handle each datagram, fire due timers, then send everything queued with one
 //! `sendmmsg` and post mail. Only when a pass found nothing to do does the worker sleep in
 //! `poll` on its sockets and its mailbox's eventfd, until the engine's next deadline: a busy
-//! worker does not pay a wake-up per message.
+//! worker does not pay a wake-up per message. Under load it also lets datagrams accumulate
+//! briefly after waking ([`Coalescer`]).
 
+use crate::coalesce::Coalescer;
 use crate::engine::{Effects, Engine, Mail};
 use crate::store::StoreHandle;
 use crate::udp::{self, RecvBatch};
@@ -69,6 +71,7 @@ pub struct Worker {
     pub shutdown: Arc<AtomicBool>,
     pub started: Instant,
     pub index: usize,
+    pub coalescer: Coalescer,
 }
 
 impl Worker {
@@ -103,6 +106,7 @@ impl Worker {
                     Ok(n) => {
                         busy = true;
                         let now = self.now();
+                        self.coalescer.record(now, n);
                         for i in 0..n {
                             if let Some((source, data)) = batch.get(i) {
                                 self.engine.on_datagram(now, source, data, &mut fx);
@@ -127,7 +131,12 @@ impl Worker {
                 .next_deadline()
                 .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
             // SAFETY: pollfds is a live array of the declared length.
-            unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) };
+            let ready =
+                unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) };
+            let delay = self.coalescer.delay(self.now());
+            if ready > 0 && !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
             if pollfds.last().is_some_and(|p| p.revents != 0) {
                 let mut counter = [0u8; 8];
                 // SAFETY: reading 8 bytes into a live buffer from our eventfd.
