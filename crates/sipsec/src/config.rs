@@ -67,6 +67,7 @@ struct RawServer {
     workers: usize,
     max_message_size: usize,
     max_batch_delay_us: u64,
+    max_transactions: usize,
 }
 
 impl Default for RawServer {
@@ -80,6 +81,7 @@ impl Default for RawServer {
             workers: 0,
             max_message_size: 16 * 1024,
             max_batch_delay_us: 500,
+            max_transactions: 500_000,
         }
     }
 }
@@ -155,6 +157,8 @@ pub struct Config {
     pub max_message_size: usize,
     /// Cap on how long a loaded worker lets datagrams accumulate after waking (0: never).
     pub max_batch_delay_us: u64,
+    /// Live transactions per worker beyond which new requests are answered 503.
+    pub max_transactions: usize,
     /// The default route: its URI text and where it sends.
     pub default_route: Option<(String, SocketAddr)>,
     pub database_url: String,
@@ -218,6 +222,9 @@ impl Config {
         }
         if raw.server.max_batch_delay_us > 10_000 {
             bail!("server.max_batch_delay_us: at most 10000 (10 ms)");
+        }
+        if raw.server.max_transactions < 16 {
+            bail!("server.max_transactions: at least 16");
         }
         let workers = match raw.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -288,6 +295,7 @@ impl Config {
             workers,
             max_message_size: raw.server.max_message_size,
             max_batch_delay_us: raw.server.max_batch_delay_us,
+            max_transactions: raw.server.max_transactions,
             default_route,
             database_url: url,
             registrar: RegistrarConfig {

@@ -27,6 +27,10 @@ pub struct Timers {
     pub t1: Millis,
     pub t2: Millis,
     pub t4: Millis,
+    /// Timer C (RFC 3261 §16.6 step 11): how long a client INVITE transaction may stay in
+    /// Proceeding without a final response; reset by every provisional. Without it a UAS that
+    /// rings forever would hold a proxy's transactions forever.
+    pub c: Millis,
 }
 
 impl Default for Timers {
@@ -35,6 +39,7 @@ impl Default for Timers {
             t1: 500,
             t2: 4_000,
             t4: 5_000,
+            c: 180_000,
         }
     }
 }
@@ -72,12 +77,15 @@ pub enum State {
 pub enum Output<A, U> {
     /// Send these bytes to `dest`.
     Transmit { dest: A, data: Bytes },
-    /// Timer B, F or H fired: the transaction failed and is gone (the TU answers 408 for a
-    /// client transaction). Carries the user value and the request a client transaction sent
-    /// (the last response for a server transaction).
+    /// Timer B, C, F or H fired: the transaction failed and is gone (the TU answers 408 for a
+    /// client transaction, and CANCELs a client INVITE that timed out in `Proceeding`, i.e.
+    /// on timer C). Carries the state it was in, where it sent, the user value, and the
+    /// request a client transaction sent (the last response for a server transaction).
     Timeout {
         id: TxId,
         kind: Kind,
+        state: State,
+        dest: A,
         user: U,
         message: Bytes,
     },
@@ -529,8 +537,10 @@ impl<A: Copy, U> Transactions<A, U> {
         match (tx.kind, tx.state, code) {
             (Kind::ClientInvite, State::Calling | State::Proceeding, 100..=199) => {
                 tx.state = State::Proceeding;
-                let r = tx.retransmit_timer.take();
-                self.cancel_timers(r, None);
+                let (r, t) = (tx.retransmit_timer.take(), tx.timeout_timer.take());
+                self.cancel_timers(r, t);
+                let c = self.timers.c;
+                self.arm(id, now + c, TimerKind::Timeout); // C replaces B, reset per provisional
                 ResponseMatch::Deliver(id)
             }
             (Kind::ClientInvite, State::Calling | State::Proceeding, 200..=299) => {
@@ -636,13 +646,15 @@ impl<A: Copy, U> Transactions<A, U> {
                     }
                 }
                 TimerKind::Timeout => {
-                    let kind = tx.kind;
+                    let (kind, state, dest) = (tx.kind, tx.state, tx.dest);
                     let message = tx.message.clone();
                     tx.timeout_timer = None;
                     if let Some(user) = self.terminate(id) {
                         out.push(Output::Timeout {
                             id,
                             kind,
+                            state,
+                            dest,
                             user,
                             message,
                         });

@@ -84,7 +84,8 @@ fn client_invite_retransmits_on_timer_a_and_times_out_on_b() {
     assert_eq!(sends, vec![500, 1_500, 3_500, 7_500, 15_500, 31_500]);
     assert!(out.iter().any(|o| matches!(
         o,
-        Output::Timeout { id: i, kind: Kind::ClientInvite, user: "inv", message } if *i == id && message.starts_with(b"INVITE")
+        Output::Timeout { id: i, kind: Kind::ClientInvite, state: State::Calling, dest: PEER, user: "inv", message }
+            if *i == id && message.starts_with(b"INVITE")
     )));
     assert!(t.is_empty());
 }
@@ -377,4 +378,40 @@ fn rfc2543_requests_match_without_a_cookie() {
         t.recv_request(1, &inv, &mut out),
         RequestMatch::Retransmission(id)
     );
+}
+
+#[test]
+fn timer_c_ends_an_invite_that_rings_forever() {
+    let mut t = Table::new(0, Timers::default());
+    let mut out = Vec::new();
+    let id = t.create_client(
+        0,
+        Bytes::from(invite("z9hG4bKc")),
+        b"z9hG4bKc",
+        b"INVITE",
+        PEER,
+        false,
+        "inv",
+        &mut out,
+    );
+    let ringing = response(180, "z9hG4bKc", "INVITE");
+    let ringing = Message::parse(&ringing).unwrap();
+    t.recv_response(1_000, &ringing, &mut out);
+    // Timer B (32 s) no longer applies once ringing; a later provisional resets timer C.
+    t.advance(100_000, &mut out);
+    t.recv_response(100_000, &ringing, &mut out);
+    t.advance(100_000 + 179_999, &mut out);
+    assert_eq!(t.state(id), Some(State::Proceeding));
+    out.clear();
+    t.advance(100_000 + 180_000, &mut out);
+    assert!(matches!(
+        out.as_slice(),
+        [Output::Timeout {
+            kind: Kind::ClientInvite,
+            state: State::Proceeding,
+            user: "inv",
+            ..
+        }]
+    ));
+    assert!(t.is_empty());
 }

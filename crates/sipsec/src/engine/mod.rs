@@ -370,6 +370,31 @@ impl Engine {
                 return;
             }
         }
+        if self.cfg.stateful && method != Method::Ack && self.tx.len() >= self.cfg.max_transactions
+        {
+            // Overloaded: refuse without creating state, so a flood cannot exhaust memory.
+            inc(&self.stats.overload_rejected);
+            if self.log.allow(now) {
+                tracing::warn!(
+                    "transaction table full ({} transactions): answering 503",
+                    self.tx.len()
+                );
+            }
+            let mut out = Vec::new();
+            let extra = b"Retry-After: 1\r\nServer: sipsec/0.1\r\n";
+            build::response(
+                msg,
+                503,
+                "Service Unavailable",
+                Some(&local_tag(msg)),
+                extra,
+                b"",
+                &mut out,
+            );
+            fx.transmits
+                .push((response_dest(msg.top_via(), source), Bytes::from(out)));
+            return;
+        }
         let decision = if from_ok {
             self.decide(now, source, msg, to_tag)
         } else {
@@ -839,7 +864,12 @@ impl Engine {
         let Some(dest) = self.tx.dest(branch_id) else {
             return;
         };
-        let Ok(req) = Message::parse(&request) else {
+        self.send_cancel(now, &request, dest);
+    }
+
+    /// Sends a CANCEL for a request we forwarded, in a client transaction of its own.
+    fn send_cancel(&mut self, now: Millis, request: &[u8], dest: SocketAddr) {
+        let Ok(req) = Message::parse(request) else {
             return;
         };
         let mut out = Vec::with_capacity(256);
@@ -1052,11 +1082,17 @@ impl Engine {
                     Output::Transmit { dest, data } => fx.transmits.push((dest, data)),
                     Output::Timeout {
                         kind,
+                        state,
+                        dest,
                         user,
                         message,
                         ..
                     } => {
                         if matches!(kind, Kind::ClientInvite | Kind::ClientNonInvite) {
+                            if kind == Kind::ClientInvite && state == State::Proceeding {
+                                // Timer C: the branch rang too long; end it downstream too.
+                                self.send_cancel(now, &message, dest);
+                            }
                             self.on_branch_timeout(now, user, &message);
                         }
                     }

@@ -39,6 +39,7 @@ counters! {
     stray_responses: "responses matching no transaction, dropped",
     branch_timeouts: "client transactions that timed out",
     handoffs: "datagrams passed to the worker owning their transaction",
+    overload_rejected: "requests answered 503 because the transaction table was full",
     send_errors: "datagrams the kernel refused to send",
 }
 

@@ -626,3 +626,63 @@ fn never_panics_on_torture_messages_or_mutations() {
         }
     }
 }
+
+#[test]
+fn a_branch_that_rings_forever_is_cancelled_on_timer_c() {
+    let mut e = engine("");
+    deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKtc0", 1),
+    );
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("INVITE", "sip:bob@example.test", "z9hG4bKtc1", ""),
+    );
+    let fwd = sent.iter().find(|s| s.to == addr(BOB1)).unwrap();
+    deliver(&mut e, 10, BOB1, &answer(fwd, 180, "t"));
+    assert!(tick(&mut e, 170_000).is_empty());
+    let out = tick(&mut e, 180_010);
+    let cancel = out
+        .iter()
+        .find(|s| s.status().is_none())
+        .expect("CANCEL downstream");
+    assert_eq!((cancel.method(), cancel.to), (Method::Cancel, addr(BOB1)));
+    let up = out
+        .iter()
+        .find(|s| s.status().is_some())
+        .expect("final upstream");
+    assert_eq!((up.status(), up.to), (Some(408), addr(ALICE)));
+}
+
+#[test]
+fn a_full_transaction_table_answers_503_without_state() {
+    let mut e = engine("max_transactions = 16\n[routing]\ndefault_route = \"sip:127.0.0.3:5080\"");
+    for i in 0..8 {
+        let (sent, _) = deliver(
+            &mut e,
+            0,
+            ALICE,
+            &request(
+                "MESSAGE",
+                "sip:x@elsewhere.test",
+                &format!("z9hG4bKfull{i}"),
+                "",
+            ),
+        );
+        assert_eq!(sent.len(), 1, "forwarded");
+    }
+    assert_eq!(e.transactions(), 16);
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("MESSAGE", "sip:x@elsewhere.test", "z9hG4bKover", ""),
+    );
+    assert_eq!(sent[0].status(), Some(503));
+    assert!(sent[0].text.contains("Retry-After: 1"));
+    assert_eq!(e.transactions(), 16);
+}
