@@ -1,17 +1,6 @@
-//! `sipsec`: a secure, high-performance SIP server.
-//!
-//! One binary with subcommands; this is the command line. The server lives in [`server`],
-//! the per-worker protocol engine (no I/O) in [`engine`], the I/O drivers in [`worker`] and
-//! [`udp`], registrations in [`location`] and [`store`], configuration in [`config`].
+//! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-mod coalesce;
-mod config;
-mod engine;
-mod location;
-mod server;
-mod store;
-mod udp;
-mod worker;
+use sipsec::{config, server};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

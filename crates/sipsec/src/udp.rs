@@ -116,54 +116,63 @@ impl RecvBatch {
     }
 }
 
-/// Sends datagrams with `sendmmsg`, in batches. Returns how many the kernel refused.
-pub fn send_all(fd: RawFd, datagrams: &[(SocketAddr, bytes::Bytes)]) -> usize {
-    let mut failed = 0;
-    for chunk in datagrams.chunks(BATCH) {
-        let addrs: Vec<SockAddr> = chunk.iter().map(|(a, _)| SockAddr::from(*a)).collect();
-        let mut iovecs: Vec<libc::iovec> = chunk
-            .iter()
-            .map(|(_, d)| libc::iovec {
+/// Sends datagrams with `sendmmsg`, reusing its header arrays across calls so a flush
+/// allocates nothing once warmed up.
+#[derive(Default)]
+pub struct SendBatch {
+    addrs: Vec<SockAddr>,
+    iovecs: Vec<libc::iovec>,
+    headers: Vec<libc::mmsghdr>,
+}
+
+impl SendBatch {
+    /// Sends every datagram, [`BATCH`] per system call. Returns how many the kernel refused.
+    pub fn send(&mut self, fd: RawFd, datagrams: &[(SocketAddr, bytes::Bytes)]) -> usize {
+        let mut failed = 0;
+        for chunk in datagrams.chunks(BATCH) {
+            self.addrs.clear();
+            self.iovecs.clear();
+            self.headers.clear();
+            self.addrs.extend(chunk.iter().map(|(a, _)| SockAddr::from(*a)));
+            self.iovecs.extend(chunk.iter().map(|(_, d)| libc::iovec {
                 iov_base: d.as_ptr() as *mut _,
                 iov_len: d.len(),
-            })
-            .collect();
-        let mut headers: Vec<libc::mmsghdr> = (0..chunk.len())
-            .map(|i| {
+            }));
+            for i in 0..chunk.len() {
                 // SAFETY: plain old data, filled in below.
                 let mut h: libc::mmsghdr = unsafe { MaybeUninit::zeroed().assume_init() };
-                h.msg_hdr.msg_name = addrs[i].as_ptr() as *mut _;
-                h.msg_hdr.msg_namelen = addrs[i].len();
-                h.msg_hdr.msg_iov = &mut iovecs[i];
+                h.msg_hdr.msg_name = self.addrs[i].as_ptr() as *mut _;
+                h.msg_hdr.msg_namelen = self.addrs[i].len();
+                h.msg_hdr.msg_iov = &mut self.iovecs[i];
                 h.msg_hdr.msg_iovlen = 1;
-                h
-            })
-            .collect();
-        let mut sent = 0;
-        while sent < headers.len() {
-            // SAFETY: every header points at live data in `chunk`, `addrs` and `iovecs`.
-            let n = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    headers[sent..].as_mut_ptr(),
-                    (headers.len() - sent) as u32,
-                    0,
-                )
-            };
-            if n <= 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
+                self.headers.push(h);
+            }
+            let mut sent = 0;
+            while sent < self.headers.len() {
+                // SAFETY: every header points at live data in `chunk`, `addrs` and `iovecs`,
+                // none of which is touched until the call returns.
+                let n = unsafe {
+                    libc::sendmmsg(
+                        fd,
+                        self.headers[sent..].as_mut_ptr(),
+                        (self.headers.len() - sent) as u32,
+                        0,
+                    )
+                };
+                if n <= 0 {
+                    if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    // Skip the datagram the kernel refused (e.g. unreachable); send the rest.
+                    failed += 1;
+                    sent += 1;
                     continue;
                 }
-                // Skip the datagram the kernel refused (e.g. unreachable), keep the rest going.
-                failed += 1;
-                sent += 1;
-                continue;
+                sent += n as usize;
             }
-            sent += n as usize;
         }
+        failed
     }
-    failed
 }
 
 /// The raw descriptor of a socket.

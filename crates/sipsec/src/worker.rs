@@ -11,7 +11,7 @@
 use crate::coalesce::Coalescer;
 use crate::engine::{Effects, Engine, Mail};
 use crate::store::StoreHandle;
-use crate::udp::{self, RecvBatch};
+use crate::udp::{self, RecvBatch, SendBatch};
 use socket2::Socket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,6 +82,7 @@ impl Worker {
     /// Runs until `shutdown` is set.
     pub fn run(mut self) {
         let mut batch = RecvBatch::new();
+        let mut sender = SendBatch::default();
         let mut fx = Effects::default();
         let fds: Vec<RawFd> = self.sockets.iter().map(udp::fd).collect();
         let mut pollfds: Vec<libc::pollfd> = fds
@@ -120,7 +121,7 @@ impl Worker {
             if self.engine.next_deadline().is_some_and(|d| d <= now) {
                 self.engine.on_tick(now, &mut fx);
             }
-            self.flush(&fds, &mut fx);
+            self.flush(&fds, &mut sender, &mut fx);
             if busy {
                 continue;
             }
@@ -150,20 +151,19 @@ impl Worker {
             }
         }
         // Let the last datagrams out before the thread ends.
-        self.flush(&fds, &mut fx);
+        self.flush(&fds, &mut sender, &mut fx);
     }
 
-    fn flush(&mut self, fds: &[RawFd], fx: &mut Effects) {
+    fn flush(&mut self, fds: &[RawFd], sender: &mut SendBatch, fx: &mut Effects) {
         if fx.is_empty() {
             return;
         }
         if !fx.transmits.is_empty() {
-            let failed = udp::send_all(fds[0], &fx.transmits);
-            if failed > 0 {
-                for _ in 0..failed {
-                    crate::engine::stats::inc(&self.engine.stats().send_errors);
-                }
-            }
+            let failed = sender.send(fds[0], &fx.transmits);
+            self.engine
+                .stats()
+                .send_errors
+                .fetch_add(failed as u64, Ordering::Relaxed);
             fx.transmits.clear();
         }
         for (to, mail) in fx.mail.drain(..) {

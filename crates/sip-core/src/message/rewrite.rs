@@ -103,13 +103,15 @@ impl<'m, 'a> Rewriter<'m, 'a> {
 
     /// Records the source of a request in its top Via (RFC 3261 §18.2.1, RFC 3581): adds
     /// `received` when the sent-by host is not the source address, fills `rport` if asked.
-    pub fn stamp_top_via(&mut self, source_ip: &str, source_port: u16) {
+    pub fn stamp_top_via(&mut self, source: std::net::SocketAddr) {
+        let (source_ip, source_port) = (source.ip(), source.port());
         let via = *self.msg.top_via();
         let host = match via.host {
             [b'[', inner @ .., b']'] => inner,
             h => h,
         };
-        let needs_received = host != source_ip.as_bytes() || via.rport().is_some();
+        let sent_by_ip = std::str::from_utf8(host).ok().and_then(|h| h.parse::<std::net::IpAddr>().ok());
+        let needs_received = sent_by_ip != Some(source_ip) || via.rport().is_some();
         if via.rport() == Some(None) {
             // Replace the bare `rport` parameter with a filled one.
             if let Some(pos) = find_param(self.msg.as_bytes(), via.params.0, b"rport") {

@@ -20,6 +20,7 @@ use crate::message::{build, Message, Method};
 use crate::timer::{Millis, TimerHandle, TimerWheel};
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Timer base values (RFC 3261 §17.1.1.1).
 #[derive(Debug, Clone, Copy)]
@@ -132,7 +133,7 @@ struct Tx<A, U> {
     kind: Kind,
     state: State,
     generation: u32,
-    key: Box<[u8]>,
+    key: Arc<[u8]>,
     dest: A,
     reliable: bool,
     /// Client: the request (for retransmission, ACK and CANCEL). Server: the last response.
@@ -151,8 +152,8 @@ pub struct Transactions<A, U> {
     slab: Vec<Option<Tx<A, U>>>,
     generations: Vec<u32>,
     free: Vec<u32>,
-    server_keys: HashMap<Box<[u8]>, TxId>,
-    client_keys: HashMap<Box<[u8]>, TxId>,
+    server_keys: HashMap<Arc<[u8]>, TxId>,
+    client_keys: HashMap<Arc<[u8]>, TxId>,
     wheel: TimerWheel<(TxId, TimerKind)>,
     key_scratch: Vec<u8>,
     fired: Vec<(TxId, TimerKind)>,
@@ -171,12 +172,12 @@ pub fn server_key(msg: &Message<'_>, out: &mut Vec<u8>) {
         out.push(0);
         out.extend_from_slice(via.host);
         out.push(0);
-        out.extend_from_slice(via.port.unwrap_or(0).to_string().as_bytes());
+        push_decimal(out, u64::from(via.port.unwrap_or(0)));
     } else {
         out.extend_from_slice(b"2543\0");
         out.extend_from_slice(msg.call_id());
         out.push(0);
-        out.extend_from_slice(msg.cseq().seq.to_string().as_bytes());
+        push_decimal(out, u64::from(msg.cseq().seq));
         out.push(0);
         if let Ok(from) = msg.from() {
             out.extend_from_slice(from.tag().unwrap_or_default());
@@ -186,6 +187,21 @@ pub fn server_key(msg: &Message<'_>, out: &mut Vec<u8>) {
     }
     out.push(0);
     out.extend_from_slice(method);
+}
+
+/// Appends a number in decimal without allocating.
+fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// Writes the client-transaction key for a branch and method.
@@ -369,7 +385,7 @@ impl<A: Copy, U> Transactions<A, U> {
     /// responses go (RFC 3261 §18.2.2, worked out by the caller).
     pub fn create_server(&mut self, msg: &Message<'_>, dest: A, reliable: bool, user: U) -> TxId {
         server_key(msg, &mut self.key_scratch);
-        let key: Box<[u8]> = self.key_scratch.as_slice().into();
+        let key: Arc<[u8]> = self.key_scratch.as_slice().into();
         let kind = if msg.method() == Method::Invite {
             Kind::ServerInvite
         } else {
@@ -397,7 +413,7 @@ impl<A: Copy, U> Transactions<A, U> {
             // Same key as a live transaction: the newer wins; the old one ends quietly.
             if let Some(slot) = self.slab.get_mut(old.index as usize) {
                 if let Some(tx) = slot.as_mut() {
-                    tx.key = Box::new([]);
+                    tx.key = Arc::from(&[][..]);
                 }
             }
         }
@@ -479,7 +495,7 @@ impl<A: Copy, U> Transactions<A, U> {
         out: &mut Vec<Output<A, U>>,
     ) -> TxId {
         client_key(branch, method, &mut self.key_scratch);
-        let key: Box<[u8]> = self.key_scratch.as_slice().into();
+        let key: Arc<[u8]> = self.key_scratch.as_slice().into();
         let invite = method == b"INVITE";
         let t1 = self.timers.t1;
         out.push(Output::Transmit {

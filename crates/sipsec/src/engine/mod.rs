@@ -754,7 +754,6 @@ impl Engine {
         };
         // A stateless proxy sends one copy only (RFC 3261 §16.11 forbids forking).
         let targets = if stateful { targets } else { &targets[..1] };
-        let src_ip = source.ip().to_string();
         for target in targets {
             let branch = if stateful {
                 self.counter += 1;
@@ -765,7 +764,7 @@ impl Engine {
             let mut out = Vec::new();
             {
                 let mut rw = Rewriter::new(msg, &mut self.splice);
-                rw.stamp_top_via(&src_ip, source.port());
+                rw.stamp_top_via(source);
                 rw.push_via("UDP", &self.via_host, &branch);
                 rw.decrement_max_forwards();
                 if let Some((start, end)) = pop_route {

@@ -1,0 +1,15 @@
+//! sipsec: a secure, high-performance SIP server.
+//!
+//! The server lives in [`server`]; the per-worker protocol engine (no I/O) in [`engine`]; the
+//! I/O drivers in [`worker`] and [`udp`], with wake-up coalescing in [`coalesce`];
+//! registrations in [`location`] and [`store`]; configuration in [`config`]. The protocol
+//! itself (parser, transactions, timers) is the `sip-core` crate.
+
+pub mod coalesce;
+pub mod config;
+pub mod engine;
+pub mod location;
+pub mod server;
+pub mod store;
+pub mod udp;
+pub mod worker;
