@@ -46,15 +46,35 @@ Subject: Performance Test\r\nContent-Type: application/sdp\r\nContent-Length: 0\
         let fwd = Message::parse(&forwarded).unwrap();
         let tag = format!("{call}SIPpTag01");
         let mut ringing = Vec::new();
-        build::response(&fwd, 180, "Ringing", Some(&tag), b"Contact: <sip:127.0.0.3:5080>\r\n", b"", &mut ringing);
+        build::response(
+            &fwd,
+            180,
+            "Ringing",
+            Some(&tag),
+            b"Contact: <sip:127.0.0.3:5080>\r\n",
+            b"",
+            &mut ringing,
+        );
         copy_record_route(&fwd, &mut ringing);
         engine.on_datagram(now, uas, &ringing, &mut fx);
         let mut ok = Vec::new();
-        build::response(&fwd, 200, "OK", Some(&tag), b"Contact: <sip:127.0.0.3:5080>\r\n", b"", &mut ok);
+        build::response(
+            &fwd,
+            200,
+            "OK",
+            Some(&tag),
+            b"Contact: <sip:127.0.0.3:5080>\r\n",
+            b"",
+            &mut ok,
+        );
         copy_record_route(&fwd, &mut ok);
         engine.on_datagram(now, uas, &ok, &mut fx);
         let up = take_to(&mut fx, uac).expect("200 forwarded");
-        assert!(up.starts_with(b"SIP/2.0 200"), "{}", String::from_utf8_lossy(&up));
+        assert!(
+            up.starts_with(b"SIP/2.0 200"),
+            "{}",
+            String::from_utf8_lossy(&up)
+        );
         fx.transmits.clear();
         let in_dialog = |method: &str, cseq: u32, branch: &str| {
             format!(
@@ -80,11 +100,18 @@ Contact: sip:sipp@127.0.0.2:5070\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\
         fx.transmits.clear();
     }
     assert_eq!(completed, calls, "every call completes");
-    println!("{completed} calls completed ({})", if stateful { "stateful" } else { "stateless" });
+    println!(
+        "{completed} calls completed ({})",
+        if stateful { "stateful" } else { "stateless" }
+    );
 }
 
 fn take_to(fx: &mut Effects, to: SocketAddr) -> Option<Bytes> {
-    fx.transmits.iter().rev().find(|(dest, _)| *dest == to).map(|(_, d)| d.clone())
+    fx.transmits
+        .iter()
+        .rev()
+        .find(|(dest, _)| *dest == to)
+        .map(|(_, d)| d.clone())
 }
 
 /// A UAS copies Record-Route into its responses.

@@ -133,7 +133,8 @@ impl SendBatch {
             self.addrs.clear();
             self.iovecs.clear();
             self.headers.clear();
-            self.addrs.extend(chunk.iter().map(|(a, _)| SockAddr::from(*a)));
+            self.addrs
+                .extend(chunk.iter().map(|(a, _)| SockAddr::from(*a)));
             self.iovecs.extend(chunk.iter().map(|(_, d)| libc::iovec {
                 iov_base: d.as_ptr() as *mut _,
                 iov_len: d.len(),

@@ -5,6 +5,16 @@ mod common;
 
 use common::*;
 
+/// A config on `port` for the domain example.test with its database in `dir`; `server_extra`
+/// goes into the [server] table.
+fn server_config(port: u16, dir: &std::path::Path, server_extra: &str) -> String {
+    format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\n{server_extra}\n\
+[database]\nurl = \"sqlite://{}\"\n",
+        dir.join("s.db").display()
+    )
+}
+
 fn proxy_config(port: u16, uas_port: u16, db: &std::path::Path, stateful: bool) -> String {
     format!(
         "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nmode = \"proxy\"\n\
@@ -81,11 +91,7 @@ fn sipp_registers_then_calls_the_registered_user() {
         &shared_dir().join("bench/kamailio/uas.xml"),
     );
     // No default route: the call can only reach the UAS through its registration.
-    let config = format!(
-        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
-[database]\nurl = \"sqlite://{}\"\n",
-        dir.path().join("s.db").display()
-    );
+    let config = server_config(port, dir.path(), "workers = 2");
     let server = Server::start(dir.path(), &config);
     let target = format!("127.0.0.1:{port}");
     let contact = format!("127.0.0.3:{uas_port}");
@@ -162,11 +168,7 @@ fn sipp_is_redirected_to_the_registered_contact() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = ports(43000);
-    let config = format!(
-        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nmode = \"redirect\"\nworkers = 1\n\
-[database]\nurl = \"sqlite://{}\"\n",
-        dir.path().join("s.db").display()
-    );
+    let config = server_config(port, dir.path(), "mode = \"redirect\"\nworkers = 1");
     let server = Server::start(dir.path(), &config);
     let target = format!("127.0.0.1:{port}");
     let contact = format!("127.0.0.3:{}", port + 1);
@@ -259,11 +261,7 @@ Content-Length: 0\r\n\r\n",
 fn a_restart_loses_no_registration() {
     let dir = tempfile::tempdir().unwrap();
     let port = ports(44000);
-    let config = format!(
-        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
-[database]\nurl = \"sqlite://{}\"\n",
-        dir.path().join("s.db").display()
-    );
+    let config = server_config(port, dir.path(), "workers = 2");
     let proxy = format!("127.0.0.1:{port}");
     let carol = Endpoint::bind("127.0.0.5:0");
     let caller = Endpoint::bind("127.0.0.6:0");
@@ -341,11 +339,7 @@ To: <sip:localhost>\r\nCall-ID: defaults\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\
 fn hostile_datagrams_do_not_stall_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let port = ports(45000);
-    let config = format!(
-        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
-[database]\nurl = \"sqlite://{}\"\n",
-        dir.path().join("s.db").display()
-    );
+    let config = server_config(port, dir.path(), "workers = 2");
     let server = Server::start(dir.path(), &config);
     let proxy = format!("127.0.0.1:{port}");
     let attacker = Endpoint::bind("127.0.0.8:0");

@@ -43,6 +43,45 @@ pub enum HeaderName {
 }
 
 impl HeaderName {
+    /// Every recognised header (all variants but `Other`).
+    pub const KNOWN: [HeaderName; 32] = {
+        use HeaderName::*;
+        [
+            Via,
+            From,
+            To,
+            CallId,
+            CSeq,
+            MaxForwards,
+            ContentLength,
+            ContentType,
+            Contact,
+            Route,
+            RecordRoute,
+            Expires,
+            MinExpires,
+            Require,
+            ProxyRequire,
+            Supported,
+            Unsupported,
+            Allow,
+            Accept,
+            Date,
+            RetryAfter,
+            Warning,
+            Authorization,
+            ProxyAuthorization,
+            WwwAuthenticate,
+            ProxyAuthenticate,
+            UserAgent,
+            Server,
+            Subject,
+            Event,
+            ContentEncoding,
+            Path,
+        ]
+    };
+
     /// Recognises a header name as written on the wire (any case, compact or long form).
     pub fn from_bytes(name: &[u8]) -> HeaderName {
         use HeaderName::*;
@@ -62,43 +101,46 @@ impl HeaderName {
                 _ => Other,
             };
         }
-        const TABLE: &[(&[u8], HeaderName)] = &[
-            (b"via", Via),
-            (b"from", From),
-            (b"to", To),
-            (b"call-id", CallId),
-            (b"cseq", CSeq),
-            (b"max-forwards", MaxForwards),
-            (b"content-length", ContentLength),
-            (b"content-type", ContentType),
-            (b"contact", Contact),
-            (b"route", Route),
-            (b"record-route", RecordRoute),
-            (b"expires", Expires),
-            (b"min-expires", MinExpires),
-            (b"require", Require),
-            (b"proxy-require", ProxyRequire),
-            (b"supported", Supported),
-            (b"unsupported", Unsupported),
-            (b"allow", Allow),
-            (b"accept", Accept),
-            (b"date", Date),
-            (b"retry-after", RetryAfter),
-            (b"warning", Warning),
-            (b"authorization", Authorization),
-            (b"proxy-authorization", ProxyAuthorization),
-            (b"www-authenticate", WwwAuthenticate),
-            (b"proxy-authenticate", ProxyAuthenticate),
-            (b"user-agent", UserAgent),
-            (b"server", Server),
-            (b"subject", Subject),
-            (b"event", Event),
-            (b"content-encoding", ContentEncoding),
-            (b"path", Path),
-        ];
-        TABLE
+        // Dispatch on length and first letter, then one comparison: this runs for every
+        // header line of every message.
+        let first = name.first().map_or(0, u8::to_ascii_lowercase);
+        let candidate: &[(&[u8], HeaderName)] = match (name.len(), first) {
+            (2, b't') => &[(b"to", To)],
+            (3, b'v') => &[(b"via", Via)],
+            (4, b'f') => &[(b"from", From)],
+            (4, b'c') => &[(b"cseq", CSeq)],
+            (4, b'd') => &[(b"date", Date)],
+            (4, b'p') => &[(b"path", Path)],
+            (5, b'r') => &[(b"route", Route)],
+            (5, b'a') => &[(b"allow", Allow)],
+            (5, b'e') => &[(b"event", Event)],
+            (6, b'a') => &[(b"accept", Accept)],
+            (6, b's') => &[(b"server", Server)],
+            (7, b'c') => &[(b"call-id", CallId), (b"contact", Contact)],
+            (7, b'e') => &[(b"expires", Expires)],
+            (7, b'r') => &[(b"require", Require)],
+            (7, b's') => &[(b"subject", Subject)],
+            (7, b'w') => &[(b"warning", Warning)],
+            (9, b's') => &[(b"supported", Supported)],
+            (10, b'u') => &[(b"user-agent", UserAgent)],
+            (11, b'm') => &[(b"min-expires", MinExpires)],
+            (11, b'r') => &[(b"retry-after", RetryAfter)],
+            (11, b'u') => &[(b"unsupported", Unsupported)],
+            (12, b'm') => &[(b"max-forwards", MaxForwards)],
+            (12, b'r') => &[(b"record-route", RecordRoute)],
+            (12, b'c') => &[(b"content-type", ContentType)],
+            (13, b'p') => &[(b"proxy-require", ProxyRequire)],
+            (13, b'a') => &[(b"authorization", Authorization)],
+            (14, b'c') => &[(b"content-length", ContentLength)],
+            (16, b'w') => &[(b"www-authenticate", WwwAuthenticate)],
+            (16, b'c') => &[(b"content-encoding", ContentEncoding)],
+            (18, b'p') => &[(b"proxy-authenticate", ProxyAuthenticate)],
+            (19, b'p') => &[(b"proxy-authorization", ProxyAuthorization)],
+            _ => &[],
+        };
+        candidate
             .iter()
-            .find(|(n, _)| n.len() == name.len() && eq_ic(n, name))
+            .find(|(n, _)| eq_ic(n, name))
             .map_or(Other, |(_, h)| *h)
     }
 
@@ -158,5 +200,18 @@ mod tests {
         assert_eq!(HeaderName::from_bytes(b"L"), HeaderName::ContentLength);
         assert_eq!(HeaderName::from_bytes(b"C%6Fntact"), HeaderName::Other);
         assert_eq!(HeaderName::from_bytes(b"X-Custom"), HeaderName::Other);
+        // Every long form round-trips through the canonical spelling.
+        for h in HeaderName::KNOWN {
+            assert_eq!(
+                HeaderName::from_bytes(h.as_str().as_bytes()),
+                h,
+                "{}",
+                h.as_str()
+            );
+            assert_eq!(
+                HeaderName::from_bytes(h.as_str().to_uppercase().as_bytes()),
+                h
+            );
+        }
     }
 }

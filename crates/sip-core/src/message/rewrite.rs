@@ -110,7 +110,9 @@ impl<'m, 'a> Rewriter<'m, 'a> {
             [b'[', inner @ .., b']'] => inner,
             h => h,
         };
-        let sent_by_ip = std::str::from_utf8(host).ok().and_then(|h| h.parse::<std::net::IpAddr>().ok());
+        let sent_by_ip = std::str::from_utf8(host)
+            .ok()
+            .and_then(|h| h.parse::<std::net::IpAddr>().ok());
         let needs_received = sent_by_ip != Some(source_ip) || via.rport().is_some();
         if via.rport() == Some(None) {
             // Replace the bare `rport` parameter with a filled one.

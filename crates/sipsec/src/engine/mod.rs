@@ -396,7 +396,7 @@ impl Engine {
             return;
         }
         let decision = if from_ok {
-            self.decide(now, source, msg, to_tag)
+            self.decide(now, msg, to_tag)
         } else {
             respond(400, "Bad From or To header")
         };
@@ -447,13 +447,7 @@ impl Engine {
     }
 
     /// Decides what to do with a request that is not a retransmission.
-    fn decide(
-        &mut self,
-        now: Millis,
-        source: SocketAddr,
-        msg: &Message<'_>,
-        in_dialog: bool,
-    ) -> Decision {
+    fn decide(&mut self, now: Millis, msg: &Message<'_>, in_dialog: bool) -> Decision {
         let method = msg.method();
         let uri = *msg.request_uri().expect("requests have a Request-URI");
         if msg.max_forwards() == Some(0) {
@@ -463,13 +457,8 @@ impl Engine {
         if uri.scheme == Scheme::Other {
             return respond(416, "Unsupported URI Scheme");
         }
-        if let Some(h) = msg.header(HeaderName::ProxyRequire) {
-            let unsupported = String::from_utf8_lossy(msg.value(h)).into_owned();
-            return Decision::Respond {
-                code: 420,
-                reason: "Bad Extension",
-                headers: format!("Unsupported: {unsupported}\r\n"),
-            };
+        if let Some(refused) = bad_extension(msg, HeaderName::ProxyRequire) {
+            return refused;
         }
         // Loop detection (RFC 3261 §16.3 step 4).
         let hash = branch::loop_hash(msg);
@@ -496,7 +485,6 @@ impl Engine {
         let routes = msg.name_addrs(HeaderName::Route, |field, na| {
             if index == 0 && self.is_local_host(&na.uri) {
                 pop_route = Some((field.line_start as usize, na.end));
-                let _ = field;
             } else if next_route.is_none() {
                 next_route = uri_socket_addr(&na.uri);
                 route_error |= next_route.is_none();
@@ -529,7 +517,7 @@ impl Engine {
 
         let addressed_to_us = self.is_local_host(&uri);
         if addressed_to_us && (uri.user.is_none() || method == Method::Register) {
-            return self.decide_local(msg, &uri, in_dialog);
+            return self.decide_local(msg, in_dialog);
         }
         let user_here = uri.user.filter(|_| {
             matches!(uri.scheme, Scheme::Sip | Scheme::Sips) && addressed_to_us && !in_dialog
@@ -589,7 +577,6 @@ impl Engine {
             }
             _ => uri_socket_addr(&uri).filter(|a| !self.local_addrs.contains(a)),
         };
-        let _ = source;
         match dest {
             Some(dest) if self.cfg.mode == Mode::Proxy || in_dialog => Decision::Forward {
                 targets: smallvec::smallvec![Target {
@@ -607,14 +594,9 @@ impl Engine {
     }
 
     /// Requests addressed to the server itself.
-    fn decide_local(&mut self, msg: &Message<'_>, uri: &Uri<'_>, in_dialog: bool) -> Decision {
-        if let Some(h) = msg.header(HeaderName::Require) {
-            let unsupported = String::from_utf8_lossy(msg.value(h)).into_owned();
-            return Decision::Respond {
-                code: 420,
-                reason: "Bad Extension",
-                headers: format!("Unsupported: {unsupported}\r\n"),
-            };
+    fn decide_local(&mut self, msg: &Message<'_>, in_dialog: bool) -> Decision {
+        if let Some(refused) = bad_extension(msg, HeaderName::Require) {
+            return refused;
         }
         match msg.method() {
             Method::Options => Decision::Respond {
@@ -632,7 +614,6 @@ impl Engine {
                 ) else {
                     return respond(404, "Not Found (not a domain of this registrar)");
                 };
-                let _ = uri;
                 Decision::Register {
                     aor: self.aor_key(user, to.uri.host_unbracketed()),
                 }
@@ -1100,6 +1081,17 @@ impl Engine {
             }
         }
     }
+}
+
+/// 420 for a request requiring extensions (Require to a UAS, Proxy-Require to a proxy): sipsec
+/// supports none yet, so every option listed is unsupported.
+fn bad_extension(msg: &Message<'_>, header: HeaderName) -> Option<Decision> {
+    let options = msg.header(header).map(|h| msg.value(h))?;
+    Some(Decision::Respond {
+        code: 420,
+        reason: "Bad Extension",
+        headers: format!("Unsupported: {}\r\n", String::from_utf8_lossy(options)),
+    })
 }
 
 /// Orders final responses for §16.7 step 6: 6xx first, then the lowest class; within a class

@@ -103,11 +103,10 @@ pub fn register(
     if bad_expires {
         return Outcome::reject(400, "Bad expires parameter");
     }
-    if let Some(r) = requested
+    if requested
         .iter()
-        .find(|r| r.expires > 0 && r.expires < cfg.min_expires)
+        .any(|r| r.expires > 0 && r.expires < cfg.min_expires)
     {
-        let _ = r;
         return Outcome {
             code: 423,
             reason: "Interval Too Brief",
