@@ -500,6 +500,22 @@ impl<'a> Message<'a> {
         &self.headers[self.top_via_field]
     }
 
+    /// The Via below the top one (where a response goes after the top hop pops its own), parsing
+    /// only that value.
+    pub fn second_via(&self) -> Option<Result<Via<'a>, ParseError>> {
+        let top = self.headers[self.top_via_field];
+        let mut c = Cursor::new(self.buf, self.top_via.end, top.value_end as usize);
+        c.skip_ws();
+        if c.eat(b',') {
+            return Some(values::parse_via(&mut c));
+        }
+        let next = self.headers[self.top_via_field + 1..]
+            .iter()
+            .find(|h| h.name == HeaderName::Via)?;
+        let mut c = Cursor::new(self.buf, next.value_start as usize, next.value_end as usize);
+        Some(values::parse_via(&mut c))
+    }
+
     /// Visits every Via value top to bottom.
     pub fn vias(&self, mut each: impl FnMut(Via<'a>)) -> Result<(), ParseError> {
         for h in self.headers_named(HeaderName::Via) {

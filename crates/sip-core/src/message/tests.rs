@@ -229,6 +229,16 @@ body"
     );
     let again = Message::parse(&out).unwrap();
     again.check_all().unwrap();
+    // The Via below ours is the client's, with what we stamped into it.
+    let second = again.second_via().unwrap().unwrap();
+    assert_eq!(second.branch, Some(&b"z9hG4bKabc"[..]));
+    assert_eq!(second.received(), Some(&b"192.0.2.7"[..]));
+    // And below that, the second value of the same header line.
+    let original = Message::parse(INVITE).unwrap();
+    assert_eq!(
+        original.second_via().unwrap().unwrap().branch,
+        Some(&b"z9hG4bKold"[..])
+    );
     assert_eq!(again.top_via().branch, Some(&b"z9hG4bKnew"[..]));
 
     // A response going back: pop our Via.

@@ -29,11 +29,9 @@ fn worker_digit(worker: usize) -> char {
     char::from_digit(worker as u32, 36).expect("at most 36 workers encode in one digit")
 }
 
-/// The loop-detection hash of a request as received.
-pub fn loop_hash(msg: &Message<'_>) -> u32 {
+/// The loop-detection hash of a request as received, given its From and To tags.
+pub fn loop_hash(msg: &Message<'_>, from_tag: &[u8], to_tag: &[u8]) -> u32 {
     let ruri = msg.request_uri().map_or(&b""[..], |u| u.raw);
-    let from_tag = msg.from().ok().and_then(|f| f.tag()).unwrap_or_default();
-    let to_tag = msg.to().ok().and_then(|t| t.tag()).unwrap_or_default();
     let seq = msg.cseq().seq.to_le_bytes();
     fnv1a(&[ruri, msg.call_id(), &seq, from_tag, to_tag]) as u32
 }

@@ -353,10 +353,16 @@ impl Engine {
 
     fn on_request(&mut self, now: Millis, source: SocketAddr, msg: &Message<'_>, fx: &mut Effects) {
         let method = msg.method();
-        let (to_tag, from_ok) = match (msg.to(), msg.from()) {
-            (Ok(to), Ok(_)) => (to.tag().is_some(), true),
-            _ => (false, false),
+        // From and To are parsed once here; decisions below use the tags.
+        let tags = match (msg.from(), msg.to()) {
+            (Ok(from), Ok(to)) => Some((from.tag().unwrap_or_default(), to.tag())),
+            _ => None,
         };
+        let from_ok = tags.is_some();
+        let in_dialog = tags.is_some_and(|(_, to)| to.is_some());
+        let hash = tags.map_or(0, |(from, to)| {
+            branch::loop_hash(msg, from, to.unwrap_or_default())
+        });
         if self.cfg.stateful {
             match self.tx.recv_request(now, msg, &mut self.outputs) {
                 RequestMatch::New | RequestMatch::Ack => {}
@@ -396,7 +402,7 @@ impl Engine {
             return;
         }
         let decision = if from_ok {
-            self.decide(now, msg, to_tag)
+            self.decide(now, msg, in_dialog, hash)
         } else {
             respond(400, "Bad From or To header")
         };
@@ -441,13 +447,14 @@ impl Engine {
                 pop_route,
                 record_route,
             } => {
-                self.forward(now, source, msg, &targets, pop_route, record_route, fx);
+                let route = (pop_route, record_route);
+                self.forward(now, source, msg, hash, &targets, route, fx);
             }
         }
     }
 
     /// Decides what to do with a request that is not a retransmission.
-    fn decide(&mut self, now: Millis, msg: &Message<'_>, in_dialog: bool) -> Decision {
+    fn decide(&mut self, now: Millis, msg: &Message<'_>, in_dialog: bool, hash: u32) -> Decision {
         let method = msg.method();
         let uri = *msg.request_uri().expect("requests have a Request-URI");
         if msg.max_forwards() == Some(0) {
@@ -461,7 +468,6 @@ impl Engine {
             return refused;
         }
         // Loop detection (RFC 3261 §16.3 step 4).
-        let hash = branch::loop_hash(msg);
         let mut looped = false;
         let vias_ok = msg.vias(|v| {
             if v.branch.and_then(branch::carried_loop_hash) == Some(hash)
@@ -706,12 +712,11 @@ impl Engine {
         now: Millis,
         source: SocketAddr,
         msg: &Message<'_>,
+        hash: u32,
         targets: &[Target],
-        pop_route: Option<(usize, usize)>,
-        record_route: bool,
+        (pop_route, record_route): (Option<(usize, usize)>, bool),
         fx: &mut Effects,
     ) {
-        let hash = branch::loop_hash(msg);
         let method = msg.method();
         let stateful = self.cfg.stateful && method != Method::Ack;
         let server = if stateful {
@@ -896,15 +901,12 @@ impl Engine {
             inc(&self.stats.stray_responses);
             return;
         }
-        let mut second = None;
-        let mut n = 0;
-        let _ = msg.vias(|v| {
-            if n == 1 {
-                second = Some(v);
-            }
-            n += 1;
-        });
-        let Some(dest) = second.as_ref().and_then(via_dest) else {
+        let Some(dest) = msg
+            .second_via()
+            .and_then(Result::ok)
+            .as_ref()
+            .and_then(via_dest)
+        else {
             inc(&self.stats.stray_responses);
             return;
         };
