@@ -373,3 +373,52 @@ To: <sip:x@x>\r\nCall-ID: alive\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nConten
         "the server survived and shut down cleanly"
     );
 }
+
+#[test]
+fn ipv6_requests_and_responses_are_proxied() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(46000);
+    let uas = Endpoint::bind("[::1]:0");
+    let caller = Endpoint::bind("[::1]:0");
+    let config = format!(
+        "[server]\nlisten = [\"udp:[::1]:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
+[routing]\ndefault_route = \"sip:{}\"\n[database]\nurl = \"sqlite://{}\"\n",
+        uas.addr,
+        dir.path().join("s.db").display()
+    );
+    let server = Server::start(dir.path(), &config);
+    assert!(
+        server.banner.contains(&format!("udp:[::1]:{port}")),
+        "{}",
+        server.banner
+    );
+    let proxy = format!("[::1]:{port}");
+    caller.send(
+        &proxy,
+        &format!(
+            "MESSAGE sip:x@elsewhere.test SIP/2.0\r\nVia: SIP/2.0/UDP {};branch=z9hG4bKv6\r\nMax-Forwards: 70\r\n\
+From: <sip:a@example.test>;tag=1\r\nTo: <sip:x@elsewhere.test>\r\nCall-ID: v6\r\nCSeq: 1 MESSAGE\r\n\
+Content-Length: 0\r\n\r\n",
+            caller.addr
+        ),
+    );
+    let forwarded = uas.recv();
+    assert!(
+        forwarded.contains(&format!("Via: SIP/2.0/UDP [::1]:{port};branch=z9hG4bKsS")),
+        "{forwarded}"
+    );
+    // The UAS answers to the top Via: sipsec, which pops its Via and answers the caller.
+    let top_via_line = forwarded.lines().find(|l| l.starts_with("Via:")).unwrap();
+    let reply = forwarded
+        .replacen("MESSAGE sip:x@elsewhere.test SIP/2.0", "SIP/2.0 200 OK", 1)
+        .replace(
+            "To: <sip:x@elsewhere.test>",
+            "To: <sip:x@elsewhere.test>;tag=u",
+        );
+    assert!(reply.contains(top_via_line));
+    uas.send(&proxy, &reply);
+    let answer = caller.recv();
+    assert!(answer.starts_with("SIP/2.0 200 OK"), "{answer}");
+    assert!(!answer.contains(top_via_line), "our Via was popped");
+    server.stop();
+}

@@ -686,3 +686,59 @@ fn a_full_transaction_table_answers_503_without_state() {
     assert!(sent[0].text.contains("Retry-After: 1"));
     assert_eq!(e.transactions(), 16);
 }
+
+#[test]
+fn two_workers_share_bindings_and_hand_responses_to_their_owner() {
+    let cfg = Arc::new(
+        Config::from_toml(&format!(
+            "[server]\nlisten = [\"udp:{PROXY}\"]\ndomains = [\"example.test\"]\nworkers = 2\n"
+        ))
+        .unwrap(),
+    );
+    let mut w0 = Engine::new(cfg.clone(), 0, 1_000_000, Arc::new(Stats::default()));
+    let mut w1 = Engine::new(cfg, 1, 1_000_000, Arc::new(Stats::default()));
+    // Bob registers through worker 0; the change is mailed to worker 1.
+    let (_, fx) = deliver(
+        &mut w0,
+        0,
+        BOB1,
+        &register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKw0", 1),
+    );
+    assert_eq!(fx.changes.len(), 1);
+    let mut sink = Effects::default();
+    for change in fx.changes {
+        w1.on_mail(1, Mail::Binding(change), &mut sink);
+    }
+    // Alice's INVITE lands on worker 1, which now knows bob.
+    let (sent, _) = deliver(
+        &mut w1,
+        2,
+        ALICE,
+        &request("INVITE", "sip:bob@example.test", "z9hG4bKw1", ""),
+    );
+    let fwd = sent
+        .iter()
+        .find(|s| s.to == addr(BOB1))
+        .expect("worker 1 found the binding");
+    assert!(fwd
+        .msg()
+        .top_via()
+        .branch
+        .unwrap()
+        .starts_with(b"z9hG4bKsS1"));
+    // Bob's 200 reaches worker 0's socket: worker 0 hands it to worker 1, which forwards it.
+    let (sent, fx) = deliver(&mut w0, 3, BOB1, &answer(fwd, 200, "t"));
+    assert!(sent.is_empty());
+    let [(1, mail)] = fx.mail.as_slice() else {
+        panic!("expected mail for worker 1")
+    };
+    let mut out = Effects::default();
+    w1.on_mail(3, mail.clone(), &mut out);
+    let up: Vec<_> = out
+        .transmits
+        .iter()
+        .filter(|(to, _)| *to == addr(ALICE))
+        .collect();
+    assert_eq!(up.len(), 1);
+    assert!(up[0].1.starts_with(b"SIP/2.0 200"));
+}
