@@ -122,6 +122,10 @@ pub fn run(cfg: Config) -> Result<()> {
         .filter(|(_, v)| *v > 0)
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    tracing::info!("stopped; {}", totals.join(" "));
+    if totals.is_empty() {
+        tracing::info!("stopped (no traffic)");
+    } else {
+        tracing::info!("stopped; {}", totals.join(" "));
+    }
     Ok(())
 }
