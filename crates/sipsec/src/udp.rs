@@ -14,14 +14,38 @@ pub const BATCH: usize = 64;
 /// Largest datagram we read.
 pub const MAX_DATAGRAM: usize = 65_535;
 
+/// Bytes of kernel buffer asked for in each direction.
+const SOCKET_BUFFER: libc::c_int = 8 << 20;
+
+fn set_int_option(socket: &Socket, option: libc::c_int, value: libc::c_int) -> bool {
+    // SAFETY: passing a live c_int of the declared size to setsockopt on our own socket.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 /// Binds a non-blocking UDP socket with SO_REUSEPORT and large kernel buffers.
 pub fn bind_reuseport(addr: SocketAddr) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
-    // Best effort: the kernel caps these at net.core.{r,w}mem_max.
-    let _ = socket.set_recv_buffer_size(8 << 20);
-    let _ = socket.set_send_buffer_size(8 << 20);
+    // Large buffers absorb bursts instead of dropping datagrams. The kernel caps the plain
+    // options at net.core.{r,w}mem_max (about 200 KB by default); with CAP_NET_ADMIN the
+    // FORCE variants are not capped. Best effort either way.
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        if !set_int_option(&socket, force, SOCKET_BUFFER) {
+            set_int_option(&socket, plain, SOCKET_BUFFER);
+        }
+    }
     socket.set_nonblocking(true)?;
     socket.bind(&SockAddr::from(addr))?;
     Ok(socket)
