@@ -1,0 +1,393 @@
+//! The proxy core (RFC 3261 §16.6–16.10): forwarding a request to one or more targets, the
+//! response context of a forked request (best final response, CANCEL of the other branches,
+//! Timer C and branch timeouts as 408), CANCEL from upstream, and stateless response forwarding
+//! by Via.
+
+use super::stats::inc;
+use super::{
+    branch, local_tag, response_dest, Effects, Engine, Link, ProxyContext, Target, SERVER,
+};
+use bytes::Bytes;
+use sip_core::message::rewrite::Rewriter;
+use sip_core::message::{build, Message, Method, Via};
+use sip_core::timer::Millis;
+use sip_core::transaction::{Kind, ResponseMatch, State, TxId};
+use std::net::{IpAddr, SocketAddr};
+
+impl Engine {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward(
+        &mut self,
+        now: Millis,
+        source: SocketAddr,
+        msg: &Message<'_>,
+        hash: u32,
+        targets: &[Target],
+        (pop_route, record_route): (Option<(usize, usize)>, bool),
+        fx: &mut Effects,
+    ) {
+        let method = msg.method();
+        let stateful = self.cfg.stateful && method != Method::Ack;
+        let server = if stateful {
+            let dest = response_dest(msg.top_via(), source);
+            let ctx = ProxyContext {
+                invite: method == Method::Invite,
+                ..Default::default()
+            };
+            let id = self
+                .tx
+                .create_server(msg, dest, false, Link::Proxied(Box::new(ctx)));
+            if method == Method::Invite {
+                let mut out = Vec::with_capacity(msg.as_bytes().len() / 2);
+                build::response(msg, 100, "Trying", None, SERVER.as_bytes(), b"", &mut out);
+                self.tx
+                    .respond(now, id, 100, Bytes::from(out), &mut self.outputs);
+            }
+            Some(id)
+        } else {
+            None
+        };
+        // A stateless proxy sends one copy only (RFC 3261 §16.11 forbids forking).
+        let targets = if stateful { targets } else { &targets[..1] };
+        for target in targets {
+            let branch = if stateful {
+                self.counter += 1;
+                branch::stateful(self.worker, hash, self.counter)
+            } else {
+                branch::stateless(self.worker, hash, msg)
+            };
+            let mut out = Vec::new();
+            {
+                let mut rw = Rewriter::new(msg, &mut self.splice);
+                rw.stamp_top_via(source);
+                rw.push_via("UDP", &self.via_host, &branch);
+                rw.decrement_max_forwards();
+                if let Some((start, end)) = pop_route {
+                    let field = *msg
+                        .headers()
+                        .iter()
+                        .find(|h| h.line_start as usize == start)
+                        .expect("route field recorded from this message");
+                    rw.remove_first_value(&field, end);
+                }
+                if record_route {
+                    rw.push_record_route(&self.record_route_uri);
+                }
+                if let Some(ruri) = &target.request_uri {
+                    rw.set_request_uri(ruri.as_bytes());
+                }
+                rw.finish(&mut out);
+            }
+            inc(&self.stats.forwarded_requests);
+            let data = Bytes::from(out);
+            match server {
+                Some(sid) => {
+                    let link = Link::Branch {
+                        server: sid,
+                        done: false,
+                        cancel_sent: false,
+                    };
+                    let cid = self.tx.create_client(
+                        now,
+                        data,
+                        branch.as_bytes(),
+                        msg.method_raw(),
+                        target.dest,
+                        false,
+                        link,
+                        &mut self.outputs,
+                    );
+                    if let Some(Link::Proxied(ctx)) = self.tx.user_mut(sid) {
+                        ctx.branches.push(cid);
+                        ctx.pending += 1;
+                    }
+                }
+                None => fx.transmits.push((target.dest, data)),
+            }
+        }
+    }
+
+    pub(super) fn on_cancel(
+        &mut self,
+        now: Millis,
+        source: SocketAddr,
+        msg: &Message<'_>,
+        fx: &mut Effects,
+    ) {
+        let Some(invite) = self.tx.find_cancelled(msg) else {
+            self.answer(
+                now,
+                source,
+                msg,
+                481,
+                "Call/Transaction Does Not Exist",
+                "",
+                fx,
+            );
+            return;
+        };
+        self.answer(now, source, msg, 200, "OK", "", fx);
+        match self.tx.user_mut(invite) {
+            Some(Link::Proxied(ctx)) => {
+                ctx.cancelled = true;
+                let branches = ctx.branches.clone();
+                for b in branches {
+                    self.cancel_branch(now, b);
+                }
+            }
+            Some(Link::Local) | None => {}
+            Some(_) => {}
+        }
+    }
+
+    /// Sends CANCEL down a branch that has had a provisional response; a branch still in
+    /// Calling gets its CANCEL when its first provisional arrives (RFC 3261 §9.1).
+    pub(super) fn cancel_branch(&mut self, now: Millis, branch_id: TxId) {
+        if self.tx.state(branch_id) != Some(State::Proceeding)
+            || self.tx.kind(branch_id) != Some(Kind::ClientInvite)
+        {
+            return;
+        }
+        let Some(Link::Branch {
+            cancel_sent, done, ..
+        }) = self.tx.user_mut(branch_id)
+        else {
+            return;
+        };
+        if *cancel_sent || *done {
+            return;
+        }
+        *cancel_sent = true;
+        let Some(request) = self.tx.request(branch_id).cloned() else {
+            return;
+        };
+        let Some(dest) = self.tx.dest(branch_id) else {
+            return;
+        };
+        self.send_cancel(now, &request, dest);
+    }
+
+    /// Sends a CANCEL for a request we forwarded, in a client transaction of its own.
+    pub(super) fn send_cancel(&mut self, now: Millis, request: &[u8], dest: SocketAddr) {
+        let Ok(req) = Message::parse(request) else {
+            return;
+        };
+        let mut out = Vec::with_capacity(256);
+        build::cancel_for(&req, &mut out);
+        let branch = req.top_via().branch.unwrap_or_default().to_vec();
+        self.tx.create_client(
+            now,
+            Bytes::from(out),
+            &branch,
+            b"CANCEL",
+            dest,
+            false,
+            Link::Cancel,
+            &mut self.outputs,
+        );
+    }
+
+    pub(super) fn on_response(&mut self, now: Millis, msg: &Message<'_>, fx: &mut Effects) {
+        if !self.cfg.stateful {
+            self.forward_response_by_via(msg, fx);
+            return;
+        }
+        match self.tx.recv_response(now, msg, &mut self.outputs) {
+            ResponseMatch::Deliver(cid) => self.on_branch_response(now, cid, msg),
+            ResponseMatch::Absorbed => inc(&self.stats.retransmissions_absorbed),
+            ResponseMatch::Unmatched => {
+                // A 2xx retransmission after the transaction ended still goes upstream (§16.7).
+                let code = msg.status().unwrap_or(0);
+                if (200..300).contains(&code) && msg.method() == Method::Invite {
+                    self.forward_response_by_via(msg, fx);
+                } else {
+                    inc(&self.stats.stray_responses);
+                }
+            }
+        }
+    }
+
+    /// Stateless response forwarding: pop our Via, send to the next one.
+    pub(super) fn forward_response_by_via(&mut self, msg: &Message<'_>, fx: &mut Effects) {
+        let top = msg.top_via();
+        if !top.branch.is_some_and(|b| b.starts_with(branch::MAGIC))
+            || !self.is_local_addr(top.host, top.port.unwrap_or(5060))
+        {
+            inc(&self.stats.stray_responses);
+            return;
+        }
+        let Some(dest) = msg
+            .second_via()
+            .and_then(Result::ok)
+            .as_ref()
+            .and_then(via_dest)
+        else {
+            inc(&self.stats.stray_responses);
+            return;
+        };
+        let mut out = Vec::new();
+        let mut rw = Rewriter::new(msg, &mut self.splice);
+        rw.pop_via();
+        rw.finish(&mut out);
+        inc(&self.stats.forwarded_responses);
+        fx.transmits.push((dest, Bytes::from(out)));
+    }
+
+    pub(super) fn on_branch_response(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) {
+        let code = msg.status().unwrap_or(0);
+        let server = match self.tx.user_mut(cid) {
+            Some(Link::Branch { server, done, .. }) => {
+                let server = *server;
+                if code >= 200 && !*done {
+                    *done = true;
+                    if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
+                        ctx.pending = ctx.pending.saturating_sub(1);
+                    }
+                }
+                server
+            }
+            _ => return, // responses to our CANCELs end here
+        };
+        let (cancelled, final_sent) = match self.tx.user(server) {
+            Some(Link::Proxied(ctx)) => (ctx.cancelled, ctx.final_sent),
+            _ => return,
+        };
+        if code < 200 {
+            if cancelled {
+                self.cancel_branch(now, cid);
+            }
+            if code == 100 || final_sent {
+                return;
+            }
+        }
+        let mut out = Vec::with_capacity(msg.as_bytes().len());
+        {
+            let mut rw = Rewriter::new(msg, &mut self.splice);
+            rw.pop_via();
+            rw.finish(&mut out);
+        }
+        let data = Bytes::from(out);
+        inc(&self.stats.forwarded_responses);
+        match code {
+            100..=199 => {
+                self.tx.respond(now, server, code, data, &mut self.outputs);
+            }
+            200..=299 => {
+                // The first 2xx and any later ones go upstream (the server transaction is in
+                // Accepted); other INVITE branches are cancelled.
+                self.tx.respond(now, server, code, data, &mut self.outputs);
+                if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
+                    ctx.final_sent = true;
+                }
+                self.cancel_branches(now, server);
+            }
+            _ => {
+                self.offer_final(server, code, data);
+                if code >= 600 {
+                    self.cancel_branches(now, server);
+                }
+                self.send_best_if_done(now, server, code >= 600);
+            }
+        }
+    }
+
+    /// Keeps a non-2xx final response if it beats the best so far (§16.7 step 6).
+    pub(super) fn offer_final(&mut self, server: TxId, code: u16, data: Bytes) {
+        if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
+            if ctx
+                .best
+                .as_ref()
+                .is_none_or(|(best, _)| response_rank(code) < response_rank(*best))
+            {
+                ctx.best = Some((code, data));
+            }
+        }
+    }
+
+    /// Marks a context cancelled and sends CANCEL down its INVITE branches.
+    pub(super) fn cancel_branches(&mut self, now: Millis, server: TxId) {
+        let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) else {
+            return;
+        };
+        ctx.cancelled = true;
+        if ctx.invite {
+            let branches = ctx.branches.clone();
+            for b in branches {
+                self.cancel_branch(now, b);
+            }
+        }
+    }
+
+    /// Sends the best final response once every branch has one (or at once for a 6xx).
+    pub(super) fn send_best_if_done(&mut self, now: Millis, server: TxId, force: bool) {
+        let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) else {
+            return;
+        };
+        if ctx.final_sent || (ctx.pending > 0 && !force) {
+            return;
+        }
+        let Some((code, data)) = ctx.best.take() else {
+            return;
+        };
+        ctx.final_sent = true;
+        self.tx.respond(now, server, code, data, &mut self.outputs);
+    }
+
+    /// A branch timed out (timer B or F): it counts as a 408 from that branch.
+    pub(super) fn on_branch_timeout(&mut self, now: Millis, link: Link, request: &Bytes) {
+        inc(&self.stats.branch_timeouts);
+        let Link::Branch {
+            server,
+            done: false,
+            ..
+        } = link
+        else {
+            return;
+        };
+        let Ok(req) = Message::parse(request) else {
+            return;
+        };
+        let mut resp = Vec::new();
+        build::response(
+            &req,
+            408,
+            "Request Timeout",
+            Some(&local_tag(&req)),
+            SERVER.as_bytes(),
+            b"",
+            &mut resp,
+        );
+        let Ok(resp_msg) = Message::parse(&resp) else {
+            return;
+        };
+        let mut out = Vec::new();
+        let mut rw = Rewriter::new(&resp_msg, &mut self.splice);
+        rw.pop_via();
+        rw.finish(&mut out);
+        if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
+            ctx.pending = ctx.pending.saturating_sub(1);
+        }
+        self.offer_final(server, 408, Bytes::from(out));
+        self.send_best_if_done(now, server, false);
+    }
+}
+
+/// Orders final responses for §16.7 step 6: 6xx first, then the lowest class; within a class
+/// the first received wins (equal rank is not better).
+pub(super) fn response_rank(code: u16) -> u16 {
+    match code {
+        600..=699 => 0,
+        _ => code / 100,
+    }
+}
+
+/// Where a response goes next when forwarded by Via (RFC 3261 §18.2.2).
+pub(super) fn via_dest(via: &Via<'_>) -> Option<SocketAddr> {
+    let host = via.received().unwrap_or(match via.host {
+        [b'[', inner @ .., b']'] => inner,
+        h => h,
+    });
+    let ip: IpAddr = std::str::from_utf8(host).ok()?.parse().ok()?;
+    let port = via.rport().flatten().or(via.port).unwrap_or(5060);
+    Some(SocketAddr::new(ip, port))
+}

@@ -1,0 +1,298 @@
+//! Routing decisions: what to do with a request that is not a retransmission (RFC 3261
+//! §16.3–16.5): answer it here (errors, OPTIONS, REGISTER, 405/501), redirect it, or forward it
+//! to registered contacts, the next Route, the default route or its Request-URI.
+
+use super::stats::inc;
+use super::{branch, Decision, Engine, Target, ALLOW};
+use crate::config::{uri_socket_addr, Mode};
+use crate::location::Lookup;
+use sip_core::message::{HeaderName, Message, Method, Scheme, Uri};
+use sip_core::timer::Millis;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+impl Engine {
+    pub(super) fn is_local_host(&self, uri: &Uri<'_>) -> bool {
+        let host = uri.host_unbracketed();
+        let port = uri.port.unwrap_or(5060);
+        let domain = std::str::from_utf8(host)
+            .map(|h| self.cfg.domains.iter().any(|d| d.eq_ignore_ascii_case(h)))
+            .unwrap_or(false);
+        if domain && (uri.port.is_none() || self.local_addrs.iter().any(|a| a.port() == port)) {
+            return true;
+        }
+        self.is_local_addr(host, port)
+    }
+
+    pub(super) fn is_local_addr(&self, host: &[u8], port: u16) -> bool {
+        let Some(ip) = std::str::from_utf8(host)
+            .ok()
+            .and_then(|h| h.parse::<IpAddr>().ok())
+        else {
+            return false;
+        };
+        self.local_addrs
+            .iter()
+            .any(|a| a.ip() == ip && a.port() == port)
+    }
+
+    pub(super) fn is_our_domain(&self, host: &[u8]) -> bool {
+        std::str::from_utf8(host)
+            .map(|h| self.cfg.domains.iter().any(|d| d.eq_ignore_ascii_case(h)))
+            .unwrap_or(false)
+    }
+
+    /// The address-of-record key of a user at a host we serve: domain hosts as written
+    /// (lower case), our own IP addresses standing for the first domain.
+    pub(super) fn aor_key(&self, user: &[u8], host: &[u8]) -> String {
+        let user = String::from_utf8_lossy(user);
+        if self.is_our_domain(host) {
+            format!(
+                "{user}@{}",
+                String::from_utf8_lossy(host).to_ascii_lowercase()
+            )
+        } else {
+            format!("{user}@{}", self.cfg.domains[0])
+        }
+    }
+
+    /// Decides what to do with a request that is not a retransmission.
+    pub(super) fn decide(
+        &mut self,
+        now: Millis,
+        msg: &Message<'_>,
+        in_dialog: bool,
+        hash: u32,
+    ) -> Decision {
+        let method = msg.method();
+        let uri = *msg.request_uri().expect("requests have a Request-URI");
+        if msg.max_forwards() == Some(0) {
+            inc(&self.stats.too_many_hops);
+            return respond(483, "Too Many Hops");
+        }
+        if uri.scheme == Scheme::Other {
+            return respond(416, "Unsupported URI Scheme");
+        }
+        if let Some(refused) = bad_extension(msg, HeaderName::ProxyRequire) {
+            return refused;
+        }
+        // Loop detection (RFC 3261 §16.3 step 4).
+        let mut looped = false;
+        let vias_ok = msg.vias(|v| {
+            if v.branch.and_then(branch::carried_loop_hash) == Some(hash)
+                && self.is_local_addr(v.host, v.port.unwrap_or(5060))
+            {
+                looped = true;
+            }
+        });
+        if vias_ok.is_err() {
+            return respond(400, "Bad Via header");
+        }
+        if looped {
+            inc(&self.stats.loops);
+            return respond(482, "Loop Detected");
+        }
+        // Loose routing (§16.4): a top Route naming us is consumed.
+        let mut pop_route = None;
+        let mut next_route: Option<SocketAddr> = None;
+        let mut route_error = false;
+        let mut index = 0;
+        let routes = msg.name_addrs(HeaderName::Route, |field, na| {
+            if index == 0 && self.is_local_host(&na.uri) {
+                pop_route = Some((field.line_start as usize, na.end));
+            } else if next_route.is_none() {
+                next_route = uri_socket_addr(&na.uri);
+                route_error |= next_route.is_none();
+            }
+            index += 1;
+        });
+        if routes.is_err() {
+            return respond(400, "Bad Route header");
+        }
+        let record_route = self.cfg.record_route
+            && !in_dialog
+            && matches!(
+                method,
+                Method::Invite | Method::Subscribe | Method::Refer | Method::Notify
+            );
+        if route_error {
+            inc(&self.stats.unroutable);
+            return respond(404, "Not Found (unresolvable Route)");
+        }
+        if let Some(dest) = next_route {
+            return Decision::Forward {
+                targets: smallvec::smallvec![Target {
+                    request_uri: None,
+                    dest
+                }],
+                pop_route,
+                record_route,
+            };
+        }
+
+        let addressed_to_us = self.is_local_host(&uri);
+        if addressed_to_us && (uri.user.is_none() || method == Method::Register) {
+            return self.decide_local(msg, in_dialog);
+        }
+        let user_here = uri.user.filter(|_| {
+            matches!(uri.scheme, Scheme::Sip | Scheme::Sips) && addressed_to_us && !in_dialog
+        });
+        if let Some(user) = user_here {
+            let explicit_domain = self.is_our_domain(uri.host_unbracketed());
+            let aor = self.aor_key(user, uri.host_unbracketed());
+            let now_unix = self.unix_ms(now);
+            let lookup = self.location.lookup(&aor, now_unix);
+            let fallback = (!explicit_domain)
+                .then_some(())
+                .and(self.cfg.default_route.as_ref());
+            match (lookup, fallback) {
+                (Lookup::Found(bindings), _) => {
+                    if self.cfg.mode == Mode::Redirect {
+                        return self.redirect_to(
+                            bindings
+                                .iter()
+                                .map(|b| (b.contact.to_string(), Some(b.expires_at))),
+                            now_unix,
+                        );
+                    }
+                    let targets = bindings
+                        .iter()
+                        .map(|b| Target {
+                            request_uri: Some(b.contact.clone()),
+                            dest: b.target,
+                        })
+                        .collect();
+                    return Decision::Forward {
+                        targets,
+                        pop_route,
+                        record_route,
+                    };
+                }
+                (_, Some(_)) => {}
+                (Lookup::Unavailable, None) => {
+                    inc(&self.stats.unroutable);
+                    return respond(480, "Temporarily Unavailable");
+                }
+                (Lookup::Unknown, None) => {
+                    inc(&self.stats.unroutable);
+                    return respond(404, "Not Found");
+                }
+            }
+        }
+        // Not one of our users: the default route for new requests, else the Request-URI.
+        let dest = match (&self.cfg.default_route, in_dialog) {
+            (Some((route_uri, addr)), false) => {
+                if self.cfg.mode == Mode::Redirect {
+                    return self.redirect_to(
+                        std::iter::once((route_uri.clone(), None)),
+                        self.unix_ms(now),
+                    );
+                }
+                Some(*addr)
+            }
+            _ => uri_socket_addr(&uri).filter(|a| !self.local_addrs.contains(a)),
+        };
+        match dest {
+            Some(dest) if self.cfg.mode == Mode::Proxy || in_dialog => Decision::Forward {
+                targets: smallvec::smallvec![Target {
+                    request_uri: None,
+                    dest
+                }],
+                pop_route,
+                record_route,
+            },
+            _ => {
+                inc(&self.stats.unroutable);
+                respond(404, "Not Found")
+            }
+        }
+    }
+
+    /// Requests addressed to the server itself.
+    pub(super) fn decide_local(&mut self, msg: &Message<'_>, in_dialog: bool) -> Decision {
+        if let Some(refused) = bad_extension(msg, HeaderName::Require) {
+            return refused;
+        }
+        match msg.method() {
+            Method::Options => Decision::Respond {
+                code: 200,
+                reason: "OK",
+                headers: format!("{ALLOW}Accept: application/sdp\r\n"),
+            },
+            Method::Register if !in_dialog => {
+                let Ok(to) = msg.to() else {
+                    return respond(400, "Bad To header");
+                };
+                let (Some(user), true) = (
+                    to.uri.user,
+                    self.is_local_host(&to.uri) || self.is_our_domain(to.uri.host_unbracketed()),
+                ) else {
+                    return respond(404, "Not Found (not a domain of this registrar)");
+                };
+                Decision::Register {
+                    aor: self.aor_key(user, to.uri.host_unbracketed()),
+                }
+            }
+            Method::Ack => Decision::Drop,
+            Method::Other => {
+                inc(&self.stats.not_allowed);
+                Decision::Respond {
+                    code: 501,
+                    reason: "Not Implemented",
+                    headers: ALLOW.into(),
+                }
+            }
+            _ => {
+                inc(&self.stats.not_allowed);
+                Decision::Respond {
+                    code: 405,
+                    reason: "Method Not Allowed",
+                    headers: ALLOW.into(),
+                }
+            }
+        }
+    }
+
+    pub(super) fn redirect_to(
+        &self,
+        contacts: impl Iterator<Item = (String, Option<u64>)>,
+        now_unix: u64,
+    ) -> Decision {
+        let mut headers = String::new();
+        for (contact, expires_at) in contacts {
+            let _ = write!(headers, "Contact: <{contact}>");
+            if let Some(at) = expires_at {
+                let _ = write!(
+                    headers,
+                    ";expires={}",
+                    at.saturating_sub(now_unix).div_ceil(1000)
+                );
+            }
+            headers.push_str("\r\n");
+        }
+        Decision::Respond {
+            code: 302,
+            reason: "Moved Temporarily",
+            headers,
+        }
+    }
+}
+
+pub(super) fn respond(code: u16, reason: &'static str) -> Decision {
+    Decision::Respond {
+        code,
+        reason,
+        headers: String::new(),
+    }
+}
+
+/// 420 for a request requiring extensions (Require to a UAS, Proxy-Require to a proxy): sipsec
+/// supports none yet, so every option listed is unsupported.
+pub(super) fn bad_extension(msg: &Message<'_>, header: HeaderName) -> Option<Decision> {
+    let options = msg.header(header).map(|h| msg.value(h))?;
+    Some(Decision::Respond {
+        code: 420,
+        reason: "Bad Extension",
+        headers: format!("Unsupported: {}\r\n", String::from_utf8_lossy(options)),
+    })
+}
