@@ -11,9 +11,9 @@
 //! registrar (§10.3) for requests addressed to our domains.
 //!
 //! This module holds the engine's state and its entry points (datagrams, mail, timers) and
-//! answers requests locally; [`routing`] decides what a request needs, [`proxy`] forwards and
-//! tracks branches, [`registrar`] handles REGISTER, [`reject`] answers what the parser refused,
-//! and [`branch`] makes and reads our Via branches.
+//! answers requests locally; `routing` decides what a request needs, `proxy` forwards and
+//! tracks branches, `registrar` handles REGISTER, `reject` answers what the parser refused,
+//! and `branch` makes and reads our Via branches.
 
 mod branch;
 mod proxy;
