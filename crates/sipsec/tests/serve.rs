@@ -24,6 +24,32 @@ default_route = \"sip:127.0.0.3:{uas_port};transport=udp\"\n[database]\nurl = \"
     )
 }
 
+/// Registers `user` at `contact` through sipsec at `target` with SIPp (from 127.0.0.4:`port`).
+fn sipp_register(
+    dir: &std::path::Path,
+    target: &str,
+    user: &str,
+    contact: &str,
+    port: u16,
+) -> SippResult {
+    let scenario = scenario("register.xml");
+    let port = port.to_string();
+    let args = [
+        "-sf",
+        scenario.to_str().unwrap(),
+        "-s",
+        user,
+        "-set",
+        "contact",
+        contact,
+    ];
+    sipp_client(
+        dir,
+        target,
+        &[&args[..], &["-i", "127.0.0.4", "-p", &port, "-m", "1"]].concat(),
+    )
+}
+
 fn thousand_calls_through(stateful: bool) {
     if !have_sipp() {
         return;
@@ -115,25 +141,7 @@ fn sipp_registers_then_calls_the_registered_user() {
         before.successful, 0,
         "bob is not registered yet: {before:?}"
     );
-    let reg = sipp_client(
-        dir.path(),
-        &target,
-        &[
-            "-sf",
-            scenario("register.xml").to_str().unwrap(),
-            "-s",
-            "bob",
-            "-set",
-            "contact",
-            &contact,
-            "-i",
-            "127.0.0.4",
-            "-p",
-            &(port + 3).to_string(),
-            "-m",
-            "1",
-        ],
-    );
+    let reg = sipp_register(dir.path(), &target, "bob", &contact, port + 3);
     assert_eq!((reg.successful, reg.exit), (1, 0), "{reg:?}");
     let calls = sipp_client(
         dir.path(),
@@ -172,25 +180,7 @@ fn sipp_is_redirected_to_the_registered_contact() {
     let server = Server::start(dir.path(), &config);
     let target = format!("127.0.0.1:{port}");
     let contact = format!("127.0.0.3:{}", port + 1);
-    let reg = sipp_client(
-        dir.path(),
-        &target,
-        &[
-            "-sf",
-            scenario("register.xml").to_str().unwrap(),
-            "-s",
-            "bob",
-            "-set",
-            "contact",
-            &contact,
-            "-i",
-            "127.0.0.4",
-            "-p",
-            &(port + 3).to_string(),
-            "-m",
-            "1",
-        ],
-    );
+    let reg = sipp_register(dir.path(), &target, "bob", &contact, port + 3);
     assert_eq!(reg.successful, 1, "{reg:?}");
     let xml = std::fs::read_to_string(scenario("redirect_uac.xml"))
         .unwrap()
