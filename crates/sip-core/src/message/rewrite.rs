@@ -106,11 +106,7 @@ impl<'m, 'a> Rewriter<'m, 'a> {
     pub fn stamp_top_via(&mut self, source: std::net::SocketAddr) {
         let (source_ip, source_port) = (source.ip(), source.port());
         let via = *self.msg.top_via();
-        let host = match via.host {
-            [b'[', inner @ .., b']'] => inner,
-            h => h,
-        };
-        let sent_by_ip = std::str::from_utf8(host)
+        let sent_by_ip = std::str::from_utf8(via.host_unbracketed())
             .ok()
             .and_then(|h| h.parse::<std::net::IpAddr>().ok());
         let needs_received = sent_by_ip != Some(source_ip) || via.rport().is_some();

@@ -94,6 +94,14 @@ pub fn valid_host(h: &[u8]) -> bool {
     }
 }
 
+/// A host without the brackets of an IPv6 reference (`[::1]` → `::1`); other hosts unchanged.
+pub fn unbracket(host: &[u8]) -> &[u8] {
+    match host {
+        [b'[', inner @ .., b']'] => inner,
+        h => h,
+    }
+}
+
 /// Splits `host[:port]`, keeping IPv6 brackets on the host.
 pub fn split_hostport(hp: &[u8]) -> Result<(&[u8], Option<u16>), UriError> {
     let (host, port) = if hp.first() == Some(&b'[') {
@@ -276,10 +284,7 @@ impl<'a> Uri<'a> {
 
     /// The host without IPv6 brackets.
     pub fn host_unbracketed(&self) -> &'a [u8] {
-        match self.host {
-            [b'[', inner @ .., b']'] => inner,
-            h => h,
-        }
+        unbracket(self.host)
     }
 
     /// The `transport` parameter, lower-cased comparison left to the caller.

@@ -57,6 +57,11 @@ pub struct Via<'a> {
 }
 
 impl<'a> Via<'a> {
+    /// The sent-by host without IPv6 brackets.
+    pub fn host_unbracketed(&self) -> &'a [u8] {
+        super::uri::unbracket(self.host)
+    }
+
     pub fn received(&self) -> Option<&'a [u8]> {
         self.params.get(b"received").flatten()
     }

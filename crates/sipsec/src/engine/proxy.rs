@@ -9,6 +9,7 @@ use super::{
 };
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
+use sip_core::message::uri::unbracket;
 use sip_core::message::{build, Message, Method, Via};
 use sip_core::timer::Millis;
 use sip_core::transaction::{Kind, ResponseMatch, State, TxId};
@@ -383,11 +384,8 @@ pub(super) fn response_rank(code: u16) -> u16 {
 
 /// Where a response goes next when forwarded by Via (RFC 3261 §18.2.2).
 pub(super) fn via_dest(via: &Via<'_>) -> Option<SocketAddr> {
-    let host = via.received().unwrap_or(match via.host {
-        [b'[', inner @ .., b']'] => inner,
-        h => h,
-    });
-    let ip: IpAddr = std::str::from_utf8(host).ok()?.parse().ok()?;
+    let host = via.received().unwrap_or(via.host_unbracketed());
+    let ip: IpAddr = std::str::from_utf8(unbracket(host)).ok()?.parse().ok()?;
     let port = via.rport().flatten().or(via.port).unwrap_or(5060);
     Some(SocketAddr::new(ip, port))
 }

@@ -6,6 +6,7 @@ use super::stats::inc;
 use super::{branch, Decision, Engine, Target, ALLOW};
 use crate::config::{uri_socket_addr, Mode};
 use crate::location::Lookup;
+use sip_core::message::uri::unbracket;
 use sip_core::message::{HeaderName, Message, Method, Scheme, Uri};
 use sip_core::timer::Millis;
 use std::fmt::Write as _;
@@ -24,8 +25,10 @@ impl Engine {
         self.is_local_addr(host, port)
     }
 
+    /// True when `host:port` is one of our listen addresses; `host` may be an IPv6 reference
+    /// in brackets, as Via sent-by and URI hosts write it.
     pub(super) fn is_local_addr(&self, host: &[u8], port: u16) -> bool {
-        let Some(ip) = std::str::from_utf8(host)
+        let Some(ip) = std::str::from_utf8(unbracket(host))
             .ok()
             .and_then(|h| h.parse::<IpAddr>().ok())
         else {

@@ -742,3 +742,29 @@ fn two_workers_share_bindings_and_hand_responses_to_their_owner() {
     assert_eq!(up.len(), 1);
     assert!(up[0].1.starts_with(b"SIP/2.0 200"));
 }
+
+#[test]
+fn ipv6_vias_are_recognised_as_ours() {
+    let cfg = "[server]\nlisten = [\"udp:[::1]:5060\"]\ndomains = [\"example.test\"]\nworkers = 1\nstateful = false\n\
+[routing]\ndefault_route = \"sip:[::1]:5080\"\n";
+    let mut e = Engine::new(
+        Arc::new(Config::from_toml(cfg).unwrap()),
+        0,
+        0,
+        Arc::new(Stats::default()),
+    );
+    let caller = "[::1]:5070";
+    let invite = format!(
+        "INVITE sip:x@elsewhere.test SIP/2.0\r\nVia: SIP/2.0/UDP {caller};branch=z9hG4bKv6s\r\nMax-Forwards: 70\r\n\
+From: <sip:a@example.test>;tag=a\r\nTo: <sip:x@elsewhere.test>\r\nCall-ID: v6s\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n"
+    );
+    let (sent, _) = deliver(&mut e, 0, caller, &invite);
+    assert_eq!(sent[0].to, addr("[::1]:5080"));
+    // Stateless response forwarding recognises our bracketed Via and pops it.
+    let (up, _) = deliver(&mut e, 1, "[::1]:5080", &answer(&sent[0], 200, "t"));
+    assert_eq!(up.len(), 1, "response routed back by Via");
+    assert_eq!(up[0].to, addr(caller));
+    // The same request coming back to us is a loop.
+    let (back, _) = deliver(&mut e, 2, "[::1]:5080", &sent[0].text);
+    assert_eq!(back[0].status(), Some(482));
+}
