@@ -20,6 +20,7 @@ use crate::message::{build, Message, Method};
 use crate::timer::{Millis, TimerHandle, TimerWheel};
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::sync::Arc;
 
 /// Timer base values (RFC 3261 §17.1.1.1).
@@ -172,12 +173,12 @@ pub fn server_key(msg: &Message<'_>, out: &mut Vec<u8>) {
         out.push(0);
         out.extend_from_slice(via.host);
         out.push(0);
-        push_decimal(out, u64::from(via.port.unwrap_or(0)));
+        let _ = write!(out, "{}", via.port.unwrap_or(0)); // io::Write on a Vec: no allocation
     } else {
         out.extend_from_slice(b"2543\0");
         out.extend_from_slice(msg.call_id());
         out.push(0);
-        push_decimal(out, u64::from(msg.cseq().seq));
+        let _ = write!(out, "{}", msg.cseq().seq);
         out.push(0);
         if let Ok(from) = msg.from() {
             out.extend_from_slice(from.tag().unwrap_or_default());
@@ -187,21 +188,6 @@ pub fn server_key(msg: &Message<'_>, out: &mut Vec<u8>) {
     }
     out.push(0);
     out.extend_from_slice(method);
-}
-
-/// Appends a number in decimal without allocating.
-fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
 }
 
 /// Writes the client-transaction key for a branch and method.

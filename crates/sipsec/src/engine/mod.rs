@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::location::{BindingChange, Location, SharedChange};
 use bytes::Bytes;
 use sip_core::message::rewrite::Splice;
-use sip_core::message::{build, Message, Method, ParseError, Via};
+use sip_core::message::{build, HeaderField, Message, Method, ParseError, Via};
 use sip_core::timer::Millis;
 use sip_core::transaction::{Kind, Output, RequestMatch, State, Timers, Transactions, TxId};
 use smallvec::SmallVec;
@@ -111,7 +111,8 @@ enum Decision {
     },
     Forward {
         targets: SmallVec<[Target; 1]>,
-        pop_route: Option<(usize, usize)>,
+        /// Our own Route to consume: its header line and where its value ends.
+        pop_route: Option<(HeaderField, usize)>,
         record_route: bool,
     },
     Drop,
@@ -308,19 +309,9 @@ impl Engine {
                     self.tx.len()
                 );
             }
-            let mut out = Vec::new();
-            let extra = b"Retry-After: 1\r\nServer: sipsec/0.1\r\n";
-            build::response(
-                msg,
-                503,
-                "Service Unavailable",
-                Some(&local_tag(msg)),
-                extra,
-                b"",
-                &mut out,
-            );
+            let busy = Self::local_response(msg, 503, "Service Unavailable", "Retry-After: 1\r\n");
             fx.transmits
-                .push((response_dest(msg.top_via(), source), Bytes::from(out)));
+                .push((response_dest(msg.top_via(), source), busy));
             return;
         }
         let decision = if from_ok {
@@ -375,19 +366,9 @@ impl Engine {
         }
     }
 
-    /// Sends a locally generated final (or OPTIONS) response, through a server transaction
-    /// when stateful so retransmissions of the request are answered from it.
-    #[allow(clippy::too_many_arguments)]
-    fn answer(
-        &mut self,
-        now: Millis,
-        source: SocketAddr,
-        msg: &Message<'_>,
-        code: u16,
-        reason: &str,
-        headers: &str,
-        fx: &mut Effects,
-    ) {
+    /// A response generated here: `headers` (CRLF-terminated lines) plus our Server header,
+    /// with a deterministic To tag.
+    fn local_response(msg: &Message<'_>, code: u16, reason: &str, headers: &str) -> Bytes {
         let mut extra = String::with_capacity(headers.len() + SERVER.len());
         extra.push_str(headers);
         extra.push_str(SERVER);
@@ -402,9 +383,25 @@ impl Engine {
             b"",
             &mut out,
         );
+        Bytes::from(out)
+    }
+
+    /// Sends a locally generated final (or OPTIONS) response, through a server transaction
+    /// when stateful so retransmissions of the request are answered from it.
+    #[allow(clippy::too_many_arguments)]
+    fn answer(
+        &mut self,
+        now: Millis,
+        source: SocketAddr,
+        msg: &Message<'_>,
+        code: u16,
+        reason: &str,
+        headers: &str,
+        fx: &mut Effects,
+    ) {
+        let data = Self::local_response(msg, code, reason, headers);
         inc(&self.stats.local_responses);
         let dest = response_dest(msg.top_via(), source);
-        let data = Bytes::from(out);
         if self.cfg.stateful {
             let id = self.tx.create_server(msg, dest, false, Link::Local);
             self.tx.respond(now, id, code, data, &mut self.outputs);

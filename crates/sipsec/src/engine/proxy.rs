@@ -10,7 +10,7 @@ use super::{
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
 use sip_core::message::uri::unbracket;
-use sip_core::message::{build, Message, Method, Via};
+use sip_core::message::{build, HeaderField, Message, Method, Via};
 use sip_core::timer::Millis;
 use sip_core::transaction::{Kind, ResponseMatch, State, TxId};
 use std::net::{IpAddr, SocketAddr};
@@ -24,7 +24,7 @@ impl Engine {
         msg: &Message<'_>,
         hash: u32,
         targets: &[Target],
-        (pop_route, record_route): (Option<(usize, usize)>, bool),
+        (pop_route, record_route): (Option<(HeaderField, usize)>, bool),
         fx: &mut Effects,
     ) {
         let method = msg.method();
@@ -63,13 +63,8 @@ impl Engine {
                 rw.stamp_top_via(source);
                 rw.push_via("UDP", &self.via_host, &branch);
                 rw.decrement_max_forwards();
-                if let Some((start, end)) = pop_route {
-                    let field = *msg
-                        .headers()
-                        .iter()
-                        .find(|h| h.line_start as usize == start)
-                        .expect("route field recorded from this message");
-                    rw.remove_first_value(&field, end);
+                if let Some((field, end)) = &pop_route {
+                    rw.remove_first_value(field, *end);
                 }
                 if record_route {
                     rw.push_record_route(&self.record_route_uri);
@@ -128,17 +123,8 @@ impl Engine {
             return;
         };
         self.answer(now, source, msg, 200, "OK", "", fx);
-        match self.tx.user_mut(invite) {
-            Some(Link::Proxied(ctx)) => {
-                ctx.cancelled = true;
-                let branches = ctx.branches.clone();
-                for b in branches {
-                    self.cancel_branch(now, b);
-                }
-            }
-            Some(Link::Local) | None => {}
-            Some(_) => {}
-        }
+        // A locally answered INVITE has no branches: cancel_branches leaves it alone.
+        self.cancel_branches(now, invite);
     }
 
     /// Sends CANCEL down a branch that has had a provisional response; a branch still in

@@ -6,6 +6,7 @@
 
 use crate::config::{uri_socket_addr, RegistrarConfig};
 use crate::location::{Binding, BindingChange, Location};
+use sip_core::message::values::parse_delta_seconds;
 use sip_core::message::{HeaderName, Message, NameAddr};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -76,19 +77,10 @@ pub fn register(
     let mut bad_expires = false;
     let parsed = msg.name_addrs(HeaderName::Contact, |_, na| {
         let expires = match na.params.get(b"expires") {
-            Some(Some(v)) => match std::str::from_utf8(v)
-                .ok()
-                .and_then(|v| v.parse::<u32>().ok())
-            {
-                Some(e) => e,
-                None => {
-                    bad_expires = true;
-                    0
-                }
-            },
-            Some(None) => {
-                bad_expires = true;
-                0
+            Some(value) => {
+                let parsed = value.and_then(|v| parse_delta_seconds(v, "Contact").ok());
+                bad_expires |= parsed.is_none();
+                parsed.unwrap_or(0)
             }
             None => header_expires.unwrap_or(cfg.default_expires),
         };

@@ -16,10 +16,9 @@ impl Engine {
     pub(super) fn is_local_host(&self, uri: &Uri<'_>) -> bool {
         let host = uri.host_unbracketed();
         let port = uri.port.unwrap_or(5060);
-        let domain = std::str::from_utf8(host)
-            .map(|h| self.cfg.domains.iter().any(|d| d.eq_ignore_ascii_case(h)))
-            .unwrap_or(false);
-        if domain && (uri.port.is_none() || self.local_addrs.iter().any(|a| a.port() == port)) {
+        if self.is_our_domain(host)
+            && (uri.port.is_none() || self.local_addrs.iter().any(|a| a.port() == port))
+        {
             return true;
         }
         self.is_local_addr(host, port)
@@ -102,7 +101,7 @@ impl Engine {
         let mut index = 0;
         let routes = msg.name_addrs(HeaderName::Route, |field, na| {
             if index == 0 && self.is_local_host(&na.uri) {
-                pop_route = Some((field.line_start as usize, na.end));
+                pop_route = Some((*field, na.end));
             } else if next_route.is_none() {
                 next_route = uri_socket_addr(&na.uri);
                 route_error |= next_route.is_none();
