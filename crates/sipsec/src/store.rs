@@ -278,43 +278,41 @@ pub fn spawn_writer(store: Store, runtime: &tokio::runtime::Runtime) -> StoreHan
     runtime.spawn(async move {
         let mut pending: Vec<SharedChange> = Vec::new();
         let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
-        let mut failing_since: Option<std::time::Instant> = None;
+        let mut failing = false;
+        let queue = |cmd, pending: &mut Vec<_>, waiters: &mut Vec<_>| match cmd {
+            Command::Change(c) => pending.push(c),
+            Command::Flush(w) => waiters.push(w),
+        };
         loop {
-            let first = if pending.is_empty() { rx.recv().await } else { rx.try_recv().ok() };
-            let mut closed = false;
-            match first {
-                Some(Command::Change(c)) => pending.push(c),
-                Some(Command::Flush(w)) => waiters.push(w),
-                None if pending.is_empty() => break,
-                None => closed = rx.is_closed(),
+            // Block only when nothing is left to retry; then take whatever else has queued up,
+            // so a burst of registrations costs one commit.
+            if pending.is_empty() {
+                match rx.recv().await {
+                    Some(cmd) => queue(cmd, &mut pending, &mut waiters),
+                    None => break,
+                }
             }
             while let Ok(cmd) = rx.try_recv() {
-                match cmd {
-                    Command::Change(c) => pending.push(c),
-                    Command::Flush(w) => waiters.push(w),
-                }
+                queue(cmd, &mut pending, &mut waiters);
             }
             if !pending.is_empty() {
                 match store.write(&pending).await {
                     Ok(()) => {
-                        if failing_since.take().is_some() {
+                        if std::mem::take(&mut failing) {
                             tracing::info!("database writes recovered");
                         }
                         pending.clear();
                     }
                     Err(e) => {
-                        if failing_since.is_none() {
+                        if !std::mem::replace(&mut failing, true) {
                             tracing::error!("cannot write registrations to the database (kept in memory, retrying): {e:#}");
-                            failing_since = Some(std::time::Instant::now());
                         }
-                        if !waiters.is_empty() || closed {
-                            // A flush waits for at most one failed attempt: shutdown must not hang.
-                            for w in waiters.drain(..) {
-                                let _ = w.send(());
-                            }
-                            if closed {
-                                break;
-                            }
+                        // A flush waits for at most one failed attempt: shutdown must not hang.
+                        for w in waiters.drain(..) {
+                            let _ = w.send(());
+                        }
+                        if rx.is_closed() {
+                            break;
                         }
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         continue;
