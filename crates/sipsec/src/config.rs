@@ -173,10 +173,8 @@ impl Default for Config {
 
 /// Resolves a SIP URI's host:port to an address without DNS (IP literals and `localhost`).
 pub fn uri_socket_addr(uri: &sip_core::message::Uri<'_>) -> Option<SocketAddr> {
-    let host = uri
-        .param(b"maddr")
-        .flatten()
-        .unwrap_or(uri.host_unbracketed());
+    let host = uri.param(b"maddr").flatten().unwrap_or(uri.host);
+    let host = sip_core::message::uri::unbracket(host);
     let ip: IpAddr = if host.eq_ignore_ascii_case(b"localhost") {
         IpAddr::from([127, 0, 0, 1])
     } else {
