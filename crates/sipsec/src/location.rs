@@ -6,7 +6,7 @@
 //! receive batch, so a REGISTER's 200 OK never overtakes its binding) and to the write-behind
 //! store. Expiry sits on a timing wheel: no sweep over all bindings, ever.
 
-use sip_core::timer::{Millis, TimerWheel};
+use sip_core::timer::{Millis, TimerHandle, TimerWheel};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,9 +47,16 @@ pub enum Lookup<'a> {
 
 /// One replica of the location service. Times are Unix milliseconds.
 pub struct Location {
-    aors: HashMap<Box<str>, Vec<Binding>>,
+    aors: HashMap<Box<str>, Vec<Bound>>,
     expiry: TimerWheel<(Box<str>, Box<str>)>,
     fired: Vec<(Box<str>, Box<str>)>,
+}
+
+/// A binding with its expiry timer, cancelled when the binding is refreshed or removed so
+/// the wheel holds one timer per live binding, not one per REGISTER ever received.
+struct Bound {
+    binding: Binding,
+    timer: TimerHandle,
 }
 
 fn q_value(b: &Binding) -> f32 {
@@ -74,22 +81,42 @@ impl Location {
     pub fn apply(&mut self, change: &BindingChange) {
         match change {
             BindingChange::Upsert { aor, binding } => {
-                let list = self.aors.entry(aor.clone()).or_default();
-                match list.iter_mut().find(|b| b.contact == binding.contact) {
-                    Some(b) => *b = binding.clone(),
-                    None => list.push(binding.clone()),
-                }
-                self.expiry
+                let timer = self
+                    .expiry
                     .insert(binding.expires_at, (aor.clone(), binding.contact.clone()));
+                let list = self.aors.entry(aor.clone()).or_default();
+                let bound = Bound {
+                    binding: binding.clone(),
+                    timer,
+                };
+                match list
+                    .iter_mut()
+                    .find(|b| b.binding.contact == binding.contact)
+                {
+                    Some(old) => {
+                        self.expiry.cancel(old.timer);
+                        *old = bound;
+                    }
+                    None => list.push(bound),
+                }
             }
             BindingChange::Remove { aor, contact } => {
                 if let Some(list) = self.aors.get_mut(aor) {
-                    list.retain(|b| &b.contact != contact);
+                    let expiry = &mut self.expiry;
+                    list.retain(|b| {
+                        let keep = &b.binding.contact != contact;
+                        if !keep {
+                            expiry.cancel(b.timer);
+                        }
+                        keep
+                    });
                 }
             }
             BindingChange::RemoveAll { aor } => {
                 if let Some(list) = self.aors.get_mut(aor) {
-                    list.clear();
+                    for b in list.drain(..) {
+                        self.expiry.cancel(b.timer);
+                    }
                 }
             }
         }
@@ -97,18 +124,14 @@ impl Location {
 
     /// Live bindings of an AOR.
     pub fn bindings(&self, aor: &str, now_unix_ms: u64) -> impl Iterator<Item = &Binding> {
-        self.aors
-            .get(aor)
-            .into_iter()
-            .flatten()
-            .filter(move |b| b.expires_at > now_unix_ms)
+        live(self.aors.get(aor), now_unix_ms)
     }
 
     pub fn lookup(&self, aor: &str, now_unix_ms: u64) -> Lookup<'_> {
         match self.aors.get(aor) {
             None => Lookup::Unknown,
-            Some(_) => {
-                let mut live: Vec<&Binding> = self.bindings(aor, now_unix_ms).collect();
+            Some(list) => {
+                let mut live: Vec<&Binding> = live(Some(list), now_unix_ms).collect();
                 if live.is_empty() {
                     return Lookup::Unavailable;
                 }
@@ -124,7 +147,9 @@ impl Location {
         self.expiry.advance(now_unix_ms, &mut self.fired);
         for (aor, contact) in self.fired.drain(..) {
             if let Some(list) = self.aors.get_mut(&aor) {
-                list.retain(|b| !(b.contact == contact && b.expires_at <= now_unix_ms));
+                list.retain(|b| {
+                    !(b.binding.contact == contact && b.binding.expires_at <= now_unix_ms)
+                });
             }
         }
     }
@@ -133,6 +158,14 @@ impl Location {
     pub fn next_expiry(&self) -> Option<Millis> {
         self.expiry.next_deadline()
     }
+}
+
+/// The bindings in `list` still live at `now_unix_ms`.
+fn live(list: Option<&Vec<Bound>>, now_unix_ms: u64) -> impl Iterator<Item = &Binding> {
+    list.into_iter()
+        .flatten()
+        .map(|b| &b.binding)
+        .filter(move |b| b.expires_at > now_unix_ms)
 }
 
 /// A change shared between replicas without copying it per worker.
@@ -199,5 +232,32 @@ mod tests {
         );
         loc.expire(5_000);
         assert_eq!(loc.lookup("a@x", 5_000), Lookup::Unavailable);
+    }
+
+    #[test]
+    fn refreshes_and_removals_leave_no_stale_timers() {
+        let mut loc = Location::new(0);
+        for refresh in 1..=100 {
+            loc.apply(&BindingChange::Upsert {
+                aor: "a@x".into(),
+                binding: binding("sip:1@h", refresh * 1_000, None),
+            });
+        }
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:2@h", 500_000, None),
+        });
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:3@h", 500_000, None),
+        });
+        assert_eq!(loc.expiry.len(), 3, "one timer per live binding");
+        loc.apply(&BindingChange::Remove {
+            aor: "a@x".into(),
+            contact: "sip:2@h".into(),
+        });
+        assert_eq!(loc.expiry.len(), 2);
+        loc.apply(&BindingChange::RemoveAll { aor: "a@x".into() });
+        assert!(loc.expiry.is_empty());
     }
 }
