@@ -24,6 +24,30 @@ default_route = \"sip:127.0.0.3:{uas_port};transport=udp\"\n[database]\nurl = \"
     )
 }
 
+/// Runs a SIPp client scenario from 127.0.0.2:`port` against sipsec at `target`, with
+/// `service` as the called user and `extra` arguments (rate, call count).
+fn sipp_uac(
+    dir: &std::path::Path,
+    target: &str,
+    scenario: &std::path::Path,
+    service: &str,
+    port: u16,
+    extra: &[&str],
+) -> SippResult {
+    let port = port.to_string();
+    let args = [
+        "-sf",
+        scenario.to_str().unwrap(),
+        "-s",
+        service,
+        "-i",
+        "127.0.0.2",
+        "-p",
+        &port,
+    ];
+    sipp_client(dir, target, &[&args[..], extra].concat())
+}
+
 /// Registers `user` at `contact` through sipsec at `target` with SIPp (from 127.0.0.4:`port`).
 fn sipp_register(
     dir: &std::path::Path,
@@ -67,23 +91,13 @@ fn thousand_calls_through(stateful: bool) {
         &proxy_config(port, uas_port, &dir.path().join("s.db"), stateful),
     );
     let uac = shared_dir().join("bench/kamailio/uac.xml");
-    let result = sipp_client(
+    let result = sipp_uac(
         dir.path(),
         &format!("127.0.0.1:{port}"),
-        &[
-            "-sf",
-            uac.to_str().unwrap(),
-            "-s",
-            "bench",
-            "-i",
-            "127.0.0.2",
-            "-p",
-            &(port + 2).to_string(),
-            "-r",
-            "200",
-            "-m",
-            "1000",
-        ],
+        &uac,
+        "bench",
+        port + 2,
+        &["-r", "200", "-m", "1000"],
     );
     assert_eq!(
         (result.successful, result.failed, result.exit),
@@ -121,21 +135,13 @@ fn sipp_registers_then_calls_the_registered_user() {
     let server = Server::start(dir.path(), &config);
     let target = format!("127.0.0.1:{port}");
     let contact = format!("127.0.0.3:{uas_port}");
-    let before = sipp_client(
+    let before = sipp_uac(
         dir.path(),
         &target,
-        &[
-            "-sf",
-            scenario("uac_user.xml").to_str().unwrap(),
-            "-s",
-            "bob",
-            "-i",
-            "127.0.0.2",
-            "-p",
-            &(port + 2).to_string(),
-            "-m",
-            "1",
-        ],
+        &scenario("uac_user.xml"),
+        "bob",
+        port + 2,
+        &["-m", "1"],
     );
     assert_eq!(
         before.successful, 0,
@@ -143,23 +149,13 @@ fn sipp_registers_then_calls_the_registered_user() {
     );
     let reg = sipp_register(dir.path(), &target, "bob", &contact, port + 3);
     assert_eq!((reg.successful, reg.exit), (1, 0), "{reg:?}");
-    let calls = sipp_client(
+    let calls = sipp_uac(
         dir.path(),
         &target,
-        &[
-            "-sf",
-            scenario("uac_user.xml").to_str().unwrap(),
-            "-s",
-            "bob",
-            "-i",
-            "127.0.0.2",
-            "-p",
-            &(port + 4).to_string(),
-            "-r",
-            "50",
-            "-m",
-            "100",
-        ],
+        &scenario("uac_user.xml"),
+        "bob",
+        port + 4,
+        &["-r", "50", "-m", "100"],
     );
     assert_eq!(
         (calls.successful, calls.failed, calls.exit),
@@ -190,41 +186,23 @@ fn sipp_is_redirected_to_the_registered_contact() {
         );
     let redirect = dir.path().join("redirect.xml");
     std::fs::write(&redirect, xml).unwrap();
-    let r = sipp_client(
+    let r = sipp_uac(
         dir.path(),
         &target,
-        &[
-            "-sf",
-            redirect.to_str().unwrap(),
-            "-s",
-            "bob",
-            "-i",
-            "127.0.0.2",
-            "-p",
-            &(port + 2).to_string(),
-            "-m",
-            "20",
-            "-r",
-            "20",
-        ],
+        &redirect,
+        "bob",
+        port + 2,
+        &["-m", "20", "-r", "20"],
     );
     assert_eq!((r.successful, r.failed, r.exit), (20, 0, 0), "{r:?}");
     // And a user nobody registered is not found.
-    let r = sipp_client(
+    let r = sipp_uac(
         dir.path(),
         &target,
-        &[
-            "-sf",
-            redirect.to_str().unwrap(),
-            "-s",
-            "nobody",
-            "-i",
-            "127.0.0.2",
-            "-p",
-            &(port + 4).to_string(),
-            "-m",
-            "1",
-        ],
+        &redirect,
+        "nobody",
+        port + 4,
+        &["-m", "1"],
     );
     assert_eq!(r.successful, 0);
     server.stop();
