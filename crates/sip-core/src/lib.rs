@@ -7,7 +7,9 @@
 //! - [`message`]: zero-copy, lazy RFC 3261 parsing, URIs, splice-based rewriting, framing.
 //! - [`transaction`]: the four RFC 3261 §17 transaction state machines and their table.
 //! - [`timer`]: the hierarchical timing wheel every timer lives on.
+//! - [`digest`]: Digest challenges, credentials and responses (MD5, SHA-256, SHA-512/256).
 
+pub mod digest;
 pub mod message;
 pub mod timer;
 pub mod transaction;

@@ -1,0 +1,372 @@
+//! HTTP Digest as SIP uses it (RFC 3261 §22.4, RFC 7616, RFC 8760): parsing challenges and
+//! credentials, and computing responses with MD5, SHA-256 or SHA-512/256, with or without
+//! `qop=auth`.
+//!
+//! Sans-IO and shared by both sides: the load generator answers challenges with it, and the
+//! server's authenticator verifies with the same arithmetic, so the two cannot disagree.
+
+use crate::message::scan::{eq_ic, is_token, is_ws};
+use md5::Md5;
+use sha2::{Sha256, Sha512_256};
+use std::fmt::Write as _;
+
+/// A digest hash algorithm (RFC 7616 §6.1, RFC 8760).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    Md5,
+    Sha256,
+    Sha512_256,
+}
+
+impl Algorithm {
+    /// The token carried in `algorithm=`.
+    pub fn token(self) -> &'static str {
+        match self {
+            Algorithm::Md5 => "MD5",
+            Algorithm::Sha256 => "SHA-256",
+            Algorithm::Sha512_256 => "SHA-512-256",
+        }
+    }
+
+    /// Parses an `algorithm=` token (case-insensitive). The `-sess` variants are not offered
+    /// by SIP servers in practice and are refused.
+    pub fn from_token(t: &[u8]) -> Option<Algorithm> {
+        [Algorithm::Md5, Algorithm::Sha256, Algorithm::Sha512_256]
+            .into_iter()
+            .find(|a| eq_ic(a.token().as_bytes(), t))
+    }
+
+    /// Lower-case hex of the hash of `parts` joined by colons.
+    pub fn hex(self, parts: &[&[u8]]) -> String {
+        fn run<D: sha2::Digest>(parts: &[&[u8]]) -> String {
+            let mut d = D::new();
+            for (i, p) in parts.iter().enumerate() {
+                if i > 0 {
+                    d.update(b":");
+                }
+                d.update(p);
+            }
+            let out = d.finalize();
+            let mut s = String::with_capacity(out.len() * 2);
+            for b in out.iter() {
+                let _ = write!(s, "{b:02x}");
+            }
+            s
+        }
+        match self {
+            Algorithm::Md5 => run::<Md5>(parts),
+            Algorithm::Sha256 => run::<Sha256>(parts),
+            Algorithm::Sha512_256 => run::<Sha512_256>(parts),
+        }
+    }
+
+    /// HA1 = H(username:realm:password), the form a credential store keeps.
+    pub fn ha1(self, username: &str, realm: &str, password: &str) -> String {
+        self.hex(&[username.as_bytes(), realm.as_bytes(), password.as_bytes()])
+    }
+}
+
+/// Why a challenge or credentials could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DigestError {
+    #[error("authentication scheme is not Digest")]
+    NotDigest,
+    #[error("malformed auth-param list")]
+    Malformed,
+    #[error("missing {0}")]
+    Missing(&'static str),
+    #[error("unsupported algorithm")]
+    UnsupportedAlgorithm,
+    #[error("no supported qop (only auth is offered by this client)")]
+    UnsupportedQop,
+}
+
+/// Splits `Digest a=b, c="d"` into its parameters, unquoting quoted strings (escapes kept
+/// verbatim except the backslash itself is dropped before the escaped character).
+pub fn parse_params(value: &[u8]) -> Result<Vec<(&[u8], std::borrow::Cow<'_, [u8]>)>, DigestError> {
+    let mut i = 0;
+    while i < value.len() && is_ws(value[i]) {
+        i += 1;
+    }
+    let start = i;
+    while i < value.len() && is_token(value[i]) {
+        i += 1;
+    }
+    if !eq_ic(&value[start..i], b"Digest") {
+        return Err(DigestError::NotDigest);
+    }
+    let mut out = Vec::with_capacity(8);
+    loop {
+        while i < value.len() && (is_ws(value[i]) || value[i] == b',') {
+            i += 1;
+        }
+        if i == value.len() {
+            return Ok(out);
+        }
+        let name_start = i;
+        while i < value.len() && is_token(value[i]) {
+            i += 1;
+        }
+        let name = &value[name_start..i];
+        while i < value.len() && is_ws(value[i]) {
+            i += 1;
+        }
+        if name.is_empty() || value.get(i) != Some(&b'=') {
+            return Err(DigestError::Malformed);
+        }
+        i += 1;
+        while i < value.len() && is_ws(value[i]) {
+            i += 1;
+        }
+        if value.get(i) == Some(&b'"') {
+            i += 1;
+            let body_start = i;
+            let mut escaped = false;
+            while i < value.len() && value[i] != b'"' {
+                if value[i] == b'\\' {
+                    escaped = true;
+                    i += 1;
+                }
+                i += 1;
+            }
+            if i >= value.len() {
+                return Err(DigestError::Malformed);
+            }
+            let body = &value[body_start..i];
+            i += 1;
+            let v = if escaped {
+                let mut owned = Vec::with_capacity(body.len());
+                let mut j = 0;
+                while j < body.len() {
+                    if body[j] == b'\\' && j + 1 < body.len() {
+                        j += 1;
+                    }
+                    owned.push(body[j]);
+                    j += 1;
+                }
+                std::borrow::Cow::Owned(owned)
+            } else {
+                std::borrow::Cow::Borrowed(body)
+            };
+            out.push((name, v));
+        } else {
+            let v_start = i;
+            while i < value.len() && !is_ws(value[i]) && value[i] != b',' {
+                i += 1;
+            }
+            if i == v_start {
+                return Err(DigestError::Malformed);
+            }
+            out.push((name, std::borrow::Cow::Borrowed(&value[v_start..i])));
+        }
+    }
+}
+
+/// A server's challenge (`WWW-Authenticate` / `Proxy-Authenticate`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    pub realm: String,
+    pub nonce: String,
+    pub opaque: Option<String>,
+    pub algorithm: Algorithm,
+    /// Whether the server offered `qop=auth` (we then use it, as RFC 7616 requires).
+    pub qop_auth: bool,
+    pub stale: bool,
+}
+
+impl Challenge {
+    /// Parses a challenge. A missing `algorithm` means MD5 (RFC 7616 §3.3).
+    pub fn parse(value: &[u8]) -> Result<Challenge, DigestError> {
+        let (mut realm, mut nonce, mut opaque, mut algorithm, mut qop, mut stale) =
+            (None, None, None, Algorithm::Md5, None, false);
+        for (name, v) in parse_params(value)? {
+            let text = || String::from_utf8_lossy(&v).into_owned();
+            if eq_ic(name, b"realm") {
+                realm = Some(text());
+            } else if eq_ic(name, b"nonce") {
+                nonce = Some(text());
+            } else if eq_ic(name, b"opaque") {
+                opaque = Some(text());
+            } else if eq_ic(name, b"algorithm") {
+                algorithm = Algorithm::from_token(&v).ok_or(DigestError::UnsupportedAlgorithm)?;
+            } else if eq_ic(name, b"qop") {
+                qop = Some(
+                    v.split(|&b| b == b',')
+                        .any(|q| eq_ic(q.trim_ascii(), b"auth")),
+                );
+            } else if eq_ic(name, b"stale") {
+                stale = eq_ic(&v, b"true");
+            }
+        }
+        if qop == Some(false) {
+            return Err(DigestError::UnsupportedQop);
+        }
+        Ok(Challenge {
+            realm: realm.ok_or(DigestError::Missing("realm"))?,
+            nonce: nonce.ok_or(DigestError::Missing("nonce"))?,
+            opaque,
+            algorithm,
+            qop_auth: qop == Some(true),
+            stale,
+        })
+    }
+
+    /// The `response` value for one request (RFC 7616 §3.4.1, RFC 2069 without qop).
+    pub fn response(&self, ha1: &str, method: &str, uri: &str, nc: u32, cnonce: &str) -> String {
+        let ha2 = self.algorithm.hex(&[method.as_bytes(), uri.as_bytes()]);
+        if self.qop_auth {
+            let nc = format!("{nc:08x}");
+            self.algorithm.hex(&[
+                ha1.as_bytes(),
+                self.nonce.as_bytes(),
+                nc.as_bytes(),
+                cnonce.as_bytes(),
+                b"auth",
+                ha2.as_bytes(),
+            ])
+        } else {
+            self.algorithm
+                .hex(&[ha1.as_bytes(), self.nonce.as_bytes(), ha2.as_bytes()])
+        }
+    }
+
+    /// The full `Authorization` / `Proxy-Authorization` value answering this challenge.
+    #[allow(clippy::too_many_arguments)]
+    pub fn authorization(
+        &self,
+        username: &str,
+        password: &str,
+        method: &str,
+        uri: &str,
+        nc: u32,
+        cnonce: &str,
+    ) -> String {
+        let ha1 = self.algorithm.ha1(username, &self.realm, password);
+        let response = self.response(&ha1, method, uri, nc, cnonce);
+        let mut v = format!(
+            "Digest username=\"{username}\", realm=\"{}\", nonce=\"{}\", uri=\"{uri}\", \
+             response=\"{response}\", algorithm={}",
+            self.realm,
+            self.nonce,
+            self.algorithm.token()
+        );
+        if self.qop_auth {
+            let _ = write!(v, ", cnonce=\"{cnonce}\", qop=auth, nc={nc:08x}");
+        }
+        if let Some(o) = &self.opaque {
+            let _ = write!(v, ", opaque=\"{o}\"");
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc2617_md5_qop_auth_example() {
+        let c = Challenge::parse(
+            br#"Digest realm="testrealm@host.com", qop="auth,auth-int",
+                nonce="dcd98b7102dd2f0e8b11d0f600bfb0c093", opaque="5ccc069c403ebaf9f0171e9517f40e41""#,
+        )
+        .unwrap();
+        assert_eq!(c.algorithm, Algorithm::Md5);
+        assert!(c.qop_auth);
+        let ha1 = c.algorithm.ha1("Mufasa", &c.realm, "Circle Of Life");
+        assert_eq!(
+            c.response(&ha1, "GET", "/dir/index.html", 1, "0a4f113b"),
+            "6629fae49393a05397450978507c4ef1"
+        );
+    }
+
+    #[test]
+    fn rfc7616_sha256_and_md5_examples() {
+        let header = |alg: &str| {
+            format!(
+                "Digest realm=\"http-auth@example.org\", qop=\"auth, auth-int\", algorithm={alg}, \
+                 nonce=\"7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v\", \
+                 opaque=\"FQhe/qaU925kfnzjCev0ciny7QMkPqMAFRtzCUYo5tdS\""
+            )
+        };
+        let cnonce = "f2/wE4q74E6zIJEtWaHKaf5wv/H5QzzpXusqGemxURZJ";
+        for (alg, expected) in [
+            ("MD5", "8ca523f5e9506fed4657c9700eebdbec"),
+            (
+                "SHA-256",
+                "753927fa0e85d155564e2e272a28d1802ca10daf4496794697cf8db5856cb6c1",
+            ),
+        ] {
+            let c = Challenge::parse(header(alg).as_bytes()).unwrap();
+            let auth = c.authorization(
+                "Mufasa",
+                "Circle of Life",
+                "GET",
+                "/dir/index.html",
+                1,
+                cnonce,
+            );
+            assert!(
+                auth.contains(&format!("response=\"{expected}\"")),
+                "{alg}: {auth}"
+            );
+            assert!(auth.contains("nc=00000001") && auth.contains("qop=auth"));
+            assert!(auth.contains("opaque=\"FQhe/qaU925kfnzjCev0ciny7QMkPqMAFRtzCUYo5tdS\""));
+        }
+    }
+
+    #[test]
+    fn challenge_without_qop_uses_rfc2069_form() {
+        let c = Challenge::parse(b"Digest realm=\"r\", nonce=\"n\", stale=TRUE").unwrap();
+        assert!(c.stale && !c.qop_auth);
+        let ha1 = Algorithm::Md5.ha1("u", "r", "p");
+        let ha2 = Algorithm::Md5.hex(&[b"REGISTER", b"sip:r"]);
+        assert_eq!(
+            c.response(&ha1, "REGISTER", "sip:r", 1, "x"),
+            Algorithm::Md5.hex(&[ha1.as_bytes(), b"n", ha2.as_bytes()])
+        );
+        assert!(!c
+            .authorization("u", "p", "REGISTER", "sip:r", 1, "x")
+            .contains("qop"));
+    }
+
+    #[test]
+    fn bad_challenges_are_errors_not_panics() {
+        assert_eq!(
+            Challenge::parse(b"Basic realm=\"r\""),
+            Err(DigestError::NotDigest)
+        );
+        assert_eq!(
+            Challenge::parse(b"Digest realm=\"r"),
+            Err(DigestError::Malformed)
+        );
+        assert_eq!(
+            Challenge::parse(b"Digest nonce=\"n\""),
+            Err(DigestError::Missing("realm"))
+        );
+        assert_eq!(
+            Challenge::parse(b"Digest realm=r, nonce=n, algorithm=SHA-1"),
+            Err(DigestError::UnsupportedAlgorithm)
+        );
+        assert_eq!(
+            Challenge::parse(b"Digest realm=r, nonce=n, qop=\"auth-int\""),
+            Err(DigestError::UnsupportedQop)
+        );
+        assert_eq!(Challenge::parse(b"Digest =x"), Err(DigestError::Malformed));
+        let p = parse_params(br#"Digest realm="a\"b", nonce=x"#).unwrap();
+        assert_eq!(&*p[0].1, b"a\"b");
+        for n in 0..40 {
+            let s = br#"Digest realm="a\"b", nonce="x", qop="auth", algorithm=MD5"#;
+            let _ = Challenge::parse(&s[..n.min(s.len())]);
+        }
+    }
+
+    #[test]
+    fn sha512_256_is_offered() {
+        assert_eq!(
+            Algorithm::from_token(b"sha-512-256"),
+            Some(Algorithm::Sha512_256)
+        );
+        assert_eq!(Algorithm::Sha512_256.hex(&[b"x"]).len(), 64);
+    }
+}
