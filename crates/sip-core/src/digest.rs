@@ -8,7 +8,11 @@
 use crate::message::scan::{eq_ic, is_token, is_ws};
 use md5::Md5;
 use sha2::{Sha256, Sha512_256};
+use std::borrow::Cow;
 use std::fmt::Write as _;
+
+/// One `name=value` auth-param, the value unquoted.
+pub type AuthParam<'a> = (&'a [u8], Cow<'a, [u8]>);
 
 /// A digest hash algorithm (RFC 7616 §6.1, RFC 8760).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +87,7 @@ pub enum DigestError {
 
 /// Splits `Digest a=b, c="d"` into its parameters, unquoting quoted strings (escapes kept
 /// verbatim except the backslash itself is dropped before the escaped character).
-pub fn parse_params(value: &[u8]) -> Result<Vec<(&[u8], std::borrow::Cow<'_, [u8]>)>, DigestError> {
+pub fn parse_params(value: &[u8]) -> Result<Vec<AuthParam<'_>>, DigestError> {
     let mut i = 0;
     while i < value.len() && is_ws(value[i]) {
         i += 1;
@@ -144,9 +148,9 @@ pub fn parse_params(value: &[u8]) -> Result<Vec<(&[u8], std::borrow::Cow<'_, [u8
                     owned.push(body[j]);
                     j += 1;
                 }
-                std::borrow::Cow::Owned(owned)
+                Cow::Owned(owned)
             } else {
-                std::borrow::Cow::Borrowed(body)
+                Cow::Borrowed(body)
             };
             out.push((name, v));
         } else {
@@ -157,7 +161,7 @@ pub fn parse_params(value: &[u8]) -> Result<Vec<(&[u8], std::borrow::Cow<'_, [u8
             if i == v_start {
                 return Err(DigestError::Malformed);
             }
-            out.push((name, std::borrow::Cow::Borrowed(&value[v_start..i])));
+            out.push((name, Cow::Borrowed(&value[v_start..i])));
         }
     }
 }
