@@ -2,12 +2,14 @@
 //!
 //! The server lives in [`server`]; the per-worker protocol engine (no I/O) in [`engine`]; the
 //! I/O drivers in [`worker`] and [`udp`], with wake-up coalescing in [`coalesce`];
-//! registrations in [`location`] and [`store`]; configuration in [`config`]. The protocol
+//! registrations in [`location`] and [`store`]; configuration in [`config`]. The load
+//! generator is [`load`]. The protocol
 //! itself (parser, transactions, timers) is the `sip-core` crate.
 
 pub mod coalesce;
 pub mod config;
 pub mod engine;
+pub mod load;
 pub mod location;
 pub mod server;
 pub mod store;

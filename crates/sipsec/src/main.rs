@@ -1,6 +1,6 @@
 //! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-use sipsec::{config, server};
+use sipsec::{config, load, server};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -26,6 +26,9 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Generate SIP load, open loop: calls, registrations, redirects or OPTIONS, as a
+    /// caller (UAC), a callee (UAS), or both.
+    Load(Box<load::LoadArgs>),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,18 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Load(args) => {
+            let peak = args.find_peak;
+            return match load::run(*args) {
+                // Like SIPp: a run where some operation failed exits 1.
+                Ok(s) if s.failed > 0 && !peak => ExitCode::from(1),
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("sipsec load: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Command::Serve { config } => config
             .map_or_else(
                 || Ok(config::Config::default()),

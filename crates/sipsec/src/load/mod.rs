@@ -1,0 +1,538 @@
+//! `sipsec load`: an open-loop SIP load generator — caller (UAC), callee (UAS), or both in one
+//! process — for the scenarios the seeds measured: calls, registrations, redirects, OPTIONS.
+//!
+//! - [`ua`]: the sans-IO user agent (scenarios, dialogs, digest answers) on `sip-core`'s
+//!   transactions;
+//! - [`schedule`]: the open-loop start schedule, constant or ramped;
+//! - [`driver`]: the single-threaded I/O loop and its transports;
+//! - [`peak`]: the `--find-peak` search;
+//! - [`stats`] and [`report`]: counting, the live line, the summary and its JSON;
+//! - [`users`]: the CSV of users and credentials.
+
+pub mod driver;
+pub mod peak;
+pub mod report;
+pub mod schedule;
+pub mod stats;
+pub mod ua;
+pub mod users;
+
+use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
+use driver::{Links, RunOptions, UdpLinks};
+use report::{Latency, Progress, Step, Summary};
+use schedule::{Limit, Pacer, RatePlan};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use ua::{Peer, Scenario, Ua, UaConfig, ViaTransport};
+use users::Users;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScenarioArg {
+    /// INVITE, 180, 200, ACK, (hold), BYE, 200.
+    Call,
+    /// REGISTER, 200.
+    Register,
+    /// INVITE answered 302; stopped there or followed (--redirect follow).
+    Redirect,
+    /// OPTIONS, 200.
+    Options,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    Uac,
+    Uas,
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    Udp,
+    Tcp,
+    Tls,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConnectionArg {
+    /// One connection per target, reused by every call (the seeds' "persistent").
+    Persistent,
+    /// A new connection for each call, closed when it ends.
+    PerCall,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedirectArg {
+    /// Count the 3xx as the success.
+    Stop,
+    /// Call the first Contact of the 3xx.
+    Follow,
+}
+
+/// `sipsec load` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Where requests go: `[udp:]ip:port` (a server, or a UAS directly). With `--role both`
+    /// it defaults to the `--uas` address.
+    pub target: Option<String>,
+    #[arg(long, value_enum, default_value = "call")]
+    pub scenario: ScenarioArg,
+    #[arg(long, value_enum, default_value = "uac")]
+    pub role: Role,
+    /// Address the UAS listens on, `[udp:]ip:port` (roles uas and both).
+    #[arg(long)]
+    pub uas: Option<String>,
+    #[arg(long, value_enum, default_value = "udp")]
+    pub transport: TransportArg,
+    /// Stream transports: one connection reused, or one per call.
+    #[arg(long, value_enum, default_value = "persistent")]
+    pub connection: ConnectionArg,
+    /// TLS session resumption (tickets and session IDs).
+    #[arg(long, value_enum, default_value = "on")]
+    pub tls_resumption: OnOff,
+    /// TLS client certificate and key (PEM) for mutual authentication, and the CA to trust.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// Local IP for the UAC (default: the one the kernel routes to the target from).
+    #[arg(long)]
+    pub local: Option<IpAddr>,
+    /// Operations started per second.
+    #[arg(long, default_value_t = 10.0)]
+    pub rate: f64,
+    /// Stop starting after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Stop starting after this many operations.
+    #[arg(long)]
+    pub calls: Option<u64>,
+    /// Raise the rate by this much every --step-s seconds (up to --max-rate).
+    #[arg(long)]
+    pub ramp: Option<f64>,
+    /// Seconds per ramp step, and per trial of --find-peak.
+    #[arg(long, default_value_t = 10.0)]
+    pub step_s: f64,
+    #[arg(long)]
+    pub max_rate: Option<f64>,
+    /// Search for the highest rate at which at least 99% of operations succeed within 500 ms
+    /// (T1: no retransmission needed), starting at --rate; each trial lasts --step-s.
+    #[arg(long)]
+    pub find_peak: bool,
+    /// Relative precision of the peak search.
+    #[arg(long, default_value_t = 0.03)]
+    pub peak_precision: f64,
+    /// Milliseconds a call stays established before the UAC sends BYE.
+    #[arg(long, default_value_t = 0)]
+    pub hold_ms: u64,
+    /// CSV of `username,password[,domain]`: From/To users and digest credentials.
+    #[arg(long)]
+    pub users: Option<PathBuf>,
+    /// Host of Request-URIs, From and To (default: the target's address).
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// Callee user when no --users file is given.
+    #[arg(long, default_value = "service")]
+    pub service: String,
+    /// Expires of REGISTER.
+    #[arg(long, default_value_t = 3600)]
+    pub expires: u32,
+    #[arg(long, value_enum, default_value = "stop")]
+    pub redirect: RedirectArg,
+    /// host:port registered as Contact (default: the UAC's own address).
+    #[arg(long)]
+    pub register_contact: Option<String>,
+    /// Write the summary as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Seconds to wait for operations still in flight after the last start.
+    #[arg(long, default_value_t = 35.0)]
+    pub drain_s: f64,
+}
+
+/// `[udp:|tcp:|tls:]ip:port`.
+pub fn parse_endpoint(s: &str) -> Result<(TransportArg, SocketAddr)> {
+    let (transport, rest) = match s.split_once(':') {
+        Some(("udp", r)) => (TransportArg::Udp, r),
+        Some(("tcp", r)) => (TransportArg::Tcp, r),
+        Some(("tls", r)) => (TransportArg::Tls, r),
+        _ => (TransportArg::Udp, s),
+    };
+    let addr = rest.parse::<SocketAddr>().with_context(|| {
+        format!("{s:?} is not [udp|tcp|tls:]ip:port (IP literals only; no DNS)")
+    })?;
+    Ok((transport, addr))
+}
+
+/// The local IP the kernel would use to reach `target`.
+fn route_source(target: SocketAddr) -> Result<IpAddr> {
+    let any: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let probe = UdpSocket::bind(any)?;
+    probe
+        .connect(target)
+        .with_context(|| format!("no route to {target}"))?;
+    Ok(probe.local_addr()?.ip())
+}
+
+/// A validated load run, ready to execute against its sockets.
+pub struct Plan {
+    pub args: LoadArgs,
+    pub target: Option<SocketAddr>,
+    pub uas: Option<SocketAddr>,
+    pub users: Arc<Users>,
+}
+
+impl Plan {
+    pub fn new(args: LoadArgs) -> Result<Plan> {
+        if args.transport != TransportArg::Udp {
+            bail!(
+                "--transport {:?}: only udp is implemented so far; TCP and TLS (with \
+                 --connection, --tls-resumption and client certificates) come with the TLS issue",
+                args.transport
+            );
+        }
+        let uas = match (&args.uas, args.role) {
+            (Some(s), Role::Uas | Role::Both) => {
+                let (t, a) = parse_endpoint(s).context("--uas")?;
+                if t != TransportArg::Udp {
+                    bail!("--uas {s}: only udp is implemented so far");
+                }
+                Some(a)
+            }
+            (None, Role::Uas | Role::Both) => bail!("--role uas|both needs --uas ip:port"),
+            (Some(_), Role::Uac) => bail!("--uas is for --role uas or both"),
+            (None, Role::Uac) => None,
+        };
+        let target = match (&args.target, args.role) {
+            (Some(s), _) => {
+                let (t, a) = parse_endpoint(s).context("target")?;
+                if t != args.transport {
+                    bail!("target {s} names another transport than --transport");
+                }
+                Some(a)
+            }
+            (None, Role::Both) => uas,
+            (None, Role::Uac) => bail!("give the target: sipsec load [udp:]ip:port"),
+            (None, Role::Uas) => None,
+        };
+        let originate = args.role != Role::Uas;
+        if originate {
+            if !(args.rate > 0.0 && args.rate.is_finite()) {
+                bail!("--rate must be a positive number");
+            }
+            if !args.find_peak && args.duration.is_none() && args.calls.is_none() {
+                bail!("say how long: --duration SECONDS or --calls N (or --find-peak)");
+            }
+            if args.duration.is_some_and(|d| !(d > 0.0 && d.is_finite())) {
+                bail!("--duration must be a positive number of seconds");
+            }
+            if args.calls == Some(0) {
+                bail!("--calls must be at least 1");
+            }
+        }
+        if args.ramp.is_some_and(|r| !(r > 0.0 && r.is_finite())) || args.step_s <= 0.0 {
+            bail!("--ramp and --step-s must be positive");
+        }
+        if args.find_peak && args.ramp.is_some() {
+            bail!("--find-peak and --ramp are two ways to vary the rate; pick one");
+        }
+        if !(0.0..1.0).contains(&args.peak_precision) || args.peak_precision == 0.0 {
+            bail!("--peak-precision is a fraction, e.g. 0.03");
+        }
+        if args.scenario == ScenarioArg::Redirect && args.role == Role::Both {
+            bail!("the redirect scenario needs a redirect server between UAC and UAS");
+        }
+        let users = match &args.users {
+            Some(p) => Users::load(p)?,
+            None => Users::default(),
+        };
+        if let Some(d) = &args.domain {
+            if !sip_core::message::uri::valid_host(d.as_bytes()) {
+                bail!("--domain {d:?} is not a valid host");
+            }
+        }
+        Ok(Plan {
+            args,
+            target,
+            uas,
+            users: Arc::new(users),
+        })
+    }
+
+    fn scenario(&self) -> Scenario {
+        match self.args.scenario {
+            ScenarioArg::Call => Scenario::Call,
+            ScenarioArg::Register => Scenario::Register,
+            ScenarioArg::Redirect => Scenario::Redirect {
+                follow: self.args.redirect == RedirectArg::Follow,
+            },
+            ScenarioArg::Options => Scenario::Options,
+        }
+    }
+}
+
+/// The sockets of a run and the addresses the UA puts in its messages.
+pub struct Bound {
+    pub links: UdpLinks,
+    pub uac_local: Option<SocketAddr>,
+    pub uas_local: Option<SocketAddr>,
+    /// Link index of the UAC socket (UAS is link 0 alone, link 1 beside a UAC).
+    pub uac_link: u32,
+}
+
+/// Binds the run's sockets.
+pub fn bind(plan: &Plan) -> Result<Bound> {
+    let mut sockets = Vec::new();
+    let mut uac_local = None;
+    if let Some(target) = plan.target.filter(|_| plan.args.role != Role::Uas) {
+        let ip = match plan.args.local {
+            Some(ip) => ip,
+            None => route_source(target)?,
+        };
+        let s = UdpLinks::bind(SocketAddr::new(ip, 0))
+            .with_context(|| format!("cannot bind a UDP socket on {ip}"))?;
+        uac_local = s.local_addr()?.as_socket();
+        sockets.push(s);
+    }
+    let uac_link = 0;
+    let mut uas_local = None;
+    if let Some(addr) = plan.uas {
+        let s = UdpLinks::bind(addr).with_context(|| format!("cannot bind the UAS on {addr}"))?;
+        uas_local = s.local_addr()?.as_socket();
+        sockets.push(s);
+    }
+    Ok(Bound {
+        links: UdpLinks::new(sockets),
+        uac_local,
+        uas_local,
+        uac_link,
+    })
+}
+
+fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
+    let target = plan.target.unwrap_or_else(|| {
+        // A pure UAS never originates; any address will do.
+        bound.uas_local.expect("a UAS is bound")
+    });
+    UaConfig {
+        scenario: plan.scenario(),
+        target: Peer {
+            link: bound.uac_link,
+            addr: target,
+        },
+        uac_local: bound.uac_local.unwrap_or(target),
+        uas_local: bound.uas_local,
+        transport: ViaTransport::Udp,
+        domain: plan.args.domain.clone().unwrap_or_else(|| match target {
+            SocketAddr::V4(a) => a.to_string(),
+            SocketAddr::V6(a) => a.to_string(),
+        }),
+        users: plan.users.clone(),
+        service: plan.args.service.clone(),
+        hold_ms: plan.args.hold_ms,
+        expires: plan.args.expires,
+        register_contact: plan.args.register_contact.clone(),
+        timers: Default::default(),
+        epoch,
+    }
+}
+
+fn fresh_epoch(trial: u32) -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (nanos ^ std::process::id().rotate_left(16)).wrapping_add(trial)
+}
+
+/// One run of the schedule: its rate, limit, drain time, progress label and trial number.
+struct RunSpec {
+    rate: RatePlan,
+    limit: Limit,
+    drain_s: f64,
+    label: String,
+    trial: u32,
+}
+
+/// Runs a spec with a fresh UA; returns the UA (for its statistics) and the times.
+fn run_once(
+    plan: &Plan,
+    bound: &mut Bound,
+    spec: RunSpec,
+    stop: &AtomicBool,
+) -> (Ua, driver::RunTimes) {
+    let cfg = ua_config(plan, bound, fresh_epoch(spec.trial));
+    let mut ua = Ua::new(cfg, 0);
+    let mut pacer = Pacer::new(spec.rate, spec.limit);
+    let mut progress = Progress::new(!plan.args.quiet);
+    progress.label = spec.label;
+    let opts = RunOptions {
+        originate: plan.args.role != Role::Uas,
+        drain_s: spec.drain_s,
+        uas_duration_s: plan.args.duration,
+    };
+    let times = driver::run(
+        &mut ua,
+        &mut bound.links as &mut dyn Links,
+        &mut pacer,
+        &opts,
+        &mut progress,
+        stop,
+    );
+    (ua, times)
+}
+
+fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
+    let t = &ua.stats.total;
+    Summary {
+        scenario: format!("{:?}", plan.args.scenario).to_lowercase(),
+        role: format!("{:?}", plan.args.role).to_lowercase(),
+        transport: "udp".into(),
+        rate: if plan.args.role == Role::Uas {
+            0.0
+        } else {
+            plan.args.rate
+        },
+        elapsed_s: times.elapsed_s,
+        attempted: t.attempted,
+        succeeded: t.succeeded,
+        failed: t.failed,
+        failures_by_reason: t.failures_by_reason.clone(),
+        retransmissions: t.retransmissions,
+        throughput_per_s: if times.elapsed_s > 0.0 {
+            t.succeeded as f64 / times.elapsed_s
+        } else {
+            0.0
+        },
+        latency_ms: Latency::of(t),
+        uas_answered: ua.stats.uas_answered,
+        uas_completed: ua.stats.uas_completed,
+        stray_messages: ua.stats.stray,
+        send_failures: times.send_failures,
+        interrupted: times.interrupted,
+        peak_per_s: None,
+        steps: Vec::new(),
+    }
+}
+
+/// Executes a plan on bound sockets: one run, a ramp, or a peak search.
+pub fn execute(plan: &Plan, bound: &mut Bound, stop: &AtomicBool) -> Result<Summary> {
+    let a = &plan.args;
+    let limit = Limit {
+        duration_s: a.duration,
+        calls: a.calls,
+    };
+    if a.find_peak {
+        let mut steps = Vec::new();
+        let mut last = None;
+        let mut trial_no = 0;
+        let (peak, _) = peak::find_peak(
+            peak::Search {
+                start: a.rate,
+                max: a.max_rate.unwrap_or(1e6),
+                precision: a.peak_precision,
+                threshold: 0.99,
+            },
+            |rate| {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return 0.0;
+                }
+                trial_no += 1;
+                let limit = Limit {
+                    duration_s: Some(a.step_s),
+                    calls: None,
+                };
+                let spec = RunSpec {
+                    rate: RatePlan::constant(rate),
+                    limit,
+                    drain_s: a.drain_s.min(8.0),
+                    label: format!("[trial {trial_no} at {rate:.0}/s] "),
+                    trial: trial_no,
+                };
+                let (ua, times) = run_once(plan, bound, spec, stop);
+                let step = Step::of(rate, &ua.stats.total);
+                let ratio = step.on_time_ratio;
+                if !a.quiet {
+                    eprintln!(
+                        "trial {trial_no}: {rate:.0}/s → {:.2}% succeeded, {:.2}% within 500 ms",
+                        step.success_ratio * 100.0,
+                        ratio * 100.0
+                    );
+                }
+                steps.push(step);
+                last = Some(summarize(plan, &ua, &times));
+                // Let the server settle between trials.
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                ratio
+            },
+        );
+        let mut s = last.context("no trial ran")?;
+        s.peak_per_s = Some(peak);
+        s.steps = steps;
+        s.rate = a.rate;
+        return Ok(s);
+    }
+    let rate = match a.ramp {
+        Some(step) => RatePlan {
+            rate: a.rate,
+            ramp_step: step,
+            step_s: a.step_s,
+            max_rate: a.max_rate.unwrap_or(f64::INFINITY),
+        },
+        None => RatePlan::constant(a.rate),
+    };
+    let spec = RunSpec {
+        rate,
+        limit,
+        drain_s: a.drain_s,
+        label: String::new(),
+        trial: 0,
+    };
+    let (ua, times) = run_once(plan, bound, spec, stop);
+    Ok(summarize(plan, &ua, &times))
+}
+
+/// `sipsec load`: plan, bind, run, report.
+pub fn run(args: LoadArgs) -> Result<Summary> {
+    let plan = Plan::new(args)?;
+    let mut bound = bind(&plan)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    if let Some(a) = bound.uas_local {
+        eprintln!("sipsec load: UAS listening on udp:{a}");
+    }
+    if let (Some(l), Some(t)) = (bound.uac_local, plan.target) {
+        if plan.args.role != Role::Uas {
+            eprintln!(
+                "sipsec load: {:?} from udp:{l} to udp:{t} at {}/s",
+                plan.args.scenario, plan.args.rate
+            );
+        }
+    }
+    let summary = execute(&plan, &mut bound, &stop)?;
+    print!("{}", summary.text());
+    if let Some(path) = &plan.args.json {
+        let text = serde_json::to_string_pretty(&summary)?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(summary)
+}

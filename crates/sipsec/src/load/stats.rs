@@ -1,0 +1,111 @@
+//! What a load run counts: attempts, outcomes with their reasons, retransmissions and the
+//! latency distribution, kept twice — for the whole run and for the current progress window
+//! — so the live line and the final summary come from the same numbers.
+
+use hdrhistogram::Histogram;
+use std::collections::BTreeMap;
+
+/// Outcomes over some span of time.
+#[derive(Clone)]
+pub struct Tally {
+    pub attempted: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub failures_by_reason: BTreeMap<String, u64>,
+    pub retransmissions: u64,
+    /// Microseconds from the first request to the response that counts (INVITE→200,
+    /// REGISTER→200, INVITE→302, OPTIONS→200).
+    pub latency_us: Histogram<u64>,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            attempted: 0,
+            succeeded: 0,
+            failed: 0,
+            failures_by_reason: BTreeMap::new(),
+            retransmissions: 0,
+            // Up to an hour at three significant digits: every latency a SIP timer allows.
+            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"),
+        }
+    }
+}
+
+impl Tally {
+    /// Latency percentile in milliseconds (0 when nothing was recorded).
+    pub fn latency_ms(&self, quantile: f64) -> f64 {
+        if self.latency_us.is_empty() {
+            return 0.0;
+        }
+        self.latency_us.value_at_quantile(quantile) as f64 / 1000.0
+    }
+
+    pub fn latency_max_ms(&self) -> f64 {
+        self.latency_us.max() as f64 / 1000.0
+    }
+
+    /// Adds another tally's counts (used to merge several UAs or trials).
+    pub fn merge(&mut self, other: &Tally) {
+        self.attempted += other.attempted;
+        self.succeeded += other.succeeded;
+        self.failed += other.failed;
+        for (k, v) in &other.failures_by_reason {
+            *self.failures_by_reason.entry(k.clone()).or_default() += v;
+        }
+        self.retransmissions += other.retransmissions;
+        let _ = self.latency_us.add(&other.latency_us);
+    }
+}
+
+/// The run total and the window since the last progress line.
+#[derive(Default)]
+pub struct Stats {
+    pub total: Tally,
+    pub window: Tally,
+    /// Calls the UAS side answered and saw end.
+    pub uas_answered: u64,
+    pub uas_completed: u64,
+    /// Messages that matched nothing or could not be parsed.
+    pub stray: u64,
+}
+
+impl Stats {
+    pub fn attempt(&mut self) {
+        self.total.attempted += 1;
+        self.window.attempted += 1;
+    }
+
+    pub fn latency(&mut self, us: u64) {
+        let us = us.max(1);
+        let _ = self.total.latency_us.record(us);
+        let _ = self.window.latency_us.record(us);
+    }
+
+    pub fn success(&mut self) {
+        self.total.succeeded += 1;
+        self.window.succeeded += 1;
+    }
+
+    pub fn failure(&mut self, reason: &str) {
+        for t in [&mut self.total, &mut self.window] {
+            t.failed += 1;
+            match t.failures_by_reason.get_mut(reason) {
+                Some(n) => *n += 1,
+                None => {
+                    t.failures_by_reason.insert(reason.to_string(), 1);
+                }
+            }
+        }
+    }
+
+    pub fn retransmissions(&mut self, n: u64) {
+        self.total.retransmissions += n;
+        self.window.retransmissions += n;
+    }
+
+    /// Hands back the window and starts a new one.
+    pub fn take_window(&mut self) -> Tally {
+        std::mem::take(&mut self.window)
+    }
+}

@@ -1,0 +1,961 @@
+//! The load generator's user agent, sans-IO: the caller side (UAC) runs one scenario per
+//! started operation, the callee side (UAS) answers whatever arrives. Both are transaction
+//! users of `sip-core`'s transaction table, exactly like the proxy, so retransmissions, ACKs
+//! of non-2xx responses and every RFC 3261 timer come from the same tested code.
+//!
+//! The driver hands in datagrams/frames with the time in microseconds and sends the
+//! [`Transmit`]s that come back. Nothing here blocks, allocates per call beyond the messages
+//! themselves, or knows about sockets.
+//!
+//! What the UA core adds to the transaction layer (RFC 3261 §13, §12):
+//! - the UAC sends the ACK for a 2xx itself and re-sends it for each retransmitted 2xx;
+//! - the UAS retransmits its 2xx (T1 doubling up to T2) until the ACK arrives, for 64·T1;
+//! - dialogs: the route set from Record-Route (reversed at the UAC), the remote target from
+//!   Contact, tags, CSeq;
+//! - 401/407 answered once per challenge (twice when the server says `stale=true`);
+//! - 3xx followed to the first Contact when the redirect scenario asks for it.
+
+use super::stats::Stats;
+use super::users::{User, Users};
+use crate::config::uri_socket_addr;
+use bytes::Bytes;
+use sip_core::digest::Challenge;
+use sip_core::message::{build, HeaderName, Message, Method, Uri};
+use sip_core::timer::{TimerHandle, TimerWheel};
+use sip_core::transaction::{Output, RequestMatch, ResponseMatch, Timers, Transactions, TxId};
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// A local endpoint (socket or connection, chosen by the driver) and a remote address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub link: u32,
+    pub addr: SocketAddr,
+}
+
+/// Bytes for the driver to send.
+pub type Transmit = (Peer, Bytes);
+
+/// What one started operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// INVITE, (180), 200, ACK, hold, BYE, 200.
+    Call,
+    /// REGISTER, 200.
+    Register,
+    /// INVITE, 302; then the call to the first Contact when `follow`.
+    Redirect { follow: bool },
+    /// OPTIONS, 200.
+    Options,
+}
+
+/// The transport named in Via headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViaTransport {
+    Udp,
+    Tcp,
+    Tls,
+}
+
+impl ViaTransport {
+    fn token(self) -> &'static str {
+        match self {
+            ViaTransport::Udp => "UDP",
+            ViaTransport::Tcp => "TCP",
+            ViaTransport::Tls => "TLS",
+        }
+    }
+}
+
+/// Everything the UA needs to know, fixed for a run.
+#[derive(Clone)]
+pub struct UaConfig {
+    pub scenario: Scenario,
+    /// Where the UAC sends new requests (the server, or a UAS directly).
+    pub target: Peer,
+    /// The UAC's own address (Via, Contact).
+    pub uac_local: SocketAddr,
+    /// The UAS's own address (Contact of its 200), when this UA answers calls.
+    pub uas_local: Option<SocketAddr>,
+    pub transport: ViaTransport,
+    /// Host part of Request-URIs, From and To (default: the target's address).
+    pub domain: String,
+    pub users: Arc<Users>,
+    /// Callee user when no user file is given.
+    pub service: String,
+    /// Milliseconds a call stays established before the UAC hangs up.
+    pub hold_ms: u64,
+    pub expires: u32,
+    /// The address registered in Contact (default: the UAC's own).
+    pub register_contact: Option<String>,
+    pub timers: Timers,
+    /// Distinguishes this run's Call-IDs and branches from earlier runs on the same sockets.
+    pub epoch: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum TxUser {
+    Uac(u64),
+    Uas,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Invite,
+    Bye,
+    Register,
+    Options,
+}
+
+/// The caller's side of an established dialog.
+struct Dialog {
+    remote_target: String,
+    /// Route set, in the order the UAC uses it (Record-Route reversed).
+    routes: Vec<String>,
+    /// The To header value with the remote tag.
+    to: String,
+    /// Where in-dialog requests go: the first route, else the remote target.
+    next_hop: Peer,
+    ack: Bytes,
+}
+
+struct Call {
+    caller: usize,
+    stage: Stage,
+    started_us: u64,
+    cseq: u32,
+    request_uri: String,
+    to: String,
+    next_hop: Peer,
+    tx: Option<TxId>,
+    dialog: Option<Dialog>,
+    auth_tries: u8,
+    latency_recorded: bool,
+    hold: Option<TimerHandle>,
+    branches: u32,
+}
+
+/// The callee's side of a call it answered.
+struct UasCall {
+    generation: u32,
+    ok: Bytes,
+    peer: Peer,
+    interval_ms: u64,
+    give_up_ms: u64,
+    timer: Option<TimerHandle>,
+    acked: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    /// The UAC's hold time ran out: send BYE.
+    HangUp(u64),
+    /// Retransmit the UAS's 2xx (or give up waiting for its ACK).
+    Resend2xx { slot: u32, generation: u32 },
+}
+
+/// An SDP offer/answer the size of SIPp's, so servers see realistic messages.
+const SDP: &[u8] = b"v=0\r\no=user1 53655765 2353687637 IN IP4 127.0.0.1\r\ns=-\r\n\
+c=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 6000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n";
+
+/// The load generator's UA: UAC, UAS, or both.
+pub struct Ua {
+    cfg: UaConfig,
+    txs: Transactions<Peer, TxUser>,
+    calls: HashMap<u64, Call>,
+    next_call: u64,
+    wheel: TimerWheel<Event>,
+    uas_calls: Vec<Option<UasCall>>,
+    uas_free: Vec<u32>,
+    uas_generation: u32,
+    outputs: Vec<Output<Peer, TxUser>>,
+    fired: Vec<Event>,
+    scratch: Vec<u8>,
+    pub stats: Stats,
+}
+
+fn ms(us: u64) -> u64 {
+    us / 1000
+}
+
+impl Ua {
+    pub fn new(cfg: UaConfig, now_us: u64) -> Ua {
+        let timers = cfg.timers;
+        Ua {
+            cfg,
+            txs: Transactions::new(ms(now_us), timers),
+            calls: HashMap::new(),
+            next_call: 0,
+            wheel: TimerWheel::new(ms(now_us)),
+            uas_calls: Vec::new(),
+            uas_free: Vec::new(),
+            uas_generation: 0,
+            outputs: Vec::new(),
+            fired: Vec::new(),
+            scratch: Vec::with_capacity(2048),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Calls (operations) started and not yet finished.
+    pub fn in_flight(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Answered calls still waiting for their ACK or BYE.
+    pub fn uas_in_flight(&self) -> usize {
+        self.uas_calls.len() - self.uas_free.len()
+    }
+
+    /// When `on_tick` next has work, in microseconds.
+    pub fn next_deadline_us(&self) -> Option<u64> {
+        let a = self.txs.next_deadline();
+        let b = self.wheel.next_deadline();
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b) * 1000),
+            (a, b) => a.or(b).map(|d| d * 1000),
+        }
+    }
+
+    /// Fails every operation still in flight (the run is over) with `reason`.
+    pub fn abandon_all(&mut self, reason: &str) {
+        for _ in self.calls.drain() {
+            self.stats.failure(reason);
+        }
+    }
+
+    /// Starts one operation of the configured scenario.
+    pub fn start(&mut self, now_us: u64, out: &mut Vec<Transmit>) {
+        let number = self.next_call;
+        self.next_call += 1;
+        self.stats.attempt();
+        let n = self.cfg.users.len().max(1);
+        let caller = (number % n as u64) as usize;
+        // The callee is another user of the file when there are several.
+        let callee = if n > 1 { (caller + 1) % n } else { caller };
+        let stage = match self.cfg.scenario {
+            Scenario::Call | Scenario::Redirect { .. } => Stage::Invite,
+            Scenario::Register => Stage::Register,
+            Scenario::Options => Stage::Options,
+        };
+        let domain = self.domain_of(caller).to_string();
+        let (request_uri, to) = match stage {
+            Stage::Register => {
+                let aor = self.aor(caller);
+                (format!("sip:{domain}"), format!("<{aor}>"))
+            }
+            Stage::Options => (format!("sip:{domain}"), format!("<sip:{domain}>")),
+            _ => {
+                let aor = self.callee_aor(callee);
+                (aor.clone(), format!("<{aor}>"))
+            }
+        };
+        let call = Call {
+            caller,
+
+            stage,
+            started_us: now_us,
+            cseq: 1,
+            request_uri,
+            to,
+            next_hop: self.cfg.target,
+            tx: None,
+            dialog: None,
+            auth_tries: 0,
+            latency_recorded: false,
+            hold: None,
+            branches: 0,
+        };
+        self.calls.insert(number, call);
+        self.send_request(now_us, number, None);
+        self.drain(out);
+    }
+
+    fn domain_of(&self, user: usize) -> &str {
+        self.cfg
+            .users
+            .get(user)
+            .and_then(|u| u.domain.as_deref())
+            .unwrap_or(&self.cfg.domain)
+    }
+
+    fn aor(&self, user: usize) -> String {
+        let name = self.cfg.users.get(user).map_or("sipsec", |u| &u.username);
+        format!("sip:{name}@{}", self.domain_of(user))
+    }
+
+    fn callee_aor(&self, callee: usize) -> String {
+        match self.cfg.users.get(callee) {
+            Some(u) => format!("sip:{}@{}", u.username, self.domain_of(callee)),
+            None => format!("sip:{}@{}", self.cfg.service, self.cfg.domain),
+        }
+    }
+
+    /// Sends the call's current request in a new client transaction. `auth` is the
+    /// `(header name, value)` answering a challenge.
+    fn send_request(&mut self, now_us: u64, number: u64, auth: Option<(&str, String)>) {
+        let Some(call) = self.calls.get_mut(&number) else {
+            return;
+        };
+        call.branches += 1;
+        let branch = format!("z9hG4bK-{:x}-{number:x}-{}", self.cfg.epoch, call.branches);
+        let method = match call.stage {
+            Stage::Invite => "INVITE",
+            Stage::Bye => "BYE",
+            Stage::Register => "REGISTER",
+            Stage::Options => "OPTIONS",
+        };
+        let (ruri, to, routes, dest) = match (&call.dialog, call.stage) {
+            (Some(d), Stage::Bye) => (
+                d.remote_target.clone(),
+                d.to.clone(),
+                d.routes.clone(),
+                d.next_hop,
+            ),
+            _ => (
+                call.request_uri.clone(),
+                call.to.clone(),
+                Vec::new(),
+                call.next_hop,
+            ),
+        };
+        let cseq = call.cseq;
+        let caller = call.caller;
+        let mut m = std::mem::take(&mut self.scratch);
+        m.clear();
+        let _ = write!(
+            m,
+            "{method} {ruri} SIP/2.0\r\nVia: SIP/2.0/{} {};branch={branch};rport\r\n\
+             Max-Forwards: 70\r\nFrom: <{}>;tag={:x}-{number:x}\r\nTo: {to}\r\n\
+             Call-ID: {number:x}-{:x}@sipsec-load\r\nCSeq: {cseq} {method}\r\n",
+            self.cfg.transport.token(),
+            self.cfg.uac_local,
+            self.aor(caller),
+            self.cfg.epoch,
+            self.cfg.epoch,
+        );
+        for r in &routes {
+            let _ = write!(m, "Route: {r}\r\n");
+        }
+        let user_name = self
+            .cfg
+            .users
+            .get(caller)
+            .map_or("sipsec", |u| u.username.as_str());
+        match method {
+            "INVITE" => {
+                let _ = write!(m, "Contact: <sip:{user_name}@{}>\r\n", self.cfg.uac_local);
+            }
+            "REGISTER" => {
+                let contact = self
+                    .cfg
+                    .register_contact
+                    .clone()
+                    .unwrap_or_else(|| self.cfg.uac_local.to_string());
+                let _ = write!(
+                    m,
+                    "Contact: <sip:{user_name}@{contact}>\r\nExpires: {}\r\n",
+                    self.cfg.expires
+                );
+            }
+            _ => {}
+        }
+        if let Some((name, value)) = auth {
+            let _ = write!(m, "{name}: {value}\r\n");
+        }
+        let body: &[u8] = if method == "INVITE" { SDP } else { b"" };
+        if !body.is_empty() {
+            m.extend_from_slice(b"Content-Type: application/sdp\r\n");
+        }
+        let _ = write!(m, "Content-Length: {}\r\n\r\n", body.len());
+        m.extend_from_slice(body);
+        let data = Bytes::copy_from_slice(&m);
+        self.scratch = m;
+        let reliable = self.cfg.transport != ViaTransport::Udp;
+        let id = self.txs.create_client(
+            ms(now_us),
+            data,
+            branch.as_bytes(),
+            method.as_bytes(),
+            dest,
+            reliable,
+            TxUser::Uac(number),
+            &mut self.outputs,
+        );
+        if let Some(call) = self.calls.get_mut(&number) {
+            call.tx = Some(id);
+        }
+    }
+
+    /// Handles one message from `from`.
+    pub fn on_message(&mut self, now_us: u64, from: Peer, data: &[u8], out: &mut Vec<Transmit>) {
+        let msg = match Message::parse(data) {
+            Ok(m) => m,
+            Err(_) => {
+                self.stats.stray += 1;
+                return;
+            }
+        };
+        if msg.is_request() {
+            self.on_request(now_us, from, &msg);
+        } else {
+            self.on_response(now_us, &msg);
+        }
+        self.drain(out);
+    }
+
+    fn on_response(&mut self, now_us: u64, msg: &Message<'_>) {
+        let before = self.outputs.len();
+        let id = match self.txs.recv_response(ms(now_us), msg, &mut self.outputs) {
+            ResponseMatch::Deliver(id) => id,
+            ResponseMatch::Absorbed => {
+                // A retransmitted final response re-sends the ACK: count it.
+                self.stats
+                    .retransmissions((self.outputs.len() - before) as u64);
+                return;
+            }
+            ResponseMatch::Unmatched => {
+                // A 2xx retransmitted after the INVITE transaction ended: ACK it again.
+                self.reack_unmatched(msg);
+                return;
+            }
+        };
+        let Some(&TxUser::Uac(number)) = self.txs.user(id) else {
+            return;
+        };
+        let code = msg.status().unwrap_or(0);
+        let Some(call) = self.calls.get_mut(&number) else {
+            // The call already ended (e.g. a retransmitted 2xx): re-send its ACK if any.
+            return;
+        };
+        if call.tx != Some(id) {
+            // A response to an earlier request of this call (e.g. a 2xx retransmission of
+            // the INVITE while the BYE is out): the ACK must go again.
+            if (200..300).contains(&code) && msg.cseq().method == b"INVITE" {
+                if let Some(d) = &call.dialog {
+                    let (peer, ack) = (d.next_hop, d.ack.clone());
+                    self.outputs.push(Output::Transmit {
+                        dest: peer,
+                        data: ack,
+                    });
+                    self.stats.retransmissions(1);
+                }
+            }
+            return;
+        }
+        if code < 200 {
+            return;
+        }
+        if code == 401 || code == 407 {
+            self.answer_challenge(now_us, number, code, msg);
+            return;
+        }
+        match call.stage {
+            Stage::Invite if (200..300).contains(&code) => self.on_invite_ok(now_us, number, msg),
+            Stage::Invite if (300..400).contains(&code) => {
+                self.on_redirect(now_us, number, code, msg)
+            }
+            Stage::Register | Stage::Options if (200..300).contains(&code) => {
+                let latency = now_us - call.started_us;
+                self.stats.latency(latency);
+                self.finish(number, None);
+            }
+            Stage::Bye if (200..300).contains(&code) => self.finish(number, None),
+            stage => {
+                let what = if stage == Stage::Bye { "BYE " } else { "" };
+                let reason = format!("{what}{code} {}", build::reason_phrase(code));
+                self.finish(number, Some(&reason));
+            }
+        }
+    }
+
+    fn reack_unmatched(&mut self, msg: &Message<'_>) {
+        if !msg.status().is_some_and(|c| (200..300).contains(&c)) || msg.cseq().method != b"INVITE"
+        {
+            self.stats.stray += 1;
+            return;
+        }
+        let number = parse_call_number(msg.call_id(), self.cfg.epoch);
+        if let Some(d) = number
+            .and_then(|n| self.calls.get(&n))
+            .and_then(|c| c.dialog.as_ref())
+        {
+            let (peer, ack) = (d.next_hop, d.ack.clone());
+            self.outputs.push(Output::Transmit {
+                dest: peer,
+                data: ack,
+            });
+            self.stats.retransmissions(1);
+        } else {
+            self.stats.stray += 1;
+        }
+    }
+
+    /// Ends a call: success when `failure` is None.
+    fn finish(&mut self, number: u64, failure: Option<&str>) {
+        if let Some(call) = self.calls.remove(&number) {
+            if let Some(h) = call.hold {
+                self.wheel.cancel(h);
+            }
+            match failure {
+                None => self.stats.success(),
+                Some(reason) => self.stats.failure(reason),
+            }
+        }
+    }
+
+    fn answer_challenge(&mut self, now_us: u64, number: u64, code: u16, msg: &Message<'_>) {
+        let Some(call) = self.calls.get_mut(&number) else {
+            return;
+        };
+        let header = if code == 401 {
+            HeaderName::WwwAuthenticate
+        } else {
+            HeaderName::ProxyAuthenticate
+        };
+        let challenge = msg.header_value(header).map(Challenge::parse);
+        let reason = match (challenge, self.cfg.users.get(call.caller)) {
+            (None, _) => Some(format!("{code} without a challenge")),
+            (Some(Err(e)), _) => Some(format!("{code} with a bad challenge: {e}")),
+            (Some(Ok(_)), None) => Some(format!("{code} (no credentials: give --users)")),
+            (Some(Ok(c)), Some(_)) if call.auth_tries >= 1 && !(c.stale && call.auth_tries < 2) => {
+                Some(format!(
+                    "{code} {} (credentials refused)",
+                    build::reason_phrase(code)
+                ))
+            }
+            (Some(Ok(c)), Some(user)) => {
+                call.auth_tries += 1;
+                call.cseq += 1;
+                let method = match call.stage {
+                    Stage::Invite => "INVITE",
+                    Stage::Bye => "BYE",
+                    Stage::Register => "REGISTER",
+                    Stage::Options => "OPTIONS",
+                };
+                let uri = match (&call.dialog, call.stage) {
+                    (Some(d), Stage::Bye) => d.remote_target.clone(),
+                    _ => call.request_uri.clone(),
+                };
+                let cnonce = format!("{:x}{number:x}{}", self.cfg.epoch, call.auth_tries);
+                let value = authorization(&c, user, method, &uri, &cnonce);
+                let name = if code == 401 {
+                    "Authorization"
+                } else {
+                    "Proxy-Authorization"
+                };
+                self.send_request(now_us, number, Some((name, value)));
+                None
+            }
+        };
+        if let Some(reason) = reason {
+            self.finish(number, Some(&reason));
+        }
+    }
+
+    fn on_invite_ok(&mut self, now_us: u64, number: u64, msg: &Message<'_>) {
+        let Some(call) = self.calls.get_mut(&number) else {
+            return;
+        };
+        if !call.latency_recorded {
+            call.latency_recorded = true;
+            self.stats.latency(now_us - call.started_us);
+        }
+        let mut remote_target = None;
+        let _ = msg.name_addrs(HeaderName::Contact, |_, na| {
+            remote_target.get_or_insert_with(|| String::from_utf8_lossy(na.uri.raw).into_owned());
+        });
+        let mut routes = Vec::new();
+        let _ = msg.name_addrs(HeaderName::RecordRoute, |h, na| {
+            let _ = h;
+            routes.push(String::from_utf8_lossy(&msg.as_bytes()[na.start..na.end]).into_owned());
+        });
+        routes.reverse();
+        let to = msg
+            .header_value(HeaderName::To)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        let Some(remote_target) = remote_target else {
+            self.finish(number, Some("2xx without Contact"));
+            return;
+        };
+        let hop_uri = routes
+            .first()
+            .cloned()
+            .unwrap_or_else(|| remote_target.clone());
+        let Some(hop) = next_hop_addr(&hop_uri) else {
+            self.finish(number, Some("unroutable remote target or route"));
+            return;
+        };
+        let next_hop = Peer {
+            link: self.cfg.target.link,
+            addr: hop,
+        };
+        let call = self.calls.get_mut(&number).expect("checked above");
+        let mut m = Vec::with_capacity(512);
+        let _ = write!(
+            m,
+            "ACK {remote_target} SIP/2.0\r\nVia: SIP/2.0/{} {};branch=z9hG4bK-{:x}-{number:x}-a;rport\r\n\
+             Max-Forwards: 70\r\nFrom: <{}>;tag={:x}-{number:x}\r\nTo: {to}\r\n\
+             Call-ID: {number:x}-{:x}@sipsec-load\r\nCSeq: {} ACK\r\n",
+            self.cfg.transport.token(),
+            self.cfg.uac_local,
+            self.cfg.epoch,
+            aor_of(&self.cfg, call.caller),
+            self.cfg.epoch,
+            self.cfg.epoch,
+            call.cseq,
+        );
+        for r in &routes {
+            let _ = write!(m, "Route: {r}\r\n");
+        }
+        m.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+        let ack = Bytes::from(m);
+        self.outputs.push(Output::Transmit {
+            dest: next_hop,
+            data: ack.clone(),
+        });
+        call.dialog = Some(Dialog {
+            remote_target,
+            routes,
+            to,
+            next_hop,
+            ack,
+        });
+        if self.cfg.hold_ms == 0 {
+            self.hang_up(now_us, number);
+        } else {
+            let at = ms(now_us) + self.cfg.hold_ms;
+            call.hold = Some(self.wheel.insert(at, Event::HangUp(number)));
+        }
+    }
+
+    fn hang_up(&mut self, now_us: u64, number: u64) {
+        let Some(call) = self.calls.get_mut(&number) else {
+            return;
+        };
+        call.hold = None;
+        call.stage = Stage::Bye;
+        call.cseq += 1;
+        call.auth_tries = 0;
+        self.send_request(now_us, number, None);
+    }
+
+    fn on_redirect(&mut self, now_us: u64, number: u64, code: u16, msg: &Message<'_>) {
+        let Some(call) = self.calls.get_mut(&number) else {
+            return;
+        };
+        let Scenario::Redirect { follow } = self.cfg.scenario else {
+            let reason = format!("{code} {}", build::reason_phrase(code));
+            self.finish(number, Some(&reason));
+            return;
+        };
+        if !call.latency_recorded {
+            call.latency_recorded = true;
+            self.stats.latency(now_us - call.started_us);
+        }
+        if !follow {
+            self.finish(number, None);
+            return;
+        }
+        let mut contact = None;
+        let _ = msg.name_addrs(HeaderName::Contact, |_, na| {
+            contact.get_or_insert_with(|| String::from_utf8_lossy(na.uri.raw).into_owned());
+        });
+        let Some((contact, addr)) = contact.and_then(|c| next_hop_addr(&c).map(|a| (c, a))) else {
+            self.finish(number, Some("3xx without a usable Contact"));
+            return;
+        };
+        let call = self.calls.get_mut(&number).expect("checked above");
+        call.request_uri = contact;
+        call.next_hop = Peer {
+            link: self.cfg.target.link,
+            addr,
+        };
+        call.cseq += 1;
+        call.auth_tries = 0;
+        self.send_request(now_us, number, None);
+    }
+
+    fn on_request(&mut self, now_us: u64, from: Peer, msg: &Message<'_>) {
+        let before = self.outputs.len();
+        match self.txs.recv_request(ms(now_us), msg, &mut self.outputs) {
+            RequestMatch::New => {}
+            RequestMatch::Retransmission(_) => {
+                self.stats
+                    .retransmissions((self.outputs.len() - before) as u64);
+                return;
+            }
+            RequestMatch::AckAbsorbed(_) => return,
+            RequestMatch::Ack => {
+                self.on_ack(msg);
+                return;
+            }
+        }
+        let source = Peer {
+            link: from.link,
+            addr: response_addr(msg, from.addr),
+        };
+        let reliable = self.cfg.transport != ViaTransport::Udp;
+        let id = self.txs.create_server(msg, source, reliable, TxUser::Uas);
+        let now = ms(now_us);
+        match msg.method() {
+            Method::Invite => self.answer_invite(now, id, source, msg),
+            Method::Bye => {
+                let known = self.uas_slot(msg).is_some();
+                let code = if known { 200 } else { 481 };
+                if let Some(slot) = self.uas_slot(msg) {
+                    self.end_uas_call(slot);
+                    self.stats.uas_completed += 1;
+                }
+                self.respond(now, id, msg, code, None, b"", b"");
+            }
+            Method::Cancel => {
+                // Calls are answered at once, so there is never an INVITE left to cancel.
+                self.respond(now, id, msg, 481, None, b"", b"");
+            }
+            Method::Options | Method::Register => {
+                self.respond(now, id, msg, 200, None, b"", b"");
+            }
+            _ => {
+                self.respond(now, id, msg, 501, None, b"", b"");
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn respond(
+        &mut self,
+        now: u64,
+        id: TxId,
+        msg: &Message<'_>,
+        code: u16,
+        tag: Option<&str>,
+        extra: &[u8],
+        body: &[u8],
+    ) -> Bytes {
+        let mut m = Vec::with_capacity(msg.as_bytes().len() + body.len() + 64);
+        build::response(
+            msg,
+            code,
+            build::reason_phrase(code),
+            tag,
+            extra,
+            body,
+            &mut m,
+        );
+        let data = Bytes::from(m);
+        self.txs
+            .respond(now, id, code, data.clone(), &mut self.outputs);
+        data
+    }
+
+    fn answer_invite(&mut self, now: u64, id: TxId, source: Peer, msg: &Message<'_>) {
+        let slot = self.uas_free.pop().unwrap_or_else(|| {
+            self.uas_calls.push(None);
+            (self.uas_calls.len() - 1) as u32
+        });
+        self.uas_generation = self.uas_generation.wrapping_add(1);
+        let generation = self.uas_generation;
+        let tag = format!("u{slot:x}.{generation:x}");
+        self.respond(now, id, msg, 180, Some(&tag), b"", b"");
+        let mut extra = Vec::with_capacity(256);
+        for h in msg.headers_named(HeaderName::RecordRoute) {
+            extra.extend_from_slice(b"Record-Route: ");
+            extra.extend_from_slice(msg.value(h));
+            extra.extend_from_slice(b"\r\n");
+        }
+        let contact = self.cfg.uas_local.unwrap_or(source.addr);
+        let _ = write!(
+            extra,
+            "Contact: <sip:uas@{contact}>\r\nContent-Type: application/sdp\r\n"
+        );
+        let ok = self.respond(now, id, msg, 200, Some(&tag), &extra, SDP);
+        let t1 = self.cfg.timers.t1;
+        let reliable = self.cfg.transport != ViaTransport::Udp;
+        let timer = self.wheel.insert(
+            now + if reliable { 64 * t1 } else { t1 },
+            Event::Resend2xx { slot, generation },
+        );
+        self.uas_calls[slot as usize] = Some(UasCall {
+            generation,
+            ok,
+            peer: source,
+            interval_ms: t1,
+            give_up_ms: now + 64 * t1,
+            timer: Some(timer),
+            acked: false,
+        });
+        self.stats.uas_answered += 1;
+    }
+
+    /// The UAS call a request's To tag names, if it is still live.
+    fn uas_slot(&self, msg: &Message<'_>) -> Option<u32> {
+        let to = msg.to().ok()?;
+        let tag = std::str::from_utf8(to.tag()?).ok()?.strip_prefix('u')?;
+        let (slot, generation) = tag.split_once('.')?;
+        let slot = u32::from_str_radix(slot, 16).ok()?;
+        let generation = u32::from_str_radix(generation, 16).ok()?;
+        self.uas_calls
+            .get(slot as usize)?
+            .as_ref()
+            .filter(|c| c.generation == generation)
+            .map(|_| slot)
+    }
+
+    fn on_ack(&mut self, msg: &Message<'_>) {
+        let Some(slot) = self.uas_slot(msg) else {
+            return;
+        };
+        if let Some(c) = self.uas_calls[slot as usize].as_mut() {
+            c.acked = true;
+            if let Some(t) = c.timer.take() {
+                self.wheel.cancel(t);
+            }
+        }
+    }
+
+    fn end_uas_call(&mut self, slot: u32) {
+        if let Some(c) = self.uas_calls[slot as usize].take() {
+            if let Some(t) = c.timer {
+                self.wheel.cancel(t);
+            }
+            self.uas_free.push(slot);
+        }
+    }
+
+    /// Fires due timers.
+    pub fn on_tick(&mut self, now_us: u64, out: &mut Vec<Transmit>) {
+        let now = ms(now_us);
+        let before = self.outputs.len();
+        self.txs.advance(now, &mut self.outputs);
+        // Every transmission a timer causes is a retransmission (A, E, G).
+        let retransmitted = self.outputs[before..]
+            .iter()
+            .filter(|o| matches!(o, Output::Transmit { .. }))
+            .count();
+        self.stats.retransmissions(retransmitted as u64);
+        let mut fired = std::mem::take(&mut self.fired);
+        self.wheel.advance(now, &mut fired);
+        for event in fired.drain(..) {
+            match event {
+                Event::HangUp(number) => self.hang_up(now_us, number),
+                Event::Resend2xx { slot, generation } => self.resend_2xx(now, slot, generation),
+            }
+        }
+        self.fired = fired;
+        self.drain(out);
+    }
+
+    fn resend_2xx(&mut self, now: u64, slot: u32, generation: u32) {
+        let t2 = self.cfg.timers.t2;
+        let reliable = self.cfg.transport != ViaTransport::Udp;
+        let Some(c) = self.uas_calls[slot as usize]
+            .as_mut()
+            .filter(|c| c.generation == generation)
+        else {
+            return;
+        };
+        c.timer = None;
+        if c.acked {
+            return;
+        }
+        if now >= c.give_up_ms || reliable {
+            self.stats.failure("UAS: no ACK for 2xx");
+            self.end_uas_call(slot);
+            return;
+        }
+        c.interval_ms = (c.interval_ms * 2).min(t2);
+        let at = (now + c.interval_ms).min(c.give_up_ms);
+        self.outputs.push(Output::Transmit {
+            dest: c.peer,
+            data: c.ok.clone(),
+        });
+        c.timer = Some(self.wheel.insert(at, Event::Resend2xx { slot, generation }));
+        self.stats.retransmissions(1);
+    }
+
+    /// Turns transaction outputs into transmissions; timeouts fail their calls.
+    fn drain(&mut self, out: &mut Vec<Transmit>) {
+        let mut outputs = std::mem::take(&mut self.outputs);
+        for o in outputs.drain(..) {
+            match o {
+                Output::Transmit { dest, data } => out.push((dest, data)),
+                Output::Timeout {
+                    id,
+                    user: TxUser::Uac(number),
+                    ..
+                } => {
+                    let current = self.calls.get(&number).is_some_and(|c| c.tx == Some(id));
+                    if current {
+                        let stage = self.calls[&number].stage;
+                        let reason = if stage == Stage::Bye {
+                            "BYE timeout"
+                        } else {
+                            "timeout"
+                        };
+                        self.finish(number, Some(reason));
+                    }
+                }
+                Output::Timeout { .. } | Output::Terminated { .. } => {}
+            }
+        }
+        self.outputs = outputs;
+    }
+}
+
+fn aor_of(cfg: &UaConfig, user: usize) -> String {
+    match cfg.users.get(user) {
+        Some(u) => format!(
+            "sip:{}@{}",
+            u.username,
+            u.domain.as_deref().unwrap_or(&cfg.domain)
+        ),
+        None => format!("sip:sipsec@{}", cfg.domain),
+    }
+}
+
+fn authorization(c: &Challenge, user: &User, method: &str, uri: &str, cnonce: &str) -> String {
+    c.authorization(&user.username, &user.password, method, uri, 1, cnonce)
+}
+
+/// The call number inside one of our Call-IDs (`{number:x}-{epoch:x}@sipsec-load`).
+fn parse_call_number(call_id: &[u8], epoch: u32) -> Option<u64> {
+    let s = std::str::from_utf8(call_id).ok()?;
+    let (number, rest) = s.split_once('-')?;
+    let (e, _) = rest.split_once('@')?;
+    (u32::from_str_radix(e, 16).ok()? == epoch).then_some(())?;
+    u64::from_str_radix(number, 16).ok()
+}
+
+/// Where to send to reach a URI or a `<uri>;params` route value (IP literals only).
+fn next_hop_addr(uri_or_route: &str) -> Option<SocketAddr> {
+    let s = uri_or_route.trim();
+    let inner = match (s.find('<'), s.find('>')) {
+        (Some(a), Some(b)) if a < b => &s[a + 1..b],
+        _ => s,
+    };
+    let uri = Uri::parse(inner.as_bytes()).ok()?;
+    uri_socket_addr(&uri)
+}
+
+/// Where responses to a request go (RFC 3261 §18.2.2 with RFC 3581 rport): the source for
+/// streams and rport; else the Via's sent-by.
+fn response_addr(msg: &Message<'_>, source: SocketAddr) -> SocketAddr {
+    let via = msg.top_via();
+    if via.rport().is_some() || via.received().is_some() {
+        return source;
+    }
+    let host = via.host_unbracketed();
+    let ip = std::str::from_utf8(host).ok().and_then(|h| h.parse().ok());
+    match ip {
+        Some(ip) => SocketAddr::new(ip, via.port.unwrap_or(5060)),
+        None => source,
+    }
+}
+
+#[cfg(test)]
+#[path = "ua_tests.rs"]
+mod tests;
