@@ -256,8 +256,11 @@ impl Plan {
         if !(0.0..1.0).contains(&args.peak_precision) || args.peak_precision == 0.0 {
             bail!("--peak-precision is a fraction, e.g. 0.03");
         }
-        if args.scenario == ScenarioArg::Redirect && args.role == Role::Both {
-            bail!("the redirect scenario needs a redirect server between UAC and UAS");
+        if args.scenario == ScenarioArg::Redirect
+            && args.role == Role::Both
+            && args.target.is_none()
+        {
+            bail!("the redirect scenario needs a redirect server as the target");
         }
         let users = match &args.users {
             Some(p) => Users::load(p)?,

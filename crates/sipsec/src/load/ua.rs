@@ -465,7 +465,7 @@ impl Ua {
             Stage::Bye if (200..300).contains(&code) => self.finish(number, None),
             stage => {
                 let what = if stage == Stage::Bye { "BYE " } else { "" };
-                let reason = format!("{what}{code} {}", build::reason_phrase(code));
+                let reason = format!("{what}{code} {}", reason_of(msg));
                 self.finish(number, Some(&reason));
             }
         }
@@ -648,7 +648,7 @@ impl Ua {
             return;
         };
         let Scenario::Redirect { follow } = self.cfg.scenario else {
-            let reason = format!("{code} {}", build::reason_phrase(code));
+            let reason = format!("{code} {}", reason_of(msg));
             self.finish(number, Some(&reason));
             return;
         };
@@ -903,6 +903,16 @@ impl Ua {
             }
         }
         self.outputs = outputs;
+    }
+}
+
+/// The reason phrase a response carried (failure reasons quote the peer, not our table).
+fn reason_of(msg: &Message<'_>) -> String {
+    match msg.start_line() {
+        sip_core::message::StartLine::Response { reason, .. } if !reason.is_empty() => {
+            String::from_utf8_lossy(reason).into_owned()
+        }
+        _ => build::reason_phrase(msg.status().unwrap_or(0)).to_string(),
     }
 }
 

@@ -1,0 +1,419 @@
+//! `sipsec load` end to end: the real binary against real SIPp in both directions, through
+//! a real `sipsec serve` (proxy, registrar, redirect server), with digest checked by SIPp's
+//! own implementation, and its JSON summary read back.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Runs `sipsec load` to completion; returns its exit code, JSON summary and stderr.
+fn load(dir: &Path, args: &[&str]) -> (i32, Value, String) {
+    let json = dir.join(format!("load-{}.json", rand_name()));
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .arg("load")
+        .args(args)
+        .args(["--json", json.to_str().unwrap(), "--quiet"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sipsec load");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let summary = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), summary, stderr)
+}
+
+fn rand_name() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    N.fetch_add(1, Ordering::Relaxed) ^ (std::process::id() << 8)
+}
+
+/// A `sipsec load --role uas` in the background; `finish` stops it and reads its summary.
+struct LoadUas {
+    child: Child,
+    json: std::path::PathBuf,
+}
+
+impl LoadUas {
+    fn start(dir: &Path, addr: &str) -> LoadUas {
+        let json = dir.join(format!("uas-{}.json", rand_name()));
+        let child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(["load", "--role", "uas", "--uas", addr, "--quiet", "--json"])
+            .arg(&json)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the load UAS");
+        std::thread::sleep(Duration::from_millis(300));
+        LoadUas { child, json }
+    }
+
+    fn finish(mut self) -> Value {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.code().is_some(),
+            "the UAS died of a signal: {status:?}"
+        );
+        serde_json::from_str(&std::fs::read_to_string(&self.json).unwrap()).unwrap()
+    }
+}
+
+impl Drop for LoadUas {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// Every key the issue promises, with sane values.
+fn assert_summary_shape(v: &Value) {
+    for key in ["attempted", "succeeded", "failed", "retransmissions"] {
+        n(v, key);
+    }
+    assert!(v["failures_by_reason"].is_object(), "{v}");
+    assert!(v["throughput_per_s"].as_f64().unwrap() >= 0.0);
+    let lat = &v["latency_ms"];
+    let (p50, p90, p99, max) = (
+        lat["p50"].as_f64().unwrap(),
+        lat["p90"].as_f64().unwrap(),
+        lat["p99"].as_f64().unwrap(),
+        lat["max"].as_f64().unwrap(),
+    );
+    assert!(p50 <= p90 && p90 <= p99 && p99 <= max, "{lat}");
+}
+
+fn proxy_config(port: u16, uas: &str, dir: &Path, mode: &str) -> String {
+    format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\n\
+mode = \"{mode}\"\nstateful = true\nrecord_route = true\nworkers = 2\n[routing]\n\
+default_route = \"sip:{uas};transport=udp\"\n[database]\nurl = \"sqlite://{}\"\n",
+        dir.join("s.db").display()
+    )
+}
+
+#[test]
+fn load_calls_a_sipp_uas() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(47000);
+    let _uas = sipp_uas(
+        "127.0.0.3",
+        port,
+        &shared_dir().join("bench/kamailio/uas.xml"),
+    );
+    let target = format!("127.0.0.3:{port}");
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &target,
+            "--rate",
+            "200",
+            "--calls",
+            "400",
+            "--local",
+            "127.0.0.2",
+        ],
+    );
+    assert_eq!(code, 0, "{err}\n{v}");
+    assert_summary_shape(&v);
+    assert_eq!((n(&v, "attempted"), n(&v, "succeeded")), (400, 400), "{v}");
+    assert!(v["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn sipp_calls_the_load_uas() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(47000);
+    let addr = format!("127.0.0.3:{port}");
+    let uas = LoadUas::start(dir.path(), &addr);
+    let r = sipp_client(
+        dir.path(),
+        &addr,
+        &[
+            "-sn",
+            "uac",
+            "-i",
+            "127.0.0.2",
+            "-p",
+            &(port + 1).to_string(),
+            "-r",
+            "200",
+            "-m",
+            "400",
+        ],
+    );
+    assert_eq!((r.successful, r.failed, r.exit), (400, 0, 0), "{r:?}");
+    let v = uas.finish();
+    assert_eq!(
+        (n(&v, "uas_answered"), n(&v, "uas_completed")),
+        (400, 400),
+        "{v}"
+    );
+    assert_eq!(n(&v, "failed"), 0, "{v}");
+}
+
+#[test]
+fn calls_through_the_stateful_proxy_and_a_short_peak_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(47000);
+    let uas = format!("127.0.0.3:{}", port + 1);
+    let _server = Server::start(dir.path(), &proxy_config(port, &uas, dir.path(), "proxy"));
+    let target = format!("127.0.0.1:{port}");
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &target, "--role", "both", "--uas", &uas, "--rate", "500", "--calls", "2000",
+        ],
+    );
+    assert_eq!(code, 0, "{err}\n{v}");
+    assert_summary_shape(&v);
+    assert_eq!(n(&v, "succeeded"), 2000, "{v}");
+    // Every call crossed the proxy to our UAS and was ended by BYE there.
+    assert_eq!(
+        (n(&v, "uas_answered"), n(&v, "uas_completed")),
+        (2000, 2000)
+    );
+
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &target,
+            "--role",
+            "both",
+            "--uas",
+            &uas,
+            "--find-peak",
+            "--rate",
+            "100",
+            "--max-rate",
+            "200",
+            "--step-s",
+            "1",
+        ],
+    );
+    assert_eq!(code, 0, "{err}\n{v}");
+    assert_eq!(v["peak_per_s"].as_f64(), Some(200.0), "{v}");
+    assert_eq!(v["steps"].as_array().unwrap().len(), 2, "{v}");
+}
+
+#[test]
+fn users_register_then_are_redirected_to_their_contact() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(47000);
+    let uas = format!("127.0.0.3:{}", port + 1);
+    let _server = Server::start(
+        dir.path(),
+        &proxy_config(port, &uas, dir.path(), "redirect"),
+    );
+    let users = dir.path().join("users.csv");
+    std::fs::write(&users, "username,password\nu1,p1\nu2,p2\nu3,p3\n").unwrap();
+    let target = format!("127.0.0.1:{port}");
+    let common = [
+        target.as_str(),
+        "--users",
+        users.to_str().unwrap(),
+        "--domain",
+        "example.test",
+    ];
+    // Register the three users at the UAS's address.
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &common[..],
+            &[
+                "--scenario",
+                "register",
+                "--calls",
+                "3",
+                "--register-contact",
+                &uas,
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!((code, n(&v, "succeeded")), (0, 3), "{err}\n{v}");
+    // Stop at the 302...
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &common[..],
+            &["--scenario", "redirect", "--calls", "30", "--rate", "100"],
+        ]
+        .concat(),
+    );
+    assert_eq!((code, n(&v, "succeeded")), (0, 30), "{err}\n{v}");
+    // ...or follow it to the registered contact, our own UAS.
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &common[..],
+            &[
+                "--scenario",
+                "redirect",
+                "--redirect",
+                "follow",
+                "--role",
+                "both",
+                "--uas",
+                &uas,
+                "--calls",
+                "30",
+                "--rate",
+                "100",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}\n{v}");
+    assert_eq!(
+        (n(&v, "succeeded"), n(&v, "uas_completed")),
+        (30, 30),
+        "{v}"
+    );
+}
+
+#[test]
+fn options_to_the_server_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(47000);
+    let _server = Server::start(
+        dir.path(),
+        &proxy_config(port, "127.0.0.3:9", dir.path(), "proxy"),
+    );
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &format!("127.0.0.1:{port}"),
+            "--scenario",
+            "options",
+            "--domain",
+            "example.test",
+            "--calls",
+            "50",
+            "--rate",
+            "100",
+        ],
+    );
+    assert_eq!((code, n(&v, "succeeded")), (0, 50), "{err}\n{v}");
+}
+
+#[test]
+fn digest_answers_are_accepted_by_sipp_and_wrong_passwords_fail() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(47000);
+    let _uas = sipp_uas("127.0.0.3", port, &scenario("uas_digest_register.xml"));
+    let target = format!("127.0.0.3:{port}");
+    let good = dir.path().join("good.csv");
+    std::fs::write(&good, "alice,s3cret,sipsec.test\n").unwrap();
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &target,
+            "--scenario",
+            "register",
+            "--users",
+            good.to_str().unwrap(),
+            "--calls",
+            "20",
+            "--rate",
+            "50",
+        ],
+    );
+    assert_eq!((code, n(&v, "succeeded")), (0, 20), "{err}\n{v}");
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "alice,guess,sipsec.test\n").unwrap();
+    let (code, v, _) = load(
+        dir.path(),
+        &[
+            &target,
+            "--scenario",
+            "register",
+            "--users",
+            bad.to_str().unwrap(),
+            "--calls",
+            "5",
+            "--rate",
+            "50",
+        ],
+    );
+    assert_eq!(code, 1, "a run with failures exits 1");
+    assert_eq!(v["failures_by_reason"]["403 Forbidden"], 5, "{v}");
+}
+
+#[test]
+fn failures_are_reported_by_reason() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(47000);
+    let _uas = sipp_uas("127.0.0.3", port, &scenario("uas_busy.xml"));
+    let (code, v, _) = load(
+        dir.path(),
+        &[
+            &format!("127.0.0.3:{port}"),
+            "--calls",
+            "20",
+            "--rate",
+            "100",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert_eq!((n(&v, "attempted"), n(&v, "failed")), (20, 20), "{v}");
+    assert_eq!(v["failures_by_reason"]["486 Busy Here"], 20, "{v}");
+}
+
+#[test]
+fn bad_arguments_are_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_users = dir.path().join("u.csv");
+    std::fs::write(&bad_users, "alice,pw\nbob\n").unwrap();
+    for (args, expected) in [
+        (vec!["--calls", "1"], "give the target"),
+        (vec!["127.0.0.1:5060"], "--duration SECONDS or --calls N"),
+        (vec!["example.com:5060", "--calls", "1"], "IP literals only"),
+        (
+            vec!["127.0.0.1:5060", "--calls", "1", "--rate", "0"],
+            "--rate must be",
+        ),
+        (vec!["--role", "uas"], "needs --uas"),
+        (
+            vec![
+                "127.0.0.1:5060",
+                "--calls",
+                "1",
+                "--users",
+                bad_users.to_str().unwrap(),
+            ],
+            "line 2",
+        ),
+    ] {
+        let (code, _, err) = load(dir.path(), &args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
