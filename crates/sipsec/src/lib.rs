@@ -3,9 +3,10 @@
 //! The server lives in [`server`]; the per-worker protocol engine (no I/O) in [`engine`]; the
 //! I/O drivers in [`worker`] and [`udp`], with wake-up coalescing in [`coalesce`];
 //! registrations in [`location`] and [`store`]; configuration in [`config`]. The load
-//! generator is [`load`]. The protocol
+//! generator is [`load`], the measurement harness [`bench`]. The protocol
 //! itself (parser, transactions, timers) is the `sip-core` crate.
 
+pub mod bench;
 pub mod coalesce;
 pub mod config;
 pub mod engine;

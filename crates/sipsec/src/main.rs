@@ -1,6 +1,6 @@
 //! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-use sipsec::{config, load, server};
+use sipsec::{bench, config, load, server};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -29,6 +29,9 @@ enum Command {
     /// Generate SIP load, open loop: calls, registrations, redirects or OPTIONS, as a
     /// caller (UAC), a callee (UAS), or both.
     Load(Box<load::LoadArgs>),
+    /// Measure a server's CPU per operation (and its peak) under sipsec's own load: sipsec
+    /// started here and pinned, or any running server given by PID.
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => bench::run(*args).map(|_| ()),
         Command::Load(args) => {
             let peak = args.find_peak;
             return match load::run(*args) {

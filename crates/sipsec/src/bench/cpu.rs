@@ -1,0 +1,166 @@
+//! CPU accounting from /proc: user and system time of a process and everything it forked
+//! (Kamailio runs a dozen processes), and pinning to a core. This is the figure the seeds
+//! report — server CPU per call — read the same way `../shared/bench/kamailio/compare.py`
+//! reads it, so the two harnesses can be checked against each other.
+
+use anyhow::{bail, Context, Result};
+
+/// User and system CPU seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTime {
+    pub user_s: f64,
+    pub sys_s: f64,
+}
+
+impl CpuTime {
+    pub fn total_s(&self) -> f64 {
+        self.user_s + self.sys_s
+    }
+
+    pub fn since(&self, earlier: CpuTime) -> CpuTime {
+        CpuTime {
+            user_s: self.user_s - earlier.user_s,
+            sys_s: self.sys_s - earlier.sys_s,
+        }
+    }
+}
+
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// The fields of /proc/PID/stat after the command name (which may contain spaces).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = text.rsplit_once(')')?.1;
+    Some(after.split_whitespace().map(str::to_string).collect())
+}
+
+/// `pid` and all its descendants that are alive now.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(p) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // Field 4 of stat (index 1 after the name) is the parent pid.
+            if let Some(ppid) = stat_fields(p).and_then(|f| f.get(1)?.parse::<u32>().ok()) {
+                parents.push((p, ppid));
+            }
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
+}
+
+/// Summed user and system time of `pids` (all their threads). Processes that have exited
+/// are skipped, as compare.py does.
+pub fn cpu_of(pids: &[u32]) -> CpuTime {
+    let tck = ticks_per_second();
+    let mut t = CpuTime::default();
+    for &pid in pids {
+        if let Some(f) = stat_fields(pid) {
+            // utime and stime are fields 14 and 15: indices 11 and 12 after the name.
+            let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            t.user_s += get(11) as f64 / tck;
+            t.sys_s += get(12) as f64 / tck;
+        }
+    }
+    t
+}
+
+/// CPU time of this process so far (all threads).
+pub fn own_cpu() -> CpuTime {
+    cpu_of(&[std::process::id()])
+}
+
+/// Checks that a process exists.
+pub fn check_alive(pid: u32) -> Result<()> {
+    if stat_fields(pid).is_none() {
+        bail!("no process with PID {pid}");
+    }
+    Ok(())
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_current_thread(cpu: usize) -> Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("cannot pin to CPU {cpu}"));
+        }
+    }
+    Ok(())
+}
+
+/// Online CPUs.
+pub fn cpu_count() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_is_in_the_tree_and_its_cpu_is_counted() {
+        // A child that burns CPU in a shell loop until killed.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let tree = process_tree(me);
+        assert!(tree.contains(&me) && tree.contains(&child.id()), "{tree:?}");
+        let before = cpu_of(&[child.id()]);
+        // Wait until the child has been charged at least two clock ticks.
+        let mut after = before;
+        for _ in 0..200 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            after = cpu_of(&[child.id()]);
+            if after.total_s() - before.total_s() >= 0.02 {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(after.since(before).total_s() >= 0.02, "{after:?}");
+        assert!(!process_tree(me).contains(&child.id()));
+        assert_eq!(
+            cpu_of(&[child.id()]),
+            CpuTime::default(),
+            "an exited PID counts 0"
+        );
+    }
+
+    #[test]
+    fn missing_processes_are_reported() {
+        assert!(check_alive(std::process::id()).is_ok());
+        assert!(check_alive(u32::MAX - 1).is_err());
+    }
+}

@@ -1,0 +1,352 @@
+//! `sipsec bench`: one scenario against one server at a fixed rate, reporting the server's
+//! CPU cost per completed operation — user+sys time of the server's processes read from /proc
+//! before and after the measured run, divided by the operations that succeeded — and, when
+//! asked, the peak rate.
+//!
+//! The same harness measures sipsec (started here, pinned to one core, with the load
+//! generator pinned to another) and any external server given by PID (Kamailio), so the two
+//! figures come from the same load and the same arithmetic.
+
+pub mod cpu;
+
+use crate::load::{self, report::Summary, LoadArgs};
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use serde::Serialize;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// Where the default bench topology puts things (as `../shared/bench/kamailio/compare.py`).
+const SERVER: &str = "127.0.0.1:35060";
+const UAC_IP: &str = "127.0.0.2";
+const UAS: &str = "127.0.0.3:35080";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchScenario {
+    /// Calls through a proxy to the load generator's own UAS.
+    Call,
+    /// Registrations.
+    Register,
+    /// OPTIONS answered by the server.
+    Options,
+}
+
+/// `sipsec bench` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value = "call")]
+    pub scenario: BenchScenario,
+    /// Operations per second during the measured run.
+    #[arg(long, default_value_t = 1500.0)]
+    pub rate: f64,
+    /// Operations in the measured run.
+    #[arg(long, default_value_t = 18_000)]
+    pub calls: u64,
+    /// Operations in the warm-up run before it (default: two seconds' worth).
+    #[arg(long)]
+    pub warmup_calls: Option<u64>,
+    /// sipsec config to start (default: a stateful record-routing UDP proxy on
+    /// 127.0.0.1:35060 with one worker, routing to the UAS on 127.0.0.3:35080).
+    #[arg(long, conflicts_with = "server_pid")]
+    pub config: Option<PathBuf>,
+    /// With the default config: a stateless proxy.
+    #[arg(long)]
+    pub stateless: bool,
+    /// Measure this already running server instead (repeat for several; their child
+    /// processes are counted too). Needs --target.
+    #[arg(long = "server-pid")]
+    pub server_pid: Vec<u32>,
+    /// Where the load goes (default: the server started here).
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Where the load generator's UAS listens (the address the server routes calls to).
+    #[arg(long, default_value = UAS)]
+    pub uas: String,
+    /// Host of Request-URIs. Calls default to the server's address (so a proxy uses its
+    /// default route, as SIPp's callers do); register and options default to bench.test,
+    /// the domain of the default config.
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// Users CSV for the load (e.g. with credentials).
+    #[arg(long)]
+    pub users: Option<PathBuf>,
+    /// Core the started server is pinned to.
+    #[arg(long, default_value_t = 0)]
+    pub server_cpu: usize,
+    /// Core the load generator is pinned to.
+    #[arg(long, default_value_t = 1)]
+    pub load_cpu: usize,
+    /// Also search for the peak rate (≥ 99% of operations succeeding within 500 ms).
+    #[arg(long)]
+    pub find_peak: bool,
+    /// Seconds per peak-search trial.
+    #[arg(long, default_value_t = 5.0)]
+    pub step_s: f64,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// The bench report (`--json`).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub server: String,
+    pub scenario: String,
+    pub rate: f64,
+    pub ops: u64,
+    pub server_cpu_us_per_op: f64,
+    pub server_user_us_per_op: f64,
+    pub server_sys_us_per_op: f64,
+    /// The load generator's own CPU per operation (UAC and UAS together).
+    pub load_cpu_us_per_op: f64,
+    pub server_pids: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_per_s: Option<f64>,
+    pub load: Summary,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_search: Option<Summary>,
+}
+
+/// A sipsec server this bench started; stopped on drop.
+struct Started {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn default_config(dir: &Path, stateless: bool) -> String {
+    format!(
+        "[server]\nlisten = [\"udp:{SERVER}\"]\ndomains = [\"bench.test\"]\nmode = \"proxy\"\n\
+         stateful = {}\nrecord_route = true\nworkers = 1\n[routing]\n\
+         default_route = \"sip:{UAS};transport=udp\"\n[database]\nurl = \"sqlite://{}\"\n",
+        !stateless,
+        dir.join("bench.db").display()
+    )
+}
+
+/// Starts `sipsec serve` pinned to `cpu` and waits for its banner.
+fn start_sipsec(config: &Path, dir: tempfile::TempDir, cpu: usize) -> Result<Started> {
+    let exe = std::env::current_exe().context("cannot find the sipsec binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .current_dir(dir.path())
+        .env("SIPSEC_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("cannot start sipsec serve")?;
+    let mut banner = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut banner)
+        .context("reading the server's banner")?;
+    if !banner.starts_with("sipsec listening on") {
+        let _ = child.kill();
+        bail!("sipsec serve did not start (see its errors above)");
+    }
+    Ok(Started { child, _dir: dir })
+}
+
+/// The first UDP listen address of a sipsec config.
+fn config_target(path: &Path) -> Result<SocketAddr> {
+    let cfg = crate::config::Config::load(path)?;
+    cfg.listen
+        .first()
+        .map(|l| l.addr)
+        .context("the config listens nowhere")
+}
+
+/// Builds load options the way the command line would, so defaults stay in one place.
+fn load_args(words: &[String]) -> Result<LoadArgs> {
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: LoadArgs,
+    }
+    let argv = std::iter::once("sipsec-load".to_string()).chain(words.iter().cloned());
+    Ok(Wrapper::try_parse_from(argv)?.args)
+}
+
+/// `sipsec bench`.
+pub fn run(a: BenchArgs) -> Result<Report> {
+    if !(a.rate > 0.0) || a.calls == 0 {
+        bail!("--rate and --calls must be positive");
+    }
+    let cpus = cpu::cpu_count();
+    if a.server_cpu >= cpus || a.load_cpu >= cpus {
+        bail!("--server-cpu and --load-cpu must be below {cpus} (the CPUs online)");
+    }
+    let mut started = None;
+    let (target, pids_root, server) = if !a.server_pid.is_empty() {
+        for &p in &a.server_pid {
+            cpu::check_alive(p)?;
+        }
+        let target = a
+            .target
+            .clone()
+            .context("--server-pid needs --target ip:port (where that server listens)")?;
+        (target, a.server_pid.clone(), "external".to_string())
+    } else {
+        let dir = tempfile::tempdir()?;
+        let config = match &a.config {
+            Some(p) => p.clone(),
+            None => {
+                let p = dir.path().join("sipsec.toml");
+                std::fs::write(&p, default_config(dir.path(), a.stateless))?;
+                p
+            }
+        };
+        let target = match &a.target {
+            Some(t) => t.clone(),
+            None => config_target(&config)?.to_string(),
+        };
+        let s = start_sipsec(&config, dir, a.server_cpu)?;
+        let pid = s.child.id();
+        started = Some(s);
+        (target, vec![pid], "sipsec".to_string())
+    };
+    cpu::pin_current_thread(a.load_cpu)?;
+
+    let scenario = match a.scenario {
+        BenchScenario::Call => "call",
+        BenchScenario::Register => "register",
+        BenchScenario::Options => "options",
+    };
+    let mut words: Vec<String> = [
+        target.as_str(),
+        "--scenario",
+        scenario,
+        "--local",
+        UAC_IP,
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let domain = match (&a.domain, a.scenario) {
+        (Some(d), _) => Some(d.as_str()),
+        (None, BenchScenario::Call) => None,
+        (None, _) => Some("bench.test"),
+    };
+    if let Some(d) = domain {
+        words.extend(["--domain", d].map(String::from));
+    }
+    if a.scenario == BenchScenario::Call {
+        words.extend(["--role", "both", "--uas", &a.uas].map(String::from));
+    }
+    if let Some(u) = &a.users {
+        words.extend(["--users".to_string(), u.display().to_string()]);
+    }
+    let with = |extra: &[String]| -> Result<load::Plan> {
+        load::Plan::new(load_args(&[&words[..], extra].concat())?)
+    };
+    let rate = a.rate.to_string();
+    let warmup = a.warmup_calls.unwrap_or((a.rate * 2.0) as u64).max(1);
+    let warm_plan = with(&["--rate", &rate, "--calls", &warmup.to_string()].map(String::from))?;
+    let plan = with(&["--rate", &rate, "--calls", &a.calls.to_string()].map(String::from))?;
+    let mut bound = load::bind(&plan)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+
+    if !a.quiet {
+        eprintln!("sipsec bench: warming up with {warmup} {scenario} operations at {rate}/s");
+    }
+    let warm = load::execute(&warm_plan, &mut bound, &stop)?;
+    if warm.succeeded == 0 {
+        bail!(
+            "no {scenario} succeeded during warm-up ({:?}): is the server at {target} routing to \
+             the UAS at {}?",
+            warm.failures_by_reason,
+            a.uas
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let pids = pids_root
+        .iter()
+        .flat_map(|&p| cpu::process_tree(p))
+        .collect::<Vec<_>>();
+    if !a.quiet {
+        eprintln!(
+            "sipsec bench: measuring {} {scenario} operations at {rate}/s; server PIDs {pids:?}",
+            a.calls
+        );
+    }
+    let (server0, own0) = (cpu::cpu_of(&pids), cpu::own_cpu());
+    let summary = load::execute(&plan, &mut bound, &stop)?;
+    let (server1, own1) = (cpu::cpu_of(&pids), cpu::own_cpu());
+    let used = server1.since(server0);
+    let ops = summary.succeeded;
+    let per_op = |s: f64| if ops == 0 { 0.0 } else { s * 1e6 / ops as f64 };
+
+    let peak_search = if a.find_peak {
+        let step = a.step_s.to_string();
+        let peak_plan =
+            with(&["--rate", &rate, "--find-peak", "--step-s", &step].map(String::from))?;
+        Some(load::execute(&peak_plan, &mut bound, &stop)?)
+    } else {
+        None
+    };
+    drop(started);
+    let report = Report {
+        server,
+        scenario: scenario.into(),
+        rate: a.rate,
+        ops,
+        server_cpu_us_per_op: per_op(used.total_s()),
+        server_user_us_per_op: per_op(used.user_s),
+        server_sys_us_per_op: per_op(used.sys_s),
+        load_cpu_us_per_op: per_op(own1.since(own0).total_s()),
+        server_pids: pids,
+        peak_per_s: peak_search.as_ref().and_then(|s| s.peak_per_s),
+        load: summary,
+        peak_search,
+    };
+    println!(
+        "{} {scenario} at {rate}/s: {} of {} succeeded; server CPU {:.1} µs/op \
+         (user {:.1}, sys {:.1}); load generator {:.1} µs/op{}",
+        report.server,
+        report.ops,
+        report.load.attempted,
+        report.server_cpu_us_per_op,
+        report.server_user_us_per_op,
+        report.server_sys_us_per_op,
+        report.load_cpu_us_per_op,
+        report
+            .peak_per_s
+            .map_or(String::new(), |p| format!("; peak {p:.0}/s"))
+    );
+    if report.load.failed > 0 {
+        println!("  failures: {:?}", report.load.failures_by_reason);
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(report)
+}
