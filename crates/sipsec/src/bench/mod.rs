@@ -193,7 +193,7 @@ fn load_args(words: &[String]) -> Result<LoadArgs> {
 
 /// `sipsec bench`.
 pub fn run(a: BenchArgs) -> Result<Report> {
-    if !(a.rate > 0.0) || a.calls == 0 {
+    if !a.rate.is_finite() || a.rate <= 0.0 || a.calls == 0 {
         bail!("--rate and --calls must be positive");
     }
     let cpus = cpu::cpu_count();
