@@ -402,6 +402,14 @@ fn bad_arguments_are_refused_with_a_clear_error() {
         ),
         (vec!["--role", "uas"], "needs --uas"),
         (
+            vec!["127.0.0.1:5060", "--calls", "1", "--transport", "tls"],
+            "arrives with the TLS issue",
+        ),
+        (
+            vec!["tcp:127.0.0.1:5060", "--calls", "1"],
+            "another transport",
+        ),
+        (
             vec![
                 "127.0.0.1:5060",
                 "--calls",
@@ -416,4 +424,113 @@ fn bad_arguments_are_refused_with_a_clear_error() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(expected), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn tcp_calls_both_ways_with_sipp_and_per_call_connections() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(47000);
+    // Our caller over one persistent TCP connection to SIPp's callee.
+    let uas = Background(
+        Command::new("sipp")
+            .args([
+                "-sn",
+                "uas",
+                "-t",
+                "t1",
+                "-i",
+                "127.0.0.3",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["-nostdin", "-timeout", "120s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let target = format!("tcp:127.0.0.3:{port}");
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &target,
+            "--transport",
+            "tcp",
+            "--rate",
+            "200",
+            "--calls",
+            "300",
+        ],
+    );
+    assert_eq!((code, n(&v, "succeeded")), (0, 300), "{err}\n{v}");
+    assert_eq!(v["transport"], "tcp");
+    drop(uas);
+
+    // SIPp's caller over TCP to our callee.
+    let addr = format!("127.0.0.3:{}", port + 1);
+    let ours = {
+        let json = dir.path().join("tcp-uas.json");
+        let child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args([
+                "load",
+                "--role",
+                "uas",
+                "--transport",
+                "tcp",
+                "--uas",
+                &addr,
+                "-q",
+            ])
+            .arg("--json")
+            .arg(&json)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        LoadUas { child, json }
+    };
+    let r = sipp_client(
+        dir.path(),
+        &addr,
+        &[
+            "-sn",
+            "uac",
+            "-t",
+            "t1",
+            "-i",
+            "127.0.0.2",
+            "-r",
+            "200",
+            "-m",
+            "300",
+        ],
+    );
+    assert_eq!((r.successful, r.failed, r.exit), (300, 0, 0), "{r:?}");
+    let v = ours.finish();
+    assert_eq!(n(&v, "uas_completed"), 300, "{v}");
+
+    // Both sides ours, one connection per call.
+    let addr = format!("127.0.0.3:{}", port + 2);
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            "--transport",
+            "tcp",
+            "--connection",
+            "per-call",
+            "--role",
+            "both",
+            "--uas",
+            &addr,
+            "--rate",
+            "200",
+            "--calls",
+            "300",
+        ],
+    );
+    assert_eq!((code, n(&v, "succeeded")), (0, 300), "{err}\n{v}");
 }

@@ -25,6 +25,14 @@ pub trait Links {
     fn receive(&mut self, ua: &mut Ua, now_us: u64, out: &mut Vec<Transmit>) -> usize;
     /// Sends (or queues) every transmission in `out`, emptying it. Returns how many failed.
     fn send(&mut self, out: &mut Vec<Transmit>) -> usize;
+    /// Whether `fd` has output waiting for the socket to become writable.
+    fn wants_write(&self, _fd: RawFd) -> bool {
+        false
+    }
+    /// Operations that ended (their per-call connections can close).
+    fn release_calls(&mut self, ended: &mut Vec<u64>) {
+        ended.clear();
+    }
 }
 
 /// UDP sockets, one per link index (0: the UAC's, 1: the UAS's when both run).
@@ -139,15 +147,7 @@ pub fn run(
 ) -> RunTimes {
     let origin = Instant::now();
     let mut out: Vec<Transmit> = Vec::with_capacity(1024);
-    let mut pollfds: Vec<libc::pollfd> = links
-        .fds()
-        .into_iter()
-        .map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+    let mut pollfds: Vec<libc::pollfd> = Vec::new();
     let mut send_failures = 0u64;
     let mut schedule_done_at: Option<f64> = None;
     let mut interrupted = false;
@@ -173,6 +173,9 @@ pub fn run(
         }
         if !out.is_empty() {
             send_failures += links.send(&mut out) as u64;
+        }
+        if !ua.ended.is_empty() {
+            links.release_calls(&mut ua.ended);
         }
         progress.maybe_print(t, ua);
         // Termination.
@@ -204,6 +207,16 @@ pub fn run(
         }
         let wait = (wake - now_us(origin) as f64 / 1e6).clamp(0.0, 0.2);
         if wait > 0.000_05 {
+            pollfds.clear();
+            pollfds.extend(links.fds().into_iter().map(|fd| libc::pollfd {
+                fd,
+                events: if links.wants_write(fd) {
+                    libc::POLLIN | libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                },
+                revents: 0,
+            }));
             let ts = libc::timespec {
                 tv_sec: 0,
                 tv_nsec: (wait * 1e9) as libc::c_long,

@@ -4,7 +4,7 @@
 //! - [`ua`]: the sans-IO user agent (scenarios, dialogs, digest answers) on `sip-core`'s
 //!   transactions;
 //! - [`schedule`]: the open-loop start schedule, constant or ramped;
-//! - [`driver`]: the single-threaded I/O loop and its transports;
+//! - [`driver`]: the single-threaded I/O loop and UDP; [`stream`]: TCP connections;
 //! - [`peak`]: the `--find-peak` search;
 //! - [`stats`] and [`report`]: counting, the live line, the summary and its JSON;
 //! - [`users`]: the CSV of users and credentials.
@@ -14,6 +14,7 @@ pub mod peak;
 pub mod report;
 pub mod schedule;
 pub mod stats;
+pub mod stream;
 pub mod ua;
 pub mod users;
 
@@ -80,14 +81,14 @@ pub enum RedirectArg {
 /// `sipsec load` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
-    /// Where requests go: `[udp:]ip:port` (a server, or a UAS directly). With `--role both`
+    /// Where requests go: `[udp:|tcp:]ip:port` (a server, or a UAS directly). With `--role both`
     /// it defaults to the `--uas` address.
     pub target: Option<String>,
     #[arg(long, value_enum, default_value = "call")]
     pub scenario: ScenarioArg,
     #[arg(long, value_enum, default_value = "uac")]
     pub role: Role,
-    /// Address the UAS listens on, `[udp:]ip:port` (roles uas and both).
+    /// Address the UAS listens on, `[udp:|tcp:]ip:port` (roles uas and both).
     #[arg(long)]
     pub uas: Option<String>,
     #[arg(long, value_enum, default_value = "udp")]
@@ -163,13 +164,13 @@ pub struct LoadArgs {
     pub drain_s: f64,
 }
 
-/// `[udp:|tcp:|tls:]ip:port`.
-pub fn parse_endpoint(s: &str) -> Result<(TransportArg, SocketAddr)> {
+/// `[udp:|tcp:|tls:]ip:port`; the transport when one is named.
+pub fn parse_endpoint(s: &str) -> Result<(Option<TransportArg>, SocketAddr)> {
     let (transport, rest) = match s.split_once(':') {
-        Some(("udp", r)) => (TransportArg::Udp, r),
-        Some(("tcp", r)) => (TransportArg::Tcp, r),
-        Some(("tls", r)) => (TransportArg::Tls, r),
-        _ => (TransportArg::Udp, s),
+        Some(("udp", r)) => (Some(TransportArg::Udp), r),
+        Some(("tcp", r)) => (Some(TransportArg::Tcp), r),
+        Some(("tls", r)) => (Some(TransportArg::Tls), r),
+        _ => (None, s),
     };
     let addr = rest.parse::<SocketAddr>().with_context(|| {
         format!("{s:?} is not [udp|tcp|tls:]ip:port (IP literals only; no DNS)")
@@ -201,18 +202,20 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(args: LoadArgs) -> Result<Plan> {
-        if args.transport != TransportArg::Udp {
+        if args.transport == TransportArg::Tls {
             bail!(
-                "--transport {:?}: only udp is implemented so far; TCP and TLS (with \
-                 --connection, --tls-resumption and client certificates) come with the TLS issue",
-                args.transport
+                "--transport tls: TLS (with --tls-resumption and client certificates) arrives \
+                 with the TLS issue; udp and tcp work now"
             );
+        }
+        if args.tls_cert.is_some() || args.tls_key.is_some() || args.tls_ca.is_some() {
+            bail!("--tls-cert, --tls-key and --tls-ca need --transport tls");
         }
         let uas = match (&args.uas, args.role) {
             (Some(s), Role::Uas | Role::Both) => {
                 let (t, a) = parse_endpoint(s).context("--uas")?;
-                if t != TransportArg::Udp {
-                    bail!("--uas {s}: only udp is implemented so far");
+                if t.is_some_and(|t| t != args.transport) {
+                    bail!("--uas {s} names another transport than --transport");
                 }
                 Some(a)
             }
@@ -223,7 +226,7 @@ impl Plan {
         let target = match (&args.target, args.role) {
             (Some(s), _) => {
                 let (t, a) = parse_endpoint(s).context("target")?;
-                if t != args.transport {
+                if t.is_some_and(|t| t != args.transport) {
                     bail!("target {s} names another transport than --transport");
                 }
                 Some(a)
@@ -293,7 +296,7 @@ impl Plan {
 
 /// The sockets of a run and the addresses the UA puts in its messages.
 pub struct Bound {
-    pub links: UdpLinks,
+    pub links: Box<dyn Links>,
     pub uac_local: Option<SocketAddr>,
     pub uas_local: Option<SocketAddr>,
     /// Link index of the UAC socket (UAS is link 0 alone, link 1 beside a UAC).
@@ -302,6 +305,9 @@ pub struct Bound {
 
 /// Binds the run's sockets.
 pub fn bind(plan: &Plan) -> Result<Bound> {
+    if plan.args.transport == TransportArg::Tcp {
+        return bind_tcp(plan);
+    }
     let mut sockets = Vec::new();
     let mut uac_local = None;
     if let Some(target) = plan.target.filter(|_| plan.args.role != Role::Uas) {
@@ -322,10 +328,41 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
         sockets.push(s);
     }
     Ok(Bound {
-        links: UdpLinks::new(sockets),
+        links: Box::new(UdpLinks::new(sockets)),
         uac_local,
         uas_local,
         uac_link,
+    })
+}
+
+/// TCP: a listener for the UAS; the caller's connections open on demand from its local IP.
+fn bind_tcp(plan: &Plan) -> Result<Bound> {
+    let mut uac_local = None;
+    let mut local_ip = None;
+    if let Some(target) = plan.target.filter(|_| plan.args.role != Role::Uas) {
+        let ip = match plan.args.local {
+            Some(ip) => ip,
+            None => route_source(target)?,
+        };
+        local_ip = Some(ip);
+        // Via and Contact name the IP; the port is the connection's own (RFC 3261 §18.1.1
+        // lets responses come back on the connection).
+        uac_local = Some(SocketAddr::new(ip, 5060));
+    }
+    let mut listener = None;
+    let mut uas_local = None;
+    if let Some(addr) = plan.uas {
+        let l = stream::TcpLinks::listen(addr)
+            .with_context(|| format!("cannot listen for the UAS on tcp:{addr}"))?;
+        uas_local = Some(l.local_addr()?);
+        listener = Some(l);
+    }
+    let per_call = plan.args.connection == ConnectionArg::PerCall;
+    Ok(Bound {
+        links: Box::new(stream::TcpLinks::new(listener, per_call, local_ip)),
+        uac_local,
+        uas_local,
+        uac_link: 0,
     })
 }
 
@@ -342,7 +379,11 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         },
         uac_local: bound.uac_local.unwrap_or(target),
         uas_local: bound.uas_local,
-        transport: ViaTransport::Udp,
+        transport: match plan.args.transport {
+            TransportArg::Udp => ViaTransport::Udp,
+            TransportArg::Tcp => ViaTransport::Tcp,
+            TransportArg::Tls => ViaTransport::Tls,
+        },
         domain: plan.args.domain.clone().unwrap_or_else(|| match target {
             SocketAddr::V4(a) => a.to_string(),
             SocketAddr::V6(a) => a.to_string(),
@@ -354,6 +395,8 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         register_contact: plan.args.register_contact.clone(),
         timers: Default::default(),
         epoch,
+        report_ended: plan.args.transport != TransportArg::Udp
+            && plan.args.connection == ConnectionArg::PerCall,
     }
 }
 
@@ -392,7 +435,7 @@ fn run_once(
     };
     let times = driver::run(
         &mut ua,
-        &mut bound.links as &mut dyn Links,
+        bound.links.as_mut(),
         &mut pacer,
         &opts,
         &mut progress,
@@ -406,7 +449,7 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
     Summary {
         scenario: format!("{:?}", plan.args.scenario).to_lowercase(),
         role: format!("{:?}", plan.args.role).to_lowercase(),
-        transport: "udp".into(),
+        transport: format!("{:?}", plan.args.transport).to_lowercase(),
         rate: if plan.args.role == Role::Uas {
             0.0
         } else {
@@ -519,14 +562,17 @@ pub fn run(args: LoadArgs) -> Result<Summary> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
+    let transport = format!("{:?}", plan.args.transport).to_lowercase();
     if let Some(a) = bound.uas_local {
-        eprintln!("sipsec load: UAS listening on udp:{a}");
+        eprintln!("sipsec load: UAS listening on {transport}:{a}");
     }
     if let (Some(l), Some(t)) = (bound.uac_local, plan.target) {
         if plan.args.role != Role::Uas {
             eprintln!(
-                "sipsec load: {:?} from udp:{l} to udp:{t} at {}/s",
-                plan.args.scenario, plan.args.rate
+                "sipsec load: {:?} from {} to {transport}:{t} at {}/s",
+                plan.args.scenario,
+                l.ip(),
+                plan.args.rate
             );
         }
     }

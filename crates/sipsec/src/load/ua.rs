@@ -93,6 +93,8 @@ pub struct UaConfig {
     pub timers: Timers,
     /// Distinguishes this run's Call-IDs and branches from earlier runs on the same sockets.
     pub epoch: u32,
+    /// Record ended operations in [`Ua::ended`].
+    pub report_ended: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -174,6 +176,9 @@ pub struct Ua {
     fired: Vec<Event>,
     scratch: Vec<u8>,
     pub stats: Stats,
+    /// Numbers of the operations that ended, when `UaConfig::report_ended` asks for them
+    /// (per-call connections close on them); the driver drains it.
+    pub ended: Vec<u64>,
 }
 
 fn ms(us: u64) -> u64 {
@@ -196,6 +201,7 @@ impl Ua {
             fired: Vec::new(),
             scratch: Vec::with_capacity(2048),
             stats: Stats::default(),
+            ended: Vec::new(),
         }
     }
 
@@ -498,6 +504,9 @@ impl Ua {
         if let Some(call) = self.calls.remove(&number) {
             if let Some(h) = call.hold {
                 self.wheel.cancel(h);
+            }
+            if self.cfg.report_ended {
+                self.ended.push(number);
             }
             match failure {
                 None => self.stats.success(),

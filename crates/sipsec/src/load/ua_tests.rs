@@ -27,6 +27,7 @@ fn config(scenario: Scenario, users: Users) -> UaConfig {
         register_contact: None,
         timers: Timers::default(),
         epoch: 7,
+        report_ended: false,
     }
 }
 
