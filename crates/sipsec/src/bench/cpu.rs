@@ -104,18 +104,23 @@ pub fn check_alive(pid: u32) -> Result<()> {
     Ok(())
 }
 
-/// Pins the calling thread to one CPU.
-pub fn pin_current_thread(cpu: usize) -> Result<()> {
+/// Pins the calling thread to one CPU. Allocates nothing and makes only async-signal-safe
+/// calls, so it may run between fork and exec.
+pub fn set_affinity(cpu: usize) -> std::io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_SET writes within it; sched_setaffinity reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot pin to CPU {cpu}"));
+            return Err(std::io::Error::last_os_error());
         }
     }
     Ok(())
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_current_thread(cpu: usize) -> Result<()> {
+    set_affinity(cpu).with_context(|| format!("cannot pin to CPU {cpu}"))
 }
 
 /// Online CPUs.

@@ -147,17 +147,10 @@ fn start_sipsec(config: &Path, dir: tempfile::TempDir, cpu: usize) -> Result<Sta
         .env("SIPSEC_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec.
+    // SAFETY: set_affinity makes only async-signal-safe calls between fork and exec.
     unsafe {
         use std::os::unix::process::CommandExt;
-        cmd.pre_exec(move || {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || cpu::set_affinity(cpu));
     }
     let mut child = cmd.spawn().context("cannot start sipsec serve")?;
     let mut banner = String::new();

@@ -150,8 +150,8 @@ fn hostport(addr: SocketAddr) -> String {
 }
 
 /// Where responses to a request go (RFC 3261 §18.2.2, RFC 3581): the source address, at the
-/// Via's port unless rport asked for the source port.
-fn response_dest(via: &Via<'_>, source: SocketAddr) -> SocketAddr {
+/// Via's port unless rport asked for the source port. The load generator's UAS uses it too.
+pub(crate) fn response_dest(via: &Via<'_>, source: SocketAddr) -> SocketAddr {
     if via.rport().is_some() {
         source
     } else {

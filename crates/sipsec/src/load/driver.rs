@@ -19,16 +19,12 @@ use std::time::Instant;
 
 /// A set of local endpoints the UA sends and receives on.
 pub trait Links {
-    /// Descriptors to wait on.
-    fn fds(&self) -> Vec<RawFd>;
+    /// Appends the descriptors to wait on, with POLLOUT where output is waiting.
+    fn poll_set(&self, out: &mut Vec<libc::pollfd>);
     /// Reads what is waiting and hands each message to the UA. Returns how many arrived.
     fn receive(&mut self, ua: &mut Ua, now_us: u64, out: &mut Vec<Transmit>) -> usize;
     /// Sends (or queues) every transmission in `out`, emptying it. Returns how many failed.
     fn send(&mut self, out: &mut Vec<Transmit>) -> usize;
-    /// Whether `fd` has output waiting for the socket to become writable.
-    fn wants_write(&self, _fd: RawFd) -> bool {
-        false
-    }
     /// Operations that ended (their per-call connections can close).
     fn release_calls(&mut self, ended: &mut Vec<u64>) {
         ended.clear();
@@ -52,16 +48,24 @@ impl UdpLinks {
             queue: Vec::new(),
         }
     }
+}
 
-    /// Binds a UDP socket with large buffers (SO_REUSEPORT is harmless here).
-    pub fn bind(addr: SocketAddr) -> std::io::Result<Socket> {
-        udp::bind_reuseport(addr)
+/// A poll entry for reading, and writing too when `write`.
+pub fn pollfd(fd: RawFd, write: bool) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: if write {
+            libc::POLLIN | libc::POLLOUT
+        } else {
+            libc::POLLIN
+        },
+        revents: 0,
     }
 }
 
 impl Links for UdpLinks {
-    fn fds(&self) -> Vec<RawFd> {
-        self.sockets.iter().map(udp::fd).collect()
+    fn poll_set(&self, out: &mut Vec<libc::pollfd>) {
+        out.extend(self.sockets.iter().map(|s| pollfd(udp::fd(s), false)));
     }
 
     fn receive(&mut self, ua: &mut Ua, now_us: u64, out: &mut Vec<Transmit>) -> usize {
@@ -208,15 +212,7 @@ pub fn run(
         let wait = (wake - now_us(origin) as f64 / 1e6).clamp(0.0, 0.2);
         if wait > 0.000_05 {
             pollfds.clear();
-            pollfds.extend(links.fds().into_iter().map(|fd| libc::pollfd {
-                fd,
-                events: if links.wants_write(fd) {
-                    libc::POLLIN | libc::POLLOUT
-                } else {
-                    libc::POLLIN
-                },
-                revents: 0,
-            }));
+            links.poll_set(&mut pollfds);
             let ts = libc::timespec {
                 tv_sec: 0,
                 tv_nsec: (wait * 1e9) as libc::c_long,

@@ -299,8 +299,21 @@ pub struct Bound {
     pub links: Box<dyn Links>,
     pub uac_local: Option<SocketAddr>,
     pub uas_local: Option<SocketAddr>,
-    /// Link index of the UAC socket (UAS is link 0 alone, link 1 beside a UAC).
-    pub uac_link: u32,
+}
+
+/// The link the caller sends on: UDP's first socket (the UAS's is link 1 beside it, link 0
+/// alone, where the caller never sends); for TCP, "the connection to this address".
+const UAC_LINK: u32 = 0;
+
+/// The caller's local IP, when this run has a caller.
+fn uac_ip(plan: &Plan) -> Result<Option<IpAddr>> {
+    match plan.target.filter(|_| plan.args.role != Role::Uas) {
+        Some(target) => Ok(Some(match plan.args.local {
+            Some(ip) => ip,
+            None => route_source(target)?,
+        })),
+        None => Ok(None),
+    }
 }
 
 /// Binds the run's sockets.
@@ -310,20 +323,16 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
     }
     let mut sockets = Vec::new();
     let mut uac_local = None;
-    if let Some(target) = plan.target.filter(|_| plan.args.role != Role::Uas) {
-        let ip = match plan.args.local {
-            Some(ip) => ip,
-            None => route_source(target)?,
-        };
-        let s = UdpLinks::bind(SocketAddr::new(ip, 0))
+    if let Some(ip) = uac_ip(plan)? {
+        let s = crate::udp::bind_reuseport(SocketAddr::new(ip, 0))
             .with_context(|| format!("cannot bind a UDP socket on {ip}"))?;
         uac_local = s.local_addr()?.as_socket();
         sockets.push(s);
     }
-    let uac_link = 0;
     let mut uas_local = None;
     if let Some(addr) = plan.uas {
-        let s = UdpLinks::bind(addr).with_context(|| format!("cannot bind the UAS on {addr}"))?;
+        let s = crate::udp::bind_reuseport(addr)
+            .with_context(|| format!("cannot bind the UAS on {addr}"))?;
         uas_local = s.local_addr()?.as_socket();
         sockets.push(s);
     }
@@ -331,24 +340,15 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
         links: Box::new(UdpLinks::new(sockets)),
         uac_local,
         uas_local,
-        uac_link,
     })
 }
 
 /// TCP: a listener for the UAS; the caller's connections open on demand from its local IP.
 fn bind_tcp(plan: &Plan) -> Result<Bound> {
-    let mut uac_local = None;
-    let mut local_ip = None;
-    if let Some(target) = plan.target.filter(|_| plan.args.role != Role::Uas) {
-        let ip = match plan.args.local {
-            Some(ip) => ip,
-            None => route_source(target)?,
-        };
-        local_ip = Some(ip);
-        // Via and Contact name the IP; the port is the connection's own (RFC 3261 §18.1.1
-        // lets responses come back on the connection).
-        uac_local = Some(SocketAddr::new(ip, 5060));
-    }
+    let local_ip = uac_ip(plan)?;
+    // Via and Contact name the IP; the port is the connection's own (RFC 3261 §18.1.1 lets
+    // responses come back on the connection).
+    let uac_local = local_ip.map(|ip| SocketAddr::new(ip, 5060));
     let mut listener = None;
     let mut uas_local = None;
     if let Some(addr) = plan.uas {
@@ -362,7 +362,6 @@ fn bind_tcp(plan: &Plan) -> Result<Bound> {
         links: Box::new(stream::TcpLinks::new(listener, per_call, local_ip)),
         uac_local,
         uas_local,
-        uac_link: 0,
     })
 }
 
@@ -374,7 +373,7 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
     UaConfig {
         scenario: plan.scenario(),
         target: Peer {
-            link: bound.uac_link,
+            link: UAC_LINK,
             addr: target,
         },
         uac_local: bound.uac_local.unwrap_or(target),

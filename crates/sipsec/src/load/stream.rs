@@ -8,14 +8,14 @@
 //! here); link n ≥ 1 is connection n−1 itself, which is how the UA answers on the connection a
 //! request arrived on.
 
-use super::driver::Links;
-use super::ua::{Peer, Transmit, Ua};
+use super::driver::{pollfd, Links};
+use super::ua::{self, Peer, Transmit, Ua};
 use sip_core::message::framing::{next_frame, Frame};
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 
 /// Largest message accepted from a stream.
 const MAX_MESSAGE: usize = 65_535;
@@ -27,8 +27,8 @@ struct Conn {
     outbuf: Vec<u8>,
     /// The call this connection was opened for (per-call mode).
     call: Option<u64>,
-    /// Opened by us (reused by address) or accepted.
-    outbound: bool,
+    /// The call ended with bytes still queued: close once they are written.
+    close_when_flushed: bool,
 }
 
 /// TCP links: a listener for the UAS, connections both ways.
@@ -116,7 +116,7 @@ impl TcpLinks {
             inbuf: Vec::new(),
             outbuf: Vec::new(),
             call,
-            outbound: true,
+            close_when_flushed: false,
         });
         Ok(i)
     }
@@ -185,6 +185,7 @@ impl TcpLinks {
                 } else if let Some(c) = self.conns[i].as_mut() {
                     // Let the last bytes go first; the connection closes when they have.
                     c.call = None;
+                    c.close_when_flushed = true;
                     self.by_call.remove(&call);
                 }
             }
@@ -223,35 +224,30 @@ impl TcpLinks {
                 inbuf: Vec::new(),
                 outbuf: Vec::new(),
                 call: None,
-                outbound: false,
+                close_when_flushed: false,
             });
         }
     }
 }
 
-/// The call number in one of our Call-IDs, found without parsing the whole message.
+/// The call number in one of our outgoing messages, found without parsing the whole message
+/// (we write `Call-ID: ` ourselves).
 fn call_number(data: &[u8]) -> Option<u64> {
-    let at = memchr_find(data, b"\r\nCall-ID: ")? + 11;
-    let end = data[at..].iter().position(|&b| b == b'-')?;
-    u64::from_str_radix(std::str::from_utf8(&data[at..at + end]).ok()?, 16).ok()
-}
-
-fn memchr_find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    const LABEL: &[u8] = b"\r\nCall-ID: ";
+    let at = memchr::memmem::find(data, LABEL)? + LABEL.len();
+    let end = memchr::memchr(b'\r', &data[at..])?;
+    ua::call_number(&data[at..at + end]).map(|(number, _)| number)
 }
 
 impl Links for TcpLinks {
-    fn fds(&self) -> Vec<RawFd> {
-        let mut fds: Vec<RawFd> = self.listener.iter().map(|l| l.as_raw_fd()).collect();
-        fds.extend(self.conns.iter().flatten().map(|c| c.stream.as_raw_fd()));
-        fds
-    }
-
-    fn wants_write(&self, fd: RawFd) -> bool {
-        self.conns
-            .iter()
-            .flatten()
-            .any(|c| c.stream.as_raw_fd() == fd && !c.outbuf.is_empty())
+    fn poll_set(&self, out: &mut Vec<libc::pollfd>) {
+        out.extend(self.listener.iter().map(|l| pollfd(l.as_raw_fd(), false)));
+        out.extend(
+            self.conns
+                .iter()
+                .flatten()
+                .map(|c| pollfd(c.stream.as_raw_fd(), !c.outbuf.is_empty())),
+        );
     }
 
     fn receive(&mut self, ua: &mut Ua, now_us: u64, out: &mut Vec<Transmit>) -> usize {
@@ -313,10 +309,7 @@ impl Links for TcpLinks {
                 }
                 messages += frames.len();
                 c.inbuf.drain(..start);
-                if c.call.is_none() && c.outbound && self.per_call && c.outbuf.is_empty() {
-                    // A per-call connection whose call ended while bytes were queued.
-                    failed |= !self.by_remote.values().any(|&j| j == i);
-                }
+                failed |= c.close_when_flushed && c.outbuf.is_empty();
             }
             if failed {
                 let had_output = self.conns[i].as_ref().is_some_and(|c| !c.outbuf.is_empty());

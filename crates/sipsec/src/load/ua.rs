@@ -16,8 +16,9 @@
 //! - 3xx followed to the first Contact when the redirect scenario asks for it.
 
 use super::stats::Stats;
-use super::users::{User, Users};
+use super::users::Users;
 use crate::config::uri_socket_addr;
+use crate::engine::response_dest;
 use bytes::Bytes;
 use sip_core::digest::Challenge;
 use sip_core::message::{build, HeaderName, Message, Method, Uri};
@@ -60,6 +61,11 @@ pub enum ViaTransport {
 }
 
 impl ViaTransport {
+    /// Streams need no retransmissions (RFC 3261 §17.1.1.2).
+    fn reliable(self) -> bool {
+        self != ViaTransport::Udp
+    }
+
     fn token(self) -> &'static str {
         match self {
             ViaTransport::Udp => "UDP",
@@ -111,6 +117,17 @@ enum Stage {
     Options,
 }
 
+impl Stage {
+    fn method(self) -> &'static str {
+        match self {
+            Stage::Invite => "INVITE",
+            Stage::Bye => "BYE",
+            Stage::Register => "REGISTER",
+            Stage::Options => "OPTIONS",
+        }
+    }
+}
+
 /// The caller's side of an established dialog.
 struct Dialog {
     remote_target: String,
@@ -137,6 +154,29 @@ struct Call {
     latency_recorded: bool,
     hold: Option<TimerHandle>,
     branches: u32,
+}
+
+impl Call {
+    /// The Request-URI of the call's current request: the remote target inside the dialog.
+    fn current_uri(&self) -> &str {
+        match (&self.dialog, self.stage) {
+            (Some(d), Stage::Bye) => &d.remote_target,
+            _ => &self.request_uri,
+        }
+    }
+}
+
+/// The fixed head of a request this UAC sends: start line, Via, Max-Forwards, From, To,
+/// Call-ID, CSeq and the route set.
+struct Head<'a> {
+    method: &'a str,
+    uri: &'a str,
+    branch: &'a str,
+    number: u64,
+    caller: usize,
+    to: &'a str,
+    cseq: u32,
+    routes: &'a [String],
 }
 
 /// The callee's side of a call it answered.
@@ -307,44 +347,26 @@ impl Ua {
         };
         call.branches += 1;
         let branch = format!("z9hG4bK-{:x}-{number:x}-{}", self.cfg.epoch, call.branches);
-        let method = match call.stage {
-            Stage::Invite => "INVITE",
-            Stage::Bye => "BYE",
-            Stage::Register => "REGISTER",
-            Stage::Options => "OPTIONS",
+        let method = call.stage.method();
+        let (to, routes, dest) = match (&call.dialog, call.stage) {
+            (Some(d), Stage::Bye) => (d.to.clone(), d.routes.clone(), d.next_hop),
+            _ => (call.to.clone(), Vec::new(), call.next_hop),
         };
-        let (ruri, to, routes, dest) = match (&call.dialog, call.stage) {
-            (Some(d), Stage::Bye) => (
-                d.remote_target.clone(),
-                d.to.clone(),
-                d.routes.clone(),
-                d.next_hop,
-            ),
-            _ => (
-                call.request_uri.clone(),
-                call.to.clone(),
-                Vec::new(),
-                call.next_hop,
-            ),
-        };
-        let cseq = call.cseq;
+        let uri = call.current_uri().to_string();
         let caller = call.caller;
+        let head = Head {
+            method,
+            uri: &uri,
+            branch: &branch,
+            number,
+            caller,
+            to: &to,
+            cseq: call.cseq,
+            routes: &routes,
+        };
         let mut m = std::mem::take(&mut self.scratch);
         m.clear();
-        let _ = write!(
-            m,
-            "{method} {ruri} SIP/2.0\r\nVia: SIP/2.0/{} {};branch={branch};rport\r\n\
-             Max-Forwards: 70\r\nFrom: <{}>;tag={:x}-{number:x}\r\nTo: {to}\r\n\
-             Call-ID: {number:x}-{:x}@sipsec-load\r\nCSeq: {cseq} {method}\r\n",
-            self.cfg.transport.token(),
-            self.cfg.uac_local,
-            self.aor(caller),
-            self.cfg.epoch,
-            self.cfg.epoch,
-        );
-        for r in &routes {
-            let _ = write!(m, "Route: {r}\r\n");
-        }
+        self.write_head(&mut m, &head);
         let user_name = self
             .cfg
             .users
@@ -379,7 +401,7 @@ impl Ua {
         m.extend_from_slice(body);
         let data = Bytes::copy_from_slice(&m);
         self.scratch = m;
-        let reliable = self.cfg.transport != ViaTransport::Udp;
+        let reliable = self.cfg.transport.reliable();
         let id = self.txs.create_client(
             ms(now_us),
             data,
@@ -393,6 +415,39 @@ impl Ua {
         if let Some(call) = self.calls.get_mut(&number) {
             call.tx = Some(id);
         }
+    }
+
+    fn write_head(&self, m: &mut Vec<u8>, h: &Head<'_>) {
+        let (method, number, epoch) = (h.method, h.number, self.cfg.epoch);
+        let _ = write!(
+            m,
+            "{method} {} SIP/2.0\r\nVia: SIP/2.0/{} {};branch={};rport\r\n\
+             Max-Forwards: 70\r\nFrom: <{}>;tag={epoch:x}-{number:x}\r\nTo: {}\r\n\
+             Call-ID: {number:x}-{epoch:x}@sipsec-load\r\nCSeq: {} {method}\r\n",
+            h.uri,
+            self.cfg.transport.token(),
+            self.cfg.uac_local,
+            h.branch,
+            self.aor(h.caller),
+            h.to,
+            h.cseq,
+        );
+        for r in h.routes {
+            let _ = write!(m, "Route: {r}\r\n");
+        }
+    }
+
+    /// Re-sends the ACK of a call's 2xx (the 2xx came again); false when there is none.
+    fn resend_ack(&mut self, number: u64) -> bool {
+        let Some(d) = self.calls.get(&number).and_then(|c| c.dialog.as_ref()) else {
+            return false;
+        };
+        self.outputs.push(Output::Transmit {
+            dest: d.next_hop,
+            data: d.ack.clone(),
+        });
+        self.stats.retransmissions(1);
+        true
     }
 
     /// Handles one message from `from`.
@@ -433,21 +488,14 @@ impl Ua {
         };
         let code = msg.status().unwrap_or(0);
         let Some(call) = self.calls.get_mut(&number) else {
-            // The call already ended (e.g. a retransmitted 2xx): re-send its ACK if any.
+            // The call already ended: nothing left to answer.
             return;
         };
         if call.tx != Some(id) {
             // A response to an earlier request of this call (e.g. a 2xx retransmission of
             // the INVITE while the BYE is out): the ACK must go again.
             if (200..300).contains(&code) && msg.cseq().method == b"INVITE" {
-                if let Some(d) = &call.dialog {
-                    let (peer, ack) = (d.next_hop, d.ack.clone());
-                    self.outputs.push(Output::Transmit {
-                        dest: peer,
-                        data: ack,
-                    });
-                    self.stats.retransmissions(1);
-                }
+                self.resend_ack(number);
             }
             return;
         }
@@ -483,18 +531,10 @@ impl Ua {
             self.stats.stray += 1;
             return;
         }
-        let number = parse_call_number(msg.call_id(), self.cfg.epoch);
-        if let Some(d) = number
-            .and_then(|n| self.calls.get(&n))
-            .and_then(|c| c.dialog.as_ref())
-        {
-            let (peer, ack) = (d.next_hop, d.ack.clone());
-            self.outputs.push(Output::Transmit {
-                dest: peer,
-                data: ack,
-            });
-            self.stats.retransmissions(1);
-        } else {
+        let ours = call_number(msg.call_id())
+            .filter(|&(_, epoch)| epoch == self.cfg.epoch)
+            .is_some_and(|(number, _)| self.resend_ack(number));
+        if !ours {
             self.stats.stray += 1;
         }
     }
@@ -538,18 +578,15 @@ impl Ua {
             (Some(Ok(c)), Some(user)) => {
                 call.auth_tries += 1;
                 call.cseq += 1;
-                let method = match call.stage {
-                    Stage::Invite => "INVITE",
-                    Stage::Bye => "BYE",
-                    Stage::Register => "REGISTER",
-                    Stage::Options => "OPTIONS",
-                };
-                let uri = match (&call.dialog, call.stage) {
-                    (Some(d), Stage::Bye) => d.remote_target.clone(),
-                    _ => call.request_uri.clone(),
-                };
                 let cnonce = format!("{:x}{number:x}{}", self.cfg.epoch, call.auth_tries);
-                let value = authorization(&c, user, method, &uri, &cnonce);
+                let value = c.authorization(
+                    &user.username,
+                    &user.password,
+                    call.stage.method(),
+                    call.current_uri(),
+                    1,
+                    &cnonce,
+                );
                 let name = if code == 401 {
                     "Authorization"
                 } else {
@@ -602,25 +639,22 @@ impl Ua {
             link: self.cfg.target.link,
             addr: hop,
         };
-        let call = self.calls.get_mut(&number).expect("checked above");
+        let call = &self.calls[&number];
+        let branch = format!("z9hG4bK-{:x}-{number:x}-a", self.cfg.epoch);
+        let head = Head {
+            method: "ACK",
+            uri: &remote_target,
+            branch: &branch,
+            number,
+            caller: call.caller,
+            to: &to,
+            cseq: call.cseq,
+            routes: &routes,
+        };
         let mut m = Vec::with_capacity(512);
-        let _ = write!(
-            m,
-            "ACK {remote_target} SIP/2.0\r\nVia: SIP/2.0/{} {};branch=z9hG4bK-{:x}-{number:x}-a;rport\r\n\
-             Max-Forwards: 70\r\nFrom: <{}>;tag={:x}-{number:x}\r\nTo: {to}\r\n\
-             Call-ID: {number:x}-{:x}@sipsec-load\r\nCSeq: {} ACK\r\n",
-            self.cfg.transport.token(),
-            self.cfg.uac_local,
-            self.cfg.epoch,
-            aor_of(&self.cfg, call.caller),
-            self.cfg.epoch,
-            self.cfg.epoch,
-            call.cseq,
-        );
-        for r in &routes {
-            let _ = write!(m, "Route: {r}\r\n");
-        }
+        self.write_head(&mut m, &head);
         m.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+        let call = self.calls.get_mut(&number).expect("checked above");
         let ack = Bytes::from(m);
         self.outputs.push(Output::Transmit {
             dest: next_hop,
@@ -705,9 +739,9 @@ impl Ua {
         }
         let source = Peer {
             link: from.link,
-            addr: response_addr(msg, from.addr),
+            addr: response_dest(msg.top_via(), from.addr),
         };
-        let reliable = self.cfg.transport != ViaTransport::Udp;
+        let reliable = self.cfg.transport.reliable();
         let id = self.txs.create_server(msg, source, reliable, TxUser::Uas);
         let now = ms(now_us);
         match msg.method() {
@@ -783,7 +817,7 @@ impl Ua {
         );
         let ok = self.respond(now, id, msg, 200, Some(&tag), &extra, SDP);
         let t1 = self.cfg.timers.t1;
-        let reliable = self.cfg.transport != ViaTransport::Udp;
+        let reliable = self.cfg.transport.reliable();
         let timer = self.wheel.insert(
             now + if reliable { 64 * t1 } else { t1 },
             Event::Resend2xx { slot, generation },
@@ -860,7 +894,7 @@ impl Ua {
 
     fn resend_2xx(&mut self, now: u64, slot: u32, generation: u32) {
         let t2 = self.cfg.timers.t2;
-        let reliable = self.cfg.transport != ViaTransport::Udp;
+        let reliable = self.cfg.transport.reliable();
         let Some(c) = self.uas_calls[slot as usize]
             .as_mut()
             .filter(|c| c.generation == generation)
@@ -925,28 +959,15 @@ fn reason_of(msg: &Message<'_>) -> String {
     }
 }
 
-fn aor_of(cfg: &UaConfig, user: usize) -> String {
-    match cfg.users.get(user) {
-        Some(u) => format!(
-            "sip:{}@{}",
-            u.username,
-            u.domain.as_deref().unwrap_or(&cfg.domain)
-        ),
-        None => format!("sip:sipsec@{}", cfg.domain),
-    }
-}
-
-fn authorization(c: &Challenge, user: &User, method: &str, uri: &str, cnonce: &str) -> String {
-    c.authorization(&user.username, &user.password, method, uri, 1, cnonce)
-}
-
-/// The call number inside one of our Call-IDs (`{number:x}-{epoch:x}@sipsec-load`).
-fn parse_call_number(call_id: &[u8], epoch: u32) -> Option<u64> {
+/// The call number and epoch inside one of our Call-IDs (`{number:x}-{epoch:x}@sipsec-load`).
+pub fn call_number(call_id: &[u8]) -> Option<(u64, u32)> {
     let s = std::str::from_utf8(call_id).ok()?;
     let (number, rest) = s.split_once('-')?;
-    let (e, _) = rest.split_once('@')?;
-    (u32::from_str_radix(e, 16).ok()? == epoch).then_some(())?;
-    u64::from_str_radix(number, 16).ok()
+    let (epoch, _) = rest.split_once('@')?;
+    Some((
+        u64::from_str_radix(number, 16).ok()?,
+        u32::from_str_radix(epoch, 16).ok()?,
+    ))
 }
 
 /// Where to send to reach a URI or a `<uri>;params` route value (IP literals only).
@@ -958,21 +979,6 @@ fn next_hop_addr(uri_or_route: &str) -> Option<SocketAddr> {
     };
     let uri = Uri::parse(inner.as_bytes()).ok()?;
     uri_socket_addr(&uri)
-}
-
-/// Where responses to a request go (RFC 3261 §18.2.2 with RFC 3581 rport): the source for
-/// streams and rport; else the Via's sent-by.
-fn response_addr(msg: &Message<'_>, source: SocketAddr) -> SocketAddr {
-    let via = msg.top_via();
-    if via.rport().is_some() || via.received().is_some() {
-        return source;
-    }
-    let host = via.host_unbracketed();
-    let ip = std::str::from_utf8(host).ok().and_then(|h| h.parse().ok());
-    match ip {
-        Some(ip) => SocketAddr::new(ip, via.port.unwrap_or(5060)),
-        None => source,
-    }
 }
 
 #[cfg(test)]
