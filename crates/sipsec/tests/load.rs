@@ -42,11 +42,13 @@ struct LoadUas {
 }
 
 impl LoadUas {
-    fn start(dir: &Path, addr: &str) -> LoadUas {
+    /// Starts a UAS on `addr` with `extra` options (e.g. the transport).
+    fn start(dir: &Path, addr: &str, extra: &[&str]) -> LoadUas {
         let json = dir.join(format!("uas-{}.json", rand_name()));
         let child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
             .args(["load", "--role", "uas", "--uas", addr, "--quiet", "--json"])
             .arg(&json)
+            .args(extra)
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -146,7 +148,7 @@ fn sipp_calls_the_load_uas() {
     let dir = tempfile::tempdir().unwrap();
     let port = ports(47000);
     let addr = format!("127.0.0.3:{port}");
-    let uas = LoadUas::start(dir.path(), &addr);
+    let uas = LoadUas::start(dir.path(), &addr, &[]);
     let r = sipp_client(
         dir.path(),
         &addr,
@@ -434,25 +436,7 @@ fn tcp_calls_both_ways_with_sipp_and_per_call_connections() {
     let dir = tempfile::tempdir().unwrap();
     let port = ports(47000);
     // Our caller over one persistent TCP connection to SIPp's callee.
-    let uas = Background(
-        Command::new("sipp")
-            .args([
-                "-sn",
-                "uas",
-                "-t",
-                "t1",
-                "-i",
-                "127.0.0.3",
-                "-p",
-                &port.to_string(),
-            ])
-            .args(["-nostdin", "-timeout", "120s"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    let uas = sipp_uas_with("127.0.0.3", port, &["-sn", "uas", "-t", "t1"]);
     let target = format!("tcp:127.0.0.3:{port}");
     let (code, v, err) = load(
         dir.path(),
@@ -472,27 +456,7 @@ fn tcp_calls_both_ways_with_sipp_and_per_call_connections() {
 
     // SIPp's caller over TCP to our callee.
     let addr = format!("127.0.0.3:{}", port + 1);
-    let ours = {
-        let json = dir.path().join("tcp-uas.json");
-        let child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
-            .args([
-                "load",
-                "--role",
-                "uas",
-                "--transport",
-                "tcp",
-                "--uas",
-                &addr,
-                "-q",
-            ])
-            .arg("--json")
-            .arg(&json)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        LoadUas { child, json }
-    };
+    let ours = LoadUas::start(dir.path(), &addr, &["--transport", "tcp"]);
     let r = sipp_client(
         dir.path(),
         &addr,

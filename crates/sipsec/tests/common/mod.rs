@@ -121,10 +121,14 @@ impl Drop for Background {
 }
 
 pub fn sipp_uas(ip: &str, port: u16, scenario: &Path) -> Background {
+    sipp_uas_with(ip, port, &["-sf", scenario.to_str().unwrap()])
+}
+
+/// A SIPp callee on `ip:port` with the scenario and options in `args` (e.g. `-sn uas -t t1`).
+pub fn sipp_uas_with(ip: &str, port: u16, args: &[&str]) -> Background {
     let child = Command::new("sipp")
+        .args(args)
         .args([
-            "-sf",
-            scenario.to_str().unwrap(),
             "-i",
             ip,
             "-p",
