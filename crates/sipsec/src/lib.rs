@@ -7,6 +7,7 @@
 //! itself (parser, transactions, timers) is the `sip-core` crate.
 
 pub mod bench;
+pub mod certs;
 pub mod coalesce;
 pub mod config;
 pub mod engine;
@@ -14,5 +15,6 @@ pub mod load;
 pub mod location;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod udp;
 pub mod worker;

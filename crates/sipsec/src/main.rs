@@ -1,6 +1,6 @@
 //! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-use sipsec::{bench, config, load, server};
+use sipsec::{bench, certs, config, load, server};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -32,6 +32,8 @@ enum Command {
     /// Measure a server's CPU per operation (and its peak) under sipsec's own load: sipsec
     /// started here and pinned, or any running server given by PID.
     Bench(Box<bench::BenchArgs>),
+    /// Make a test CA and a server and a client certificate signed by it (PEM files).
+    Certs(certs::CertsArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::run(*args).map(|_| ()),
+        Command::Certs(args) => certs::run(&args),
         Command::Load(args) => {
             let peak = args.find_peak;
             return match load::run(*args) {

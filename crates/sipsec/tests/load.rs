@@ -405,11 +405,33 @@ fn bad_arguments_are_refused_with_a_clear_error() {
         (vec!["--role", "uas"], "needs --uas"),
         (
             vec!["127.0.0.1:5060", "--calls", "1", "--transport", "tls"],
-            "arrives with the TLS issue",
+            "--tls-ca",
         ),
         (
-            vec!["tcp:127.0.0.1:5060", "--calls", "1"],
+            vec!["tcp:127.0.0.1:5060", "--calls", "1", "--transport", "udp"],
             "another transport",
+        ),
+        (
+            vec!["127.0.0.1:5060", "--calls", "1", "--tls-no-verify"],
+            "need --transport tls",
+        ),
+        (
+            vec![
+                "tls:127.0.0.1:5060",
+                "--calls",
+                "1",
+                "--tls-ca",
+                "missing.pem",
+            ],
+            "missing.pem",
+        ),
+        (
+            vec!["tls:127.0.0.1:5060", "--calls", "1", "--tls-cert", "c.pem"],
+            "go together",
+        ),
+        (
+            vec!["--role", "uas", "--uas", "tls:127.0.0.1:5999"],
+            "the UAS needs a certificate",
         ),
         (
             vec![
@@ -497,4 +519,140 @@ fn tcp_calls_both_ways_with_sipp_and_per_call_connections() {
         ],
     );
     assert_eq!((code, n(&v, "succeeded")), (0, 300), "{err}\n{v}");
+}
+
+/// `sipsec certs` into `dir`; returns the paths by file name.
+fn make_certs(dir: &Path) -> impl Fn(&str) -> String + '_ {
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["certs", "--out"])
+        .arg(dir)
+        .output()
+        .expect("run sipsec certs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    move |name: &str| dir.join(name).to_str().unwrap().to_string()
+}
+
+#[test]
+fn tls_calls_count_full_and_resumed_handshakes_in_each_connection_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = make_certs(dir.path());
+    let port = ports(47100);
+    let addr = format!("tls:127.0.0.1:{port}");
+    let (cert, key, ca) = (f("server.pem"), f("server-key.pem"), f("ca.pem"));
+    let uas = LoadUas::start(dir.path(), &addr, &["--tls-cert", &cert, "--tls-key", &key]);
+    for (connection, resumption) in [
+        ("persistent", "on"),
+        ("per-call", "on"),
+        ("per-call", "off"),
+    ] {
+        let (code, v, err) = load(
+            dir.path(),
+            &[
+                &addr,
+                "--tls-ca",
+                &ca,
+                "--connection",
+                connection,
+                "--tls-resumption",
+                resumption,
+                "--calls",
+                "60",
+                "--rate",
+                "100",
+            ],
+        );
+        assert_eq!(code, 0, "{connection} {resumption}: {err} {v}");
+        assert_eq!(n(&v, "succeeded"), 60, "{v}");
+        let c = &v["connections"];
+        let opened = if connection == "persistent" { 1 } else { 60 };
+        assert_eq!(n(c, "connections_opened"), opened, "{v}");
+        let (full, resumed) = (n(c, "tls_full_handshakes"), n(c, "tls_resumed_handshakes"));
+        assert_eq!(full + resumed, opened, "one handshake per connection: {v}");
+        match (connection, resumption) {
+            ("per-call", "on") => {
+                // Calls that start before the first handshake has brought a ticket back
+                // handshake in full; after that, every one resumes.
+                assert!(full >= 1 && resumed >= 40, "{v}");
+            }
+            _ => assert_eq!(resumed, 0, "{connection}, resumption {resumption}: {v}"),
+        }
+        assert_eq!(n(c, "tls_handshake_failures"), 0, "{v}");
+    }
+    let u = uas.finish();
+    assert_eq!(n(&u, "uas_answered"), 180, "{u}");
+    assert_eq!(n(&u["connections"], "tls_accepted_handshakes"), 121, "{u}");
+}
+
+#[test]
+fn tls_client_certificates_and_untrusted_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = make_certs(dir.path());
+    let port = ports(47100) + 1;
+    let addr = format!("tls:127.0.0.1:{port}");
+    let uas = LoadUas::start(
+        dir.path(),
+        &addr,
+        &[
+            "--tls-cert",
+            &f("server.pem"),
+            "--tls-key",
+            &f("server-key.pem"),
+            "--tls-ca",
+            &f("ca.pem"),
+            "--tls-client-auth",
+            "required",
+        ],
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            addr.as_str(),
+            "--calls",
+            "5",
+            "--rate",
+            "50",
+            "--drain-s",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        load(dir.path(), &args)
+    };
+    // With our client certificate: every call goes through.
+    let (code, v, err) = run(&[
+        "--tls-ca",
+        &f("ca.pem"),
+        "--tls-cert",
+        &f("client.pem"),
+        "--tls-key",
+        &f("client-key.pem"),
+    ]);
+    assert_eq!((code, n(&v, "succeeded")), (0, 5), "{err} {v}");
+
+    // Without one the UAS refuses the handshake: every call fails, the failure is counted and
+    // its reason logged once.
+    let (code, v, err) = run(&["--tls-ca", &f("ca.pem")]);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(n(&v, "succeeded"), 0, "{v}");
+    assert!(n(&v["connections"], "tls_handshake_failures") >= 1, "{v}");
+    assert!(err.contains("TLS with 127.0.0.1"), "{err}");
+
+    // A server whose certificate is not from the CA we trust (here: the client certificate's
+    // own file as the "CA") is refused by us.
+    let (code, v, _) = run(&[
+        "--tls-ca",
+        &f("client.pem"),
+        "--tls-cert",
+        &f("client.pem"),
+        "--tls-key",
+        &f("client-key.pem"),
+    ]);
+    assert_eq!((code, n(&v, "succeeded")), (1, 0), "{v}");
+    assert!(n(&v["connections"], "tls_handshake_failures") >= 1, "{v}");
+
+    let u = uas.finish();
+    assert_eq!(n(&u, "uas_answered"), 5, "{u}");
+    assert!(n(&u["connections"], "tls_handshake_failures") >= 1, "{u}");
 }

@@ -29,6 +29,44 @@ pub trait Links {
     fn release_calls(&mut self, ended: &mut Vec<u64>) {
         ended.clear();
     }
+    /// Connection and TLS counts so far (zero for datagram links).
+    fn counters(&self) -> LinkCounters {
+        LinkCounters::default()
+    }
+}
+
+/// What the stream links did: connections and TLS handshakes. Cumulative over the links'
+/// life except `open`, which is the connections open now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LinkCounters {
+    pub connections_opened: u64,
+    pub connections_accepted: u64,
+    /// Connections refused, reset, or closed with data unsent.
+    pub connection_errors: u64,
+    pub open: u64,
+    /// The caller's handshakes, full and resumed.
+    pub tls_full_handshakes: u64,
+    pub tls_resumed_handshakes: u64,
+    /// Handshakes the UAS completed.
+    pub tls_accepted_handshakes: u64,
+    /// Handshakes either side gave up on.
+    pub tls_handshake_failures: u64,
+}
+
+impl LinkCounters {
+    /// What happened since `earlier` (a snapshot of the same links); `open` stays current.
+    pub fn since(&self, earlier: &LinkCounters) -> LinkCounters {
+        LinkCounters {
+            connections_opened: self.connections_opened - earlier.connections_opened,
+            connections_accepted: self.connections_accepted - earlier.connections_accepted,
+            connection_errors: self.connection_errors - earlier.connection_errors,
+            open: self.open,
+            tls_full_handshakes: self.tls_full_handshakes - earlier.tls_full_handshakes,
+            tls_resumed_handshakes: self.tls_resumed_handshakes - earlier.tls_resumed_handshakes,
+            tls_accepted_handshakes: self.tls_accepted_handshakes - earlier.tls_accepted_handshakes,
+            tls_handshake_failures: self.tls_handshake_failures - earlier.tls_handshake_failures,
+        }
+    }
 }
 
 /// UDP sockets, one per link index (0: the UAC's, 1: the UAS's when both run).
@@ -133,6 +171,8 @@ pub struct RunTimes {
     pub elapsed_s: f64,
     pub send_failures: u64,
     pub interrupted: bool,
+    /// What the links did during this run.
+    pub links: LinkCounters,
 }
 
 /// The monotonic clock in microseconds since `origin`.
@@ -150,6 +190,7 @@ pub fn run(
     stop: &AtomicBool,
 ) -> RunTimes {
     let origin = Instant::now();
+    let counters_at_start = links.counters();
     let mut out: Vec<Transmit> = Vec::with_capacity(1024);
     let mut pollfds: Vec<libc::pollfd> = Vec::new();
     let mut send_failures = 0u64;
@@ -233,5 +274,6 @@ pub fn run(
         elapsed_s,
         send_failures,
         interrupted,
+        links: links.counters().since(&counters_at_start),
     }
 }

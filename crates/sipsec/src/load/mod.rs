@@ -18,6 +18,7 @@ pub mod stream;
 pub mod ua;
 pub mod users;
 
+use crate::tls;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use driver::{Links, RunOptions, UdpLinks};
@@ -81,31 +82,50 @@ pub enum RedirectArg {
 /// `sipsec load` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
-    /// Where requests go: `[udp:|tcp:]ip:port` (a server, or a UAS directly). With `--role both`
+    /// Where requests go: `[udp:|tcp:|tls:]ip:port` (a server, or a UAS directly). With `--role both`
     /// it defaults to the `--uas` address.
     pub target: Option<String>,
     #[arg(long, value_enum, default_value = "call")]
     pub scenario: ScenarioArg,
     #[arg(long, value_enum, default_value = "uac")]
     pub role: Role,
-    /// Address the UAS listens on, `[udp:|tcp:]ip:port` (roles uas and both).
+    /// Address the UAS listens on, `[udp:|tcp:|tls:]ip:port` (roles uas and both).
     #[arg(long)]
     pub uas: Option<String>,
-    #[arg(long, value_enum, default_value = "udp")]
-    pub transport: TransportArg,
+    /// Default: the one the target or --uas names, else udp.
+    #[arg(long, value_enum)]
+    pub transport: Option<TransportArg>,
     /// Stream transports: one connection reused, or one per call.
     #[arg(long, value_enum, default_value = "persistent")]
     pub connection: ConnectionArg,
-    /// TLS session resumption (tickets and session IDs).
+    /// TLS session resumption (tickets and session IDs) on the caller's connections.
     #[arg(long, value_enum, default_value = "on")]
     pub tls_resumption: OnOff,
-    /// TLS client certificate and key (PEM) for mutual authentication, and the CA to trust.
+    /// Our certificate and key (PEM): the client certificate the caller presents when a
+    /// server asks for one, and the UAS's server certificate.
     #[arg(long)]
     pub tls_cert: Option<PathBuf>,
     #[arg(long)]
     pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) the peer's certificate must chain to: the server's, and the
+    /// caller's when the UAS asks for client certificates.
     #[arg(long)]
     pub tls_ca: Option<PathBuf>,
+    /// Whether the UAS asks callers for a certificate (verified against --tls-ca).
+    #[arg(long, value_enum, default_value = "none")]
+    pub tls_client_auth: tls::ClientAuth,
+    /// Accept any server certificate (a lab convenience; still checks handshake signatures).
+    #[arg(long)]
+    pub tls_no_verify: bool,
+    /// Name to check the server's certificate against (default: the target's IP address).
+    #[arg(long)]
+    pub tls_server_name: Option<String>,
+    /// TLS versions to offer: 1.2, 1.3 (repeatable; default both).
+    #[arg(long = "tls-version", value_delimiter = ',')]
+    pub tls_versions: Vec<String>,
+    /// Cipher suites to offer, by rustls name (repeatable; default rustls's set).
+    #[arg(long = "tls-cipher-suite", value_delimiter = ',')]
+    pub tls_cipher_suites: Vec<String>,
     /// Local IP for the UAC (default: the one the kernel routes to the target from).
     #[arg(long)]
     pub local: Option<IpAddr>,
@@ -153,6 +173,12 @@ pub struct LoadArgs {
     /// host:port registered as Contact (default: the UAC's own address).
     #[arg(long)]
     pub register_contact: Option<String>,
+    /// Add `;rport` (RFC 3581) to the UAC's Via, for a UAC behind NAT. Off by default: the
+    /// UAC already receives at the address its Via names, SIPp's scenarios (the seeds' load)
+    /// send no rport, and a server that honours it does more work per request (Kamailio 5.6
+    /// about 10% more CPU per call), which would skew the cost measured.
+    #[arg(long)]
+    pub rport: bool,
     /// Write the summary as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -192,9 +218,52 @@ fn route_source(target: SocketAddr) -> Result<IpAddr> {
     Ok(probe.local_addr()?.ip())
 }
 
+/// The TLS configurations of a run: a client side for the caller, a server side for the UAS.
+fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<stream::StreamTls> {
+    let protocol = tls::Protocol {
+        versions: args.tls_versions.clone(),
+        cipher_suites: args.tls_cipher_suites.clone(),
+        session_resumption: args.tls_resumption == OnOff::On,
+    };
+    let identity = args.tls_cert.clone().zip(args.tls_key.clone());
+    let mut out = stream::StreamTls::default();
+    if caller {
+        let side = tls::ClientSide {
+            ca: args.tls_ca.clone(),
+            no_verify: args.tls_no_verify,
+            identity: identity.clone(),
+            protocol: protocol.clone(),
+        };
+        out.client = Some((tls::client_config(&side)?, args.tls_server_name.clone()));
+    }
+    if callee {
+        let (cert, key) = identity.context(
+            "the UAS needs a certificate over TLS: --tls-cert and --tls-key (`sipsec certs` \
+             makes a test set)",
+        )?;
+        let side = tls::ServerSide {
+            cert,
+            key,
+            ca: args.tls_ca.clone(),
+            client_auth: args.tls_client_auth,
+            // Whether to resume is the caller's choice; the UAS always can.
+            protocol: tls::Protocol {
+                session_resumption: true,
+                ..protocol
+            },
+        };
+        out.server = Some(tls::server_config(&side)?);
+    }
+    Ok(out)
+}
+
 /// A validated load run, ready to execute against its sockets.
 pub struct Plan {
     pub args: LoadArgs,
+    /// The transport, resolved from --transport or the addresses.
+    pub transport: TransportArg,
+    /// TLS configurations (built while planning, so a bad certificate is a usage error).
+    pub tls: stream::StreamTls,
     pub target: Option<SocketAddr>,
     pub uas: Option<SocketAddr>,
     pub users: Arc<Users>,
@@ -202,40 +271,61 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(args: LoadArgs) -> Result<Plan> {
-        if args.transport == TransportArg::Tls {
-            bail!(
-                "--transport tls: TLS (with --tls-resumption and client certificates) arrives \
-                 with the TLS issue; udp and tcp work now"
-            );
+        let named = |s: &Option<String>, what: &str| -> Result<Option<(TransportArg, String)>> {
+            Ok(match s {
+                Some(s) => parse_endpoint(s)
+                    .with_context(|| what.to_string())?
+                    .0
+                    .map(|t| (t, s.clone())),
+                None => None,
+            })
+        };
+        let named = [named(&args.target, "target")?, named(&args.uas, "--uas")?];
+        let transport = match args.transport {
+            Some(t) => t,
+            None => named
+                .iter()
+                .flatten()
+                .next()
+                .map_or(TransportArg::Udp, |n| n.0),
+        };
+        for (t, s) in named.iter().flatten() {
+            if *t != transport {
+                bail!("{s} names another transport than {transport:?} (--transport or the other address)");
+            }
         }
-        if args.tls_cert.is_some() || args.tls_key.is_some() || args.tls_ca.is_some() {
-            bail!("--tls-cert, --tls-key and --tls-ca need --transport tls");
+        let tls_options = args.tls_cert.is_some()
+            || args.tls_key.is_some()
+            || args.tls_ca.is_some()
+            || args.tls_no_verify
+            || args.tls_server_name.is_some()
+            || !args.tls_versions.is_empty()
+            || !args.tls_cipher_suites.is_empty()
+            || args.tls_client_auth != tls::ClientAuth::None;
+        if tls_options && transport != TransportArg::Tls {
+            bail!("the --tls-* options need --transport tls");
+        }
+        if args.tls_cert.is_some() != args.tls_key.is_some() {
+            bail!("--tls-cert and --tls-key go together");
         }
         let uas = match (&args.uas, args.role) {
-            (Some(s), Role::Uas | Role::Both) => {
-                let (t, a) = parse_endpoint(s).context("--uas")?;
-                if t.is_some_and(|t| t != args.transport) {
-                    bail!("--uas {s} names another transport than --transport");
-                }
-                Some(a)
-            }
+            (Some(s), Role::Uas | Role::Both) => Some(parse_endpoint(s).context("--uas")?.1),
             (None, Role::Uas | Role::Both) => bail!("--role uas|both needs --uas ip:port"),
             (Some(_), Role::Uac) => bail!("--uas is for --role uas or both"),
             (None, Role::Uac) => None,
         };
         let target = match (&args.target, args.role) {
-            (Some(s), _) => {
-                let (t, a) = parse_endpoint(s).context("target")?;
-                if t.is_some_and(|t| t != args.transport) {
-                    bail!("target {s} names another transport than --transport");
-                }
-                Some(a)
-            }
+            (Some(s), _) => Some(parse_endpoint(s).context("target")?.1),
             (None, Role::Both) => uas,
             (None, Role::Uac) => bail!("give the target: sipsec load [udp:]ip:port"),
             (None, Role::Uas) => None,
         };
         let originate = args.role != Role::Uas;
+        let tls = if transport == TransportArg::Tls {
+            stream_tls(&args, originate, uas.is_some())?
+        } else {
+            stream::StreamTls::default()
+        };
         if originate {
             if !(args.rate > 0.0 && args.rate.is_finite()) {
                 bail!("--rate must be a positive number");
@@ -276,6 +366,8 @@ impl Plan {
         }
         Ok(Plan {
             args,
+            transport,
+            tls,
             target,
             uas,
             users: Arc::new(users),
@@ -318,8 +410,8 @@ fn uac_ip(plan: &Plan) -> Result<Option<IpAddr>> {
 
 /// Binds the run's sockets.
 pub fn bind(plan: &Plan) -> Result<Bound> {
-    if plan.args.transport == TransportArg::Tcp {
-        return bind_tcp(plan);
+    if plan.transport != TransportArg::Udp {
+        return bind_stream(plan);
     }
     let mut sockets = Vec::new();
     let mut uac_local = None;
@@ -343,8 +435,9 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
     })
 }
 
-/// TCP: a listener for the UAS; the caller's connections open on demand from its local IP.
-fn bind_tcp(plan: &Plan) -> Result<Bound> {
+/// TCP or TLS: a listener for the UAS; the caller's connections open on demand from its
+/// local IP.
+fn bind_stream(plan: &Plan) -> Result<Bound> {
     let local_ip = uac_ip(plan)?;
     // Via and Contact name the IP; the port is the connection's own (RFC 3261 §18.1.1 lets
     // responses come back on the connection).
@@ -359,7 +452,12 @@ fn bind_tcp(plan: &Plan) -> Result<Bound> {
     }
     let per_call = plan.args.connection == ConnectionArg::PerCall;
     Ok(Bound {
-        links: Box::new(stream::TcpLinks::new(listener, per_call, local_ip)),
+        links: Box::new(stream::TcpLinks::new(
+            listener,
+            per_call,
+            local_ip,
+            plan.tls.clone(),
+        )),
         uac_local,
         uas_local,
     })
@@ -378,7 +476,7 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         },
         uac_local: bound.uac_local.unwrap_or(target),
         uas_local: bound.uas_local,
-        transport: match plan.args.transport {
+        transport: match plan.transport {
             TransportArg::Udp => ViaTransport::Udp,
             TransportArg::Tcp => ViaTransport::Tcp,
             TransportArg::Tls => ViaTransport::Tls,
@@ -392,9 +490,10 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         hold_ms: plan.args.hold_ms,
         expires: plan.args.expires,
         register_contact: plan.args.register_contact.clone(),
+        rport: plan.args.rport,
         timers: Default::default(),
         epoch,
-        report_ended: plan.args.transport != TransportArg::Udp
+        report_ended: plan.transport != TransportArg::Udp
             && plan.args.connection == ConnectionArg::PerCall,
     }
 }
@@ -448,7 +547,7 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
     Summary {
         scenario: format!("{:?}", plan.args.scenario).to_lowercase(),
         role: format!("{:?}", plan.args.role).to_lowercase(),
-        transport: format!("{:?}", plan.args.transport).to_lowercase(),
+        transport: format!("{:?}", plan.transport).to_lowercase(),
         rate: if plan.args.role == Role::Uas {
             0.0
         } else {
@@ -471,6 +570,7 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
         stray_messages: ua.stats.stray,
         send_failures: times.send_failures,
         interrupted: times.interrupted,
+        connections: (plan.transport != TransportArg::Udp).then_some(times.links),
         peak_per_s: None,
         steps: Vec::new(),
     }
@@ -561,7 +661,7 @@ pub fn run(args: LoadArgs) -> Result<Summary> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
-    let transport = format!("{:?}", plan.args.transport).to_lowercase();
+    let transport = format!("{:?}", plan.transport).to_lowercase();
     if let Some(a) = bound.uas_local {
         eprintln!("sipsec load: UAS listening on {transport}:{a}");
     }

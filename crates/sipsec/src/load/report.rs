@@ -2,6 +2,7 @@
 //! successes, failures, retransmissions, latency) and the summary at the end, as text and as
 //! the JSON document `--json` writes.
 
+use super::driver::LinkCounters;
 use super::stats::Tally;
 use super::ua::Ua;
 use serde::Serialize;
@@ -111,6 +112,9 @@ pub struct Summary {
     pub stray_messages: u64,
     pub send_failures: u64,
     pub interrupted: bool,
+    /// Connections and TLS handshakes (stream transports only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<LinkCounters>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_per_s: Option<f64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -189,6 +193,23 @@ impl Summary {
                 "{} stray messages, {} sends refused by the kernel\n",
                 self.stray_messages, self.send_failures
             ));
+        }
+        if let Some(c) = &self.connections {
+            s.push_str(&format!(
+                "connections: {} opened, {} accepted, {} errors, {} open at the end",
+                c.connections_opened, c.connections_accepted, c.connection_errors, c.open
+            ));
+            if self.transport == "tls" {
+                s.push_str(&format!(
+                    "; TLS handshakes: {} full and {} resumed by the caller, {} accepted by the \
+                     UAS, {} failed",
+                    c.tls_full_handshakes,
+                    c.tls_resumed_handshakes,
+                    c.tls_accepted_handshakes,
+                    c.tls_handshake_failures
+                ));
+            }
+            s.push('\n');
         }
         for st in &self.steps {
             s.push_str(&format!(

@@ -1,21 +1,26 @@
-//! TCP for the load generator: outbound connections for the caller — one per target reused by
-//! every call (`--connection persistent`), or one per call closed when the call ends
+//! TCP and TLS for the load generator: outbound connections for the caller — one per target
+//! reused by every call (`--connection persistent`), or one per call closed when the call ends
 //! (`per-call`) — and a listener for the callee that answers on the connection a request came
 //! in on. Messages are framed by Content-Length (RFC 3261 §18.3); CRLF keep-alives are
 //! skipped and a double-CRLF ping is answered.
+//!
+//! TLS is rustls driven by hand over the same non-blocking sockets (`read_tls`/`write_tls`),
+//! so one loop serves both and the handshakes, full or resumed, are counted where they happen.
 //!
 //! Link numbering: link 0 means "the caller's connection to this address" (found or opened
 //! here); link n ≥ 1 is connection n−1 itself, which is how the UA answers on the connection a
 //! request arrived on.
 
-use super::driver::{pollfd, Links};
+use super::driver::{pollfd, LinkCounters, Links};
 use super::ua::{self, Peer, Transmit, Ua};
+use rustls::{ClientConfig, ServerConfig};
 use sip_core::message::framing::{next_frame, Frame};
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 /// Largest message accepted from a stream.
 const MAX_MESSAGE: usize = 65_535;
@@ -23,12 +28,85 @@ const MAX_MESSAGE: usize = 65_535;
 struct Conn {
     stream: TcpStream,
     remote: SocketAddr,
+    /// TLS state; plaintext goes through it instead of `outbuf`.
+    tls: Option<Box<rustls::Connection>>,
+    /// The TLS handshake finished and was counted.
+    handshake_done: bool,
     inbuf: Vec<u8>,
     outbuf: Vec<u8>,
     /// The call this connection was opened for (per-call mode).
     call: Option<u64>,
     /// The call ended with bytes still queued: close once they are written.
     close_when_flushed: bool,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, remote: SocketAddr, tls: Option<rustls::Connection>) -> Conn {
+        Conn {
+            stream,
+            remote,
+            tls: tls.map(Box::new),
+            handshake_done: false,
+            inbuf: Vec::new(),
+            outbuf: Vec::new(),
+            call: None,
+            close_when_flushed: false,
+        }
+    }
+
+    /// Queues plaintext for the peer.
+    fn queue(&mut self, data: &[u8]) {
+        match &mut self.tls {
+            // rustls buffers plaintext written before the handshake ends.
+            Some(tls) => {
+                let _ = tls.writer().write_all(data);
+            }
+            None => self.outbuf.extend_from_slice(data),
+        }
+    }
+
+    fn has_output(&self) -> bool {
+        !self.outbuf.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+
+    /// Writes as much queued output as the socket takes; false when the connection failed.
+    fn flush(&mut self) -> bool {
+        let would_wait = |e: &io::Error| {
+            e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOTCONN)
+        };
+        if let Some(tls) = &mut self.tls {
+            while tls.wants_write() {
+                match tls.write_tls(&mut self.stream) {
+                    Ok(0) => return false,
+                    Ok(_) => {}
+                    Err(e) if would_wait(&e) => return true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return false,
+                }
+            }
+            return true;
+        }
+        while !self.outbuf.is_empty() {
+            match self.stream.write(&self.outbuf) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.outbuf.drain(..n);
+                }
+                Err(e) if would_wait(&e) => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+}
+
+/// What a link set needs for TLS: the caller's client configuration and the name it checks the
+/// server's certificate against (default: the address), the callee's server configuration.
+#[derive(Clone, Default)]
+pub struct StreamTls {
+    pub client: Option<(Arc<ClientConfig>, Option<String>)>,
+    pub server: Option<Arc<ServerConfig>>,
 }
 
 /// TCP links: a listener for the UAS, connections both ways.
@@ -40,9 +118,11 @@ pub struct TcpLinks {
     by_call: HashMap<u64, usize>,
     per_call: bool,
     local_ip: Option<std::net::IpAddr>,
+    tls: StreamTls,
     scratch: Vec<u8>,
-    /// Connections refused, reset or closed with data unsent.
-    pub errors: u64,
+    counters: LinkCounters,
+    /// The first TLS failure was logged (later ones are only counted).
+    tls_failure_logged: bool,
 }
 
 impl TcpLinks {
@@ -50,6 +130,7 @@ impl TcpLinks {
         listener: Option<TcpListener>,
         per_call: bool,
         local_ip: Option<std::net::IpAddr>,
+        tls: StreamTls,
     ) -> TcpLinks {
         TcpLinks {
             listener,
@@ -59,8 +140,10 @@ impl TcpLinks {
             by_call: HashMap::new(),
             per_call,
             local_ip,
+            tls,
             scratch: vec![0; 64 * 1024],
-            errors: 0,
+            counters: LinkCounters::default(),
+            tls_failure_logged: false,
         }
     }
 
@@ -109,16 +192,20 @@ impl TcpLinks {
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(e) => return Err(e),
         }
-        let stream: TcpStream = socket.into();
-        let i = self.insert(Conn {
-            stream,
-            remote,
-            inbuf: Vec::new(),
-            outbuf: Vec::new(),
-            call,
-            close_when_flushed: false,
-        });
-        Ok(i)
+        let tls = match &self.tls.client {
+            Some((cfg, name)) => {
+                let name = crate::tls::server_name(name.as_deref(), remote.ip())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+                let c = rustls::ClientConnection::new(cfg.clone(), name)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                Some(rustls::Connection::Client(c))
+            }
+            None => None,
+        };
+        let mut conn = Conn::new(socket.into(), remote, tls);
+        conn.call = call;
+        self.counters.connections_opened += 1;
+        Ok(self.insert(conn))
     }
 
     /// The connection a transmission goes on, opening one when needed.
@@ -149,27 +236,10 @@ impl TcpLinks {
             }
             Err(e) => {
                 tracing::debug!("connect to {} failed: {e}", peer.addr);
-                self.errors += 1;
+                self.counters.connection_errors += 1;
                 None
             }
         }
-    }
-
-    /// Writes as much queued output as the socket takes; false when the connection failed.
-    fn flush(conn: &mut Conn) -> bool {
-        while !conn.outbuf.is_empty() {
-            match conn.stream.write(&conn.outbuf) {
-                Ok(0) => return false,
-                Ok(n) => {
-                    conn.outbuf.drain(..n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return true,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return false,
-            }
-        }
-        true
     }
 
     /// Closes the connections of calls that have ended (per-call mode).
@@ -177,8 +247,11 @@ impl TcpLinks {
         for call in ended.drain(..) {
             if let Some(i) = self.by_call.get(&call).copied() {
                 let done = self.conns[i].as_mut().is_some_and(|c| {
-                    Self::flush(c);
-                    c.outbuf.is_empty()
+                    if let Some(tls) = &mut c.tls {
+                        tls.send_close_notify();
+                    }
+                    c.flush();
+                    !c.has_output()
                 });
                 if done {
                     self.close(i);
@@ -208,7 +281,7 @@ impl TcpLinks {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => {
                     tracing::debug!("accept failed: {e}");
-                    self.errors += 1;
+                    self.counters.connection_errors += 1;
                     break;
                 }
             }
@@ -218,14 +291,29 @@ impl TcpLinks {
                 continue;
             }
             let _ = stream.set_nodelay(true);
-            self.insert(Conn {
-                stream,
-                remote,
-                inbuf: Vec::new(),
-                outbuf: Vec::new(),
-                call: None,
-                close_when_flushed: false,
-            });
+            let tls = match &self.tls.server {
+                Some(cfg) => match rustls::ServerConnection::new(cfg.clone()) {
+                    Ok(c) => Some(rustls::Connection::Server(c)),
+                    Err(e) => {
+                        tracing::debug!("TLS for a connection from {remote} failed: {e}");
+                        self.counters.connection_errors += 1;
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            self.counters.connections_accepted += 1;
+            self.insert(Conn::new(stream, remote, tls));
+        }
+    }
+
+    /// Counts a failed TLS session; the first failure is logged with its reason, since it is
+    /// usually a configuration error (an untrusted CA, a missing client certificate).
+    fn tls_failed(&mut self, remote: SocketAddr, why: &dyn std::fmt::Display) {
+        self.counters.tls_handshake_failures += 1;
+        if !self.tls_failure_logged {
+            self.tls_failure_logged = true;
+            tracing::warn!("TLS with {remote} failed: {why} (further failures are only counted)");
         }
     }
 }
@@ -239,6 +327,88 @@ fn call_number(data: &[u8]) -> Option<u64> {
     ua::call_number(&data[at..at + end]).map(|(number, _)| number)
 }
 
+/// How reading a connection ended.
+#[derive(PartialEq, Eq)]
+enum ReadEnd {
+    /// Nothing more to read for now.
+    Drained,
+    /// The peer closed or reset the connection.
+    Closed,
+    /// TLS failed (bad record, alert, certificate refused); the reason is given.
+    TlsError(String),
+}
+
+impl TcpLinks {
+    /// Reads what the socket holds into the connection's plaintext buffer.
+    fn read_conn(c: &mut Conn, scratch: &mut [u8]) -> ReadEnd {
+        let retry = |e: &io::Error| e.kind() == io::ErrorKind::Interrupted;
+        let drained = |e: &io::Error| {
+            e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOTCONN)
+        };
+        let Some(tls) = &mut c.tls else {
+            loop {
+                match c.stream.read(scratch) {
+                    Ok(0) => return ReadEnd::Closed,
+                    Ok(n) => c.inbuf.extend_from_slice(&scratch[..n]),
+                    Err(e) if drained(&e) => return ReadEnd::Drained,
+                    Err(e) if retry(&e) => {}
+                    Err(_) => return ReadEnd::Closed,
+                }
+            }
+        };
+        loop {
+            let eof = match tls.read_tls(&mut c.stream) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) if drained(&e) => return ReadEnd::Drained,
+                Err(e) if retry(&e) => continue,
+                Err(_) => return ReadEnd::Closed,
+            };
+            if let Err(e) = tls.process_new_packets() {
+                // Tell the peer why (the alert rustls queued), then give up on it.
+                let _ = tls.write_tls(&mut c.stream);
+                return ReadEnd::TlsError(e.to_string());
+            }
+            loop {
+                match tls.reader().read(scratch) {
+                    Ok(0) => return ReadEnd::Closed,
+                    Ok(n) => c.inbuf.extend_from_slice(&scratch[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return ReadEnd::Closed,
+                    Err(_) => return ReadEnd::Closed,
+                }
+            }
+            if eof {
+                return if tls.is_handshaking() {
+                    ReadEnd::TlsError("the peer closed the connection during the handshake".into())
+                } else {
+                    ReadEnd::Closed
+                };
+            }
+        }
+    }
+
+    /// Counts a handshake the moment it completes: the caller's by kind, the UAS's in all.
+    fn note_handshake(&mut self, i: usize) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        let Some(tls) = &c.tls else {
+            return;
+        };
+        if c.handshake_done || tls.is_handshaking() {
+            return;
+        }
+        c.handshake_done = true;
+        let n = &mut self.counters;
+        match (&**tls, tls.handshake_kind()) {
+            (rustls::Connection::Server(_), _) => n.tls_accepted_handshakes += 1,
+            (_, Some(rustls::HandshakeKind::Resumed)) => n.tls_resumed_handshakes += 1,
+            _ => n.tls_full_handshakes += 1,
+        }
+    }
+}
+
 impl Links for TcpLinks {
     fn poll_set(&self, out: &mut Vec<libc::pollfd>) {
         out.extend(self.listener.iter().map(|l| pollfd(l.as_raw_fd(), false)));
@@ -246,7 +416,7 @@ impl Links for TcpLinks {
             self.conns
                 .iter()
                 .flatten()
-                .map(|c| pollfd(c.stream.as_raw_fd(), !c.outbuf.is_empty())),
+                .map(|c| pollfd(c.stream.as_raw_fd(), c.has_output())),
         );
     }
 
@@ -255,38 +425,30 @@ impl Links for TcpLinks {
         let mut messages = 0;
         for i in 0..self.conns.len() {
             let mut failed = false;
+            let mut tls_error = None;
             let mut frames = Vec::new();
             {
                 let Some(c) = self.conns[i].as_mut() else {
                     continue;
                 };
-                if !Self::flush(c) {
+                if !c.flush() {
                     failed = true;
                 }
-                loop {
-                    match c.stream.read(&mut self.scratch) {
-                        Ok(0) => {
-                            failed = true;
-                            break;
-                        }
-                        Ok(n) => c.inbuf.extend_from_slice(&self.scratch[..n]),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => break,
-                        Err(_) => {
-                            failed = true;
-                            break;
-                        }
+                match Self::read_conn(c, &mut self.scratch) {
+                    ReadEnd::Drained => {}
+                    ReadEnd::Closed => failed = true,
+                    ReadEnd::TlsError(why) => {
+                        failed = true;
+                        tls_error = Some((c.remote, why));
                     }
                 }
                 let mut start = 0;
+                let mut pong = false;
                 loop {
                     match next_frame(&c.inbuf[start..], MAX_MESSAGE) {
                         Frame::Incomplete => break,
                         Frame::KeepAlive { len, ping } => {
-                            if ping {
-                                c.outbuf.extend_from_slice(b"\r\n");
-                            }
+                            pong |= ping;
                             start += len;
                         }
                         Frame::Message(len) => {
@@ -300,6 +462,9 @@ impl Links for TcpLinks {
                         }
                     }
                 }
+                if pong {
+                    c.queue(b"\r\n");
+                }
                 let from = Peer {
                     link: i as u32 + 1,
                     addr: c.remote,
@@ -309,11 +474,17 @@ impl Links for TcpLinks {
                 }
                 messages += frames.len();
                 c.inbuf.drain(..start);
-                failed |= c.close_when_flushed && c.outbuf.is_empty();
+                // Handshake replies (and pongs) go out now, not on the next send.
+                failed |= !c.flush();
+                failed |= c.close_when_flushed && !c.has_output();
+            }
+            self.note_handshake(i);
+            if let Some((remote, why)) = tls_error {
+                self.tls_failed(remote, &why);
             }
             if failed {
-                let had_output = self.conns[i].as_ref().is_some_and(|c| !c.outbuf.is_empty());
-                self.errors += u64::from(had_output);
+                let had_output = self.conns[i].as_ref().is_some_and(Conn::has_output);
+                self.counters.connection_errors += u64::from(had_output);
                 self.close(i);
             }
         }
@@ -327,7 +498,7 @@ impl Links for TcpLinks {
             match self.conn_for(peer, &data) {
                 Some(i) => {
                     if let Some(c) = self.conns[i].as_mut() {
-                        c.outbuf.extend_from_slice(&data);
+                        c.queue(&data);
                         touched.push(i);
                     }
                 }
@@ -337,13 +508,24 @@ impl Links for TcpLinks {
         touched.sort_unstable();
         touched.dedup();
         for i in touched {
-            let ok = self.conns[i].as_mut().is_some_and(Self::flush);
+            let ok = self.conns[i].as_mut().is_some_and(Conn::flush);
             if !ok {
                 failed += 1;
-                self.errors += 1;
+                self.counters.connection_errors += 1;
                 self.close(i);
             }
         }
         failed
+    }
+
+    fn release_calls(&mut self, ended: &mut Vec<u64>) {
+        TcpLinks::release_calls(self, ended);
+    }
+
+    fn counters(&self) -> LinkCounters {
+        LinkCounters {
+            open: self.open() as u64,
+            ..self.counters
+        }
     }
 }

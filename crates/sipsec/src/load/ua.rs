@@ -73,6 +73,16 @@ impl ViaTransport {
             ViaTransport::Tls => "TLS",
         }
     }
+
+    /// The `transport` parameter our Contact URIs carry, so a proxy reaches us over the
+    /// same transport (it would default to UDP).
+    fn uri_param(self) -> &'static str {
+        match self {
+            ViaTransport::Udp => "",
+            ViaTransport::Tcp => ";transport=tcp",
+            ViaTransport::Tls => ";transport=tls",
+        }
+    }
 }
 
 /// Everything the UA needs to know, fixed for a run.
@@ -96,6 +106,8 @@ pub struct UaConfig {
     pub expires: u32,
     /// The address registered in Contact (default: the UAC's own).
     pub register_contact: Option<String>,
+    /// Ask for responses at the source port (`;rport`, RFC 3581) in the UAC's Via.
+    pub rport: bool,
     pub timers: Timers,
     /// Distinguishes this run's Call-IDs and branches from earlier runs on the same sockets.
     pub epoch: u32,
@@ -374,7 +386,12 @@ impl Ua {
             .map_or("sipsec", |u| u.username.as_str());
         match method {
             "INVITE" => {
-                let _ = write!(m, "Contact: <sip:{user_name}@{}>\r\n", self.cfg.uac_local);
+                let _ = write!(
+                    m,
+                    "Contact: <sip:{user_name}@{}{}>\r\n",
+                    self.cfg.uac_local,
+                    self.cfg.transport.uri_param()
+                );
             }
             "REGISTER" => {
                 let contact = self
@@ -384,7 +401,8 @@ impl Ua {
                     .unwrap_or_else(|| self.cfg.uac_local.to_string());
                 let _ = write!(
                     m,
-                    "Contact: <sip:{user_name}@{contact}>\r\nExpires: {}\r\n",
+                    "Contact: <sip:{user_name}@{contact}{}>\r\nExpires: {}\r\n",
+                    self.cfg.transport.uri_param(),
                     self.cfg.expires
                 );
             }
@@ -421,13 +439,14 @@ impl Ua {
         let (method, number, epoch) = (h.method, h.number, self.cfg.epoch);
         let _ = write!(
             m,
-            "{method} {} SIP/2.0\r\nVia: SIP/2.0/{} {};branch={};rport\r\n\
+            "{method} {} SIP/2.0\r\nVia: SIP/2.0/{} {};branch={}{}\r\n\
              Max-Forwards: 70\r\nFrom: <{}>;tag={epoch:x}-{number:x}\r\nTo: {}\r\n\
              Call-ID: {number:x}-{epoch:x}@sipsec-load\r\nCSeq: {} {method}\r\n",
             h.uri,
             self.cfg.transport.token(),
             self.cfg.uac_local,
             h.branch,
+            if self.cfg.rport { ";rport" } else { "" },
             self.aor(h.caller),
             h.to,
             h.cseq,
@@ -813,7 +832,8 @@ impl Ua {
         let contact = self.cfg.uas_local.unwrap_or(source.addr);
         let _ = write!(
             extra,
-            "Contact: <sip:uas@{contact}>\r\nContent-Type: application/sdp\r\n"
+            "Contact: <sip:uas@{contact}{}>\r\nContent-Type: application/sdp\r\n",
+            self.cfg.transport.uri_param()
         );
         let ok = self.respond(now, id, msg, 200, Some(&tag), &extra, SDP);
         let t1 = self.cfg.timers.t1;

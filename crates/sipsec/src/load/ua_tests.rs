@@ -25,6 +25,7 @@ fn config(scenario: Scenario, users: Users) -> UaConfig {
         hold_ms: 0,
         expires: 600,
         register_contact: None,
+        rport: false,
         timers: Timers::default(),
         epoch: 7,
         report_ended: false,
@@ -158,6 +159,33 @@ fn a_call_runs_invite_ack_bye_and_counts_its_latency() {
         (1, 1)
     );
     assert_eq!(w.uas.uas_in_flight(), 0);
+}
+
+#[test]
+fn rport_is_in_the_via_only_when_asked_for() {
+    let via_of = |m: &str| {
+        m.lines()
+            .find(|l| l.starts_with("Via:"))
+            .unwrap()
+            .to_string()
+    };
+    let mut w = Wire::new(Scenario::Call, Users::default());
+    w.start();
+    w.run(100, 10);
+    assert_eq!(w.seen_by_uas.len(), 3);
+    for m in &w.seen_by_uas {
+        assert!(!via_of(m).contains("rport"), "{m}");
+    }
+
+    let mut w = Wire::new(Scenario::Call, Users::default());
+    w.uac.cfg.rport = true;
+    w.start();
+    w.run(100, 10);
+    assert_eq!(w.uac.stats.total.succeeded, 1);
+    assert_eq!(w.seen_by_uas.len(), 3);
+    for m in &w.seen_by_uas {
+        assert!(via_of(m).ends_with(";rport"), "{m}");
+    }
 }
 
 #[test]

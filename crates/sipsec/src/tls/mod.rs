@@ -1,0 +1,223 @@
+//! TLS configuration shared by the server and the load generator: rustls client and server
+//! configurations built from PEM files, with the knobs seed 000 varies — protocol versions,
+//! cipher suites, client certificates and session resumption — each switchable.
+//!
+//! The crypto provider is aws-lc-rs, rustls's default: its P-256 and RSA code is the faster of
+//! the two rustls ships with, and the handshake is what a TLS call costs (seed 000).
+
+mod verify;
+
+use anyhow::{bail, Context, Result};
+use rustls::client::{Resumption, Tls12Resumption};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, WebPkiClientVerifier};
+use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedProtocolVersion};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Sessions remembered for resumption, per side.
+const SESSION_CACHE: usize = 65_536;
+
+/// Whether and how a server asks its clients for certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// Never ask.
+    #[default]
+    None,
+    /// Ask, and verify a certificate when one is sent; accept clients without one.
+    Optional,
+    /// Refuse clients without a certificate from the CA.
+    Required,
+}
+
+/// The protocol choices common to both sides.
+#[derive(Debug, Clone, Default)]
+pub struct Protocol {
+    /// "1.2" and/or "1.3"; empty means both.
+    pub versions: Vec<String>,
+    /// rustls suite names (e.g. `TLS13_AES_128_GCM_SHA256`,
+    /// `TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`); empty means the provider's defaults.
+    pub cipher_suites: Vec<String>,
+    pub session_resumption: bool,
+}
+
+/// What the client side of a connection needs.
+#[derive(Debug, Clone, Default)]
+pub struct ClientSide {
+    /// CA certificates (PEM) that server certificates must chain to.
+    pub ca: Option<PathBuf>,
+    /// Skip verifying the server's certificate (a lab convenience, never a default).
+    pub no_verify: bool,
+    /// Our certificate chain and key (PEM), presented when a server asks.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    pub protocol: Protocol,
+}
+
+/// What the server side needs.
+#[derive(Debug, Clone)]
+pub struct ServerSide {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// CA that client certificates must chain to (needed unless `client_auth` is none).
+    pub ca: Option<PathBuf>,
+    pub client_auth: ClientAuth,
+    pub protocol: Protocol,
+}
+
+/// Reads every certificate in a PEM file.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("cannot read certificates from {}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{} is not a PEM certificate file", path.display()))?;
+    if certs.is_empty() {
+        bail!("{} holds no certificate", path.display());
+    }
+    Ok(certs)
+}
+
+/// Reads the first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+    PrivateKeyDer::from_pem_file(path)
+        .with_context(|| format!("cannot read a private key from {}", path.display()))
+}
+
+fn root_store(ca: &Path) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(ca)? {
+        roots
+            .add(cert)
+            .with_context(|| format!("{} holds an unusable CA certificate", ca.display()))?;
+    }
+    Ok(roots)
+}
+
+fn versions(names: &[String]) -> Result<Vec<&'static SupportedProtocolVersion>> {
+    if names.is_empty() {
+        return Ok(rustls::ALL_VERSIONS.to_vec());
+    }
+    names
+        .iter()
+        .map(
+            |v| match v.trim_start_matches("TLSv").trim_start_matches("tls") {
+                "1.2" => Ok(&rustls::version::TLS12),
+                "1.3" => Ok(&rustls::version::TLS13),
+                _ => bail!("unknown TLS version {v:?}: use \"1.2\" or \"1.3\""),
+            },
+        )
+        .collect()
+}
+
+/// The provider restricted to the named suites.
+fn provider(suites: &[String]) -> Result<Arc<CryptoProvider>> {
+    let mut p = rustls::crypto::aws_lc_rs::default_provider();
+    if !suites.is_empty() {
+        let all = p.cipher_suites.clone();
+        let name = |s: &rustls::SupportedCipherSuite| format!("{:?}", s.suite());
+        p.cipher_suites = suites
+            .iter()
+            .map(|wanted| {
+                all.iter()
+                    .find(|s| name(s).eq_ignore_ascii_case(wanted))
+                    .copied()
+                    .with_context(|| {
+                        let known: Vec<String> = all.iter().map(name).collect();
+                        format!(
+                            "unknown cipher suite {wanted:?}; known: {}",
+                            known.join(", ")
+                        )
+                    })
+            })
+            .collect::<Result<_>>()?;
+    }
+    Ok(Arc::new(p))
+}
+
+/// The names of the suites this build can negotiate (for error messages and docs).
+pub fn known_suites() -> Vec<String> {
+    rustls::crypto::aws_lc_rs::default_provider()
+        .cipher_suites
+        .iter()
+        .map(|s| format!("{:?}", s.suite()))
+        .collect()
+}
+
+/// A client configuration.
+pub fn client_config(c: &ClientSide) -> Result<Arc<ClientConfig>> {
+    let builder = ClientConfig::builder_with_provider(provider(&c.protocol.cipher_suites)?)
+        .with_protocol_versions(&versions(&c.protocol.versions)?)
+        .context("no cipher suite fits the TLS versions chosen")?;
+    let builder = match (&c.ca, c.no_verify) {
+        (_, true) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(verify::AnyServer::new()),
+        (Some(ca), false) => builder.with_root_certificates(root_store(ca)?),
+        (None, false) => bail!(
+            "TLS needs a CA to verify the server's certificate (--tls-ca), or an explicit \
+             --tls-no-verify"
+        ),
+    };
+    let mut cfg = match &c.identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
+            .with_context(|| format!("{} does not match {}", key.display(), cert.display()))?,
+        None => builder.with_no_client_auth(),
+    };
+    cfg.resumption = if c.protocol.session_resumption {
+        Resumption::in_memory_sessions(SESSION_CACHE)
+            .tls12_resumption(Tls12Resumption::SessionIdOrTickets)
+    } else {
+        Resumption::disabled()
+    };
+    Ok(Arc::new(cfg))
+}
+
+/// A server configuration.
+pub fn server_config(s: &ServerSide) -> Result<Arc<ServerConfig>> {
+    let provider = provider(&s.protocol.cipher_suites)?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions(&s.protocol.versions)?)
+        .context("no cipher suite fits the TLS versions chosen")?;
+    let builder = match (s.client_auth, &s.ca) {
+        (ClientAuth::None, _) => builder.with_no_client_auth(),
+        (auth, Some(ca)) => {
+            let v =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(ca)?), provider);
+            let v = if auth == ClientAuth::Optional {
+                v.allow_unauthenticated()
+            } else {
+                v
+            };
+            builder.with_client_cert_verifier(v.build().context("client certificate verifier")?)
+        }
+        (_, None) => bail!("client_auth optional or required needs a CA (tls.ca) to verify with"),
+    };
+    let mut cfg = builder
+        .with_single_cert(load_certs(&s.cert)?, load_key(&s.key)?)
+        .with_context(|| format!("{} does not match {}", s.key.display(), s.cert.display()))?;
+    if s.protocol.session_resumption {
+        cfg.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE);
+        cfg.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
+    } else {
+        cfg.session_storage = Arc::new(NoServerSessionStorage {});
+        cfg.send_tls13_tickets = 0;
+    }
+    Ok(Arc::new(cfg))
+}
+
+/// The name a client checks the server's certificate against: a DNS name when given, else the
+/// address itself (certificates from `sipsec certs` carry the IP addresses they serve).
+pub fn server_name(name: Option<&str>, ip: IpAddr) -> Result<ServerName<'static>> {
+    match name {
+        Some(n) => ServerName::try_from(n.to_string())
+            .map_err(|_| anyhow::anyhow!("{n:?} is not a valid TLS server name")),
+        None => Ok(ServerName::IpAddress(ip.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests;
