@@ -12,7 +12,7 @@ use sip_core::message::build;
 use sip_core::message::Message;
 use sipsec::config::Config;
 use sipsec::engine::{stats::Stats, Effects, Engine};
-use std::net::SocketAddr;
+use sipsec::transport::Peer;
 use std::sync::Arc;
 
 fn main() {
@@ -25,8 +25,8 @@ stateful = {stateful}\n[routing]\ndefault_route = \"sip:127.0.0.3:5080\"\n"
     ))
     .expect("valid config");
     let mut engine = Engine::new(Arc::new(cfg), 0, 0, Arc::new(Stats::default()));
-    let uac: SocketAddr = "127.0.0.2:5070".parse().unwrap();
-    let uas: SocketAddr = "127.0.0.3:5080".parse().unwrap();
+    let uac = Peer::udp("127.0.0.2:5070".parse().unwrap());
+    let uas = Peer::udp("127.0.0.3:5080".parse().unwrap());
     let mut fx = Effects::default();
     let mut now = 0;
     let mut completed = 0;
@@ -106,7 +106,7 @@ Contact: sip:sipp@127.0.0.2:5070\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\
     );
 }
 
-fn take_to(fx: &mut Effects, to: SocketAddr) -> Option<Bytes> {
+fn take_to(fx: &mut Effects, to: Peer) -> Option<Bytes> {
     fx.transmits
         .iter()
         .rev()

@@ -16,33 +16,21 @@ pub struct Listen {
     pub addr: SocketAddr,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    Udp,
-}
+pub use crate::transport::Transport;
 
 impl std::fmt::Display for Listen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.transport {
-            Transport::Udp => write!(f, "udp:{}", self.addr),
-        }
+        write!(f, "{}:{}", self.transport, self.addr)
     }
 }
 
-/// Parses `udp:127.0.0.1:5060` or `udp:[::1]:5060`.
+/// Parses `udp:127.0.0.1:5060`, `tcp:[::1]:5060`, `tls:127.0.0.1:5061`.
 pub fn parse_listen(s: &str) -> Result<Listen, String> {
     let (transport, addr) = s
         .split_once(':')
         .ok_or_else(|| format!("'{s}' is not transport:ip:port"))?;
-    let transport = match transport.to_ascii_lowercase().as_str() {
-        "udp" => Transport::Udp,
-        "tcp" | "tls" => {
-            return Err(format!(
-                "transport '{transport}' is not available yet (only udp)"
-            ))
-        }
-        other => return Err(format!("unknown transport '{other}' (expected udp)")),
-    };
+    let transport = Transport::parse(transport.as_bytes())
+        .ok_or_else(|| format!("unknown transport '{transport}' (udp, tcp or tls)"))?;
     let addr: SocketAddr = addr
         .parse()
         .map_err(|_| format!("'{addr}' is not an ip:port address"))?;
@@ -160,7 +148,7 @@ pub struct Config {
     /// Live transactions per worker beyond which new requests are answered 503.
     pub max_transactions: usize,
     /// The default route: its URI text and where it sends.
-    pub default_route: Option<(String, SocketAddr)>,
+    pub default_route: Option<(String, crate::transport::Peer)>,
     pub database_url: String,
     pub registrar: RegistrarConfig,
 }
@@ -245,19 +233,30 @@ impl Config {
                     bail!("routing.default_route: '{r}' must be a sip: or sips: URI");
                 }
                 if let Some(t) = uri.transport() {
-                    if !t.eq_ignore_ascii_case(b"udp") {
+                    if crate::transport::Transport::parse(t).is_none() {
                         bail!(
-                            "routing.default_route: transport '{}' is not available yet (only udp)",
+                            "routing.default_route: unknown transport '{}' (udp, tcp or tls)",
                             String::from_utf8_lossy(t)
                         );
                     }
                 }
-                let addr = uri_socket_addr(&uri).ok_or_else(|| {
+                let peer = crate::transport::uri_peer(&uri).ok_or_else(|| {
                     anyhow::anyhow!(
                         "routing.default_route: host of '{r}' must be an IP address (no DNS yet)"
                     )
                 })?;
-                Some((r, addr))
+                if !listen
+                    .iter()
+                    .any(|l: &Listen| l.transport == peer.transport)
+                {
+                    bail!(
+                        "routing.default_route: '{r}' is reached over {}, but server.listen has \
+                         no {} address",
+                        peer.transport,
+                        peer.transport
+                    );
+                }
+                Some((r, peer))
             }
         };
         let url = raw.database.url;
@@ -345,7 +344,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.default_route.unwrap().1,
-            "127.0.0.1:5080".parse().unwrap()
+            crate::transport::Peer::udp("127.0.0.1:5080".parse().unwrap())
         );
     }
 
@@ -353,6 +352,14 @@ mod tests {
     fn errors_name_the_key() {
         assert!(err("[server]\nlisten = [\"udp:1.2.3:5060\"]").contains("server.listen[0]"));
         assert!(err("[server]\nlisten = [\"sctp:1.2.3.4:5060\"]").contains("unknown transport"));
+        assert!(
+            err("[routing]\ndefault_route = \"sip:1.2.3.4;transport=tls\"")
+                .contains("server.listen has no tls address")
+        );
+        assert!(
+            err("[routing]\ndefault_route = \"sip:1.2.3.4;transport=sctp\"")
+                .contains("unknown transport 'sctp'")
+        );
         assert!(err("[server]\nmode = \"relay\"").contains("mode"));
         assert!(err("[server]\nlisten_typo = []").contains("listen_typo"));
         assert!(err("[routing]\ndefault_route = \"nonsense\"").contains("routing.default_route"));

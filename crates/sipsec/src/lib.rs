@@ -16,5 +16,6 @@ pub mod location;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod transport;
 pub mod udp;
 pub mod worker;

@@ -6,9 +6,9 @@
 //! receive batch, so a REGISTER's 200 OK never overtakes its binding) and to the write-behind
 //! store. Expiry sits on a timing wheel: no sweep over all bindings, ever.
 
+use crate::transport::Peer;
 use sip_core::timer::{Millis, TimerHandle, TimerWheel};
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// One contact bound to an address-of-record.
@@ -17,7 +17,7 @@ pub struct Binding {
     /// The contact URI as registered.
     pub contact: Box<str>,
     /// Where requests for this contact are sent.
-    pub target: SocketAddr,
+    pub target: Peer,
     /// Expiry, in Unix milliseconds.
     pub expires_at: u64,
     /// The `q` parameter as written, if any.
@@ -178,7 +178,7 @@ mod tests {
     fn binding(contact: &str, expires_at: u64, q: Option<&str>) -> Binding {
         Binding {
             contact: contact.into(),
-            target: "127.0.0.1:5070".parse().unwrap(),
+            target: Peer::udp("127.0.0.1:5070".parse().unwrap()),
             expires_at,
             q: q.map(Into::into),
             call_id: "c".into(),

@@ -14,6 +14,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub fn run(cfg: Config) -> Result<()> {
+    if let Some(l) = cfg.listen.iter().find(|l| l.transport.reliable()) {
+        // The engine routes by transport already; the workers' stream driver is next.
+        anyhow::bail!(
+            "server.listen: {l}: TCP and TLS listeners are not served yet (the engine is ready; \
+             the connection driver is in progress); use udp"
+        );
+    }
     let cfg = Arc::new(cfg);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -160,7 +160,9 @@ impl Store {
         let mut bindings = Vec::with_capacity(rows.len());
         for r in rows {
             let target: String = r.try_get(2)?;
-            let Ok(target) = target.parse() else { continue };
+            let Some(target) = crate::transport::Peer::parse(&target) else {
+                continue;
+            };
             let q: Option<String> = r.try_get(4)?;
             bindings.push((
                 r.try_get::<String, _>(0)?,
@@ -335,7 +337,7 @@ mod tests {
     fn binding(contact: &str, expires_at: u64) -> Binding {
         Binding {
             contact: contact.into(),
-            target: "127.0.0.1:5070".parse().unwrap(),
+            target: crate::transport::Peer::udp("127.0.0.1:5070".parse().unwrap()),
             expires_at,
             q: Some("0.7".into()),
             call_id: "call".into(),

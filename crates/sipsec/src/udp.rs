@@ -150,15 +150,21 @@ pub struct SendBatch {
 }
 
 impl SendBatch {
-    /// Sends every datagram, [`BATCH`] per system call. Returns how many the kernel refused.
-    pub fn send(&mut self, fd: RawFd, datagrams: &[(SocketAddr, bytes::Bytes)]) -> usize {
+    /// Sends every datagram, [`BATCH`] per system call, to the address `addr` reads from its
+    /// destination. Returns how many the kernel refused.
+    pub fn send<A>(
+        &mut self,
+        fd: RawFd,
+        datagrams: &[(A, bytes::Bytes)],
+        addr: impl Fn(&A) -> SocketAddr,
+    ) -> usize {
         let mut failed = 0;
         for chunk in datagrams.chunks(BATCH) {
             self.addrs.clear();
             self.iovecs.clear();
             self.headers.clear();
             self.addrs
-                .extend(chunk.iter().map(|(a, _)| SockAddr::from(*a)));
+                .extend(chunk.iter().map(|(a, _)| SockAddr::from(addr(a))));
             self.iovecs.extend(chunk.iter().map(|(_, d)| libc::iovec {
                 iov_base: d.as_ptr() as *mut _,
                 iov_len: d.len(),

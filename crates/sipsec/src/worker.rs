@@ -11,6 +11,7 @@
 use crate::coalesce::Coalescer;
 use crate::engine::{Effects, Engine, Mail};
 use crate::store::StoreHandle;
+use crate::transport::Peer;
 use crate::udp::{self, RecvBatch, SendBatch};
 use socket2::Socket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -110,6 +111,7 @@ impl Worker {
                         self.coalescer.record(now, n);
                         for i in 0..n {
                             if let Some((source, data)) = batch.get(i) {
+                                let source = Peer::udp(source);
                                 self.engine.on_datagram(now, source, data, &mut fx);
                             }
                         }
@@ -159,7 +161,7 @@ impl Worker {
             return;
         }
         if !fx.transmits.is_empty() {
-            let failed = sender.send(fds[0], &fx.transmits);
+            let failed = sender.send(fds[0], &fx.transmits, |p| p.addr);
             self.engine
                 .stats()
                 .send_errors

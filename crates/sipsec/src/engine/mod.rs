@@ -28,6 +28,7 @@ mod tests;
 
 use crate::config::Config;
 use crate::location::{BindingChange, Location, SharedChange};
+use crate::transport::{Peer, Transport};
 use bytes::Bytes;
 use sip_core::message::rewrite::Splice;
 use sip_core::message::{build, HeaderField, Message, Method, ParseError, Via};
@@ -42,7 +43,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub enum Mail {
     /// A datagram that belongs to the receiving worker's transactions.
-    Datagram { source: SocketAddr, data: Bytes },
+    Datagram { source: Peer, data: Bytes },
     /// A registration change made by another worker.
     Binding(SharedChange),
 }
@@ -50,7 +51,7 @@ pub enum Mail {
 /// What the engine asks its driver to do.
 #[derive(Debug, Default)]
 pub struct Effects {
-    pub transmits: Vec<(SocketAddr, Bytes)>,
+    pub transmits: Vec<(Peer, Bytes)>,
     /// Mail for one worker, by index.
     pub mail: Vec<(usize, Mail)>,
     /// Binding changes for every other worker and for the store.
@@ -96,7 +97,7 @@ struct ProxyContext {
 struct Target {
     /// A new Request-URI (retargeting to a registered contact), if any.
     request_uri: Option<Box<str>>,
-    dest: SocketAddr,
+    dest: Peer,
 }
 
 /// What to do with a request.
@@ -111,8 +112,9 @@ enum Decision {
     },
     Forward {
         targets: SmallVec<[Target; 1]>,
-        /// Our own Route to consume: its header line and where its value ends.
-        pop_route: Option<(HeaderField, usize)>,
+        /// Our own Routes to consume (two after a double Record-Route): per header line,
+        /// where the last of its values to remove ends.
+        pop_route: SmallVec<[(HeaderField, usize); 2]>,
         record_route: bool,
     },
     Drop,
@@ -125,17 +127,16 @@ const SERVER: &str = "Server: sipsec/0.1\r\n";
 pub struct Engine {
     cfg: Arc<Config>,
     worker: usize,
-    /// `host:port` we put in Via and Record-Route.
-    via_host: String,
-    record_route_uri: String,
+    /// Per transport we listen on: the `host:port` we put in Via, and our Record-Route URI.
+    via_hosts: Vec<(Transport, String, String)>,
     local_addrs: Vec<SocketAddr>,
     epoch_unix_ms: u64,
-    tx: Transactions<SocketAddr, Link>,
+    tx: Transactions<Peer, Link>,
     location: Location,
-    outputs: Vec<Output<SocketAddr, Link>>,
+    outputs: Vec<Output<Peer, Link>>,
     /// The buffer `drain_outputs` swaps in while it handles `outputs`, so neither is
     /// reallocated per message.
-    spare_outputs: Vec<Output<SocketAddr, Link>>,
+    spare_outputs: Vec<Output<Peer, Link>>,
     splice: Splice,
     counter: u64,
     stats: Arc<Stats>,
@@ -159,14 +160,34 @@ pub(crate) fn response_dest(via: &Via<'_>, source: SocketAddr) -> SocketAddr {
     }
 }
 
+/// The peer responses to a request go to: back on the connection it came on for streams
+/// (§18.2.2; the driver falls back to the address if that connection has closed), by
+/// [`response_dest`] for UDP.
+fn response_peer(via: &Via<'_>, source: Peer) -> Peer {
+    if source.transport.reliable() {
+        source
+    } else {
+        Peer::udp(response_dest(via, source.addr))
+    }
+}
+
 impl Engine {
     /// A worker's engine. `epoch_unix_ms` is the Unix time at monotonic 0.
     pub fn new(cfg: Arc<Config>, worker: usize, epoch_unix_ms: u64, stats: Arc<Stats>) -> Engine {
         let local_addrs: Vec<SocketAddr> = cfg.listen.iter().map(|l| l.addr).collect();
-        let via_host = hostport(local_addrs[0]);
+        let mut via_hosts: Vec<(Transport, String, String)> = Vec::new();
+        for l in &cfg.listen {
+            if via_hosts.iter().all(|(t, ..)| *t != l.transport) {
+                let host = hostport(l.addr);
+                let rr = match l.transport {
+                    Transport::Udp => format!("sip:{host};lr"),
+                    t => format!("sip:{host};transport={t};lr"),
+                };
+                via_hosts.push((l.transport, host, rr));
+            }
+        }
         Engine {
-            record_route_uri: format!("sip:{via_host};lr"),
-            via_host,
+            via_hosts,
             local_addrs,
             worker,
             epoch_unix_ms,
@@ -238,7 +259,7 @@ impl Engine {
     /// Handles one received datagram.
     // Never inlined, for the same reason as `on_tick`.
     #[inline(never)]
-    pub fn on_datagram(&mut self, now: Millis, source: SocketAddr, data: &[u8], fx: &mut Effects) {
+    pub fn on_datagram(&mut self, now: Millis, source: Peer, data: &[u8], fx: &mut Effects) {
         inc(&self.stats.datagrams_in);
         if data
             .iter()
@@ -283,7 +304,7 @@ impl Engine {
         self.drain_outputs(now, fx);
     }
 
-    fn on_request(&mut self, now: Millis, source: SocketAddr, msg: &Message<'_>, fx: &mut Effects) {
+    fn on_request(&mut self, now: Millis, source: Peer, msg: &Message<'_>, fx: &mut Effects) {
         let method = msg.method();
         if self.cfg.stateful {
             match self.tx.recv_request(now, msg, &mut self.outputs) {
@@ -321,7 +342,7 @@ impl Engine {
             }
             let busy = Self::local_response(msg, 503, "Service Unavailable", "Retry-After: 1\r\n");
             fx.transmits
-                .push((response_dest(msg.top_via(), source), busy));
+                .push((response_peer(msg.top_via(), source), busy));
             return;
         }
         let decision = if from_ok {
@@ -370,7 +391,7 @@ impl Engine {
                 pop_route,
                 record_route,
             } => {
-                let route = (pop_route, record_route);
+                let route = (&pop_route[..], record_route);
                 self.forward(now, source, msg, hash, &targets, route, fx);
             }
         }
@@ -402,7 +423,7 @@ impl Engine {
     fn answer(
         &mut self,
         now: Millis,
-        source: SocketAddr,
+        source: Peer,
         msg: &Message<'_>,
         code: u16,
         reason: &str,
@@ -411,9 +432,11 @@ impl Engine {
     ) {
         let data = Self::local_response(msg, code, reason, headers);
         inc(&self.stats.local_responses);
-        let dest = response_dest(msg.top_via(), source);
+        let dest = response_peer(msg.top_via(), source);
         if self.cfg.stateful {
-            let id = self.tx.create_server(msg, dest, false, Link::Local);
+            let id = self
+                .tx
+                .create_server(msg, dest, dest.transport.reliable(), Link::Local);
             self.tx.respond(now, id, code, data, &mut self.outputs);
         } else {
             fx.transmits.push((dest, data));

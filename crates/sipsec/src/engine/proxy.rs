@@ -5,8 +5,9 @@
 
 use super::stats::inc;
 use super::{
-    branch, local_tag, response_dest, Effects, Engine, Link, ProxyContext, Target, SERVER,
+    branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Target, SERVER,
 };
+use crate::transport::{Peer, Transport};
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
 use sip_core::message::uri::unbracket;
@@ -20,24 +21,27 @@ impl Engine {
     pub(super) fn forward(
         &mut self,
         now: Millis,
-        source: SocketAddr,
+        source: Peer,
         msg: &Message<'_>,
         hash: u32,
         targets: &[Target],
-        (pop_route, record_route): (Option<(HeaderField, usize)>, bool),
+        (pop_route, record_route): (&[(HeaderField, usize)], bool),
         fx: &mut Effects,
     ) {
         let method = msg.method();
         let stateful = self.cfg.stateful && method != Method::Ack;
         let server = if stateful {
-            let dest = response_dest(msg.top_via(), source);
+            let dest = response_peer(msg.top_via(), source);
             let ctx = ProxyContext {
                 invite: method == Method::Invite,
                 ..Default::default()
             };
-            let id = self
-                .tx
-                .create_server(msg, dest, false, Link::Proxied(Box::new(ctx)));
+            let id = self.tx.create_server(
+                msg,
+                dest,
+                dest.transport.reliable(),
+                Link::Proxied(Box::new(ctx)),
+            );
             if method == Method::Invite {
                 let mut out = Vec::with_capacity(msg.as_bytes().len() / 2);
                 build::response(msg, 100, "Trying", None, SERVER.as_bytes(), b"", &mut out);
@@ -51,6 +55,15 @@ impl Engine {
         // A stateless proxy sends one copy only (RFC 3261 §16.11 forbids forking).
         let targets = if stateful { targets } else { &targets[..1] };
         for target in targets {
+            let Some(out_side) = via_index(&self.via_hosts, target.dest.transport) else {
+                // Configuration decides which transports we have; a target on another one is
+                // unreachable from here (counted; a lone target ends in 408 or no answer).
+                inc(&self.stats.unroutable);
+                continue;
+            };
+            // Between two transports, record-route twice (RFC 5658): each side of the
+            // dialog reaches us over its own.
+            let in_side = via_index(&self.via_hosts, source.transport).filter(|&i| i != out_side);
             let branch = if stateful {
                 self.counter += 1;
                 branch::stateful(self.worker, hash, self.counter)
@@ -60,14 +73,19 @@ impl Engine {
             let mut out = Vec::new();
             {
                 let mut rw = Rewriter::new(msg, &mut self.splice);
-                rw.stamp_top_via(source);
-                rw.push_via("UDP", &self.via_host, &branch);
+                let (_, via_host, rr_out) = &self.via_hosts[out_side];
+                rw.stamp_top_via(source.addr);
+                rw.push_via(target.dest.transport.via_token(), via_host, &branch);
                 rw.decrement_max_forwards();
-                if let Some((field, end)) = &pop_route {
+                for (field, end) in pop_route {
                     rw.remove_first_value(field, *end);
                 }
                 if record_route {
-                    rw.push_record_route(&self.record_route_uri);
+                    // Inserted in this order, the downstream side's entry ends up on top.
+                    rw.push_record_route(rr_out);
+                    if let Some(i) = in_side {
+                        rw.push_record_route(&self.via_hosts[i].2);
+                    }
                 }
                 if let Some(ruri) = &target.request_uri {
                     rw.set_request_uri(ruri.as_bytes());
@@ -89,7 +107,7 @@ impl Engine {
                         branch.as_bytes(),
                         msg.method_raw(),
                         target.dest,
-                        false,
+                        target.dest.transport.reliable(),
                         link,
                         &mut self.outputs,
                     );
@@ -106,7 +124,7 @@ impl Engine {
     pub(super) fn on_cancel(
         &mut self,
         now: Millis,
-        source: SocketAddr,
+        source: Peer,
         msg: &Message<'_>,
         fx: &mut Effects,
     ) {
@@ -155,7 +173,7 @@ impl Engine {
     }
 
     /// Sends a CANCEL for a request we forwarded, in a client transaction of its own.
-    pub(super) fn send_cancel(&mut self, now: Millis, request: &[u8], dest: SocketAddr) {
+    pub(super) fn send_cancel(&mut self, now: Millis, request: &[u8], dest: Peer) {
         let Ok(req) = Message::parse(request) else {
             return;
         };
@@ -168,7 +186,7 @@ impl Engine {
             &branch,
             b"CANCEL",
             dest,
-            false,
+            dest.transport.reliable(),
             Link::Cancel,
             &mut self.outputs,
         );
@@ -368,10 +386,22 @@ pub(super) fn response_rank(code: u16) -> u16 {
     }
 }
 
-/// Where a response goes next when forwarded by Via (RFC 3261 §18.2.2).
-pub(super) fn via_dest(via: &Via<'_>) -> Option<SocketAddr> {
+/// Which of our per-transport Via hosts serves `transport`.
+fn via_index(hosts: &[(Transport, String, String)], transport: Transport) -> Option<usize> {
+    hosts.iter().position(|(t, ..)| *t == transport)
+}
+
+/// Where a response goes next when forwarded by Via (RFC 3261 §18.2.2): the received
+/// address at the rport or sent-by port, over the Via's transport. For streams the driver
+/// uses an open connection to that address, else opens one.
+pub(super) fn via_dest(via: &Via<'_>) -> Option<Peer> {
+    let transport = Transport::of_via(via)?;
     let host = via.received().unwrap_or(via.host_unbracketed());
     let ip: IpAddr = std::str::from_utf8(unbracket(host)).ok()?.parse().ok()?;
-    let port = via.rport().flatten().or(via.port).unwrap_or(5060);
-    Some(SocketAddr::new(ip, port))
+    let port = via
+        .rport()
+        .flatten()
+        .or(via.port)
+        .unwrap_or(transport.default_port());
+    Some(Peer::new(transport, SocketAddr::new(ip, port)))
 }

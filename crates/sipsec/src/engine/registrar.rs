@@ -4,12 +4,12 @@
 //! Pure logic over a [`Location`] replica: it returns the response to send and the
 //! [`BindingChange`]s to apply everywhere; the engine applies and distributes them.
 
-use crate::config::{uri_socket_addr, RegistrarConfig};
+use crate::config::RegistrarConfig;
 use crate::location::{Binding, BindingChange, Location};
+use crate::transport::{uri_peer, Peer};
 use sip_core::message::values::parse_delta_seconds;
 use sip_core::message::{HeaderName, Message, NameAddr};
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 
 /// The registrar's answer.
 #[derive(Debug)]
@@ -43,7 +43,7 @@ pub fn register(
     location: &Location,
     aor: &str,
     msg: &Message<'_>,
-    source: SocketAddr,
+    source: Peer,
     now_unix_ms: u64,
 ) -> Outcome {
     let header_expires = match msg.expires() {
@@ -128,7 +128,7 @@ pub fn register(
             continue;
         }
         let expires = r.expires.min(cfg.max_expires);
-        let target = uri_socket_addr(&r.contact.uri).unwrap_or(source);
+        let target = uri_peer(&r.contact.uri).unwrap_or(Peer::new(source.transport, source.addr));
         let binding = Binding {
             contact: contact.into(),
             target,

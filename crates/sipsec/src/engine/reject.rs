@@ -3,11 +3,11 @@
 
 use super::stats::inc;
 use super::{Effects, Engine, SERVER};
+use crate::transport::Peer;
 use bytes::Bytes;
 use sip_core::message::{HeaderName, ParseError};
 use sip_core::timer::Millis;
 use smallvec::SmallVec;
-use std::net::SocketAddr;
 
 impl Engine {
     /// Answers a message the parser refused, when enough of it is readable to address a
@@ -15,7 +15,7 @@ impl Engine {
     pub(super) fn reject_unparsed(
         &mut self,
         now: Millis,
-        source: SocketAddr,
+        source: Peer,
         data: &[u8],
         err: ParseError,
         fx: &mut Effects,

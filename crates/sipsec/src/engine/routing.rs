@@ -4,13 +4,15 @@
 
 use super::stats::inc;
 use super::{branch, Decision, Engine, Target, ALLOW};
-use crate::config::{uri_socket_addr, Mode};
+use crate::config::Mode;
 use crate::location::Lookup;
+use crate::transport::{uri_peer, Peer};
 use sip_core::message::uri::unbracket;
-use sip_core::message::{HeaderName, Message, Method, Scheme, Uri};
+use sip_core::message::{HeaderField, HeaderName, Message, Method, Scheme, Uri};
 use sip_core::timer::Millis;
+use smallvec::SmallVec;
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 impl Engine {
     pub(super) fn is_local_host(&self, uri: &Uri<'_>) -> bool {
@@ -94,19 +96,23 @@ impl Engine {
             inc(&self.stats.loops);
             return respond(482, "Loop Detected");
         }
-        // Loose routing (§16.4): a top Route naming us is consumed.
-        let mut pop_route = None;
-        let mut next_route: Option<SocketAddr> = None;
+        // Loose routing (§16.4): the top Routes naming us are consumed (two of them after a
+        // double Record-Route between transports).
+        let mut pop_route: SmallVec<[(HeaderField, usize); 2]> = SmallVec::new();
+        let mut next_route: Option<Peer> = None;
         let mut route_error = false;
-        let mut index = 0;
+        let mut ours = true;
         let routes = msg.name_addrs(HeaderName::Route, |field, na| {
-            if index == 0 && self.is_local_host(&na.uri) {
-                pop_route = Some((*field, na.end));
+            ours &= self.is_local_host(&na.uri);
+            if ours {
+                match pop_route.last_mut() {
+                    Some((f, end)) if f.line_start == field.line_start => *end = na.end,
+                    _ => pop_route.push((*field, na.end)),
+                }
             } else if next_route.is_none() {
-                next_route = uri_socket_addr(&na.uri);
+                next_route = uri_peer(&na.uri);
                 route_error |= next_route.is_none();
             }
-            index += 1;
         });
         if routes.is_err() {
             return respond(400, "Bad Route header");
@@ -192,7 +198,7 @@ impl Engine {
                 }
                 Some(*addr)
             }
-            _ => uri_socket_addr(&uri).filter(|a| !self.local_addrs.contains(a)),
+            _ => uri_peer(&uri).filter(|p| !self.local_addrs.contains(&p.addr)),
         };
         match dest {
             Some(dest) if self.cfg.mode == Mode::Proxy || in_dialog => Decision::Forward {

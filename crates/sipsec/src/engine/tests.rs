@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::Config;
+use crate::transport::{Peer, Transport};
 
 const PROXY: &str = "127.0.0.1:5060";
 const ALICE: &str = "127.0.0.2:5070";
@@ -23,6 +24,7 @@ fn engine(extra: &str) -> Engine {
 
 struct Sent {
     to: SocketAddr,
+    transport: Transport,
     text: String,
 }
 
@@ -40,12 +42,13 @@ impl Sent {
 
 fn deliver(e: &mut Engine, now: Millis, from: &str, text: &str) -> (Vec<Sent>, Effects) {
     let mut fx = Effects::default();
-    e.on_datagram(now, addr(from), text.as_bytes(), &mut fx);
+    e.on_datagram(now, Peer::udp(addr(from)), text.as_bytes(), &mut fx);
     let sent = fx
         .transmits
         .drain(..)
         .map(|(to, d)| Sent {
-            to,
+            to: to.addr,
+            transport: to.transport,
             text: String::from_utf8(d.to_vec()).unwrap(),
         })
         .collect();
@@ -58,7 +61,8 @@ fn tick(e: &mut Engine, now: Millis) -> Vec<Sent> {
     fx.transmits
         .into_iter()
         .map(|(to, d)| Sent {
-            to,
+            to: to.addr,
+            transport: to.transport,
             text: String::from_utf8(d.to_vec()).unwrap(),
         })
         .collect()
@@ -505,6 +509,7 @@ fn stateless_mode_forwards_without_state_and_routes_responses_by_via() {
         &answer(
             &Sent {
                 to: addr(ALICE),
+                transport: Transport::Udp,
                 text: invite.clone(),
             },
             200,
@@ -611,7 +616,7 @@ fn never_panics_on_torture_messages_or_mutations() {
     for entry in std::fs::read_dir(dir).unwrap() {
         let buf = std::fs::read(entry.unwrap().path()).unwrap();
         let mut fx = Effects::default();
-        e.on_datagram(now, addr(ALICE), &buf, &mut fx);
+        e.on_datagram(now, Peer::udp(addr(ALICE)), &buf, &mut fx);
         for _ in 0..300 {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -620,7 +625,7 @@ fn never_panics_on_torture_messages_or_mutations() {
             let i = (seed as usize) % b.len().max(1);
             b[i] = (seed >> 32) as u8;
             b.truncate(((seed >> 40) as usize % (buf.len() + 1)).max(i));
-            e.on_datagram(now, addr(ALICE), &b, &mut fx);
+            e.on_datagram(now, Peer::udp(addr(ALICE)), &b, &mut fx);
             now += 7;
             e.on_tick(now, &mut fx);
         }
@@ -737,7 +742,7 @@ fn two_workers_share_bindings_and_hand_responses_to_their_owner() {
     let up: Vec<_> = out
         .transmits
         .iter()
-        .filter(|(to, _)| *to == addr(ALICE))
+        .filter(|(to, _)| to.addr == addr(ALICE))
         .collect();
     assert_eq!(up.len(), 1);
     assert!(up[0].1.starts_with(b"SIP/2.0 200"));
@@ -767,4 +772,78 @@ From: <sip:a@example.test>;tag=a\r\nTo: <sip:x@elsewhere.test>\r\nCall-ID: v6s\r
     // The same request coming back to us is a loop.
     let (back, _) = deliver(&mut e, 2, "[::1]:5080", &sent[0].text);
     assert_eq!(back[0].status(), Some(482));
+}
+
+#[test]
+fn between_transports_the_proxy_record_routes_twice_and_pops_both_routes() {
+    let cfg = Config::from_toml(&format!(
+        "[server]\nlisten = [\"udp:{PROXY}\", \"tcp:{PROXY}\"]\ndomains = [\"example.test\"]\n\
+         [routing]\ndefault_route = \"sip:{BOB1};transport=tcp\"\n"
+    ))
+    .unwrap();
+    let mut e = Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()));
+    let invite = request("INVITE", "sip:bob@example.org", "z9hG4bKx1", "");
+    let (sent, _) = deliver(&mut e, 0, ALICE, &invite);
+    let fwd = sent.iter().find(|s| s.status().is_none()).unwrap();
+    assert_eq!((fwd.to, fwd.transport), (addr(BOB1), Transport::Tcp));
+    assert!(
+        fwd.text
+            .contains(&format!("Via: SIP/2.0/TCP {PROXY};branch=")),
+        "{}",
+        fwd.text
+    );
+    let rr: Vec<&str> = fwd
+        .text
+        .lines()
+        .filter(|l| l.starts_with("Record-Route"))
+        .collect();
+    assert_eq!(
+        rr,
+        [
+            format!("Record-Route: <sip:{PROXY};transport=tcp;lr>"),
+            format!("Record-Route: <sip:{PROXY};lr>")
+        ],
+        "{}",
+        fwd.text
+    );
+
+    // The callee's BYE comes over TCP with both entries as its route set (on one line, as
+    // most UAs write it): both are ours and popped; it goes to Alice over UDP.
+    let bye = format!(
+        "BYE sip:alice@{ALICE} SIP/2.0\r\nVia: SIP/2.0/TCP {BOB1};branch=z9hG4bKb1\r\n\
+         Max-Forwards: 70\r\nRoute: <sip:{PROXY};transport=tcp;lr>, <sip:{PROXY};lr>\r\n\
+         From: <sip:bob@example.org>;tag=b1\r\nTo: <sip:alice@example.test>;tag=a1\r\n\
+         Call-ID: call-z9hG4bKx1\r\nCSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n"
+    );
+    let mut fx = Effects::default();
+    let from = Peer {
+        transport: Transport::Tcp,
+        addr: addr(BOB1),
+        conn: 7,
+    };
+    e.on_datagram(10, from, bye.as_bytes(), &mut fx);
+    let out: Vec<_> = fx.transmits.drain(..).collect();
+    let (to, data) = out
+        .iter()
+        .find(|(_, d)| d.starts_with(b"BYE "))
+        .expect("the BYE is forwarded");
+    assert_eq!((to.addr, to.transport), (addr(ALICE), Transport::Udp));
+    let text = String::from_utf8_lossy(data);
+    assert!(!text.contains("Route:"), "{text}");
+    assert!(
+        text.contains(&format!("Via: SIP/2.0/UDP {PROXY};branch=")),
+        "{text}"
+    );
+
+    // Its 200 goes back to Bob on the connection the BYE came in on.
+    let bye_out = Message::parse(data).unwrap();
+    let mut resp = Vec::new();
+    build::response(&bye_out, 200, "OK", None, b"", b"", &mut resp);
+    e.on_datagram(11, Peer::udp(addr(ALICE)), &resp, &mut fx);
+    let (to, _) = fx
+        .transmits
+        .iter()
+        .find(|(_, d)| d.starts_with(b"SIP/2.0 200"))
+        .expect("the 200 goes upstream");
+    assert_eq!(*to, from);
 }

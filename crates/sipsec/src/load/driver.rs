@@ -146,7 +146,7 @@ impl Links for UdpLinks {
                     .map(|(p, d)| (p.addr, d.clone())),
             );
             if !self.queue.is_empty() {
-                failed += self.sender.send(udp::fd(socket), &self.queue);
+                failed += self.sender.send(udp::fd(socket), &self.queue, |a| *a);
             }
         }
         out.clear();

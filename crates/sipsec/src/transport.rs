@@ -1,0 +1,176 @@
+//! Transports and peers: the address type the engine sees. A [`Peer`] is a transport, a
+//! remote address and, for streams, the connection a message came in on (so a response goes
+//! back on it, RFC 3261 §18.2.2); the worker's driver maps peers to sockets and connections.
+
+use sip_core::message::{Scheme, Uri, Via};
+use std::net::{IpAddr, SocketAddr};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Transport {
+    Udp,
+    Tcp,
+    Tls,
+}
+
+impl Transport {
+    /// Streams need no retransmissions (RFC 3261 §17.1.1.2) and carry framing.
+    pub fn reliable(self) -> bool {
+        self != Transport::Udp
+    }
+
+    /// The token in a Via (`SIP/2.0/UDP`).
+    pub fn via_token(self) -> &'static str {
+        match self {
+            Transport::Udp => "UDP",
+            Transport::Tcp => "TCP",
+            Transport::Tls => "TLS",
+        }
+    }
+
+    /// The lower-case name in configs and `transport=` URI parameters.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+            Transport::Tls => "tls",
+        }
+    }
+
+    pub fn parse(name: &[u8]) -> Option<Transport> {
+        [Transport::Udp, Transport::Tcp, Transport::Tls]
+            .into_iter()
+            .find(|t| t.name().as_bytes().eq_ignore_ascii_case(name))
+    }
+
+    /// The port when a URI or Via names none (RFC 3261 §19.1.2, §18.2.2).
+    pub fn default_port(self) -> u16 {
+        match self {
+            Transport::Tls => 5061,
+            _ => 5060,
+        }
+    }
+
+    /// The transport a URI asks for: its `transport` parameter, else TLS for `sips:`, else
+    /// UDP (no DNS, so no NAPTR/SRV choice).
+    pub fn of_uri(uri: &Uri<'_>) -> Option<Transport> {
+        match uri.param(b"transport").flatten() {
+            Some(t) => Transport::parse(t),
+            None if uri.scheme == Scheme::Sips => Some(Transport::Tls),
+            None => Some(Transport::Udp),
+        }
+    }
+
+    /// The transport a Via names.
+    pub fn of_via(via: &Via<'_>) -> Option<Transport> {
+        Transport::parse(via.transport)
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A stream connection, by the worker that owns it and its slot there; 0 is "none".
+pub type ConnId = u32;
+
+/// Where a message came from or goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub transport: Transport,
+    pub addr: SocketAddr,
+    /// The connection to use when it is still open (streams); 0 lets the driver find or open
+    /// one to `addr`.
+    pub conn: ConnId,
+}
+
+impl Peer {
+    pub fn udp(addr: SocketAddr) -> Peer {
+        Peer {
+            transport: Transport::Udp,
+            addr,
+            conn: 0,
+        }
+    }
+
+    pub fn new(transport: Transport, addr: SocketAddr) -> Peer {
+        Peer {
+            transport,
+            addr,
+            conn: 0,
+        }
+    }
+
+    /// `transport:ip:port`, the form stored in the database; a bare `ip:port` is UDP.
+    pub fn parse(s: &str) -> Option<Peer> {
+        if let Ok(addr) = s.parse() {
+            return Some(Peer::udp(addr));
+        }
+        let (t, addr) = s.split_once(':')?;
+        Some(Peer::new(
+            Transport::parse(t.as_bytes())?,
+            addr.parse().ok()?,
+        ))
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.transport, self.addr)
+    }
+}
+
+/// Resolves a SIP URI to a peer without DNS (IP literals and `localhost`): its `maddr` or
+/// host, its port or the transport's default, its transport.
+pub fn uri_peer(uri: &Uri<'_>) -> Option<Peer> {
+    let transport = Transport::of_uri(uri)?;
+    let host = uri.param(b"maddr").flatten().unwrap_or(uri.host);
+    let host = sip_core::message::uri::unbracket(host);
+    let ip: IpAddr = if host.eq_ignore_ascii_case(b"localhost") {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        std::str::from_utf8(host).ok()?.parse().ok()?
+    };
+    let port = uri.port.unwrap_or(transport.default_port());
+    Some(Peer::new(transport, SocketAddr::new(ip, port)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sip_core::message::Uri;
+
+    fn peer(uri: &str) -> Option<Peer> {
+        uri_peer(&Uri::parse(uri.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn uris_resolve_to_transport_and_address() {
+        let p = |t, a: &str| Some(Peer::new(t, a.parse().unwrap()));
+        assert_eq!(peer("sip:10.0.0.1"), p(Transport::Udp, "10.0.0.1:5060"));
+        assert_eq!(
+            peer("sip:u@10.0.0.1:5070;transport=TCP"),
+            p(Transport::Tcp, "10.0.0.1:5070")
+        );
+        assert_eq!(peer("sips:u@10.0.0.1"), p(Transport::Tls, "10.0.0.1:5061"));
+        assert_eq!(
+            peer("sip:u@[::1]:5062;transport=tls"),
+            p(Transport::Tls, "[::1]:5062")
+        );
+        assert_eq!(peer("sip:u@10.0.0.1;transport=sctp"), None);
+        assert_eq!(peer("sip:u@example.com"), None);
+    }
+
+    #[test]
+    fn peers_print_and_parse_back() {
+        for s in ["udp:1.2.3.4:5060", "tcp:[::1]:5070", "tls:10.0.0.1:5061"] {
+            assert_eq!(Peer::parse(s).unwrap().to_string(), s);
+        }
+        assert_eq!(
+            Peer::parse("1.2.3.4:5060"),
+            Some(Peer::udp("1.2.3.4:5060".parse().unwrap()))
+        );
+        assert_eq!(Peer::parse("sctp:1.2.3.4:5060"), None);
+    }
+}
