@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 
 /// Where the server listens: `transport:ip:port`.
@@ -157,23 +157,6 @@ impl Default for Config {
     fn default() -> Self {
         Config::from_toml("").expect("the embedded defaults are valid")
     }
-}
-
-/// Resolves a SIP URI's host:port to an address without DNS (IP literals and `localhost`).
-pub fn uri_socket_addr(uri: &sip_core::message::Uri<'_>) -> Option<SocketAddr> {
-    let host = uri.param(b"maddr").flatten().unwrap_or(uri.host);
-    let host = sip_core::message::uri::unbracket(host);
-    let ip: IpAddr = if host.eq_ignore_ascii_case(b"localhost") {
-        IpAddr::from([127, 0, 0, 1])
-    } else {
-        std::str::from_utf8(host).ok()?.parse().ok()?
-    };
-    let default_port = if uri.scheme == sip_core::message::Scheme::Sips {
-        5061
-    } else {
-        5060
-    };
-    Some(SocketAddr::new(ip, uri.port.unwrap_or(default_port)))
 }
 
 impl Config {

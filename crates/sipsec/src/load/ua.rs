@@ -17,7 +17,6 @@
 
 use super::stats::Stats;
 use super::users::Users;
-use crate::config::uri_socket_addr;
 use crate::engine::response_dest;
 use bytes::Bytes;
 use sip_core::digest::Challenge;
@@ -998,7 +997,7 @@ fn next_hop_addr(uri_or_route: &str) -> Option<SocketAddr> {
         _ => s,
     };
     let uri = Uri::parse(inner.as_bytes()).ok()?;
-    uri_socket_addr(&uri)
+    crate::transport::uri_peer(&uri).map(|p| p.addr)
 }
 
 #[cfg(test)]
