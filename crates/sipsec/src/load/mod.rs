@@ -126,6 +126,10 @@ pub struct LoadArgs {
     /// Cipher suites to offer, by rustls name (repeatable; default rustls's set).
     #[arg(long = "tls-cipher-suite", value_delimiter = ',')]
     pub tls_cipher_suites: Vec<String>,
+    /// Key-exchange groups to offer: X25519, secp256r1, secp384r1, X25519MLKEM768
+    /// (repeatable; default rustls's set).
+    #[arg(long = "tls-key-exchange", value_delimiter = ',')]
+    pub tls_key_exchange: Vec<String>,
     /// Local IP for the UAC (default: the one the kernel routes to the target from).
     #[arg(long)]
     pub local: Option<IpAddr>,
@@ -223,6 +227,7 @@ fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<stream::Str
     let protocol = tls::Protocol {
         versions: args.tls_versions.clone(),
         cipher_suites: args.tls_cipher_suites.clone(),
+        key_exchange: args.tls_key_exchange.clone(),
         session_resumption: args.tls_resumption == OnOff::On,
     };
     let identity = args.tls_cert.clone().zip(args.tls_key.clone());
@@ -301,6 +306,7 @@ impl Plan {
             || args.tls_server_name.is_some()
             || !args.tls_versions.is_empty()
             || !args.tls_cipher_suites.is_empty()
+            || !args.tls_key_exchange.is_empty()
             || args.tls_client_auth != tls::ClientAuth::None;
         if tls_options && transport != TransportArg::Tls {
             bail!("the --tls-* options need --transport tls");

@@ -42,6 +42,9 @@ pub struct Protocol {
     /// rustls suite names (e.g. `TLS13_AES_128_GCM_SHA256`,
     /// `TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`); empty means the provider's defaults.
     pub cipher_suites: Vec<String>,
+    /// Key-exchange groups by name (`X25519`, `secp256r1`, `secp384r1`, `X25519MLKEM768`),
+    /// in preference order; empty means the provider's defaults.
+    pub key_exchange: Vec<String>,
     pub session_resumption: bool,
 }
 
@@ -112,9 +115,28 @@ fn versions(names: &[String]) -> Result<Vec<&'static SupportedProtocolVersion>> 
         .collect()
 }
 
-/// The provider restricted to the named suites.
-fn provider(suites: &[String]) -> Result<Arc<CryptoProvider>> {
+/// The provider restricted to the named suites and key-exchange groups.
+fn provider(suites: &[String], groups: &[String]) -> Result<Arc<CryptoProvider>> {
     let mut p = rustls::crypto::aws_lc_rs::default_provider();
+    if !groups.is_empty() {
+        let all = p.kx_groups.clone();
+        let name = |g: &&'static dyn rustls::crypto::SupportedKxGroup| format!("{:?}", g.name());
+        p.kx_groups = groups
+            .iter()
+            .map(|wanted| {
+                all.iter()
+                    .find(|g| name(g).eq_ignore_ascii_case(wanted))
+                    .copied()
+                    .with_context(|| {
+                        let known: Vec<String> = all.iter().map(name).collect();
+                        format!(
+                            "unknown key exchange {wanted:?}; known: {}",
+                            known.join(", ")
+                        )
+                    })
+            })
+            .collect::<Result<_>>()?;
+    }
     if !suites.is_empty() {
         let all = p.cipher_suites.clone();
         let name = |s: &rustls::SupportedCipherSuite| format!("{:?}", s.suite());
@@ -148,9 +170,12 @@ pub fn known_suites() -> Vec<String> {
 
 /// A client configuration.
 pub fn client_config(c: &ClientSide) -> Result<Arc<ClientConfig>> {
-    let builder = ClientConfig::builder_with_provider(provider(&c.protocol.cipher_suites)?)
-        .with_protocol_versions(&versions(&c.protocol.versions)?)
-        .context("no cipher suite fits the TLS versions chosen")?;
+    let builder = ClientConfig::builder_with_provider(provider(
+        &c.protocol.cipher_suites,
+        &c.protocol.key_exchange,
+    )?)
+    .with_protocol_versions(&versions(&c.protocol.versions)?)
+    .context("no cipher suite fits the TLS versions chosen")?;
     let builder = match (&c.ca, c.no_verify) {
         (_, true) => builder
             .dangerous()
@@ -178,7 +203,7 @@ pub fn client_config(c: &ClientSide) -> Result<Arc<ClientConfig>> {
 
 /// A server configuration.
 pub fn server_config(s: &ServerSide) -> Result<Arc<ServerConfig>> {
-    let provider = provider(&s.protocol.cipher_suites)?;
+    let provider = provider(&s.protocol.cipher_suites, &s.protocol.key_exchange)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions(&s.protocol.versions)?)
         .context("no cipher suite fits the TLS versions chosen")?;

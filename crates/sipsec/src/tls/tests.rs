@@ -20,6 +20,7 @@ fn protocol(versions: &[&str], resumption: bool) -> Protocol {
     Protocol {
         versions: versions.iter().map(|v| v.to_string()).collect(),
         cipher_suites: Vec::new(),
+        key_exchange: Vec::new(),
         session_resumption: resumption,
     }
 }
@@ -221,6 +222,17 @@ fn configuration_errors_are_explained() {
     );
     assert!(err.contains("unknown cipher suite") && err.contains("TLS13_AES_128_GCM_SHA256"));
 
+    let mut p = protocol(&[], true);
+    p.key_exchange = vec!["ffdhe9999".into()];
+    let err = format!(
+        "{:#}",
+        client_config(&client_side(dir.path(), false, p)).unwrap_err()
+    );
+    assert!(
+        err.contains("unknown key exchange") && err.contains("X25519"),
+        "{err}"
+    );
+
     let mut s = server_side(dir.path(), ClientAuth::Required, protocol(&[], true));
     s.ca = None;
     let err = server_config(&s).unwrap_err().to_string();
@@ -234,4 +246,21 @@ fn configuration_errors_are_explained() {
     let missing = dir.path().join("nope.pem");
     let err = format!("{:#}", load_certs(&missing).unwrap_err());
     assert!(err.contains("nope.pem"), "{err}");
+}
+
+#[test]
+fn the_chosen_key_exchange_group_is_the_one_negotiated() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, false);
+    for group in ["secp256r1", "X25519"] {
+        let mut p = protocol(&[], false);
+        p.key_exchange = vec![group.into()];
+        let client = client_config(&client_side(dir.path(), false, p.clone())).unwrap();
+        let server = server_config(&server_side(dir.path(), ClientAuth::None, p)).unwrap();
+        let (c, _) = connect(&client, &server).unwrap();
+        let got = c
+            .negotiated_key_exchange_group()
+            .map(|g| format!("{:?}", g.name()));
+        assert_eq!(got.as_deref(), Some(group));
+    }
 }
