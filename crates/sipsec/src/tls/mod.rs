@@ -115,47 +115,45 @@ fn versions(names: &[String]) -> Result<Vec<&'static SupportedProtocolVersion>> 
         .collect()
 }
 
+/// The items of `all` named in `wanted`, in that order (all of them when none is named).
+fn pick<T: Copy>(
+    all: &[T],
+    wanted: &[String],
+    name: impl Fn(&T) -> String,
+    what: &str,
+) -> Result<Vec<T>> {
+    if wanted.is_empty() {
+        return Ok(all.to_vec());
+    }
+    wanted
+        .iter()
+        .map(|w| {
+            all.iter()
+                .find(|x| name(x).eq_ignore_ascii_case(w))
+                .copied()
+                .with_context(|| {
+                    let known: Vec<String> = all.iter().map(&name).collect();
+                    format!("unknown {what} {w:?}; known: {}", known.join(", "))
+                })
+        })
+        .collect()
+}
+
 /// The provider restricted to the named suites and key-exchange groups.
 fn provider(suites: &[String], groups: &[String]) -> Result<Arc<CryptoProvider>> {
     let mut p = rustls::crypto::aws_lc_rs::default_provider();
-    if !groups.is_empty() {
-        let all = p.kx_groups.clone();
-        let name = |g: &&'static dyn rustls::crypto::SupportedKxGroup| format!("{:?}", g.name());
-        p.kx_groups = groups
-            .iter()
-            .map(|wanted| {
-                all.iter()
-                    .find(|g| name(g).eq_ignore_ascii_case(wanted))
-                    .copied()
-                    .with_context(|| {
-                        let known: Vec<String> = all.iter().map(name).collect();
-                        format!(
-                            "unknown key exchange {wanted:?}; known: {}",
-                            known.join(", ")
-                        )
-                    })
-            })
-            .collect::<Result<_>>()?;
-    }
-    if !suites.is_empty() {
-        let all = p.cipher_suites.clone();
-        let name = |s: &rustls::SupportedCipherSuite| format!("{:?}", s.suite());
-        p.cipher_suites = suites
-            .iter()
-            .map(|wanted| {
-                all.iter()
-                    .find(|s| name(s).eq_ignore_ascii_case(wanted))
-                    .copied()
-                    .with_context(|| {
-                        let known: Vec<String> = all.iter().map(name).collect();
-                        format!(
-                            "unknown cipher suite {wanted:?}; known: {}",
-                            known.join(", ")
-                        )
-                    })
-            })
-            .collect::<Result<_>>()?;
-    }
+    p.kx_groups = pick(
+        &p.kx_groups,
+        groups,
+        |g| format!("{:?}", g.name()),
+        "key exchange",
+    )?;
+    p.cipher_suites = pick(
+        &p.cipher_suites,
+        suites,
+        |s| format!("{:?}", s.suite()),
+        "cipher suite",
+    )?;
     Ok(Arc::new(p))
 }
 
