@@ -3,85 +3,69 @@
 
 use super::scan::eq_ic;
 
-/// A header name the core recognises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum HeaderName {
-    Via,
-    From,
-    To,
-    CallId,
-    CSeq,
-    MaxForwards,
-    ContentLength,
-    ContentType,
-    Contact,
-    Route,
-    RecordRoute,
-    Expires,
-    MinExpires,
-    Require,
-    ProxyRequire,
-    Supported,
-    Unsupported,
-    Allow,
-    Accept,
-    Date,
-    RetryAfter,
-    Warning,
-    Authorization,
-    ProxyAuthorization,
-    WwwAuthenticate,
-    ProxyAuthenticate,
-    UserAgent,
-    Server,
-    Subject,
-    Event,
-    ContentEncoding,
-    Path,
-    Other,
+/// Declares [`HeaderName`] from one list of variants and canonical spellings, so the enum,
+/// [`HeaderName::KNOWN`] and [`HeaderName::as_str`] cannot drift apart.
+macro_rules! header_names {
+    ($($variant:ident => $name:literal,)*) => {
+        /// A header name the core recognises.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum HeaderName {
+            $($variant,)*
+            Other,
+        }
+
+        impl HeaderName {
+            /// Every recognised header (all variants but `Other`).
+            pub const KNOWN: &'static [HeaderName] = &[$(HeaderName::$variant,)*];
+
+            /// The canonical long form, as sipsec writes it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(HeaderName::$variant => $name,)*
+                    HeaderName::Other => "",
+                }
+            }
+        }
+    };
+}
+
+header_names! {
+    Via => "Via",
+    From => "From",
+    To => "To",
+    CallId => "Call-ID",
+    CSeq => "CSeq",
+    MaxForwards => "Max-Forwards",
+    ContentLength => "Content-Length",
+    ContentType => "Content-Type",
+    Contact => "Contact",
+    Route => "Route",
+    RecordRoute => "Record-Route",
+    Expires => "Expires",
+    MinExpires => "Min-Expires",
+    Require => "Require",
+    ProxyRequire => "Proxy-Require",
+    Supported => "Supported",
+    Unsupported => "Unsupported",
+    Allow => "Allow",
+    Accept => "Accept",
+    Date => "Date",
+    RetryAfter => "Retry-After",
+    Warning => "Warning",
+    Authorization => "Authorization",
+    ProxyAuthorization => "Proxy-Authorization",
+    WwwAuthenticate => "WWW-Authenticate",
+    ProxyAuthenticate => "Proxy-Authenticate",
+    UserAgent => "User-Agent",
+    Server => "Server",
+    Subject => "Subject",
+    Event => "Event",
+    ContentEncoding => "Content-Encoding",
+    Path => "Path",
 }
 
 impl HeaderName {
-    /// Every recognised header (all variants but `Other`).
-    pub const KNOWN: [HeaderName; 32] = {
-        use HeaderName::*;
-        [
-            Via,
-            From,
-            To,
-            CallId,
-            CSeq,
-            MaxForwards,
-            ContentLength,
-            ContentType,
-            Contact,
-            Route,
-            RecordRoute,
-            Expires,
-            MinExpires,
-            Require,
-            ProxyRequire,
-            Supported,
-            Unsupported,
-            Allow,
-            Accept,
-            Date,
-            RetryAfter,
-            Warning,
-            Authorization,
-            ProxyAuthorization,
-            WwwAuthenticate,
-            ProxyAuthenticate,
-            UserAgent,
-            Server,
-            Subject,
-            Event,
-            ContentEncoding,
-            Path,
-        ]
-    };
-
     /// Recognises a header name as written on the wire (any case, compact or long form).
     pub fn from_bytes(name: &[u8]) -> HeaderName {
         use HeaderName::*;
@@ -143,46 +127,6 @@ impl HeaderName {
             .find(|(n, _)| eq_ic(n, name))
             .map_or(Other, |(_, h)| *h)
     }
-
-    /// The canonical long form, as sipsec writes it.
-    pub fn as_str(self) -> &'static str {
-        use HeaderName::*;
-        match self {
-            Via => "Via",
-            From => "From",
-            To => "To",
-            CallId => "Call-ID",
-            CSeq => "CSeq",
-            MaxForwards => "Max-Forwards",
-            ContentLength => "Content-Length",
-            ContentType => "Content-Type",
-            Contact => "Contact",
-            Route => "Route",
-            RecordRoute => "Record-Route",
-            Expires => "Expires",
-            MinExpires => "Min-Expires",
-            Require => "Require",
-            ProxyRequire => "Proxy-Require",
-            Supported => "Supported",
-            Unsupported => "Unsupported",
-            Allow => "Allow",
-            Accept => "Accept",
-            Date => "Date",
-            RetryAfter => "Retry-After",
-            Warning => "Warning",
-            Authorization => "Authorization",
-            ProxyAuthorization => "Proxy-Authorization",
-            WwwAuthenticate => "WWW-Authenticate",
-            ProxyAuthenticate => "Proxy-Authenticate",
-            UserAgent => "User-Agent",
-            Server => "Server",
-            Subject => "Subject",
-            Event => "Event",
-            ContentEncoding => "Content-Encoding",
-            Path => "Path",
-            Other => "",
-        }
-    }
 }
 
 #[cfg(test)]
@@ -201,7 +145,7 @@ mod tests {
         assert_eq!(HeaderName::from_bytes(b"C%6Fntact"), HeaderName::Other);
         assert_eq!(HeaderName::from_bytes(b"X-Custom"), HeaderName::Other);
         // Every long form round-trips through the canonical spelling.
-        for h in HeaderName::KNOWN {
+        for &h in HeaderName::KNOWN {
             assert_eq!(
                 HeaderName::from_bytes(h.as_str().as_bytes()),
                 h,
