@@ -5,7 +5,7 @@
 use sip_core::message::{Scheme, Uri, Via};
 use std::net::{IpAddr, SocketAddr};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Transport {
     Udp,
     Tcp,
@@ -33,6 +33,16 @@ impl Transport {
             Transport::Udp => "udp",
             Transport::Tcp => "tcp",
             Transport::Tls => "tls",
+        }
+    }
+
+    /// The `transport` parameter of a Contact URI we write, so a proxy reaches us over the
+    /// same transport (it would default to UDP).
+    pub fn uri_param(self) -> &'static str {
+        match self {
+            Transport::Udp => "",
+            Transport::Tcp => ";transport=tcp",
+            Transport::Tls => ";transport=tls",
         }
     }
 

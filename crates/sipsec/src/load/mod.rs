@@ -19,6 +19,7 @@ pub mod ua;
 pub mod users;
 
 use crate::tls;
+use crate::transport::Transport;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use driver::{Links, RunOptions, UdpLinks};
@@ -28,7 +29,7 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use ua::{Peer, Scenario, Ua, UaConfig, ViaTransport};
+use ua::{Peer, Scenario, Ua, UaConfig};
 use users::Users;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -48,13 +49,6 @@ pub enum Role {
     Uac,
     Uas,
     Both,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TransportArg {
-    Udp,
-    Tcp,
-    Tls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -94,7 +88,7 @@ pub struct LoadArgs {
     pub uas: Option<String>,
     /// Default: the one the target or --uas names, else udp.
     #[arg(long, value_enum)]
-    pub transport: Option<TransportArg>,
+    pub transport: Option<Transport>,
     /// Stream transports: one connection reused, or one per call.
     #[arg(long, value_enum, default_value = "persistent")]
     pub connection: ConnectionArg,
@@ -195,11 +189,11 @@ pub struct LoadArgs {
 }
 
 /// `[udp:|tcp:|tls:]ip:port`; the transport when one is named.
-pub fn parse_endpoint(s: &str) -> Result<(Option<TransportArg>, SocketAddr)> {
+pub fn parse_endpoint(s: &str) -> Result<(Option<Transport>, SocketAddr)> {
     let (transport, rest) = match s.split_once(':') {
-        Some(("udp", r)) => (Some(TransportArg::Udp), r),
-        Some(("tcp", r)) => (Some(TransportArg::Tcp), r),
-        Some(("tls", r)) => (Some(TransportArg::Tls), r),
+        Some(("udp", r)) => (Some(Transport::Udp), r),
+        Some(("tcp", r)) => (Some(Transport::Tcp), r),
+        Some(("tls", r)) => (Some(Transport::Tls), r),
         _ => (None, s),
     };
     let addr = rest.parse::<SocketAddr>().with_context(|| {
@@ -266,7 +260,7 @@ fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<stream::Str
 pub struct Plan {
     pub args: LoadArgs,
     /// The transport, resolved from --transport or the addresses.
-    pub transport: TransportArg,
+    pub transport: Transport,
     /// TLS configurations (built while planning, so a bad certificate is a usage error).
     pub tls: stream::StreamTls,
     pub target: Option<SocketAddr>,
@@ -276,26 +270,25 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(args: LoadArgs) -> Result<Plan> {
-        let named = |s: &Option<String>, what: &str| -> Result<Option<(TransportArg, String)>> {
-            Ok(match s {
-                Some(s) => parse_endpoint(s)
-                    .with_context(|| what.to_string())?
-                    .0
-                    .map(|t| (t, s.clone())),
-                None => None,
-            })
-        };
-        let named = [named(&args.target, "target")?, named(&args.uas, "--uas")?];
+        fn endpoint<'a>(
+            s: &'a Option<String>,
+            what: &'static str,
+        ) -> Result<Option<(&'a str, Option<Transport>, SocketAddr)>> {
+            s.as_deref()
+                .map(|s| parse_endpoint(s).context(what).map(|(t, a)| (s, t, a)))
+                .transpose()
+        }
+        let (target_ep, uas_ep) = (
+            endpoint(&args.target, "target")?,
+            endpoint(&args.uas, "--uas")?,
+        );
+        let named = || [&target_ep, &uas_ep].into_iter().flatten();
         let transport = match args.transport {
             Some(t) => t,
-            None => named
-                .iter()
-                .flatten()
-                .next()
-                .map_or(TransportArg::Udp, |n| n.0),
+            None => named().find_map(|(_, t, _)| *t).unwrap_or(Transport::Udp),
         };
-        for (t, s) in named.iter().flatten() {
-            if *t != transport {
+        for (s, t, _) in named() {
+            if t.is_some_and(|t| t != transport) {
                 bail!("{s} names another transport than {transport:?} (--transport or the other address)");
             }
         }
@@ -308,26 +301,26 @@ impl Plan {
             || !args.tls_cipher_suites.is_empty()
             || !args.tls_key_exchange.is_empty()
             || args.tls_client_auth != tls::ClientAuth::None;
-        if tls_options && transport != TransportArg::Tls {
+        if tls_options && transport != Transport::Tls {
             bail!("the --tls-* options need --transport tls");
         }
         if args.tls_cert.is_some() != args.tls_key.is_some() {
             bail!("--tls-cert and --tls-key go together");
         }
-        let uas = match (&args.uas, args.role) {
-            (Some(s), Role::Uas | Role::Both) => Some(parse_endpoint(s).context("--uas")?.1),
+        let uas = match (uas_ep.map(|(_, _, a)| a), args.role) {
+            (Some(a), Role::Uas | Role::Both) => Some(a),
             (None, Role::Uas | Role::Both) => bail!("--role uas|both needs --uas ip:port"),
             (Some(_), Role::Uac) => bail!("--uas is for --role uas or both"),
             (None, Role::Uac) => None,
         };
-        let target = match (&args.target, args.role) {
-            (Some(s), _) => Some(parse_endpoint(s).context("target")?.1),
+        let target = match (target_ep.map(|(_, _, a)| a), args.role) {
+            (Some(a), _) => Some(a),
             (None, Role::Both) => uas,
             (None, Role::Uac) => bail!("give the target: sipsec load [udp:]ip:port"),
             (None, Role::Uas) => None,
         };
         let originate = args.role != Role::Uas;
-        let tls = if transport == TransportArg::Tls {
+        let tls = if transport == Transport::Tls {
             stream_tls(&args, originate, uas.is_some())?
         } else {
             stream::StreamTls::default()
@@ -416,7 +409,7 @@ fn uac_ip(plan: &Plan) -> Result<Option<IpAddr>> {
 
 /// Binds the run's sockets.
 pub fn bind(plan: &Plan) -> Result<Bound> {
-    if plan.transport != TransportArg::Udp {
+    if plan.transport != Transport::Udp {
         return bind_stream(plan);
     }
     let mut sockets = Vec::new();
@@ -482,11 +475,7 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         },
         uac_local: bound.uac_local.unwrap_or(target),
         uas_local: bound.uas_local,
-        transport: match plan.transport {
-            TransportArg::Udp => ViaTransport::Udp,
-            TransportArg::Tcp => ViaTransport::Tcp,
-            TransportArg::Tls => ViaTransport::Tls,
-        },
+        transport: plan.transport,
         domain: plan.args.domain.clone().unwrap_or_else(|| match target {
             SocketAddr::V4(a) => a.to_string(),
             SocketAddr::V6(a) => a.to_string(),
@@ -499,7 +488,7 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         rport: plan.args.rport,
         timers: Default::default(),
         epoch,
-        report_ended: plan.transport != TransportArg::Udp
+        report_ended: plan.transport != Transport::Udp
             && plan.args.connection == ConnectionArg::PerCall,
     }
 }
@@ -553,7 +542,7 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
     Summary {
         scenario: format!("{:?}", plan.args.scenario).to_lowercase(),
         role: format!("{:?}", plan.args.role).to_lowercase(),
-        transport: format!("{:?}", plan.transport).to_lowercase(),
+        transport: plan.transport.name().to_string(),
         rate: if plan.args.role == Role::Uas {
             0.0
         } else {
@@ -576,7 +565,7 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
         stray_messages: ua.stats.stray,
         send_failures: times.send_failures,
         interrupted: times.interrupted,
-        connections: (plan.transport != TransportArg::Udp).then_some(times.links),
+        connections: (plan.transport != Transport::Udp).then_some(times.links),
         peak_per_s: None,
         steps: Vec::new(),
     }
@@ -667,7 +656,7 @@ pub fn run(args: LoadArgs) -> Result<Summary> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
-    let transport = format!("{:?}", plan.transport).to_lowercase();
+    let transport = plan.transport;
     if let Some(a) = bound.uas_local {
         eprintln!("sipsec load: UAS listening on {transport}:{a}");
     }

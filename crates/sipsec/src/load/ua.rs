@@ -18,6 +18,7 @@
 use super::stats::Stats;
 use super::users::Users;
 use crate::engine::response_dest;
+use crate::transport::Transport;
 use bytes::Bytes;
 use sip_core::digest::Challenge;
 use sip_core::message::{build, HeaderName, Message, Method, Uri};
@@ -51,39 +52,6 @@ pub enum Scenario {
     Options,
 }
 
-/// The transport named in Via headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ViaTransport {
-    Udp,
-    Tcp,
-    Tls,
-}
-
-impl ViaTransport {
-    /// Streams need no retransmissions (RFC 3261 §17.1.1.2).
-    fn reliable(self) -> bool {
-        self != ViaTransport::Udp
-    }
-
-    fn token(self) -> &'static str {
-        match self {
-            ViaTransport::Udp => "UDP",
-            ViaTransport::Tcp => "TCP",
-            ViaTransport::Tls => "TLS",
-        }
-    }
-
-    /// The `transport` parameter our Contact URIs carry, so a proxy reaches us over the
-    /// same transport (it would default to UDP).
-    fn uri_param(self) -> &'static str {
-        match self {
-            ViaTransport::Udp => "",
-            ViaTransport::Tcp => ";transport=tcp",
-            ViaTransport::Tls => ";transport=tls",
-        }
-    }
-}
-
 /// Everything the UA needs to know, fixed for a run.
 #[derive(Clone)]
 pub struct UaConfig {
@@ -94,7 +62,7 @@ pub struct UaConfig {
     pub uac_local: SocketAddr,
     /// The UAS's own address (Contact of its 200), when this UA answers calls.
     pub uas_local: Option<SocketAddr>,
-    pub transport: ViaTransport,
+    pub transport: Transport,
     /// Host part of Request-URIs, From and To (default: the target's address).
     pub domain: String,
     pub users: Arc<Users>,
@@ -442,7 +410,7 @@ impl Ua {
              Max-Forwards: 70\r\nFrom: <{}>;tag={epoch:x}-{number:x}\r\nTo: {}\r\n\
              Call-ID: {number:x}-{epoch:x}@sipsec-load\r\nCSeq: {} {method}\r\n",
             h.uri,
-            self.cfg.transport.token(),
+            self.cfg.transport.via_token(),
             self.cfg.uac_local,
             h.branch,
             if self.cfg.rport { ";rport" } else { "" },

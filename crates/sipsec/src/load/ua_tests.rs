@@ -18,7 +18,7 @@ fn config(scenario: Scenario, users: Users) -> UaConfig {
         },
         uac_local: UAC.parse().unwrap(),
         uas_local: Some(UAS.parse().unwrap()),
-        transport: ViaTransport::Udp,
+        transport: Transport::Udp,
         domain: "example.test".into(),
         users: Arc::new(users),
         service: "service".into(),
