@@ -176,23 +176,19 @@ pub fn run(a: &CertsArgs) -> Result<()> {
     )?;
     write(&a.out.join(SERVER), &cert)?;
     write_private(&a.out.join(SERVER_KEY), &key)?;
+    // A client name that is no DNS name (spaces, say) goes in the subject only.
+    let client_sans: &[String] = if san(&a.client_name).is_ok() {
+        std::slice::from_ref(&a.client_name)
+    } else {
+        &[]
+    };
     let (cert, key) = leaf(
         &a.client_name,
-        std::slice::from_ref(&a.client_name),
+        client_sans,
         &[ExtendedKeyUsagePurpose::ClientAuth],
         a.key,
         &issuer,
-    )
-    .or_else(|_| {
-        // A client name that is no DNS name (spaces, say) goes in the subject only.
-        leaf(
-            &a.client_name,
-            &[],
-            &[ExtendedKeyUsagePurpose::ClientAuth],
-            a.key,
-            &issuer,
-        )
-    })?;
+    )?;
     write(&a.out.join(CLIENT), &cert)?;
     write_private(&a.out.join(CLIENT_KEY), &key)?;
     let d = a.out.display();

@@ -242,34 +242,6 @@ impl TcpLinks {
         }
     }
 
-    /// Closes the connections of calls that have ended (per-call mode).
-    pub fn release_calls(&mut self, ended: &mut Vec<u64>) {
-        for call in ended.drain(..) {
-            if let Some(i) = self.by_call.get(&call).copied() {
-                let done = self.conns[i].as_mut().is_some_and(|c| {
-                    if let Some(tls) = &mut c.tls {
-                        tls.send_close_notify();
-                    }
-                    c.flush();
-                    !c.has_output()
-                });
-                if done {
-                    self.close(i);
-                } else if let Some(c) = self.conns[i].as_mut() {
-                    // Let the last bytes go first; the connection closes when they have.
-                    c.call = None;
-                    c.close_when_flushed = true;
-                    self.by_call.remove(&call);
-                }
-            }
-        }
-    }
-
-    /// Open connections (for the progress line and tests).
-    pub fn open(&self) -> usize {
-        self.conns.len() - self.free.len()
-    }
-
     fn accept_all(&mut self) {
         let Some(listener) = &self.listener else {
             return;
@@ -374,7 +346,7 @@ impl TcpLinks {
                     Ok(0) => return ReadEnd::Closed,
                     Ok(n) => c.inbuf.extend_from_slice(&scratch[..n]),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return ReadEnd::Closed,
+                    // Closed without close_notify, or a broken record: either way, gone.
                     Err(_) => return ReadEnd::Closed,
                 }
             }
@@ -518,13 +490,32 @@ impl Links for TcpLinks {
         failed
     }
 
+    /// Closes the connections of calls that have ended (per-call mode).
     fn release_calls(&mut self, ended: &mut Vec<u64>) {
-        TcpLinks::release_calls(self, ended);
+        for call in ended.drain(..) {
+            if let Some(i) = self.by_call.get(&call).copied() {
+                let done = self.conns[i].as_mut().is_some_and(|c| {
+                    if let Some(tls) = &mut c.tls {
+                        tls.send_close_notify();
+                    }
+                    c.flush();
+                    !c.has_output()
+                });
+                if done {
+                    self.close(i);
+                } else if let Some(c) = self.conns[i].as_mut() {
+                    // Let the last bytes go first; the connection closes when they have.
+                    c.call = None;
+                    c.close_when_flushed = true;
+                    self.by_call.remove(&call);
+                }
+            }
+        }
     }
 
     fn counters(&self) -> LinkCounters {
         LinkCounters {
-            open: self.open() as u64,
+            open: (self.conns.len() - self.free.len()) as u64,
             ..self.counters
         }
     }

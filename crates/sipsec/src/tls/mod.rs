@@ -157,15 +157,6 @@ fn provider(suites: &[String], groups: &[String]) -> Result<Arc<CryptoProvider>>
     Ok(Arc::new(p))
 }
 
-/// The names of the suites this build can negotiate (for error messages and docs).
-pub fn known_suites() -> Vec<String> {
-    rustls::crypto::aws_lc_rs::default_provider()
-        .cipher_suites
-        .iter()
-        .map(|s| format!("{:?}", s.suite()))
-        .collect()
-}
-
 /// A client configuration.
 pub fn client_config(c: &ClientSide) -> Result<Arc<ClientConfig>> {
     let builder = ClientConfig::builder_with_provider(provider(
