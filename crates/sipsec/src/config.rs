@@ -4,10 +4,11 @@
 //! The keys documented in README.md are public; unknown keys are rejected so a typo fails at
 //! start instead of being silently ignored.
 
+use crate::tls::ClientAuth;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Where the server listens: `transport:ip:port`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +57,10 @@ struct RawServer {
     max_message_size: usize,
     max_batch_delay_us: u64,
     max_transactions: usize,
+    outbound_connections: OutboundConnections,
+    idle_timeout_s: u64,
+    message_timeout_ms: u64,
+    max_connections: usize,
 }
 
 impl Default for RawServer {
@@ -70,6 +75,10 @@ impl Default for RawServer {
             max_message_size: 16 * 1024,
             max_batch_delay_us: 500,
             max_transactions: 500_000,
+            outbound_connections: OutboundConnections::Reuse,
+            idle_timeout_s: 120,
+            message_timeout_ms: 10_000,
+            max_connections: 100_000,
         }
     }
 }
@@ -114,10 +123,112 @@ impl Default for RawRegistrar {
     }
 }
 
+/// How the server opens connections to the next hop over TCP and TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutboundConnections {
+    /// One connection per target (and worker), kept open and shared by every call: seed 000's
+    /// proxy chain.
+    Reuse,
+    /// A connection per call, closed when the call ends: seed 000's inbound and local modes.
+    PerCall,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawTls {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+    client_auth: ClientAuth,
+    session_resumption: bool,
+    versions: Vec<String>,
+    cipher_suites: Vec<String>,
+    key_exchange: Vec<String>,
+    verify_server: bool,
+}
+
+impl Default for RawTls {
+    fn default() -> Self {
+        RawTls {
+            cert: None,
+            key: None,
+            ca: None,
+            client_auth: ClientAuth::None,
+            session_resumption: true,
+            versions: Vec::new(),
+            cipher_suites: Vec::new(),
+            key_exchange: Vec::new(),
+            verify_server: true,
+        }
+    }
+}
+
+/// TLS settings (`[tls]`): the server side for `tls:` listeners, the client side for
+/// connections the server opens. Both present `cert`; `ca` verifies client certificates and
+/// the certificates of servers we connect to.
+#[derive(Debug, Clone, Default)]
+pub struct TlsConfig {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+    pub client_auth: ClientAuth,
+    pub verify_server: bool,
+    pub protocol: crate::tls::Protocol,
+}
+
+impl TlsConfig {
+    /// The rustls server configuration for `tls:` listeners.
+    pub fn server(&self) -> Result<std::sync::Arc<rustls::ServerConfig>> {
+        let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
+            bail!("tls: a tls listener needs tls.cert and tls.key");
+        };
+        crate::tls::server_config(&crate::tls::ServerSide {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: self.ca.clone(),
+            client_auth: self.client_auth,
+            protocol: self.protocol.clone(),
+        })
+        .context("tls")
+    }
+
+    /// The rustls client configuration for TLS connections we open.
+    pub fn client(&self) -> Result<std::sync::Arc<rustls::ClientConfig>> {
+        crate::tls::client_config(&crate::tls::ClientSide {
+            ca: self.ca.clone(),
+            no_verify: !self.verify_server,
+            identity: self.cert.clone().zip(self.key.clone()),
+            protocol: self.protocol.clone(),
+        })
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "tls: {}",
+                e.to_string()
+                    .replace("(--tls-ca)", "(tls.ca)")
+                    .replace("--tls-no-verify", "tls.verify_server = false")
+            )
+        })
+    }
+}
+
+/// Connection handling for TCP and TLS (`[server]` keys).
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    pub outbound: OutboundConnections,
+    /// A connection with no traffic this long is closed.
+    pub idle_timeout_ms: u64,
+    /// A message (or a TLS handshake) must arrive whole within this time once begun.
+    pub message_timeout_ms: u64,
+    /// Open connections per worker beyond which new ones are refused.
+    pub max_connections_per_worker: usize,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawConfig {
     server: RawServer,
+    tls: RawTls,
     routing: RawRouting,
     database: RawDatabase,
     registrar: RawRegistrar,
@@ -151,6 +262,8 @@ pub struct Config {
     pub default_route: Option<(String, crate::transport::Peer)>,
     pub database_url: String,
     pub registrar: RegistrarConfig,
+    pub streams: StreamConfig,
+    pub tls: TlsConfig,
 }
 
 impl Default for Config {
@@ -261,6 +374,42 @@ impl Config {
         if reg.max_contacts == 0 {
             bail!("registrar.max_contacts: must be at least 1");
         }
+        let server = &raw.server;
+        if !(1..=86_400).contains(&server.idle_timeout_s) {
+            bail!("server.idle_timeout_s: between 1 and 86400 seconds");
+        }
+        if !(100..=600_000).contains(&server.message_timeout_ms) {
+            bail!("server.message_timeout_ms: between 100 and 600000 ms");
+        }
+        if server.max_connections < workers {
+            bail!("server.max_connections: at least one per worker ({workers})");
+        }
+        let streams = StreamConfig {
+            outbound: server.outbound_connections,
+            idle_timeout_ms: server.idle_timeout_s * 1000,
+            message_timeout_ms: server.message_timeout_ms,
+            max_connections_per_worker: server.max_connections.div_ceil(workers),
+        };
+        let t = raw.tls;
+        if t.cert.is_some() != t.key.is_some() {
+            bail!("tls.cert and tls.key: give both or neither");
+        }
+        let tls = TlsConfig {
+            cert: t.cert,
+            key: t.key,
+            ca: t.ca,
+            client_auth: t.client_auth,
+            verify_server: t.verify_server,
+            protocol: crate::tls::Protocol {
+                versions: t.versions,
+                cipher_suites: t.cipher_suites,
+                key_exchange: t.key_exchange,
+                session_resumption: t.session_resumption,
+            },
+        };
+        if listen.iter().any(|l| l.transport == Transport::Tls) && tls.cert.is_none() {
+            bail!("tls.cert: a tls listener needs a certificate and key ([tls] cert, key)");
+        }
         Ok(Config {
             listen,
             domains: raw
@@ -284,6 +433,8 @@ impl Config {
                 default_expires: reg.default_expires,
                 max_contacts: reg.max_contacts,
             },
+            streams,
+            tls,
         })
     }
 }

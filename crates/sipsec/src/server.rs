@@ -5,7 +5,10 @@
 use crate::config::{Config, Mode};
 use crate::engine::{stats, Engine};
 use crate::location::BindingChange;
+use crate::net::epoll::Epoll;
 use crate::store::{self, Store};
+use crate::streams::{self, Streams};
+use crate::transport::Transport;
 use crate::worker::{self, Worker};
 use anyhow::{Context, Result};
 use std::io::Write as _;
@@ -14,14 +17,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub fn run(cfg: Config) -> Result<()> {
-    if let Some(l) = cfg.listen.iter().find(|l| l.transport.reliable()) {
-        // The engine routes by transport already; the workers' stream driver is next.
-        anyhow::bail!(
-            "server.listen: {l}: TCP and TLS listeners are not served yet (the engine is ready; \
-             the connection driver is in progress); use udp"
-        );
-    }
     let cfg = Arc::new(cfg);
+    let tls_server = match cfg.listen.iter().any(|l| l.transport == Transport::Tls) {
+        true => Some(cfg.tls.server()?),
+        false => None,
+    };
+    // Without a CA (or verification turned off) the server cannot open TLS connections; it
+    // still accepts them. Connecting out over TLS then fails with a clear log line.
+    let tls_client = match cfg.tls.ca.is_some() || !cfg.tls.verify_server {
+        true => Some(cfg.tls.client()?),
+        false => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("sipsec-store")
@@ -57,13 +63,33 @@ pub fn run(cfg: Config) -> Result<()> {
     let mut workers = Vec::new();
     for (index, mailbox) in mailboxes.into_iter().enumerate() {
         let mut sockets = Vec::new();
+        let mut listeners = Vec::new();
         for l in &cfg.listen {
-            sockets.push(
-                crate::udp::bind_reuseport(l.addr)
-                    .with_context(|| format!("cannot listen on {l}"))?,
-            );
+            match l.transport {
+                Transport::Udp => sockets.push(
+                    crate::udp::bind_reuseport(l.addr)
+                        .with_context(|| format!("cannot listen on {l}"))?,
+                ),
+                t => listeners.push((
+                    t,
+                    streams::listen_reuseport(l.addr)
+                        .with_context(|| format!("cannot listen on {l}"))?,
+                )),
+            }
         }
         let worker_stats = Arc::new(stats::Stats::default());
+        let epoll = Epoll::new().context("cannot create an epoll set")?;
+        let streams = Streams::new(
+            index,
+            cfg.streams.clone(),
+            cfg.max_message_size,
+            listeners,
+            tls_server.clone(),
+            tls_client.clone(),
+            worker_stats.clone(),
+            &epoll,
+        )
+        .context("cannot watch the stream listeners")?;
         all_stats.push(worker_stats.clone());
         let mut engine = Engine::new(cfg.clone(), index, epoch_unix_ms, worker_stats);
         for aor in &loaded.known_aors {
@@ -75,9 +101,11 @@ pub fn run(cfg: Config) -> Result<()> {
                 binding: binding.clone(),
             });
         }
-        workers.push(Worker {
+        let worker = Worker {
             engine,
             sockets,
+            streams,
+            epoll,
             mailbox,
             peers: senders.clone(),
             store: Some(store.clone()),
@@ -87,7 +115,11 @@ pub fn run(cfg: Config) -> Result<()> {
             coalescer: crate::coalesce::Coalescer::new(Duration::from_micros(
                 cfg.max_batch_delay_us,
             )),
-        });
+        };
+        worker
+            .register()
+            .context("cannot watch the worker's sockets")?;
+        workers.push(worker);
     }
     let handles: Vec<_> = workers
         .into_iter()

@@ -2,17 +2,21 @@
 //!
 //! The loop: drain the mailbox (so bindings registered on other workers are seen before any
 //! datagram that may depend on them), receive a batch per socket with `recvmmsg`, let the
-//! engine handle each datagram, fire due timers, then send everything queued with one
-//! `sendmmsg` and post mail. Only when a pass found nothing to do does the worker sleep in
-//! `poll` on its sockets and its mailbox's eventfd, until the engine's next deadline: a busy
+//! engine handle each datagram, take the ready TCP/TLS connections from epoll ([`Streams`]),
+//! fire due timers, then send everything queued — datagrams with one `sendmmsg`, one write per
+//! connection — and post mail. Only when a pass found nothing to do does the worker sleep in
+//! `epoll_wait` on its sockets, connections and mailbox, until the next deadline: a busy
 //! worker does not pay a wake-up per message. Under load it also lets datagrams accumulate
 //! briefly after waking ([`Coalescer`]).
 
 use crate::coalesce::Coalescer;
 use crate::engine::{Effects, Engine, Mail};
+use crate::net::epoll::{self, Epoll};
 use crate::store::StoreHandle;
-use crate::transport::Peer;
+use crate::streams::{self, Streams};
+use crate::transport::{Peer, Transport};
 use crate::udp::{self, RecvBatch, SendBatch};
+use bytes::Bytes;
 use socket2::Socket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,10 +66,15 @@ pub fn mailbox() -> std::io::Result<(MailboxSender, Mailbox)> {
     ))
 }
 
+/// The epoll token of the mailbox; UDP socket `i` has token `i`.
+const MAILBOX: u64 = 0xffff_ffff;
+
 /// Everything a worker thread needs.
 pub struct Worker {
     pub engine: Engine,
     pub sockets: Vec<Socket>,
+    pub streams: Streams,
+    pub epoll: Epoll,
     pub mailbox: Mailbox,
     pub peers: Vec<MailboxSender>,
     pub store: Option<StoreHandle>,
@@ -80,21 +89,24 @@ impl Worker {
         self.started.elapsed().as_millis() as u64
     }
 
+    /// Registers the worker's own descriptors (UDP sockets, mailbox) with its epoll set;
+    /// [`Streams::new`] registers the listeners.
+    pub fn register(&self) -> std::io::Result<()> {
+        for (i, s) in self.sockets.iter().enumerate() {
+            self.epoll.add(udp::fd(s), epoll::READ, i as u64)?;
+        }
+        self.epoll
+            .add(self.mailbox.wake.as_raw_fd(), epoll::READ, MAILBOX)
+    }
+
     /// Runs until `shutdown` is set.
     pub fn run(mut self) {
         let mut batch = RecvBatch::new();
         let mut sender = SendBatch::default();
+        let mut udp_out: Vec<(Peer, Bytes)> = Vec::new();
         let mut fx = Effects::default();
+        let mut events = epoll::events(256);
         let fds: Vec<RawFd> = self.sockets.iter().map(udp::fd).collect();
-        let mut pollfds: Vec<libc::pollfd> = fds
-            .iter()
-            .chain(std::iter::once(&self.mailbox.wake.as_raw_fd()))
-            .map(|&fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
         while !self.shutdown.load(Ordering::Relaxed) {
             let mut busy = false;
             while let Ok(mail) = self.mailbox.rx.try_recv() {
@@ -119,28 +131,52 @@ impl Worker {
                     Err(e) => tracing::warn!("receive failed: {e}"),
                 }
             }
+            if self.streams.active() {
+                let n = self.epoll.wait(&mut events, 0);
+                busy |= self.on_events(&events[..n], &mut fx);
+            }
             let now = self.now();
             if self.engine.next_deadline().is_some_and(|d| d <= now) {
                 self.engine.on_tick(now, &mut fx);
             }
-            self.flush(&fds, &mut sender, &mut fx);
+            if self.streams.next_deadline().is_some_and(|d| d <= now) {
+                self.streams.on_tick(now);
+            }
+            self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
             if busy {
                 continue;
             }
-            // Idle: sleep until a datagram, mail, the next timer, or a shutdown check.
+            // Idle: sleep until a datagram, a connection, mail, the next timer, or a
+            // shutdown check.
             let now = self.now();
-            let timeout = self
-                .engine
-                .next_deadline()
+            let timeout = [self.engine.next_deadline(), self.streams.next_deadline()]
+                .into_iter()
+                .flatten()
+                .min()
                 .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
-            // SAFETY: pollfds is a live array of the declared length.
-            let ready =
-                unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) };
+            let n = self.epoll.wait(&mut events, timeout);
             let delay = self.coalescer.delay(self.now());
-            if ready > 0 && !delay.is_zero() {
+            if n > 0 && !delay.is_zero() {
                 std::thread::sleep(delay);
             }
-            if pollfds.last().is_some_and(|p| p.revents != 0) {
+            // Connection events are edge-triggered: handle them now or lose them.
+            self.on_events(&events[..n], &mut fx);
+        }
+        // Let the last messages out before the thread ends.
+        self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
+    }
+
+    /// Handles ready connections and listeners, and resets the mailbox's eventfd; UDP
+    /// sockets are read by the loop itself. True if a connection had something.
+    fn on_events(&mut self, events: &[epoll::Event], fx: &mut Effects) -> bool {
+        let mut busy = false;
+        for ev in events {
+            if streams::owns(ev.u64) {
+                busy = true;
+                let now = self.now();
+                self.streams
+                    .on_event(now, ev, &mut self.engine, fx, &self.epoll);
+            } else if ev.u64 == MAILBOX {
                 let mut counter = [0u8; 8];
                 // SAFETY: reading 8 bytes into a live buffer from our eventfd.
                 unsafe {
@@ -152,22 +188,46 @@ impl Worker {
                 };
             }
         }
-        // Let the last datagrams out before the thread ends.
-        self.flush(&fds, &mut sender, &mut fx);
+        busy
     }
 
-    fn flush(&mut self, fds: &[RawFd], sender: &mut SendBatch, fx: &mut Effects) {
+    fn flush(
+        &mut self,
+        fds: &[RawFd],
+        sender: &mut SendBatch,
+        udp_out: &mut Vec<(Peer, Bytes)>,
+        fx: &mut Effects,
+    ) {
         if fx.is_empty() {
             return;
         }
         if !fx.transmits.is_empty() {
-            let failed = sender.send(fds[0], &fx.transmits, |p| p.addr);
-            self.engine
-                .stats()
-                .send_errors
-                .fetch_add(failed as u64, Ordering::Relaxed);
-            fx.transmits.clear();
+            let now = self.now();
+            for (to, data) in fx.transmits.drain(..) {
+                if to.transport == Transport::Udp {
+                    udp_out.push((to, data));
+                } else if let Some(owner) = self.streams.send(now, to, &data, &self.epoll) {
+                    if let Some(peer) = self.peers.get(owner) {
+                        peer.send(Mail::Transmit { to, data });
+                    }
+                }
+            }
+            if !udp_out.is_empty() {
+                let failed = match fds.first() {
+                    Some(&fd) => sender.send(fd, udp_out, |p| p.addr),
+                    // No UDP listener to send from (a contact registered over UDP with a
+                    // stream-only server).
+                    None => udp_out.len(),
+                };
+                self.engine
+                    .stats()
+                    .send_errors
+                    .fetch_add(failed as u64, Ordering::Relaxed);
+                udp_out.clear();
+            }
         }
+        self.streams.finish_calls(&mut fx.finished_calls);
+        self.streams.flush();
         for (to, mail) in fx.mail.drain(..) {
             if let Some(peer) = self.peers.get(to) {
                 peer.send(mail);

@@ -103,13 +103,16 @@ impl<'m, 'a> Rewriter<'m, 'a> {
 
     /// Records the source of a request in its top Via (RFC 3261 §18.2.1, RFC 3581): adds
     /// `received` when the sent-by host is not the source address, fills `rport` if asked.
-    pub fn stamp_top_via(&mut self, source: std::net::SocketAddr) {
+    /// `always_rport` records the source port even unasked: a stream's source port is the
+    /// connection's, which a response must find again (the sent-by port is a listener's).
+    pub fn stamp_top_via(&mut self, source: std::net::SocketAddr, always_rport: bool) {
         let (source_ip, source_port) = (source.ip(), source.port());
         let via = *self.msg.top_via();
         let sent_by_ip = std::str::from_utf8(via.host_unbracketed())
             .ok()
             .and_then(|h| h.parse::<std::net::IpAddr>().ok());
-        let needs_received = sent_by_ip != Some(source_ip) || via.rport().is_some();
+        let add_rport = always_rport && via.rport().is_none();
+        let needs_received = sent_by_ip != Some(source_ip) || via.rport().is_some() || add_rport;
         if via.rport() == Some(None) {
             // Replace the bare `rport` parameter with a filled one.
             if let Some(pos) = find_param(self.msg.as_bytes(), via.params.0, b"rport") {
@@ -120,9 +123,14 @@ impl<'m, 'a> Rewriter<'m, 'a> {
                 });
             }
         }
-        if needs_received && via.received().is_none() {
+        if (needs_received && via.received().is_none()) || add_rport {
             self.splice.replace_with(via.end, via.end, |t| {
-                let _ = write!(t, ";received={source_ip}");
+                if needs_received && via.received().is_none() {
+                    let _ = write!(t, ";received={source_ip}");
+                }
+                if add_rport {
+                    let _ = write!(t, ";rport={source_port}");
+                }
             });
         }
     }

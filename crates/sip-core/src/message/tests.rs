@@ -190,11 +190,37 @@ Content-Length: 4\r\n\
 body";
 
 #[test]
+fn a_stream_source_is_stamped_with_its_port_even_unasked() {
+    let m = Message::parse(
+        b"OPTIONS sip:x@example.test SIP/2.0\r\nVia: SIP/2.0/TCP 10.0.0.1:5070;branch=z9hG4bKa\r\n\
+From: <sip:a@example.test>;tag=1\r\nTo: <sip:x@example.test>\r\nCall-ID: c\r\n\
+CSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n",
+    )
+    .unwrap();
+    let stamped = |addr: &str, always: bool| {
+        let mut splice = Splice::new();
+        let mut rw = Rewriter::new(&m, &mut splice);
+        rw.stamp_top_via(addr.parse().unwrap(), always);
+        let mut out = Vec::new();
+        rw.finish(&mut out);
+        let again = Message::parse(&out).unwrap().top_via().params.0.to_vec();
+        String::from_utf8(again).unwrap()
+    };
+    // Over UDP from the sent-by address, nothing changes; over a stream the connection's port
+    // is recorded with the address it belongs to.
+    assert_eq!(stamped("10.0.0.1:5070", false), ";branch=z9hG4bKa");
+    assert_eq!(
+        stamped("10.0.0.1:40001", true),
+        ";branch=z9hG4bKa;received=10.0.0.1;rport=40001"
+    );
+}
+
+#[test]
 fn proxy_rewrite_splices_only_what_changes() {
     let m = Message::parse(INVITE).unwrap();
     let mut splice = Splice::new();
     let mut rw = Rewriter::new(&m, &mut splice);
-    rw.stamp_top_via("192.0.2.7:5071".parse().unwrap());
+    rw.stamp_top_via("192.0.2.7:5071".parse().unwrap(), false);
     rw.push_via("UDP", "127.0.0.1:5060", "z9hG4bKnew");
     rw.decrement_max_forwards();
     rw.push_record_route("sip:127.0.0.1:5060;lr");

@@ -28,7 +28,7 @@ mod tests;
 
 use crate::config::Config;
 use crate::location::{BindingChange, Location, SharedChange};
-use crate::transport::{Peer, Transport};
+use crate::transport::{ConnId, Peer, Transport};
 use bytes::Bytes;
 use sip_core::message::rewrite::Splice;
 use sip_core::message::{build, HeaderField, Message, Method, ParseError, Via};
@@ -46,6 +46,8 @@ pub enum Mail {
     Datagram { source: Peer, data: Bytes },
     /// A registration change made by another worker.
     Binding(SharedChange),
+    /// Bytes for a connection the receiving worker owns.
+    Transmit { to: Peer, data: Bytes },
 }
 
 /// What the engine asks its driver to do.
@@ -56,11 +58,17 @@ pub struct Effects {
     pub mail: Vec<(usize, Mail)>,
     /// Binding changes for every other worker and for the store.
     pub changes: Vec<SharedChange>,
+    /// Connections on which a call just ended (a final response to BYE, or an INVITE
+    /// failed): the driver closes those it opened for that one call.
+    pub finished_calls: Vec<ConnId>,
 }
 
 impl Effects {
     pub fn is_empty(&self) -> bool {
-        self.transmits.is_empty() && self.mail.is_empty() && self.changes.is_empty()
+        self.transmits.is_empty()
+            && self.mail.is_empty()
+            && self.changes.is_empty()
+            && self.finished_calls.is_empty()
     }
 }
 
@@ -171,6 +179,16 @@ fn response_peer(via: &Via<'_>, source: Peer) -> Peer {
     }
 }
 
+/// Whether a response ends its call: a final response to BYE, or a failed INVITE.
+fn ends_call(msg: &Message<'_>) -> bool {
+    let code = msg.status().unwrap_or(0);
+    match msg.method() {
+        Method::Bye => code >= 200,
+        Method::Invite => code >= 300,
+        _ => false,
+    }
+}
+
 impl Engine {
     /// A worker's engine. `epoch_unix_ms` is the Unix time at monotonic 0.
     pub fn new(cfg: Arc<Config>, worker: usize, epoch_unix_ms: u64, stats: Arc<Stats>) -> Engine {
@@ -253,6 +271,7 @@ impl Engine {
         match mail {
             Mail::Datagram { source, data } => self.on_datagram(now, source, &data, fx),
             Mail::Binding(change) => self.location.apply(&change),
+            Mail::Transmit { to, data } => fx.transmits.push((to, data)),
         }
     }
 
@@ -286,6 +305,9 @@ impl Engine {
             self.on_request(now, source, &msg, fx);
         } else {
             inc(&self.stats.responses_in);
+            if source.conn != 0 && ends_call(&msg) {
+                fx.finished_calls.push(source.conn);
+            }
             if let Some(owner) = msg.top_via().branch.and_then(branch::owner) {
                 if owner != self.worker && owner < self.cfg.workers {
                     inc(&self.stats.handoffs);

@@ -74,7 +74,7 @@ impl Engine {
             {
                 let mut rw = Rewriter::new(msg, &mut self.splice);
                 let (_, via_host, rr_out) = &self.via_hosts[out_side];
-                rw.stamp_top_via(source.addr);
+                rw.stamp_top_via(source.addr, source.transport.reliable());
                 rw.push_via(target.dest.transport.via_token(), via_host, &branch);
                 rw.decrement_max_forwards();
                 for (field, end) in pop_route {

@@ -41,6 +41,17 @@ counters! {
     handoffs: "datagrams passed to the worker owning their transaction",
     overload_rejected: "requests answered 503 because the transaction table was full",
     send_errors: "datagrams the kernel refused to send",
+    connections_accepted: "TCP and TLS connections accepted",
+    connections_opened: "TCP and TLS connections opened to a next hop",
+    connections_refused: "connections refused because max_connections were open",
+    connection_errors: "connections that failed (connect, reset, write)",
+    idle_closed: "connections closed after idle_timeout_s without traffic",
+    message_timeouts: "connections closed for holding a message or handshake open too long",
+    framing_errors: "connections closed for bytes that are not SIP framing",
+    tls_handshakes_full: "TLS handshakes completed in full (both sides)",
+    tls_handshakes_resumed: "TLS handshakes resumed from an earlier session",
+    tls_failures: "TLS handshakes or records that failed",
+    stream_transmit_failures: "messages for a connection that closed and could not be reopened",
 }
 
 pub fn inc(c: &AtomicU64) {

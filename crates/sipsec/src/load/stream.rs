@@ -13,11 +13,11 @@
 
 use super::driver::{pollfd, LinkCounters, Links};
 use super::ua::{self, Peer, Transmit, Ua};
+use crate::net::conn::{Framed, ReadEnd, StreamConn};
 use rustls::{ClientConfig, ServerConfig};
-use sip_core::message::framing::{next_frame, Frame};
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -26,14 +26,9 @@ use std::sync::Arc;
 const MAX_MESSAGE: usize = 65_535;
 
 struct Conn {
-    stream: TcpStream,
-    remote: SocketAddr,
-    /// TLS state; plaintext goes through it instead of `outbuf`.
-    tls: Option<Box<rustls::Connection>>,
+    io: StreamConn,
     /// The TLS handshake finished and was counted.
     handshake_done: bool,
-    inbuf: Vec<u8>,
-    outbuf: Vec<u8>,
     /// The call this connection was opened for (per-call mode).
     call: Option<u64>,
     /// The call ended with bytes still queued: close once they are written.
@@ -43,61 +38,11 @@ struct Conn {
 impl Conn {
     fn new(stream: TcpStream, remote: SocketAddr, tls: Option<rustls::Connection>) -> Conn {
         Conn {
-            stream,
-            remote,
-            tls: tls.map(Box::new),
+            io: StreamConn::new(stream, remote, tls),
             handshake_done: false,
-            inbuf: Vec::new(),
-            outbuf: Vec::new(),
             call: None,
             close_when_flushed: false,
         }
-    }
-
-    /// Queues plaintext for the peer.
-    fn queue(&mut self, data: &[u8]) {
-        match &mut self.tls {
-            // rustls buffers plaintext written before the handshake ends.
-            Some(tls) => {
-                let _ = tls.writer().write_all(data);
-            }
-            None => self.outbuf.extend_from_slice(data),
-        }
-    }
-
-    fn has_output(&self) -> bool {
-        !self.outbuf.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
-    }
-
-    /// Writes as much queued output as the socket takes; false when the connection failed.
-    fn flush(&mut self) -> bool {
-        let would_wait = |e: &io::Error| {
-            e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOTCONN)
-        };
-        if let Some(tls) = &mut self.tls {
-            while tls.wants_write() {
-                match tls.write_tls(&mut self.stream) {
-                    Ok(0) => return false,
-                    Ok(_) => {}
-                    Err(e) if would_wait(&e) => return true,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return false,
-                }
-            }
-            return true;
-        }
-        while !self.outbuf.is_empty() {
-            match self.stream.write(&self.outbuf) {
-                Ok(0) => return false,
-                Ok(n) => {
-                    self.outbuf.drain(..n);
-                }
-                Err(e) if would_wait(&e) => return true,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return false,
-            }
-        }
-        true
     }
 }
 
@@ -169,8 +114,8 @@ impl TcpLinks {
 
     fn close(&mut self, i: usize) {
         if let Some(c) = self.conns.get_mut(i).and_then(Option::take) {
-            if self.by_remote.get(&c.remote) == Some(&i) {
-                self.by_remote.remove(&c.remote);
+            if self.by_remote.get(&c.io.remote) == Some(&i) {
+                self.by_remote.remove(&c.io.remote);
             }
             if let Some(call) = c.call {
                 self.by_call.remove(&call);
@@ -299,73 +244,13 @@ fn call_number(data: &[u8]) -> Option<u64> {
     ua::call_number(&data[at..at + end]).map(|(number, _)| number)
 }
 
-/// How reading a connection ended.
-#[derive(PartialEq, Eq)]
-enum ReadEnd {
-    /// Nothing more to read for now.
-    Drained,
-    /// The peer closed or reset the connection.
-    Closed,
-    /// TLS failed (bad record, alert, certificate refused); the reason is given.
-    TlsError(String),
-}
-
 impl TcpLinks {
-    /// Reads what the socket holds into the connection's plaintext buffer.
-    fn read_conn(c: &mut Conn, scratch: &mut [u8]) -> ReadEnd {
-        let retry = |e: &io::Error| e.kind() == io::ErrorKind::Interrupted;
-        let drained = |e: &io::Error| {
-            e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOTCONN)
-        };
-        let Some(tls) = &mut c.tls else {
-            loop {
-                match c.stream.read(scratch) {
-                    Ok(0) => return ReadEnd::Closed,
-                    Ok(n) => c.inbuf.extend_from_slice(&scratch[..n]),
-                    Err(e) if drained(&e) => return ReadEnd::Drained,
-                    Err(e) if retry(&e) => {}
-                    Err(_) => return ReadEnd::Closed,
-                }
-            }
-        };
-        loop {
-            let eof = match tls.read_tls(&mut c.stream) {
-                Ok(0) => true,
-                Ok(_) => false,
-                Err(e) if drained(&e) => return ReadEnd::Drained,
-                Err(e) if retry(&e) => continue,
-                Err(_) => return ReadEnd::Closed,
-            };
-            if let Err(e) = tls.process_new_packets() {
-                // Tell the peer why (the alert rustls queued), then give up on it.
-                let _ = tls.write_tls(&mut c.stream);
-                return ReadEnd::TlsError(e.to_string());
-            }
-            loop {
-                match tls.reader().read(scratch) {
-                    Ok(0) => return ReadEnd::Closed,
-                    Ok(n) => c.inbuf.extend_from_slice(&scratch[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    // Closed without close_notify, or a broken record: either way, gone.
-                    Err(_) => return ReadEnd::Closed,
-                }
-            }
-            if eof {
-                return if tls.is_handshaking() {
-                    ReadEnd::TlsError("the peer closed the connection during the handshake".into())
-                } else {
-                    ReadEnd::Closed
-                };
-            }
-        }
-    }
-
     /// Counts a handshake the moment it completes: the caller's by kind, the UAS's in all.
     fn note_handshake(&mut self, i: usize) {
         let Some(c) = self.conns[i].as_mut() else {
             return;
         };
-        let Some(tls) = &c.tls else {
+        let Some(tls) = &c.io.tls else {
             return;
         };
         if c.handshake_done || tls.is_handshaking() {
@@ -388,74 +273,59 @@ impl Links for TcpLinks {
             self.conns
                 .iter()
                 .flatten()
-                .map(|c| pollfd(c.stream.as_raw_fd(), c.has_output())),
+                .map(|c| pollfd(c.io.stream.as_raw_fd(), c.io.has_output())),
         );
     }
 
     fn receive(&mut self, ua: &mut Ua, now_us: u64, out: &mut Vec<Transmit>) -> usize {
         self.accept_all();
         let mut messages = 0;
+        let mut framed = Framed::default();
         for i in 0..self.conns.len() {
             let mut failed = false;
             let mut tls_error = None;
-            let mut frames = Vec::new();
             {
                 let Some(c) = self.conns[i].as_mut() else {
                     continue;
                 };
-                if !c.flush() {
+                if !c.io.flush() {
                     failed = true;
                 }
-                match Self::read_conn(c, &mut self.scratch) {
+                match c.io.read(&mut self.scratch) {
                     ReadEnd::Drained => {}
                     ReadEnd::Closed => failed = true,
                     ReadEnd::TlsError(why) => {
                         failed = true;
-                        tls_error = Some((c.remote, why));
+                        tls_error = Some((c.io.remote, why));
                     }
                 }
-                let mut start = 0;
-                let mut pong = false;
-                loop {
-                    match next_frame(&c.inbuf[start..], MAX_MESSAGE) {
-                        Frame::Incomplete => break,
-                        Frame::KeepAlive { len, ping } => {
-                            pong |= ping;
-                            start += len;
-                        }
-                        Frame::Message(len) => {
-                            frames.push((start, len));
-                            start += len;
-                        }
-                        Frame::Invalid(why) => {
-                            tracing::debug!("closing a connection from {}: {why}", c.remote);
-                            failed = true;
-                            break;
-                        }
-                    }
+                c.io.frame(MAX_MESSAGE, &mut framed);
+                if let Some(why) = framed.invalid {
+                    tracing::debug!("closing a connection from {}: {why}", c.io.remote);
+                    failed = true;
                 }
-                if pong {
-                    c.queue(b"\r\n");
+                if framed.ping {
+                    c.io.queue(b"\r\n");
                 }
                 let from = Peer {
                     link: i as u32 + 1,
-                    addr: c.remote,
+                    addr: c.io.remote,
                 };
-                for &(s, len) in &frames {
-                    ua.on_message(now_us, from, &c.inbuf[s..s + len], out);
+                for &(s, len) in &framed.messages {
+                    ua.on_message(now_us, from, &c.io.inbuf[s..s + len], out);
                 }
-                messages += frames.len();
-                c.inbuf.drain(..start);
+                messages += framed.messages.len();
+                c.io.consume(framed.consumed);
                 // Handshake replies (and pongs) go out now, not on the next send.
-                failed |= !c.flush();
-                failed |= c.close_when_flushed && !c.has_output();
+                failed |= !c.io.flush();
+                failed |= c.close_when_flushed && !c.io.has_output();
             }
             self.note_handshake(i);
             if let Some((remote, why)) = tls_error {
                 self.tls_failed(remote, &why);
             }
             if failed {
-                let had_output = self.conns[i].as_ref().is_some_and(Conn::has_output);
+                let had_output = self.conns[i].as_ref().is_some_and(|c| c.io.has_output());
                 self.counters.connection_errors += u64::from(had_output);
                 self.close(i);
             }
@@ -470,7 +340,7 @@ impl Links for TcpLinks {
             match self.conn_for(peer, &data) {
                 Some(i) => {
                     if let Some(c) = self.conns[i].as_mut() {
-                        c.queue(&data);
+                        c.io.queue(&data);
                         touched.push(i);
                     }
                 }
@@ -480,7 +350,7 @@ impl Links for TcpLinks {
         touched.sort_unstable();
         touched.dedup();
         for i in touched {
-            let ok = self.conns[i].as_mut().is_some_and(Conn::flush);
+            let ok = self.conns[i].as_mut().is_some_and(|c| c.io.flush());
             if !ok {
                 failed += 1;
                 self.counters.connection_errors += 1;
@@ -495,11 +365,8 @@ impl Links for TcpLinks {
         for call in ended.drain(..) {
             if let Some(i) = self.by_call.get(&call).copied() {
                 let done = self.conns[i].as_mut().is_some_and(|c| {
-                    if let Some(tls) = &mut c.tls {
-                        tls.send_close_notify();
-                    }
-                    c.flush();
-                    !c.has_output()
+                    c.io.close_notify();
+                    !c.io.has_output()
                 });
                 if done {
                     self.close(i);

@@ -1,0 +1,204 @@
+//! One TCP or TLS connection's bytes: plaintext queued out, bytes read in, TLS (rustls driven
+//! by hand with `read_tls`/`write_tls` over the non-blocking socket, so one loop serves TCP and
+//! TLS alike and handshakes are seen where they finish), and stream framing (RFC 3261 §18.3
+//! by Content-Length, RFC 5626 CRLF keep-alives).
+
+use sip_core::message::framing::{next_frame, Frame};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+pub struct StreamConn {
+    pub stream: TcpStream,
+    pub remote: SocketAddr,
+    /// TLS state; plaintext goes through it instead of `outbuf`.
+    pub tls: Option<Box<rustls::Connection>>,
+    /// Received plaintext not yet framed. Empty (and unallocated) on an idle connection.
+    pub inbuf: Vec<u8>,
+    outbuf: Vec<u8>,
+}
+
+/// How reading a connection ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadEnd {
+    /// Nothing more to read for now.
+    Drained,
+    /// The peer closed or reset the connection.
+    Closed,
+    /// TLS failed (bad record, alert, certificate refused); the reason is given.
+    TlsError(String),
+}
+
+/// What framing found in the received bytes.
+#[derive(Debug, Default)]
+pub struct Framed {
+    /// Whole messages, as (start, length) in `inbuf`.
+    pub messages: Vec<(usize, usize)>,
+    /// Bytes consumed: messages and keep-alives.
+    pub consumed: usize,
+    /// A double-CRLF ping arrived; answer with a CRLF pong.
+    pub ping: bool,
+    /// The stream cannot be framed (no Content-Length, oversize); close it.
+    pub invalid: Option<&'static str>,
+}
+
+impl StreamConn {
+    pub fn new(stream: TcpStream, remote: SocketAddr, tls: Option<rustls::Connection>) -> Self {
+        StreamConn {
+            stream,
+            remote,
+            tls: tls.map(Box::new),
+            inbuf: Vec::new(),
+            outbuf: Vec::new(),
+        }
+    }
+
+    /// Queues plaintext for the peer.
+    pub fn queue(&mut self, data: &[u8]) {
+        match &mut self.tls {
+            // rustls buffers plaintext written before the handshake ends.
+            Some(tls) => {
+                let _ = tls.writer().write_all(data);
+            }
+            None => self.outbuf.extend_from_slice(data),
+        }
+    }
+
+    pub fn has_output(&self) -> bool {
+        !self.outbuf.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+
+    /// Writes as much queued output as the socket takes; false when the connection failed.
+    pub fn flush(&mut self) -> bool {
+        let would_wait = |e: &io::Error| {
+            e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOTCONN)
+        };
+        if let Some(tls) = &mut self.tls {
+            while tls.wants_write() {
+                match tls.write_tls(&mut self.stream) {
+                    Ok(0) => return false,
+                    Ok(_) => {}
+                    Err(e) if would_wait(&e) => return true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return false,
+                }
+            }
+            return true;
+        }
+        while !self.outbuf.is_empty() {
+            match self.stream.write(&self.outbuf) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.outbuf.drain(..n);
+                }
+                Err(e) if would_wait(&e) => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        if self.outbuf.capacity() > 64 * 1024 {
+            // A burst grew the buffer; an idle connection should not keep it.
+            self.outbuf = Vec::new();
+        }
+        true
+    }
+
+    /// Reads what the socket holds into `inbuf` (through TLS when there is TLS).
+    pub fn read(&mut self, scratch: &mut [u8]) -> ReadEnd {
+        let retry = |e: &io::Error| e.kind() == io::ErrorKind::Interrupted;
+        let drained = |e: &io::Error| {
+            e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOTCONN)
+        };
+        let Some(tls) = &mut self.tls else {
+            loop {
+                match self.stream.read(scratch) {
+                    Ok(0) => return ReadEnd::Closed,
+                    Ok(n) => self.inbuf.extend_from_slice(&scratch[..n]),
+                    Err(e) if drained(&e) => return ReadEnd::Drained,
+                    Err(e) if retry(&e) => {}
+                    Err(_) => return ReadEnd::Closed,
+                }
+            }
+        };
+        loop {
+            let eof = match tls.read_tls(&mut self.stream) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) if drained(&e) => return ReadEnd::Drained,
+                Err(e) if retry(&e) => continue,
+                Err(_) => return ReadEnd::Closed,
+            };
+            if let Err(e) = tls.process_new_packets() {
+                // Tell the peer why (the alert rustls queued), then give up on it.
+                let _ = tls.write_tls(&mut self.stream);
+                return ReadEnd::TlsError(e.to_string());
+            }
+            loop {
+                match tls.reader().read(scratch) {
+                    Ok(0) => return ReadEnd::Closed,
+                    Ok(n) => self.inbuf.extend_from_slice(&scratch[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // Closed without close_notify, or a broken record: either way, gone.
+                    Err(_) => return ReadEnd::Closed,
+                }
+            }
+            if eof {
+                return if tls.is_handshaking() {
+                    ReadEnd::TlsError("the peer closed the connection during the handshake".into())
+                } else {
+                    ReadEnd::Closed
+                };
+            }
+        }
+    }
+
+    /// Finds the whole messages and keep-alives at the front of `inbuf`; `max` bounds one
+    /// message. The caller handles the messages, then calls [`StreamConn::consume`].
+    pub fn frame(&self, max: usize, out: &mut Framed) {
+        out.messages.clear();
+        out.consumed = 0;
+        out.ping = false;
+        out.invalid = None;
+        loop {
+            match next_frame(&self.inbuf[out.consumed..], max) {
+                Frame::Incomplete => break,
+                Frame::KeepAlive { len, ping } => {
+                    out.ping |= ping;
+                    out.consumed += len;
+                }
+                Frame::Message(len) => {
+                    out.messages.push((out.consumed, len));
+                    out.consumed += len;
+                }
+                Frame::Invalid(why) => {
+                    out.invalid = Some(why);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Drops the first `n` bytes of `inbuf`, and its allocation once it is empty and large.
+    pub fn consume(&mut self, n: usize) {
+        self.inbuf.drain(..n);
+        if self.inbuf.is_empty() && self.inbuf.capacity() > 64 * 1024 {
+            self.inbuf = Vec::new();
+        }
+    }
+
+    /// The handshake just finished: how (`None` while it is still running or on TCP).
+    pub fn handshake_kind(&self) -> Option<rustls::HandshakeKind> {
+        let tls = self.tls.as_ref()?;
+        if tls.is_handshaking() {
+            return None;
+        }
+        tls.handshake_kind()
+    }
+
+    /// Sends a TLS close_notify (nothing on TCP) and writes what it can.
+    pub fn close_notify(&mut self) {
+        if let Some(tls) = &mut self.tls {
+            tls.send_close_notify();
+        }
+        self.flush();
+    }
+}

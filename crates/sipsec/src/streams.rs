@@ -1,0 +1,690 @@
+//! A worker's TCP and TLS connections: its listeners (one SO_REUSEPORT socket per worker per
+//! `tcp:`/`tls:` address, so the kernel spreads connections across workers), the connections
+//! it accepted or opened, their framing, TLS and timeouts.
+//!
+//! Costs that must not grow with the number of connections (seed 000 found OpenSIPS spending
+//! half its CPU scanning its connection table for timeouts): readiness comes from the worker's
+//! epoll set, so an event touches only its connection; each connection has at most one entry
+//! on a timing wheel, re-armed lazily — activity only stamps `last_active`, and when the entry
+//! fires it either closes the connection or moves it to its real deadline — so a tick touches
+//! only the connections whose time is up.
+//!
+//! Connection ids ([`ConnId`]) carry the owning worker, so a message for another worker's
+//! connection is mailed to it. Outbound connections are found by remote address and reused
+//! (`outbound_connections = "reuse"`), or opened per call and closed when the engine says the
+//! call is over (`"per-call"`, keyed by Call-ID).
+//!
+//! Hostile peers: a connection past `max_connections` is refused at accept; a handshake or a
+//! message begun but not finished within `message_timeout_ms` (slowloris) closes the
+//! connection; bytes that are not SIP framing close it; TLS failures close it. Each is counted
+//! and logged at a bounded rate.
+
+use crate::config::{OutboundConnections, StreamConfig};
+use crate::engine::stats::{inc, LogLimiter, Stats};
+use crate::engine::{Effects, Engine};
+use crate::net::conn::{Framed, ReadEnd, StreamConn};
+use crate::net::epoll::{self, Epoll, Event};
+use crate::transport::{ConnId, Peer, Transport};
+use rustls::{ClientConfig, ServerConfig};
+use sip_core::timer::{Millis, TimerHandle, TimerWheel};
+use socket2::{Domain, SockAddr, Socket, Type};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+/// Epoll token kinds (the high 32 bits); the worker uses kind 0 for its own descriptors.
+const LISTENER: u64 = 1 << 32;
+const CONNECTION: u64 = 2 << 32;
+/// Connections accepted per listener per pass, so a flood of connects cannot starve the rest.
+const ACCEPT_BATCH: usize = 256;
+
+/// Binds a listening socket with SO_REUSEPORT, one per worker on the same address.
+pub fn listen_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SockAddr::from(addr))?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Whether an epoll token belongs to [`Streams`].
+pub fn owns(token: u64) -> bool {
+    token >= LISTENER
+}
+
+fn conn_id(worker: usize, slot: usize) -> ConnId {
+    ((worker as u32) << 24) | (slot as u32 + 1)
+}
+
+/// The worker and slot of a connection id.
+fn split_id(id: ConnId) -> (usize, usize) {
+    ((id >> 24) as usize, ((id & 0xff_ffff) - 1) as usize)
+}
+
+struct Conn {
+    io: StreamConn,
+    transport: Transport,
+    /// The call this connection was opened for (per-call outbound), by Call-ID hash.
+    call: Option<u64>,
+    /// TLS: the handshake finished (and was counted).
+    established: bool,
+    /// An outbound connect has not completed yet.
+    connecting: bool,
+    last_active: Millis,
+    /// Since when a handshake or a partial message has been waiting to complete.
+    pending_since: Option<Millis>,
+    timer: Option<TimerHandle>,
+    timer_at: Millis,
+    /// Close once the queued output is written.
+    closing: bool,
+    /// Queued output waits for this pass's flush.
+    dirty: bool,
+}
+
+/// Why a connection was closed.
+#[derive(Debug, Clone, Copy)]
+enum Close {
+    Peer,
+    Error,
+    Idle,
+    MessageTimeout,
+    Framing(&'static str),
+    Tls,
+    CallOver,
+}
+
+pub struct Streams {
+    worker: usize,
+    cfg: StreamConfig,
+    max_message: usize,
+    listeners: Vec<(Transport, TcpListener)>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    open: usize,
+    by_remote: HashMap<(Transport, SocketAddr), usize>,
+    by_call: HashMap<(Transport, SocketAddr, u64), usize>,
+    timers: TimerWheel<usize>,
+    expired: Vec<usize>,
+    dirty: Vec<usize>,
+    tls_server: Option<Arc<ServerConfig>>,
+    tls_client: Option<Arc<ClientConfig>>,
+    scratch: Vec<u8>,
+    framed: Framed,
+    stats: Arc<Stats>,
+    log: LogLimiter,
+}
+
+impl Streams {
+    /// A worker's connection table. `listeners` are registered with `epoll` here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        worker: usize,
+        cfg: StreamConfig,
+        max_message: usize,
+        listeners: Vec<(Transport, TcpListener)>,
+        tls_server: Option<Arc<ServerConfig>>,
+        tls_client: Option<Arc<ClientConfig>>,
+        stats: Arc<Stats>,
+        epoll: &Epoll,
+    ) -> io::Result<Streams> {
+        for (i, (_, l)) in listeners.iter().enumerate() {
+            epoll.add(l.as_raw_fd(), epoll::READ, LISTENER | i as u64)?;
+        }
+        Ok(Streams {
+            worker,
+            cfg,
+            max_message,
+            listeners,
+            conns: Vec::new(),
+            free: Vec::new(),
+            open: 0,
+            by_remote: HashMap::new(),
+            by_call: HashMap::new(),
+            timers: TimerWheel::new(0),
+            expired: Vec::new(),
+            dirty: Vec::new(),
+            tls_server,
+            tls_client,
+            scratch: vec![0; 64 * 1024],
+            framed: Framed::default(),
+            stats,
+            log: LogLimiter::new(10),
+        })
+    }
+
+    /// Open connections.
+    pub fn len(&self) -> usize {
+        self.open
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.open == 0
+    }
+
+    /// Whether there is anything to watch at all (no listener and no connection: UDP only).
+    pub fn active(&self) -> bool {
+        !self.listeners.is_empty() || self.open > 0
+    }
+
+    /// The next time [`Streams::on_tick`] has work.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.timers.next_deadline()
+    }
+
+    /// Handles one epoll event carrying one of our tokens.
+    pub fn on_event(
+        &mut self,
+        now: Millis,
+        ev: &Event,
+        engine: &mut Engine,
+        fx: &mut Effects,
+        epoll: &Epoll,
+    ) {
+        let token = ev.u64;
+        let index = (token & 0xffff_ffff) as usize;
+        if token & !0xffff_ffff == LISTENER {
+            self.accept(now, index, epoll);
+            return;
+        }
+        let flags = ev.events;
+        let hangup = (libc::EPOLLHUP | libc::EPOLLERR) as u32;
+        if flags & (libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32 | hangup) != 0 {
+            self.read(now, index, engine, fx);
+        }
+        if flags & libc::EPOLLOUT as u32 != 0 {
+            let Some(c) = self.conns.get_mut(index).and_then(Option::as_mut) else {
+                return;
+            };
+            if c.connecting {
+                c.connecting = false;
+                if c.established {
+                    // A TCP connect completed; TLS still has its handshake to finish.
+                    c.pending_since = None;
+                }
+            }
+            self.flush_one(index);
+        }
+    }
+
+    fn accept(&mut self, now: Millis, index: usize, epoll: &Epoll) {
+        for _ in 0..ACCEPT_BATCH {
+            let Some((transport, listener)) = self.listeners.get(index) else {
+                return;
+            };
+            let transport = *transport;
+            let (stream, remote) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    // EMFILE and friends: the listener stays readable, so try next pass.
+                    inc(&self.stats.connection_errors);
+                    if self.log.allow(now) {
+                        tracing::warn!("accepting a {transport} connection failed: {e}");
+                    }
+                    return;
+                }
+            };
+            if self.open >= self.cfg.max_connections_per_worker {
+                inc(&self.stats.connections_refused);
+                if self.log.allow(now) {
+                    tracing::warn!(
+                        "refused a {transport} connection from {remote}: max_connections open"
+                    );
+                }
+                continue;
+            }
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let tls = match (transport, &self.tls_server) {
+                (Transport::Tls, Some(cfg)) => match rustls::ServerConnection::new(cfg.clone()) {
+                    Ok(c) => Some(rustls::Connection::Server(c)),
+                    Err(e) => {
+                        inc(&self.stats.tls_failures);
+                        if self.log.allow(now) {
+                            tracing::warn!("TLS for a connection from {remote} failed: {e}");
+                        }
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            let pending = tls.is_some().then_some(now);
+            match self.insert(now, transport, stream, remote, tls, None, pending, epoll) {
+                Ok(slot) => {
+                    inc(&self.stats.connections_accepted);
+                    self.by_remote.insert((transport, remote), slot);
+                }
+                Err(e) => {
+                    inc(&self.stats.connection_errors);
+                    if self.log.allow(now) {
+                        tracing::warn!("cannot watch a connection from {remote}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        now: Millis,
+        transport: Transport,
+        stream: TcpStream,
+        remote: SocketAddr,
+        tls: Option<rustls::Connection>,
+        call: Option<u64>,
+        pending_since: Option<Millis>,
+        epoll: &Epoll,
+    ) -> io::Result<usize> {
+        let slot = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.conns.len() >= 0xff_fffe {
+                    return Err(io::Error::other("connection table full"));
+                }
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        if let Err(e) = epoll.add(stream.as_raw_fd(), epoll::STREAM, CONNECTION | slot as u64) {
+            self.free.push(slot);
+            return Err(e);
+        }
+        let mut c = Conn {
+            io: StreamConn::new(stream, remote, tls),
+            transport,
+            call,
+            established: transport != Transport::Tls,
+            connecting: false,
+            last_active: now,
+            pending_since,
+            timer: None,
+            timer_at: 0,
+            closing: false,
+            dirty: false,
+        };
+        let at = self.deadline(&c);
+        c.timer = Some(self.timers.insert(at, slot));
+        c.timer_at = at;
+        self.conns[slot] = Some(c);
+        self.open += 1;
+        Ok(slot)
+    }
+
+    /// When a connection's time runs out: its pending handshake or message, else idleness.
+    fn deadline(&self, c: &Conn) -> Millis {
+        match c.pending_since {
+            Some(t) => t + self.cfg.message_timeout_ms,
+            None => c.last_active + self.cfg.idle_timeout_ms,
+        }
+    }
+
+    /// Moves a connection's timer earlier if its deadline now is (later deadlines are found
+    /// when the timer fires).
+    fn rearm_if_earlier(&mut self, slot: usize) {
+        let Some(c) = self.conns[slot].as_ref() else {
+            return;
+        };
+        let at = self.deadline(c);
+        if at >= c.timer_at {
+            return;
+        }
+        let c = self.conns[slot].as_mut().expect("checked above");
+        if let Some(h) = c.timer.take() {
+            self.timers.cancel(h);
+        }
+        c.timer = Some(self.timers.insert(at, slot));
+        c.timer_at = at;
+    }
+
+    fn read(&mut self, now: Millis, slot: usize, engine: &mut Engine, fx: &mut Effects) {
+        let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        c.last_active = now;
+        let end = c.io.read(&mut self.scratch);
+        if !c.established {
+            if let Some(kind) = c.io.handshake_kind() {
+                c.established = true;
+                inc(if kind == rustls::HandshakeKind::Resumed {
+                    &self.stats.tls_handshakes_resumed
+                } else {
+                    &self.stats.tls_handshakes_full
+                });
+            }
+        }
+        let mut framed = std::mem::take(&mut self.framed);
+        c.io.frame(self.max_message, &mut framed);
+        let peer = Peer {
+            transport: c.transport,
+            addr: c.io.remote,
+            conn: conn_id(self.worker, slot),
+        };
+        for &(start, len) in &framed.messages {
+            engine.on_datagram(now, peer, &c.io.inbuf[start..start + len], fx);
+        }
+        if framed.ping {
+            c.io.queue(b"\r\n");
+        }
+        c.io.consume(framed.consumed);
+        c.pending_since = if !c.established {
+            c.pending_since.or(Some(now))
+        } else if c.io.inbuf.is_empty() {
+            None
+        } else if framed.consumed > 0 {
+            Some(now)
+        } else {
+            c.pending_since.or(Some(now))
+        };
+        let wants_flush = c.io.has_output() && !c.dirty;
+        let invalid = framed.invalid;
+        self.framed = framed;
+        if wants_flush {
+            self.mark_dirty(slot);
+        }
+        match (end, invalid) {
+            (_, Some(why)) => self.close(now, slot, Close::Framing(why)),
+            (ReadEnd::Drained, None) => self.rearm_if_earlier(slot),
+            (ReadEnd::Closed, None) => {
+                // Answers to what the peer sent before closing may still be queued: flush
+                // what the socket takes (a half-closed peer still reads), then let go.
+                self.flush_one(slot);
+                self.close(now, slot, Close::Peer)
+            }
+            (ReadEnd::TlsError(why), None) => {
+                if self.log.allow(now) {
+                    let remote = self.conns[slot].as_ref().map(|c| c.io.remote);
+                    tracing::warn!("TLS with {} failed: {why}", fmt_remote(remote));
+                }
+                self.close(now, slot, Close::Tls)
+            }
+        }
+    }
+
+    fn mark_dirty(&mut self, slot: usize) {
+        if let Some(c) = self.conns[slot].as_mut() {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(slot);
+            }
+        }
+    }
+
+    /// Queues `data` for `to`. Returns the worker to mail it to when another worker owns the
+    /// connection named.
+    pub fn send(&mut self, now: Millis, to: Peer, data: &[u8], epoll: &Epoll) -> Option<usize> {
+        let slot = match self.find(now, to, data, epoll) {
+            Ok(slot) => slot,
+            Err(Some(owner)) => return Some(owner),
+            Err(None) => {
+                inc(&self.stats.stream_transmit_failures);
+                return None;
+            }
+        };
+        if let Some(c) = self.conns[slot].as_mut() {
+            c.io.queue(data);
+            c.last_active = now;
+        }
+        self.mark_dirty(slot);
+        None
+    }
+
+    /// The connection a message goes on: the one named if it is still open, else one to the
+    /// address (per call for requests when so configured), opened if needed. `Err(Some(w))`:
+    /// worker `w` owns the connection named.
+    fn find(
+        &mut self,
+        now: Millis,
+        to: Peer,
+        data: &[u8],
+        epoll: &Epoll,
+    ) -> Result<usize, Option<usize>> {
+        if to.conn != 0 {
+            let (owner, slot) = split_id(to.conn);
+            if owner != self.worker {
+                return Err(Some(owner));
+            }
+            let same = self
+                .conns
+                .get(slot)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| {
+                    c.io.remote == to.addr && c.transport == to.transport && !c.closing
+                });
+            if same {
+                return Ok(slot);
+            }
+        }
+        let call = match self.cfg.outbound {
+            OutboundConnections::PerCall if !data.starts_with(b"SIP/2.0 ") => call_hash(data),
+            _ => None,
+        };
+        let existing = match call {
+            Some(h) => self.by_call.get(&(to.transport, to.addr, h)),
+            None => self.by_remote.get(&(to.transport, to.addr)),
+        };
+        if let Some(&slot) = existing {
+            return Ok(slot);
+        }
+        match self.connect(now, to, call, epoll) {
+            Ok(slot) => {
+                match call {
+                    Some(h) => self.by_call.insert((to.transport, to.addr, h), slot),
+                    None => self.by_remote.insert((to.transport, to.addr), slot),
+                };
+                Ok(slot)
+            }
+            Err(e) => {
+                inc(&self.stats.connection_errors);
+                if self.log.allow(now) {
+                    tracing::warn!("cannot connect to {}:{}: {e}", to.transport, to.addr);
+                }
+                Err(None)
+            }
+        }
+    }
+
+    fn connect(
+        &mut self,
+        now: Millis,
+        to: Peer,
+        call: Option<u64>,
+        epoll: &Epoll,
+    ) -> io::Result<usize> {
+        if self.open >= self.cfg.max_connections_per_worker {
+            return Err(io::Error::other("max_connections are open"));
+        }
+        let tls = match to.transport {
+            Transport::Tls => {
+                let cfg = self.tls_client.as_ref().ok_or_else(|| {
+                    io::Error::other("no TLS client configuration ([tls] ca or verify_server)")
+                })?;
+                let name = crate::tls::server_name(None, to.addr.ip())
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                let c = rustls::ClientConnection::new(cfg.clone(), name)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                Some(rustls::Connection::Client(c))
+            }
+            Transport::Tcp => None,
+            Transport::Udp => return Err(io::Error::other("UDP is not a stream")),
+        };
+        let socket = Socket::new(Domain::for_address(to.addr), Type::STREAM, None)?;
+        socket.set_nonblocking(true)?;
+        socket.set_nodelay(true)?;
+        match socket.connect(&SockAddr::from(to.addr)) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(e),
+        }
+        // The connect (and handshake) must finish within the message timeout.
+        let slot = self.insert(
+            now,
+            to.transport,
+            socket.into(),
+            to.addr,
+            tls,
+            call,
+            Some(now),
+            epoll,
+        )?;
+        if let Some(c) = self.conns[slot].as_mut() {
+            c.connecting = true;
+        }
+        inc(&self.stats.connections_opened);
+        Ok(slot)
+    }
+
+    /// Marks the per-call connections whose call ended for closing once their output is out.
+    pub fn finish_calls(&mut self, ids: &mut Vec<ConnId>) {
+        for id in ids.drain(..) {
+            let (owner, slot) = split_id(id);
+            if owner != self.worker {
+                continue;
+            }
+            let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            let Some(h) = c.call else {
+                continue;
+            };
+            c.closing = true;
+            let key = (c.transport, c.io.remote, h);
+            if let Some(tls) = &mut c.io.tls {
+                tls.send_close_notify();
+            }
+            if self.by_call.get(&key) == Some(&slot) {
+                self.by_call.remove(&key);
+            }
+            // Mark it dirty even with nothing queued, so the flush closes it.
+            let c = self.conns[slot].as_mut().expect("checked above");
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(slot);
+            }
+        }
+    }
+
+    /// Writes every connection that has queued output this pass (one write per connection,
+    /// however many messages it got).
+    pub fn flush(&mut self) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for &slot in &dirty {
+            if let Some(c) = self.conns[slot].as_mut() {
+                c.dirty = false;
+            }
+            self.flush_one(slot);
+        }
+        let mut dirty = dirty;
+        dirty.clear();
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    fn flush_one(&mut self, slot: usize) {
+        let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if !c.io.flush() {
+            self.close(0, slot, Close::Error);
+        } else if c.closing && !c.io.has_output() {
+            self.close(0, slot, Close::CallOver);
+        }
+    }
+
+    /// Runs the connection timers due at `now`.
+    pub fn on_tick(&mut self, now: Millis) {
+        let mut expired = std::mem::take(&mut self.expired);
+        self.timers.advance(now, &mut expired);
+        for &slot in &expired {
+            let Some(c) = self.conns[slot].as_mut() else {
+                continue;
+            };
+            c.timer = None;
+            let at = match c.pending_since {
+                Some(t) => t + self.cfg.message_timeout_ms,
+                None => c.last_active + self.cfg.idle_timeout_ms,
+            };
+            if at > now {
+                c.timer = Some(self.timers.insert(at, slot));
+                c.timer_at = at;
+            } else if c.pending_since.is_some() {
+                self.close(now, slot, Close::MessageTimeout);
+            } else {
+                self.close(now, slot, Close::Idle);
+            }
+        }
+        expired.clear();
+        self.expired = expired;
+    }
+
+    fn close(&mut self, now: Millis, slot: usize, why: Close) {
+        let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        if let Some(h) = c.timer.take() {
+            self.timers.cancel(h);
+        }
+        let key = (c.transport, c.io.remote);
+        if self.by_remote.get(&key) == Some(&slot) {
+            self.by_remote.remove(&key);
+        }
+        if let Some(h) = c.call {
+            let key = (c.transport, c.io.remote, h);
+            if self.by_call.get(&key) == Some(&slot) {
+                self.by_call.remove(&key);
+            }
+        }
+        self.free.push(slot);
+        self.open -= 1;
+        let counter = match why {
+            Close::Peer | Close::CallOver => None,
+            Close::Error => Some(&self.stats.connection_errors),
+            Close::Idle => Some(&self.stats.idle_closed),
+            Close::MessageTimeout => Some(&self.stats.message_timeouts),
+            Close::Framing(_) => Some(&self.stats.framing_errors),
+            Close::Tls => Some(&self.stats.tls_failures),
+        };
+        if let Some(counter) = counter {
+            inc(counter);
+        }
+        let problem = match why {
+            Close::Framing(f) => Some(f),
+            Close::MessageTimeout if !c.established => Some("handshake not finished in time"),
+            Close::MessageTimeout => Some("message not finished in time"),
+            Close::Idle => {
+                c.io.close_notify();
+                None
+            }
+            _ => None,
+        };
+        if let Some(what) = problem.filter(|_| self.log.allow(now)) {
+            tracing::warn!(
+                "closed a {} connection from {}: {what}",
+                c.transport,
+                c.io.remote
+            );
+        }
+        // Dropping the stream closes the descriptor, which takes it out of the epoll set.
+    }
+}
+
+fn fmt_remote(remote: Option<SocketAddr>) -> String {
+    remote.map_or_else(|| "a peer".into(), |r| r.to_string())
+}
+
+/// A hash of a request's Call-ID, which keys per-call connections (only per-call mode pays
+/// for this parse).
+fn call_hash(data: &[u8]) -> Option<u64> {
+    let msg = sip_core::message::Message::parse(data).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    msg.call_id().hash(&mut h);
+    Some(h.finish())
+}
