@@ -61,6 +61,7 @@ struct RawServer {
     idle_timeout_s: u64,
     message_timeout_ms: u64,
     max_connections: usize,
+    max_connections_per_ip: usize,
 }
 
 impl Default for RawServer {
@@ -79,6 +80,7 @@ impl Default for RawServer {
             idle_timeout_s: 120,
             message_timeout_ms: 10_000,
             max_connections: 100_000,
+            max_connections_per_ip: 10_000,
         }
     }
 }
@@ -222,6 +224,9 @@ pub struct StreamConfig {
     pub message_timeout_ms: u64,
     /// Open connections per worker beyond which new ones are refused.
     pub max_connections_per_worker: usize,
+    /// Connections accepted from one IP address, per worker, beyond which that address's
+    /// new ones are refused (so one host cannot take every slot).
+    pub max_per_ip_per_worker: usize,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -384,11 +389,15 @@ impl Config {
         if server.max_connections < workers {
             bail!("server.max_connections: at least one per worker ({workers})");
         }
+        if server.max_connections_per_ip < workers {
+            bail!("server.max_connections_per_ip: at least one per worker ({workers})");
+        }
         let streams = StreamConfig {
             outbound: server.outbound_connections,
             idle_timeout_ms: server.idle_timeout_s * 1000,
             message_timeout_ms: server.message_timeout_ms,
             max_connections_per_worker: server.max_connections.div_ceil(workers),
+            max_per_ip_per_worker: server.max_connections_per_ip.div_ceil(workers),
         };
         let t = raw.tls;
         if t.cert.is_some() != t.key.is_some() {

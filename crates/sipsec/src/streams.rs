@@ -14,7 +14,8 @@
 //! (`outbound_connections = "reuse"`), or opened per call and closed when the engine says the
 //! call is over (`"per-call"`, keyed by Call-ID).
 //!
-//! Hostile peers: a connection past `max_connections` is refused at accept; a handshake or a
+//! Hostile peers: a connection past `max_connections`, or past `max_connections_per_ip` from
+//! one address, is refused at accept; a handshake or a
 //! message begun but not finished within `message_timeout_ms` (slowloris) closes the
 //! connection; bytes that are not SIP framing close it; TLS failures close it. Each is counted
 //! and logged at a bounded rate.
@@ -31,7 +32,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
@@ -75,6 +76,8 @@ struct Conn {
     established: bool,
     /// An outbound connect has not completed yet.
     connecting: bool,
+    /// Accepted from a listener (counted in `per_ip`).
+    accepted: bool,
     last_active: Millis,
     /// Since when a handshake or a partial message has been waiting to complete.
     pending_since: Option<Millis>,
@@ -108,6 +111,8 @@ pub struct Streams {
     open: usize,
     by_remote: HashMap<(Transport, SocketAddr), usize>,
     by_call: HashMap<(Transport, SocketAddr, u64), usize>,
+    /// Accepted connections open per remote IP.
+    per_ip: HashMap<IpAddr, u32>,
     timers: TimerWheel<usize>,
     expired: Vec<usize>,
     dirty: Vec<usize>,
@@ -145,6 +150,7 @@ impl Streams {
             open: 0,
             by_remote: HashMap::new(),
             by_call: HashMap::new(),
+            per_ip: HashMap::new(),
             timers: TimerWheel::new(0),
             expired: Vec::new(),
             dirty: Vec::new(),
@@ -229,12 +235,18 @@ impl Streams {
                     return;
                 }
             };
-            if self.open >= self.cfg.max_connections_per_worker {
+            let from_ip = self.per_ip.get(&remote.ip()).copied().unwrap_or(0);
+            let full = if self.open >= self.cfg.max_connections_per_worker {
+                Some("max_connections")
+            } else if from_ip as usize >= self.cfg.max_per_ip_per_worker {
+                Some("max_connections_per_ip")
+            } else {
+                None
+            };
+            if let Some(limit) = full {
                 inc(&self.stats.connections_refused);
                 if self.log.allow(now) {
-                    tracing::warn!(
-                        "refused a {transport} connection from {remote}: max_connections open"
-                    );
+                    tracing::warn!("refused a {transport} connection from {remote}: {limit} open");
                 }
                 continue;
             }
@@ -260,6 +272,10 @@ impl Streams {
                 Ok(slot) => {
                     inc(&self.stats.connections_accepted);
                     self.by_remote.insert((transport, remote), slot);
+                    *self.per_ip.entry(remote.ip()).or_default() += 1;
+                    if let Some(c) = self.conns[slot].as_mut() {
+                        c.accepted = true;
+                    }
                 }
                 Err(e) => {
                     inc(&self.stats.connection_errors);
@@ -303,6 +319,7 @@ impl Streams {
             call,
             established: transport != Transport::Tls,
             connecting: false,
+            accepted: false,
             last_active: now,
             pending_since,
             timer: None,
@@ -640,6 +657,15 @@ impl Streams {
             let key = (c.transport, c.io.remote, h);
             if self.by_call.get(&key) == Some(&slot) {
                 self.by_call.remove(&key);
+            }
+        }
+        if c.accepted {
+            let ip = c.io.remote.ip();
+            if let Some(n) = self.per_ip.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_ip.remove(&ip);
+                }
             }
         }
         self.free.push(slot);

@@ -10,6 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
+pub mod load;
+pub use load::*;
+
 /// Ports for one test: distinct per test in this process, and per test binary via `base`.
 pub fn ports(base: u16) -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
@@ -60,12 +63,30 @@ impl Server {
     }
 
     pub fn spawn(dir: &Path, args: &[&str]) -> Server {
+        Self::spawn_with(dir, args, Stdio::inherit(), "warn")
+    }
+
+    /// Like [`Server::start`], with the log (at info, so the counters printed at exit are in
+    /// it) going to `dir/serve.log` for [`Server::stop_counters`] and [`Server::log`].
+    pub fn start_logged(dir: &Path, config: &str) -> Server {
+        let path = dir.join("sipsec.toml");
+        std::fs::write(&path, config).unwrap();
+        let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+        Self::spawn_with(
+            dir,
+            &["serve", "--config", path.to_str().unwrap()],
+            Stdio::from(log),
+            "info",
+        )
+    }
+
+    fn spawn_with(dir: &Path, args: &[&str], stderr: Stdio, level: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
             .args(args)
             .current_dir(dir)
-            .env("SIPSEC_LOG", "warn")
+            .env("SIPSEC_LOG", level)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start sipsec");
         let mut banner = String::new();
@@ -88,6 +109,28 @@ impl Server {
         self.terminate()
     }
 
+    /// What a server started with [`Server::start_logged`] has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+    }
+
+    /// Stops a server started with [`Server::start_logged`] and returns the counters it
+    /// logged on the way out (absent counters were zero).
+    pub fn stop_counters(mut self) -> Counters {
+        assert!(self.terminate().success(), "{}", self.log());
+        let log = self.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("stopped"))
+            .unwrap_or_else(|| panic!("no exit line in the log:\n{log}"));
+        Counters(
+            line.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+                .collect(),
+        )
+    }
+
     fn terminate(&mut self) -> std::process::ExitStatus {
         // SAFETY: sending a signal to our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -107,6 +150,16 @@ impl Drop for Server {
         if self.child.try_wait().ok().flatten().is_none() {
             self.terminate();
         }
+    }
+}
+
+/// A server's counters by name.
+#[derive(Debug)]
+pub struct Counters(pub std::collections::HashMap<String, u64>);
+
+impl Counters {
+    pub fn get(&self, name: &str) -> u64 {
+        self.0.get(name).copied().unwrap_or(0)
     }
 }
 

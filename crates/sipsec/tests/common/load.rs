@@ -1,0 +1,94 @@
+//! Helpers for tests that drive `sipsec load` and `sipsec certs`.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Runs `sipsec load` to completion; returns its exit code, JSON summary and stderr.
+pub fn load(dir: &Path, args: &[&str]) -> (i32, Value, String) {
+    let json = dir.join(format!("load-{}.json", rand_name()));
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .arg("load")
+        .args(args)
+        .args(["--json", json.to_str().unwrap(), "--quiet"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sipsec load");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let summary = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), summary, stderr)
+}
+
+pub fn rand_name() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    N.fetch_add(1, Ordering::Relaxed) ^ (std::process::id() << 8)
+}
+
+/// A `sipsec load --role uas` in the background; `finish` stops it and reads its summary.
+pub struct LoadUas {
+    child: Child,
+    json: std::path::PathBuf,
+}
+
+impl LoadUas {
+    /// Starts a UAS on `addr` with `extra` options (e.g. the transport).
+    pub fn start(dir: &Path, addr: &str, extra: &[&str]) -> LoadUas {
+        let json = dir.join(format!("uas-{}.json", rand_name()));
+        let child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(["load", "--role", "uas", "--uas", addr, "--quiet", "--json"])
+            .arg(&json)
+            .args(extra)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the load UAS");
+        std::thread::sleep(Duration::from_millis(300));
+        LoadUas { child, json }
+    }
+
+    pub fn finish(mut self) -> Value {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.code().is_some(),
+            "the UAS died of a signal: {status:?}"
+        );
+        serde_json::from_str(&std::fs::read_to_string(&self.json).unwrap()).unwrap()
+    }
+}
+
+impl Drop for LoadUas {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// `sipsec certs` into `dir`; returns the paths by file name.
+pub fn make_certs(dir: &Path) -> impl Fn(&str) -> String + '_ {
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["certs", "--out"])
+        .arg(dir)
+        .output()
+        .expect("run sipsec certs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    move |name: &str| dir.join(name).to_str().unwrap().to_string()
+}

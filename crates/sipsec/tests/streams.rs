@@ -1,0 +1,465 @@
+//! `sipsec serve` over TCP and TLS, end to end: real SIPp over TCP (one connection, and one
+//! per call), `sipsec load` through all four connection modes of seed 000 over TLS (with
+//! mutual authentication and resumption), and hostile peers — garbage, failed handshakes,
+//! missing and untrusted client certificates, slowloris, floods of idle connections — each
+//! refused or timed out and counted while real calls keep flowing.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A server config: `listen` addresses, `[server]` extras, a default route, and `[tls]` with
+/// the certificates in `dir` when `tls` holds extra `[tls]` lines.
+fn config(dir: &Path, listen: &[String], server: &str, route: &str, tls: Option<&str>) -> String {
+    let listen: Vec<String> = listen.iter().map(|l| format!("\"{l}\"")).collect();
+    let mut text = format!(
+        "[server]\nlisten = [{}]\ndomains = [\"example.test\"]\nworkers = 2\n{server}\n\
+[routing]\ndefault_route = \"{route}\"\n[database]\nurl = \"sqlite://{}\"\n",
+        listen.join(", "),
+        dir.join("s.db").display()
+    );
+    if let Some(extra) = tls {
+        let p = |f: &str| dir.join(f).display().to_string();
+        text += &format!(
+            "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n{extra}\n",
+            p("server.pem"),
+            p("server-key.pem"),
+            p("ca.pem")
+        );
+    }
+    text
+}
+
+fn sipp_tcp_calls(dir: &Path, port: u16, mode: &str, calls: u32) -> SippResult {
+    let uac = shared_dir().join("bench/kamailio/uac.xml");
+    let calls = calls.to_string();
+    let local_port = (port + 2).to_string();
+    sipp_client(
+        dir,
+        &format!("127.0.0.1:{port}"),
+        &[
+            "-sf",
+            uac.to_str().unwrap(),
+            "-s",
+            "bench",
+            "-i",
+            "127.0.0.2",
+            "-p",
+            &local_port,
+            "-t",
+            mode,
+            "-max_socket",
+            "1000",
+            "-r",
+            "100",
+            "-m",
+            &calls,
+        ],
+    )
+}
+
+/// SIPp calls over TCP through sipsec to a SIPp callee over TCP, with the proxy's outbound
+/// connections in `outbound` mode: first on one connection (`-t t1`), then one per call
+/// (`-t tn`).
+fn sipp_over_tcp(outbound: &str) {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(48000) + if outbound == "reuse" { 0 } else { 5 };
+    let uas_port = port + 1;
+    let _uas = sipp_uas_with(
+        "127.0.0.3",
+        uas_port,
+        &[
+            "-sf",
+            shared_dir()
+                .join("bench/kamailio/uas.xml")
+                .to_str()
+                .unwrap(),
+            "-t",
+            "t1",
+            "-max_socket",
+            "1000",
+        ],
+    );
+    let server = Server::start_logged(
+        dir.path(),
+        &config(
+            dir.path(),
+            &[format!("tcp:127.0.0.1:{port}")],
+            &format!("outbound_connections = \"{outbound}\""),
+            &format!("sip:127.0.0.3:{uas_port};transport=tcp"),
+            None,
+        ),
+    );
+    for (mode, calls) in [("t1", 200), ("tn", 200)] {
+        let r = sipp_tcp_calls(dir.path(), port, mode, calls);
+        assert_eq!(
+            (r.successful, r.failed, r.exit),
+            (calls as u64, 0, 0),
+            "SIPp -t {mode}, outbound {outbound}: {r:?}\n{}",
+            server.log()
+        );
+    }
+    let c = server.stop_counters();
+    // One connection from SIPp in t1 mode, then one per call in tn mode.
+    assert_eq!(c.get("connections_accepted"), 1 + 200, "{c:?}");
+    let opened = c.get("connections_opened");
+    if outbound == "reuse" {
+        assert!((1..=2).contains(&opened), "one per worker at most: {c:?}");
+    } else {
+        assert_eq!(opened, 400, "one per call: {c:?}");
+    }
+    assert_eq!(c.get("connection_errors"), 0, "{c:?}");
+    assert_eq!(
+        c.get("forwarded_requests"),
+        3 * 400,
+        "INVITE, ACK, BYE: {c:?}"
+    );
+}
+
+#[test]
+fn sipp_calls_over_tcp_with_reused_outbound_connections() {
+    sipp_over_tcp("reuse");
+}
+
+#[test]
+fn sipp_calls_over_tcp_with_a_connection_per_call() {
+    sipp_over_tcp("per-call");
+}
+
+/// One seed-000 mode: how the caller connects and how the proxy connects onwards.
+struct Mode {
+    name: &'static str,
+    caller: &'static str,
+    outbound: &'static str,
+    mutual: bool,
+}
+
+#[test]
+fn the_four_seed_000_modes_over_tls_with_sipsec_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = make_certs(dir.path());
+    let port = ports(48100);
+    let uas_addr = format!("tls:127.0.0.1:{}", port + 1);
+    let (cert, key, ca) = (f("server.pem"), f("server-key.pem"), f("ca.pem"));
+    // The callee demands client certificates, so the proxy must present its own.
+    let uas = LoadUas::start(
+        dir.path(),
+        &uas_addr,
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--tls-ca",
+            &ca,
+            "--tls-client-auth",
+            "optional",
+        ],
+    );
+    let modes = [
+        Mode {
+            name: "chain",
+            caller: "persistent",
+            outbound: "reuse",
+            mutual: false,
+        },
+        Mode {
+            name: "outbound",
+            caller: "per-call",
+            outbound: "reuse",
+            mutual: false,
+        },
+        Mode {
+            name: "inbound",
+            caller: "persistent",
+            outbound: "per-call",
+            mutual: false,
+        },
+        Mode {
+            name: "local",
+            caller: "per-call",
+            outbound: "per-call",
+            mutual: false,
+        },
+        Mode {
+            name: "local, mutual TLS",
+            caller: "per-call",
+            outbound: "per-call",
+            mutual: true,
+        },
+    ];
+    let calls = 80u64;
+    for (i, m) in modes.iter().enumerate() {
+        let listen = format!("tls:127.0.0.1:{}", port + 2 + i as u16);
+        let client_auth = if m.mutual { "required" } else { "none" };
+        let server = Server::start_logged(
+            dir.path(),
+            &config(
+                dir.path(),
+                std::slice::from_ref(&listen),
+                &format!("outbound_connections = \"{}\"", m.outbound),
+                &format!("sip:{};transport=tls", &uas_addr[4..]),
+                Some(&format!("client_auth = \"{client_auth}\"")),
+            ),
+        );
+        let mut args = vec![
+            listen.as_str(),
+            "--tls-ca",
+            &ca,
+            "--connection",
+            m.caller,
+            "--calls",
+            "80",
+            "--rate",
+            "100",
+        ];
+        if m.mutual {
+            args.extend(["--tls-cert", &cert, "--tls-key", &key]);
+        }
+        let (code, v, err) = load(dir.path(), &args);
+        assert_eq!(
+            (code, n(&v, "succeeded")),
+            (0, calls),
+            "{}: {err}\n{v}\n{}",
+            m.name,
+            server.log()
+        );
+        let c = server.stop_counters();
+        let accepted = c.get("connections_accepted");
+        let opened = c.get("connections_opened");
+        match m.caller {
+            "persistent" => assert_eq!(accepted, 1, "{}: {c:?}", m.name),
+            _ => assert_eq!(accepted, calls, "{}: {c:?}", m.name),
+        }
+        match m.outbound {
+            "reuse" => assert!((1..=2).contains(&opened), "{}: {c:?}", m.name),
+            _ => assert_eq!(opened, calls, "{}: {c:?}", m.name),
+        }
+        let (full, resumed) = (
+            c.get("tls_handshakes_full"),
+            c.get("tls_handshakes_resumed"),
+        );
+        assert_eq!(
+            full + resumed,
+            accepted + opened,
+            "{}: one handshake per connection: {c:?}",
+            m.name
+        );
+        if m.caller == "per-call" || m.outbound == "per-call" {
+            // Resumption is on by default on both sides; a few early calls handshake in
+            // full before the first ticket is back.
+            assert!(resumed >= calls / 2, "{}: {c:?}", m.name);
+        }
+        assert_eq!(c.get("tls_failures"), 0, "{}: {c:?}", m.name);
+    }
+    let u = uas.finish();
+    assert_eq!(n(&u, "uas_answered"), calls * modes.len() as u64, "{u}");
+}
+
+/// Lifts this process's open-file limit to its hard maximum (the flood needs 2,000).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a live rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// A TCP connection to `to` from the address `ip`.
+fn connect_from(ip: &str, to: &str) -> Option<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    let from: std::net::SocketAddr = format!("{ip}:0").parse().unwrap();
+    socket.bind(&from.into()).ok()?;
+    let to: std::net::SocketAddr = to.parse().unwrap();
+    socket.connect(&to.into()).ok()?;
+    Some(socket.into())
+}
+
+/// Reads until the peer closes; the time it took, or None if it stayed open past `limit`.
+fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    stream
+        .set_read_timeout(Some(limit.min(Duration::from_millis(100))))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < limit {
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return Some(start.elapsed()),
+        }
+    }
+    None
+}
+
+#[test]
+fn hostile_peers_are_refused_or_timed_out_and_counted_while_calls_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = make_certs(dir.path());
+    let other = tempfile::tempdir().unwrap();
+    let g = make_certs(other.path());
+    let port = ports(48200);
+    let (tcp, tls) = (
+        format!("tcp:127.0.0.1:{port}"),
+        format!("tls:127.0.0.1:{}", port + 1),
+    );
+    let uas_addr = format!("tcp:127.0.0.1:{}", port + 2);
+    let uas = LoadUas::start(dir.path(), &uas_addr, &[]);
+    let server = Server::start_logged(
+        dir.path(),
+        &config(
+            dir.path(),
+            &[tcp.clone(), tls.clone()],
+            "message_timeout_ms = 500\nidle_timeout_s = 2\nmax_connections_per_ip = 1500",
+            &format!("sip:{};transport=tcp", &uas_addr[4..]),
+            Some("client_auth = \"required\""),
+        ),
+    );
+    let tcp_addr = &tcp[4..];
+    let tls_addr = &tls[4..];
+
+    // A keep-alive ping is answered with a pong (RFC 5626).
+    let mut ping = TcpStream::connect(tcp_addr).unwrap();
+    ping.write_all(b"\r\n\r\n").unwrap();
+    ping.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut pong = [0u8; 2];
+    ping.read_exact(&mut pong).unwrap();
+    assert_eq!(&pong, b"\r\n");
+
+    // Garbage on the TLS port: the connection is closed at once.
+    let mut garbage = TcpStream::connect(tls_addr).unwrap();
+    garbage.write_all(b"OPTIONS sip:x SIP/2.0\r\n\r\n").unwrap();
+    assert!(closed_within(&mut garbage, Duration::from_secs(2)).is_some());
+    // Bytes that are not SIP framing on the TCP port: closed too.
+    let mut unframed = TcpStream::connect(tcp_addr).unwrap();
+    unframed
+        .write_all(b"OPTIONS sip:x SIP/2.0\r\nVia: x\r\n\r\n")
+        .unwrap();
+    assert!(closed_within(&mut unframed, Duration::from_secs(2)).is_some());
+
+    // Slowloris: half a message, and a TLS connection that never says hello. Both are closed
+    // after message_timeout_ms, not after the idle timeout.
+    let mut half = TcpStream::connect(tcp_addr).unwrap();
+    half.write_all(b"INVITE sip:bob@example.test SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.9")
+        .unwrap();
+    let mut silent = TcpStream::connect(tls_addr).unwrap();
+    let (t_half, t_silent) = (
+        closed_within(&mut half, Duration::from_secs(3)),
+        closed_within(&mut silent, Duration::from_secs(3)),
+    );
+    assert!(
+        t_half.is_some() && t_silent.is_some(),
+        "{t_half:?} {t_silent:?}"
+    );
+
+    // TLS clients that fail: no client certificate, a certificate from another CA, and a
+    // client that does not trust the server.
+    let tls_call = |extra: &[&str]| {
+        let mut args = vec![
+            tls.as_str(),
+            "--calls",
+            "3",
+            "--rate",
+            "50",
+            "--drain-s",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let (_, v, _) = load(dir.path(), &args);
+        n(&v, "succeeded")
+    };
+    let (ca, cert, key) = (f("ca.pem"), f("client.pem"), f("client-key.pem"));
+    assert_eq!(tls_call(&["--tls-ca", &ca]), 0, "no client certificate");
+    let (other_cert, other_key) = (g("client.pem"), g("client-key.pem"));
+    assert_eq!(
+        tls_call(&[
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &other_cert,
+            "--tls-key",
+            &other_key
+        ]),
+        0,
+        "a client certificate from another CA"
+    );
+    assert_eq!(
+        tls_call(&[
+            "--tls-ca",
+            &g("ca.pem"),
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key
+        ]),
+        0,
+        "a client that does not trust the server"
+    );
+
+    // A flood of idle connections from one host (127.0.0.5), more than
+    // max_connections_per_ip (1500, 750 per worker), held open while real calls from
+    // another host run over TCP and TLS.
+    raise_fd_limit();
+    let flood: Vec<TcpStream> = (0..2000)
+        .filter_map(|_| connect_from("127.0.0.5", tcp_addr))
+        .collect();
+    assert!(flood.len() > 1500, "{}", flood.len());
+    for (addr, extra) in [
+        (tcp.as_str(), vec![]),
+        (
+            tls.as_str(),
+            vec!["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key],
+        ),
+    ] {
+        let mut args = vec![addr, "--calls", "100", "--rate", "100"];
+        args.extend(extra.iter().copied());
+        let (code, v, err) = load(dir.path(), &args);
+        assert_eq!(
+            (code, n(&v, "succeeded")),
+            (0, 100),
+            "{addr}: {err}\n{v}\n{}",
+            server.log()
+        );
+    }
+    // Past the idle timeout the server has closed the flood's connections.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut flood = flood;
+    let still_open = flood
+        .iter_mut()
+        .map(|s| closed_within(s, Duration::from_millis(1)))
+        .filter(Option::is_none)
+        .count();
+    assert_eq!(still_open, 0);
+    drop(flood);
+    let log = server.log();
+    let c = server.stop_counters();
+    assert!(c.get("framing_errors") >= 1, "{c:?}");
+    assert!(c.get("message_timeouts") >= 2, "{c:?}");
+    // Garbage, three failed handshakes.
+    assert!(c.get("tls_failures") >= 4, "{c:?}");
+    assert!(c.get("connections_refused") >= 400, "{c:?}");
+    assert!(c.get("idle_closed") >= 1000, "{c:?}");
+    // Logged without flooding: a bounded number of lines for hundreds of refusals.
+    let refusal_lines = log.lines().filter(|l| l.contains("refused a tcp")).count();
+    assert!(
+        (1..=40).contains(&refusal_lines),
+        "{refusal_lines} refusal lines"
+    );
+    let u = uas.finish();
+    assert_eq!(n(&u, "uas_answered"), 200, "{u}");
+}
