@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 pub mod load;
+#[allow(unused_imports)]
 pub use load::*;
 
 /// Ports for one test: distinct per test in this process, and per test binary via `base`.
