@@ -1,13 +1,13 @@
 //! A worker thread: the I/O driver around one [`Engine`].
 //!
-//! The loop: drain the mailbox (so bindings registered on other workers are seen before any
-//! datagram that may depend on them), receive a batch per socket with `recvmmsg`, let the
-//! engine handle each datagram, take the ready TCP/TLS connections from epoll ([`Streams`]),
-//! fire due timers, then send everything queued — datagrams with one `sendmmsg`, one write per
-//! connection — and post mail. Only when a pass found nothing to do does the worker sleep in
-//! `epoll_wait` on its sockets, connections and mailbox, until the next deadline: a busy
-//! worker does not pay a wake-up per message. Under load it also lets datagrams accumulate
-//! briefly after waking ([`Coalescer`]).
+//! The loop: one `epoll_wait` on the worker's UDP sockets, mailbox, listeners and connections
+//! (returning at once while anything is ready, sleeping until the next deadline otherwise);
+//! for what is ready, take the mail, a `recvmmsg` batch per UDP socket, or the connection's
+//! bytes ([`Streams`]), and let the engine handle each message; fire due timers; then send
+//! everything queued — datagrams with one `sendmmsg`, one write per connection — and post
+//! mail. A busy worker does not sleep between passes, and no pass makes a system call that
+//! can only answer "nothing". Under load it also lets datagrams accumulate briefly after
+//! waking ([`Coalescer`]).
 
 use crate::coalesce::Coalescer;
 use crate::engine::{Effects, Engine, Mail};
@@ -108,46 +108,8 @@ impl Worker {
         let mut events = epoll::events(256);
         let fds: Vec<RawFd> = self.sockets.iter().map(udp::fd).collect();
         while !self.shutdown.load(Ordering::Relaxed) {
-            let mut busy = false;
-            while let Ok(mail) = self.mailbox.rx.try_recv() {
-                busy = true;
-                let now = self.now();
-                self.engine.on_mail(now, mail, &mut fx);
-            }
-            for &fd in &fds {
-                match batch.recv(fd) {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        busy = true;
-                        let now = self.now();
-                        self.coalescer.record(now, n);
-                        for i in 0..n {
-                            if let Some((source, data)) = batch.get(i) {
-                                let source = Peer::udp(source);
-                                self.engine.on_datagram(now, source, data, &mut fx);
-                            }
-                        }
-                    }
-                    Err(e) => tracing::warn!("receive failed: {e}"),
-                }
-            }
-            if self.streams.active() {
-                let n = self.epoll.wait(&mut events, 0);
-                busy |= self.on_events(&events[..n], &mut fx);
-            }
-            let now = self.now();
-            if self.engine.next_deadline().is_some_and(|d| d <= now) {
-                self.engine.on_tick(now, &mut fx);
-            }
-            if self.streams.next_deadline().is_some_and(|d| d <= now) {
-                self.streams.on_tick(now);
-            }
-            self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
-            if busy {
-                continue;
-            }
-            // Idle: sleep until a datagram, a connection, mail, the next timer, or a
-            // shutdown check.
+            // One wait per pass: it returns at once while anything is ready (UDP sockets and
+            // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
             let now = self.now();
             let timeout = [self.engine.next_deadline(), self.streams.next_deadline()]
                 .into_iter()
@@ -157,38 +119,70 @@ impl Worker {
             let n = self.epoll.wait(&mut events, timeout);
             let delay = self.coalescer.delay(self.now());
             if n > 0 && !delay.is_zero() {
+                // Under load, let datagrams accumulate briefly so one batch takes them.
                 std::thread::sleep(delay);
             }
-            // Connection events are edge-triggered: handle them now or lose them.
-            self.on_events(&events[..n], &mut fx);
+            // Mail first: bindings registered on other workers must be seen before any
+            // message that may depend on them.
+            if events[..n].iter().any(|ev| ev.u64 == MAILBOX) {
+                self.drain_mailbox(&mut fx);
+            }
+            for ev in &events[..n] {
+                let token = ev.u64;
+                if streams::owns(token) {
+                    let now = self.now();
+                    self.streams
+                        .on_event(now, ev, &mut self.engine, &mut fx, &self.epoll);
+                } else if let Some(&fd) = fds.get(token as usize) {
+                    self.receive_udp(fd, &mut batch, &mut fx);
+                }
+            }
+            let now = self.now();
+            if self.engine.next_deadline().is_some_and(|d| d <= now) {
+                self.engine.on_tick(now, &mut fx);
+            }
+            if self.streams.next_deadline().is_some_and(|d| d <= now) {
+                self.streams.on_tick(now);
+            }
+            self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
         }
         // Let the last messages out before the thread ends.
         self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
     }
 
-    /// Handles ready connections and listeners, and resets the mailbox's eventfd; UDP
-    /// sockets are read by the loop itself. True if a connection had something.
-    fn on_events(&mut self, events: &[epoll::Event], fx: &mut Effects) -> bool {
-        let mut busy = false;
-        for ev in events {
-            if streams::owns(ev.u64) {
-                busy = true;
-                let now = self.now();
-                self.streams
-                    .on_event(now, ev, &mut self.engine, fx, &self.epoll);
-            } else if ev.u64 == MAILBOX {
-                let mut counter = [0u8; 8];
-                // SAFETY: reading 8 bytes into a live buffer from our eventfd.
-                unsafe {
-                    libc::read(
-                        self.mailbox.wake.as_raw_fd(),
-                        counter.as_mut_ptr().cast(),
-                        8,
-                    )
-                };
-            }
+    /// Takes mail from other workers. The eventfd is reset first, so mail sent while the
+    /// channel drains wakes the next wait.
+    fn drain_mailbox(&mut self, fx: &mut Effects) {
+        let mut counter = [0u8; 8];
+        // SAFETY: reading 8 bytes into a live buffer from our eventfd.
+        unsafe {
+            libc::read(
+                self.mailbox.wake.as_raw_fd(),
+                counter.as_mut_ptr().cast(),
+                8,
+            )
+        };
+        while let Ok(mail) = self.mailbox.rx.try_recv() {
+            let now = self.now();
+            self.engine.on_mail(now, mail, fx);
         }
-        busy
+    }
+
+    /// One `recvmmsg` batch from a UDP socket the wait found readable.
+    fn receive_udp(&mut self, fd: RawFd, batch: &mut RecvBatch, fx: &mut Effects) {
+        match batch.recv(fd) {
+            Ok(0) => {}
+            Ok(n) => {
+                let now = self.now();
+                self.coalescer.record(now, n);
+                for i in 0..n {
+                    if let Some((source, data)) = batch.get(i) {
+                        self.engine.on_datagram(now, Peer::udp(source), data, fx);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("receive failed: {e}"),
+        }
     }
 
     fn flush(

@@ -102,51 +102,60 @@ impl StreamConn {
         true
     }
 
-    /// Reads what the socket holds into `inbuf` (through TLS when there is TLS).
+    /// Reads what the socket holds into `inbuf` (through TLS when there is TLS). A read
+    /// shorter than `scratch` means the socket was drained, so the usual extra read that
+    /// only returns EAGAIN is skipped (a later arrival raises a new edge).
     pub fn read(&mut self, scratch: &mut [u8]) -> ReadEnd {
-        let retry = |e: &io::Error| e.kind() == io::ErrorKind::Interrupted;
-        let drained = |e: &io::Error| {
-            e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOTCONN)
-        };
-        let Some(tls) = &mut self.tls else {
-            loop {
-                match self.stream.read(scratch) {
-                    Ok(0) => return ReadEnd::Closed,
-                    Ok(n) => self.inbuf.extend_from_slice(&scratch[..n]),
-                    Err(e) if drained(&e) => return ReadEnd::Drained,
-                    Err(e) if retry(&e) => {}
-                    Err(_) => return ReadEnd::Closed,
-                }
-            }
-        };
         loop {
-            let eof = match tls.read_tls(&mut self.stream) {
-                Ok(0) => true,
-                Ok(_) => false,
-                Err(e) if drained(&e) => return ReadEnd::Drained,
-                Err(e) if retry(&e) => continue,
+            let n = match self.stream.read(scratch) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadEnd::Drained,
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return ReadEnd::Drained,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return ReadEnd::Closed,
             };
-            if let Err(e) = tls.process_new_packets() {
-                // Tell the peer why (the alert rustls queued), then give up on it.
-                let _ = tls.write_tls(&mut self.stream);
-                return ReadEnd::TlsError(e.to_string());
-            }
+            let Some(tls) = &mut self.tls else {
+                if n == 0 {
+                    return ReadEnd::Closed;
+                }
+                self.inbuf.extend_from_slice(&scratch[..n]);
+                if n < scratch.len() {
+                    return ReadEnd::Drained;
+                }
+                continue;
+            };
+            let mut wire = &scratch[..n];
             loop {
-                match tls.reader().read(scratch) {
-                    Ok(0) => return ReadEnd::Closed,
-                    Ok(n) => self.inbuf.extend_from_slice(&scratch[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // An empty slice tells rustls the peer closed.
+                if let Err(e) = tls.read_tls(&mut wire) {
+                    return ReadEnd::TlsError(e.to_string());
+                }
+                if let Err(e) = tls.process_new_packets() {
+                    // Tell the peer why (the alert rustls queued), then give up on it.
+                    let _ = tls.write_tls(&mut self.stream);
+                    return ReadEnd::TlsError(e.to_string());
+                }
+                if n == 0 && tls.is_handshaking() {
+                    return ReadEnd::TlsError(
+                        "the peer closed the connection during the handshake".into(),
+                    );
+                }
+                match tls.reader().read_to_end(&mut self.inbuf) {
+                    // The peer sent close_notify.
+                    Ok(_) => return ReadEnd::Closed,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     // Closed without close_notify, or a broken record: either way, gone.
                     Err(_) => return ReadEnd::Closed,
                 }
+                if wire.is_empty() {
+                    break;
+                }
             }
-            if eof {
-                return if tls.is_handshaking() {
-                    ReadEnd::TlsError("the peer closed the connection during the handshake".into())
-                } else {
-                    ReadEnd::Closed
-                };
+            if n == 0 {
+                return ReadEnd::Closed;
+            }
+            if n < scratch.len() {
+                return ReadEnd::Drained;
             }
         }
     }
