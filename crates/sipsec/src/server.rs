@@ -16,24 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Raises the open-file limit to its hard maximum: every TCP or TLS connection is a
-/// descriptor, and the usual soft limit of 1024 would cap a server at about that many.
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a live rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 pub fn run(cfg: Config) -> Result<()> {
-    raise_fd_limit();
+    crate::net::raise_fd_limit();
     let cfg = Arc::new(cfg);
     let tls_server = match cfg.listen.iter().any(|l| l.transport == Transport::Tls) {
         true => Some(cfg.tls.server()?),

@@ -263,21 +263,6 @@ fn the_four_seed_000_modes_over_tls_with_sipsec_load() {
     assert_eq!(n(&u, "uas_answered"), calls * modes.len() as u64, "{u}");
 }
 
-/// Lifts this process's open-file limit to its hard maximum (the flood needs 2,000).
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a live rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 /// A TCP connection to `to` from the address `ip`.
 fn connect_from(ip: &str, to: &str) -> Option<TcpStream> {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
@@ -414,7 +399,7 @@ fn hostile_peers_are_refused_or_timed_out_and_counted_while_calls_go_on() {
     // A flood of idle connections from one host (127.0.0.5), more than
     // max_connections_per_ip (1500, 750 per worker), held open while real calls from
     // another host run over TCP and TLS.
-    raise_fd_limit();
+    sipsec::net::raise_fd_limit();
     let flood: Vec<TcpStream> = (0..2000)
         .filter_map(|_| connect_from("127.0.0.5", tcp_addr))
         .collect();

@@ -8,8 +8,10 @@
 //! figures come from the same load and the same arithmetic.
 
 pub mod cpu;
+pub mod streams;
 
 use crate::load::{self, report::Summary, LoadArgs};
+use crate::transport::Transport;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde::Serialize;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 
 /// Where the default bench topology puts things (as `../shared/bench/kamailio/compare.py`).
 const SERVER: &str = "127.0.0.1:35060";
+const SERVER_TLS: &str = "127.0.0.1:35061";
 const UAC_IP: &str = "127.0.0.2";
 const UAS: &str = "127.0.0.3:35080";
 
@@ -91,6 +94,8 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
     #[arg(long, short)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub streams: streams::StreamArgs,
 }
 
 /// The bench report (`--json`).
@@ -98,6 +103,12 @@ pub struct BenchArgs {
 pub struct Report {
     pub server: String,
     pub scenario: String,
+    pub transport: String,
+    /// Seed 000's connection mode (TCP and TLS).
+    pub mode: String,
+    pub mutual_tls: bool,
+    pub tls_resumption: bool,
+    pub idle_connections: usize,
     pub rate: f64,
     pub ops: u64,
     pub server_cpu_us_per_op: f64,
@@ -127,12 +138,27 @@ impl Drop for Started {
     }
 }
 
-fn default_config(dir: &Path, stateless: bool) -> String {
+/// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
+/// 35061 for TLS runs), routing calls to the UAS over the bench's transport.
+fn default_config(dir: &Path, stateless: bool, s: &streams::StreamArgs, tls_dir: &Path) -> String {
+    let tls_listen = if s.transport == Transport::Tls {
+        format!(", \"tls:{SERVER_TLS}\"")
+    } else {
+        String::new()
+    };
+    let extra = s.server_config(tls_dir);
+    let (server_extra, tls_table) = match extra.find("[tls]") {
+        Some(i) => extra.split_at(i),
+        None => (extra.as_str(), ""),
+    };
     format!(
-        "[server]\nlisten = [\"udp:{SERVER}\"]\ndomains = [\"bench.test\"]\nmode = \"proxy\"\n\
-         stateful = {}\nrecord_route = true\nworkers = 1\n[routing]\n\
-         default_route = \"sip:{UAS};transport=udp\"\n[database]\nurl = \"sqlite://{}\"\n",
+        "[server]\nlisten = [\"udp:{SERVER}\", \"tcp:{SERVER}\"{tls_listen}]\n\
+         domains = [\"bench.test\"]\nmode = \"proxy\"\n\
+         stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
+         default_route = \"sip:{UAS};transport={}\"\n[database]\nurl = \"sqlite://{}\"\n\
+         {tls_table}",
         !stateless,
+        s.transport,
         dir.join("bench.db").display()
     )
 }
@@ -164,13 +190,14 @@ fn start_sipsec(config: &Path, dir: tempfile::TempDir, cpu: usize) -> Result<Sta
     Ok(Started { child, _dir: dir })
 }
 
-/// The first UDP listen address of a sipsec config.
-fn config_target(path: &Path) -> Result<SocketAddr> {
+/// Where a sipsec config listens for `transport`.
+fn config_listen(path: &Path, transport: Transport) -> Result<SocketAddr> {
     let cfg = crate::config::Config::load(path)?;
     cfg.listen
-        .first()
+        .iter()
+        .find(|l| l.transport == transport)
         .map(|l| l.addr)
-        .context("the config listens nowhere")
+        .with_context(|| format!("the config has no {transport} listener"))
 }
 
 /// Builds load options the way the command line would, so defaults stay in one place.
@@ -193,7 +220,19 @@ pub fn run(a: BenchArgs) -> Result<Report> {
     if a.server_cpu >= cpus || a.load_cpu >= cpus {
         bail!("--server-cpu and --load-cpu must be below {cpus} (the CPUs online)");
     }
+    let s = &a.streams;
+    let certs_dir = tempfile::tempdir()?;
+    let tls_dir = match &s.tls_dir {
+        Some(d) => d.clone(),
+        None => {
+            if s.transport == Transport::Tls {
+                streams::make_certs(certs_dir.path())?;
+            }
+            certs_dir.path().to_path_buf()
+        }
+    };
     let mut started = None;
+    let mut idle_to = None;
     let (target, pids_root, server) = if !a.server_pid.is_empty() {
         for &p in &a.server_pid {
             cpu::check_alive(p)?;
@@ -202,6 +241,12 @@ pub fn run(a: BenchArgs) -> Result<Report> {
             .target
             .clone()
             .context("--server-pid needs --target ip:port (where that server listens)")?;
+        if s.idle_connections > 0 {
+            let t = crate::transport::Peer::parse(&target)
+                .filter(|p| p.transport == Transport::Tcp)
+                .context("--idle-connections with --server-pid needs a tcp: --target")?;
+            idle_to = Some(t.addr);
+        }
         (target, a.server_pid.clone(), "external".to_string())
     } else {
         let dir = tempfile::tempdir()?;
@@ -209,14 +254,17 @@ pub fn run(a: BenchArgs) -> Result<Report> {
             Some(p) => p.clone(),
             None => {
                 let p = dir.path().join("sipsec.toml");
-                std::fs::write(&p, default_config(dir.path(), a.stateless))?;
+                std::fs::write(&p, default_config(dir.path(), a.stateless, s, &tls_dir))?;
                 p
             }
         };
         let target = match &a.target {
             Some(t) => t.clone(),
-            None => config_target(&config)?.to_string(),
+            None => format!("{}:{}", s.transport, config_listen(&config, s.transport)?),
         };
+        if s.idle_connections > 0 {
+            idle_to = Some(config_listen(&config, Transport::Tcp)?);
+        }
         let s = start_sipsec(&config, dir, a.server_cpu)?;
         let pid = s.child.id();
         started = Some(s);
@@ -249,8 +297,18 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         words.extend(["--domain", d].map(String::from));
     }
     if a.scenario == BenchScenario::Call {
-        words.extend(["--role", "both", "--uas", &a.uas].map(String::from));
+        let uas = match s.transport {
+            Transport::Udp => a.uas.clone(),
+            t => format!("{t}:{}", a.uas),
+        };
+        words.extend([
+            "--role".to_string(),
+            "both".to_string(),
+            "--uas".to_string(),
+            uas,
+        ]);
     }
+    words.extend(s.load_words(&tls_dir));
     if let Some(u) = &a.users {
         words.extend(["--users".to_string(), u.display().to_string()]);
     }
@@ -290,9 +348,19 @@ pub fn run(a: BenchArgs) -> Result<Report> {
             a.calls
         );
     }
+    let idle = match idle_to {
+        Some(to) => {
+            let held = streams::open_idle(to, s.idle_connections)?;
+            // Let the server accept them all before measuring.
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            held
+        }
+        None => Vec::new(),
+    };
     let (server0, own0) = (cpu::cpu_of(&pids), cpu::own_cpu());
     let summary = load::execute(&plan, &mut bound, &stop)?;
     let (server1, own1) = (cpu::cpu_of(&pids), cpu::own_cpu());
+    drop(idle);
     let used = server1.since(server0);
     let ops = summary.succeeded;
     let per_op = |s: f64| if ops == 0 { 0.0 } else { s * 1e6 / ops as f64 };
@@ -309,6 +377,11 @@ pub fn run(a: BenchArgs) -> Result<Report> {
     let report = Report {
         server,
         scenario: scenario.into(),
+        transport: s.transport.to_string(),
+        mode: format!("{:?}", s.mode).to_lowercase(),
+        mutual_tls: s.mutual,
+        tls_resumption: s.tls_resumption == "on",
+        idle_connections: s.idle_connections,
         rate: a.rate,
         ops,
         server_cpu_us_per_op: per_op(used.total_s()),

@@ -1,0 +1,146 @@
+//! Bench options for TCP and TLS: the transport, both sides' connection policies (seed 000's
+//! four modes), mutual TLS and resumption, and idle connections held open during the run —
+//! turned into the started server's config and the load generator's options, so one bench
+//! command sets up one mode.
+
+use crate::config::OutboundConnections;
+use crate::transport::Transport;
+use anyhow::{Context, Result};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+
+/// Seed 000's connection modes, as (caller's connections, proxy's outbound connections).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SeedMode {
+    /// Persistent connections on both sides (proxy to proxy).
+    Chain,
+    /// A connection per call from the callers; one reused connection onwards.
+    Outbound,
+    /// One connection in; a connection per call onwards.
+    Inbound,
+    /// A connection per call on both sides.
+    Local,
+}
+
+impl SeedMode {
+    pub fn caller_per_call(self) -> bool {
+        matches!(self, SeedMode::Outbound | SeedMode::Local)
+    }
+
+    pub fn outbound(self) -> OutboundConnections {
+        match self {
+            SeedMode::Inbound | SeedMode::Local => OutboundConnections::PerCall,
+            _ => OutboundConnections::Reuse,
+        }
+    }
+}
+
+/// `sipsec bench` transport options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StreamArgs {
+    /// Transport of the calls, both sides of the proxy.
+    #[arg(long, value_enum, default_value = "udp")]
+    pub transport: Transport,
+    /// Seed 000's connection mode over TCP and TLS (ignored for UDP).
+    #[arg(long, value_enum, default_value = "chain")]
+    pub mode: SeedMode,
+    /// TLS: the proxy demands client certificates and the UAS demands the proxy's.
+    #[arg(long)]
+    pub mutual: bool,
+    /// TLS session resumption (tickets and session IDs) on every side.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub tls_resumption: String,
+    /// TLS key-exchange group on every side (seed 000 and the crypto floor: P-256).
+    #[arg(long, default_value = "secp256r1")]
+    pub tls_key_exchange: String,
+    /// Certificates made by `sipsec certs` (server.pem valid for 127.0.0.1 to 127.0.0.3);
+    /// default: made here for the run.
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
+    /// TCP connections opened to the server and held idle during the measured run.
+    #[arg(long, default_value_t = 0)]
+    pub idle_connections: usize,
+}
+
+/// Makes certificates for the bench topology (server, caller and UAS addresses) in `dir`.
+pub fn make_certs(dir: &Path) -> Result<()> {
+    crate::certs::run(&crate::certs::CertsArgs {
+        out: dir.to_path_buf(),
+        key: crate::certs::KeyKind::EcdsaP256,
+        names: ["localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3"]
+            .map(String::from)
+            .to_vec(),
+        client_name: "sipsec-bench".into(),
+        new_ca: false,
+    })
+    .map(|_| ())
+}
+
+impl StreamArgs {
+    /// Extra `[server]` keys and the `[tls]` table for the started server.
+    pub fn server_config(&self, tls_dir: &Path) -> String {
+        let outbound = match self.mode.outbound() {
+            OutboundConnections::Reuse => "reuse",
+            OutboundConnections::PerCall => "per-call",
+        };
+        let mut text = format!("outbound_connections = \"{outbound}\"\n");
+        if self.transport == Transport::Tls {
+            let p = |f: &str| tls_dir.join(f).display().to_string();
+            text += &format!(
+                "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nclient_auth = \"{}\"\n\
+                 session_resumption = {}\nkey_exchange = [\"{}\"]\n",
+                p(crate::certs::SERVER),
+                p(crate::certs::SERVER_KEY),
+                p(crate::certs::CA),
+                if self.mutual { "required" } else { "none" },
+                self.tls_resumption == "on",
+                self.tls_key_exchange
+            );
+        }
+        text
+    }
+
+    /// Load generator options for this transport and mode.
+    pub fn load_words(&self, tls_dir: &Path) -> Vec<String> {
+        let mut w = vec!["--transport".to_string(), self.transport.to_string()];
+        if self.transport == Transport::Udp {
+            return w;
+        }
+        let connection = if self.mode.caller_per_call() {
+            "per-call"
+        } else {
+            "persistent"
+        };
+        w.extend(["--connection".to_string(), connection.to_string()]);
+        if self.transport == Transport::Tls {
+            let p = |f: &str| tls_dir.join(f).display().to_string();
+            w.extend([
+                "--tls-ca".to_string(),
+                p(crate::certs::CA),
+                "--tls-cert".to_string(),
+                p(crate::certs::SERVER),
+                "--tls-key".to_string(),
+                p(crate::certs::SERVER_KEY),
+                "--tls-resumption".to_string(),
+                self.tls_resumption.clone(),
+                "--tls-key-exchange".to_string(),
+                self.tls_key_exchange.clone(),
+            ]);
+            if self.mutual {
+                w.extend(["--tls-client-auth".to_string(), "required".to_string()]);
+            }
+        }
+        w
+    }
+}
+
+/// Opens `n` TCP connections to `to` and returns them, to be held idle.
+pub fn open_idle(to: SocketAddr, n: usize) -> Result<Vec<TcpStream>> {
+    crate::net::raise_fd_limit();
+    (0..n)
+        .map(|i| {
+            TcpStream::connect(to)
+                .with_context(|| format!("idle connection {} of {n} to {to}", i + 1))
+        })
+        .collect()
+}
