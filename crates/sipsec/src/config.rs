@@ -511,5 +511,27 @@ mod tests {
         assert!(err("[registrar]\nmin_expires = 100\nmax_expires = 50")
             .contains("registrar.min_expires"));
         assert!(err("[server]\nworkers = \"two\"").contains("workers"));
+        assert!(err("[server]\nlisten = [\"tls:127.0.0.1:5061\"]").contains("tls.cert"));
+        assert!(err("[tls]\ncert = \"c.pem\"").contains("tls.cert and tls.key"));
+        assert!(
+            err("[server]\noutbound_connections = \"sometimes\"").contains("outbound_connections")
+        );
+        assert!(err("[server]\nidle_timeout_s = 0").contains("server.idle_timeout_s"));
+        assert!(err("[server]\nmessage_timeout_ms = 5").contains("server.message_timeout_ms"));
+        assert!(err("[tls]\nclient_auth = \"always\"").contains("client_auth"));
+    }
+
+    #[test]
+    fn stream_settings_are_split_per_worker() {
+        let c = Config::from_toml(
+            "[server]\nworkers = 2\noutbound_connections = \"per-call\"\nmax_connections = 1001\n\
+             max_connections_per_ip = 10\nidle_timeout_s = 30",
+        )
+        .unwrap();
+        assert_eq!(c.streams.outbound, OutboundConnections::PerCall);
+        assert_eq!(c.streams.max_connections_per_worker, 501);
+        assert_eq!(c.streams.max_per_ip_per_worker, 5);
+        assert_eq!(c.streams.idle_timeout_ms, 30_000);
+        assert!(c.tls.protocol.session_resumption && c.tls.verify_server);
     }
 }
