@@ -4,17 +4,26 @@
 pub mod conn;
 pub mod epoll;
 
-/// Lifts the open-file limit to its hard maximum: every TCP or TLS connection is a
-/// descriptor, and the usual soft limit of 1024 would cap a server (or a bench holding idle
-/// connections) at about that many.
+/// Lifts the open-file limit: every TCP or TLS connection is a descriptor, and the usual soft
+/// limit of 1024 would cap a server (or a bench holding idle connections) at about that many.
+/// With the privilege to, the hard limit is raised too (to 1,048,576, the kernel's default
+/// `nr_open`); otherwise the soft limit goes up to the hard one.
 pub fn raise_fd_limit() {
+    const WANTED: libc::rlim_t = 1 << 20;
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit/setrlimit with a live rlimit struct.
+    // SAFETY: getrlimit/setrlimit with live rlimit structs.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= WANTED {
+            return;
+        }
+        let raised = libc::rlimit {
+            rlim_cur: WANTED,
+            rlim_max: WANTED.max(lim.rlim_max),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
             lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
