@@ -163,20 +163,6 @@ impl Streams {
         })
     }
 
-    /// Open connections.
-    pub fn len(&self) -> usize {
-        self.open
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.open == 0
-    }
-
-    /// Whether there is anything to watch at all (no listener and no connection: UDP only).
-    pub fn active(&self) -> bool {
-        !self.listeners.is_empty() || self.open > 0
-    }
-
     /// The next time [`Streams::on_tick`] has work.
     pub fn next_deadline(&self) -> Option<Millis> {
         self.timers.next_deadline()

@@ -59,7 +59,7 @@ default_route = \"sip:{uas};transport=udp\"\n[database]\nurl = \"sqlite://{}\"\n
 #[test]
 fn bench_starts_sipsec_and_reports_cpu_per_call() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(48000);
+    let port = ports(28000);
     let uas = format!("127.0.0.3:{}", port + 1);
     let path = dir.path().join("sipsec.toml");
     std::fs::write(&path, config(port, &uas, dir.path())).unwrap();
@@ -73,7 +73,7 @@ fn bench_starts_sipsec_and_reports_cpu_per_call() {
 #[test]
 fn bench_measures_a_running_server_by_pid() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(48000);
+    let port = ports(28000);
     let uas = format!("127.0.0.3:{}", port + 1);
     let server = Server::start(dir.path(), &config(port, &uas, dir.path()));
     let pid = server.child.id().to_string();

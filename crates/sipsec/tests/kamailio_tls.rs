@@ -161,7 +161,7 @@ fn sipsec_and_kamailio_chained_over_tls_both_ways_with_and_without_client_certif
     }
     let dir = tempfile::tempdir().unwrap();
     let f = make_certs(dir.path());
-    let base = ports(48400);
+    let base = ports(29400);
     let uas_port = base;
     let uas = LoadUas::start(
         dir.path(),
@@ -236,7 +236,7 @@ fn a_kamailio_without_a_client_certificate_is_refused_when_one_is_required() {
     }
     let dir = tempfile::tempdir().unwrap();
     let _ = make_certs(dir.path());
-    let base = ports(48400) + 7;
+    let base = ports(29400) + 7;
     let (sipsec_port, kamailio_port) = (base, base + 1);
     // No UAS: the calls must not get past sipsec's handshake.
     let server = Server::start_logged(

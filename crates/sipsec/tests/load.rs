@@ -40,7 +40,7 @@ fn load_calls_a_sipp_uas() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(47000);
+    let port = ports(27000);
     let _uas = sipp_uas(
         "127.0.0.3",
         port,
@@ -71,7 +71,7 @@ fn sipp_calls_the_load_uas() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(47000);
+    let port = ports(27000);
     let addr = format!("127.0.0.3:{port}");
     let uas = LoadUas::start(dir.path(), &addr, &[]);
     let r = sipp_client(
@@ -103,7 +103,7 @@ fn sipp_calls_the_load_uas() {
 #[test]
 fn calls_through_the_stateful_proxy_and_a_short_peak_search() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(47000);
+    let port = ports(27000);
     let uas = format!("127.0.0.3:{}", port + 1);
     let _server = Server::start(dir.path(), &proxy_config(port, &uas, dir.path(), "proxy"));
     let target = format!("127.0.0.1:{port}");
@@ -147,7 +147,7 @@ fn calls_through_the_stateful_proxy_and_a_short_peak_search() {
 #[test]
 fn users_register_then_are_redirected_to_their_contact() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(47000);
+    let port = ports(27000);
     let uas = format!("127.0.0.3:{}", port + 1);
     let _server = Server::start(
         dir.path(),
@@ -223,7 +223,7 @@ fn users_register_then_are_redirected_to_their_contact() {
 #[test]
 fn options_to_the_server_itself() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(47000);
+    let port = ports(27000);
     let _server = Server::start(
         dir.path(),
         &proxy_config(port, "127.0.0.3:9", dir.path(), "proxy"),
@@ -251,7 +251,7 @@ fn digest_answers_are_accepted_by_sipp_and_wrong_passwords_fail() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(47000);
+    let port = ports(27000);
     let _uas = sipp_uas("127.0.0.3", port, &scenario("uas_digest_register.xml"));
     let target = format!("127.0.0.3:{port}");
     let good = dir.path().join("good.csv");
@@ -297,7 +297,7 @@ fn failures_are_reported_by_reason() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(47000);
+    let port = ports(27000);
     let _uas = sipp_uas("127.0.0.3", port, &scenario("uas_busy.xml"));
     let (code, v, _) = load(
         dir.path(),
@@ -381,7 +381,7 @@ fn tcp_calls_both_ways_with_sipp_and_per_call_connections() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(47000);
+    let port = ports(27000);
     // Our caller over one persistent TCP connection to SIPp's callee.
     let uas = sipp_uas_with("127.0.0.3", port, &["-sn", "uas", "-t", "t1"]);
     let target = format!("tcp:127.0.0.3:{port}");
@@ -450,7 +450,7 @@ fn tcp_calls_both_ways_with_sipp_and_per_call_connections() {
 fn tls_calls_count_full_and_resumed_handshakes_in_each_connection_mode() {
     let dir = tempfile::tempdir().unwrap();
     let f = make_certs(dir.path());
-    let port = ports(47100);
+    let port = ports(27100);
     let addr = format!("tls:127.0.0.1:{port}");
     let (cert, key, ca) = (f("server.pem"), f("server-key.pem"), f("ca.pem"));
     let uas = LoadUas::start(dir.path(), &addr, &["--tls-cert", &cert, "--tls-key", &key]);
@@ -501,7 +501,7 @@ fn tls_calls_count_full_and_resumed_handshakes_in_each_connection_mode() {
 fn tls_client_certificates_and_untrusted_servers() {
     let dir = tempfile::tempdir().unwrap();
     let f = make_certs(dir.path());
-    let port = ports(47100) + 1;
+    let port = ports(27100) + 1;
     let addr = format!("tls:127.0.0.1:{port}");
     let uas = LoadUas::start(
         dir.path(),

@@ -79,7 +79,7 @@ fn thousand_calls_through(stateful: bool) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(41000);
+    let port = ports(21000);
     let uas_port = port + 1;
     let _uas = sipp_uas(
         "127.0.0.3",
@@ -123,7 +123,7 @@ fn sipp_registers_then_calls_the_registered_user() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(42000);
+    let port = ports(22000);
     let uas_port = port + 1;
     let _uas = sipp_uas(
         "127.0.0.3",
@@ -171,7 +171,7 @@ fn sipp_is_redirected_to_the_registered_contact() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(43000);
+    let port = ports(23000);
     let config = server_config(port, dir.path(), "mode = \"redirect\"\nworkers = 1");
     let server = Server::start(dir.path(), &config);
     let target = format!("127.0.0.1:{port}");
@@ -228,7 +228,7 @@ Content-Length: 0\r\n\r\n",
 #[test]
 fn a_restart_loses_no_registration() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(44000);
+    let port = ports(24000);
     let config = server_config(port, dir.path(), "workers = 2");
     let proxy = format!("127.0.0.1:{port}");
     let carol = Endpoint::bind("127.0.0.5:0");
@@ -306,7 +306,7 @@ To: <sip:localhost>\r\nCall-ID: defaults\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\
 #[test]
 fn hostile_datagrams_do_not_stall_the_server() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(45000);
+    let port = ports(25000);
     let config = server_config(port, dir.path(), "workers = 2");
     let server = Server::start(dir.path(), &config);
     let proxy = format!("127.0.0.1:{port}");
@@ -345,7 +345,7 @@ To: <sip:x@x>\r\nCall-ID: alive\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nConten
 #[test]
 fn ipv6_requests_and_responses_are_proxied() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(46000);
+    let port = ports(26000);
     let uas = Endpoint::bind("[::1]:0");
     let caller = Endpoint::bind("[::1]:0");
     let config = format!(

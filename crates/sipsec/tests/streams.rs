@@ -70,7 +70,7 @@ fn sipp_over_tcp(outbound: &str) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(48000) + if outbound == "reuse" { 0 } else { 5 };
+    let port = ports(29000) + if outbound == "reuse" { 0 } else { 5 };
     let uas_port = port + 1;
     let _uas = sipp_uas_with(
         "127.0.0.3",
@@ -145,7 +145,7 @@ struct Mode {
 fn the_four_seed_000_modes_over_tls_with_sipsec_load() {
     let dir = tempfile::tempdir().unwrap();
     let f = make_certs(dir.path());
-    let port = ports(48100);
+    let port = ports(29100);
     let uas_addr = format!("tls:127.0.0.1:{}", port + 1);
     let (cert, key, ca) = (f("server.pem"), f("server-key.pem"), f("ca.pem"));
     // The callee demands client certificates, so the proxy must present its own.
@@ -298,7 +298,7 @@ fn hostile_peers_are_refused_or_timed_out_and_counted_while_calls_go_on() {
     let f = make_certs(dir.path());
     let other = tempfile::tempdir().unwrap();
     let g = make_certs(other.path());
-    let port = ports(48200);
+    let port = ports(29200);
     let (tcp, tls) = (
         format!("tcp:127.0.0.1:{port}"),
         format!("tls:127.0.0.1:{}", port + 1),

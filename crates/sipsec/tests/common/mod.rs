@@ -15,6 +15,8 @@ pub mod load;
 pub use load::*;
 
 /// Ports for one test: distinct per test in this process, and per test binary via `base`.
+/// Bases stay below 32768, the kernel's ephemeral range, so a listener never collides with
+/// the source port of some test's outgoing connection.
 pub fn ports(base: u16) -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     base + NEXT.fetch_add(10, Ordering::Relaxed)
@@ -96,7 +98,8 @@ impl Server {
             .unwrap();
         assert!(
             banner.starts_with("sipsec listening on"),
-            "unexpected banner: {banner:?}"
+            "unexpected banner: {banner:?}; log: {}",
+            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
         );
         Server {
             child,
