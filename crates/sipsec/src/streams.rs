@@ -89,6 +89,16 @@ struct Conn {
     dirty: bool,
 }
 
+impl Conn {
+    /// When the connection's time runs out: its pending handshake or message, else idleness.
+    fn deadline(&self, cfg: &StreamConfig) -> Millis {
+        match self.pending_since {
+            Some(t) => t + cfg.message_timeout_ms,
+            None => self.last_active + cfg.idle_timeout_ms,
+        }
+    }
+}
+
 /// Why a connection was closed.
 #[derive(Debug, Clone, Copy)]
 enum Close {
@@ -313,7 +323,7 @@ impl Streams {
             closing: false,
             dirty: false,
         };
-        let at = self.deadline(&c);
+        let at = c.deadline(&self.cfg);
         c.timer = Some(self.timers.insert(at, slot));
         c.timer_at = at;
         self.conns[slot] = Some(c);
@@ -321,25 +331,16 @@ impl Streams {
         Ok(slot)
     }
 
-    /// When a connection's time runs out: its pending handshake or message, else idleness.
-    fn deadline(&self, c: &Conn) -> Millis {
-        match c.pending_since {
-            Some(t) => t + self.cfg.message_timeout_ms,
-            None => c.last_active + self.cfg.idle_timeout_ms,
-        }
-    }
-
     /// Moves a connection's timer earlier if its deadline now is (later deadlines are found
     /// when the timer fires).
     fn rearm_if_earlier(&mut self, slot: usize) {
-        let Some(c) = self.conns[slot].as_ref() else {
+        let Some(c) = self.conns[slot].as_mut() else {
             return;
         };
-        let at = self.deadline(c);
+        let at = c.deadline(&self.cfg);
         if at >= c.timer_at {
             return;
         }
-        let c = self.conns[slot].as_mut().expect("checked above");
         if let Some(h) = c.timer.take() {
             self.timers.cancel(h);
         }
@@ -565,12 +566,8 @@ impl Streams {
             if self.by_call.get(&key) == Some(&slot) {
                 self.by_call.remove(&key);
             }
-            // Mark it dirty even with nothing queued, so the flush closes it.
-            let c = self.conns[slot].as_mut().expect("checked above");
-            if !c.dirty {
-                c.dirty = true;
-                self.dirty.push(slot);
-            }
+            // Marked dirty even with nothing queued, so the flush closes it.
+            self.mark_dirty(slot);
         }
     }
 
@@ -611,10 +608,7 @@ impl Streams {
                 continue;
             };
             c.timer = None;
-            let at = match c.pending_since {
-                Some(t) => t + self.cfg.message_timeout_ms,
-                None => c.last_active + self.cfg.idle_timeout_ms,
-            };
+            let at = c.deadline(&self.cfg);
             if at > now {
                 c.timer = Some(self.timers.insert(at, slot));
                 c.timer_at = at;

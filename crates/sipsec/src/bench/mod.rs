@@ -146,11 +146,7 @@ fn default_config(dir: &Path, stateless: bool, s: &streams::StreamArgs, tls_dir:
     } else {
         String::new()
     };
-    let extra = s.server_config(tls_dir);
-    let (server_extra, tls_table) = match extra.find("[tls]") {
-        Some(i) => extra.split_at(i),
-        None => (extra.as_str(), ""),
-    };
+    let (server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
     format!(
         "[server]\nlisten = [\"udp:{SERVER}\", \"tcp:{SERVER}\"{tls_listen}]\n\
          domains = [\"bench.test\"]\nmode = \"proxy\"\n\

@@ -77,13 +77,18 @@ pub fn make_certs(dir: &Path) -> Result<()> {
 }
 
 impl StreamArgs {
-    /// Extra `[server]` keys and the `[tls]` table for the started server.
-    pub fn server_config(&self, tls_dir: &Path) -> String {
+    /// The `[server]` keys of this mode for the started server.
+    pub fn server_keys(&self) -> String {
         let outbound = match self.mode.outbound() {
             OutboundConnections::Reuse => "reuse",
             OutboundConnections::PerCall => "per-call",
         };
-        let mut text = format!("outbound_connections = \"{outbound}\"\n");
+        format!("outbound_connections = \"{outbound}\"\n")
+    }
+
+    /// The `[tls]` table for the started server (empty unless the transport is TLS).
+    pub fn tls_table(&self, tls_dir: &Path) -> String {
+        let mut text = String::new();
         if self.transport == Transport::Tls {
             let p = |f: &str| tls_dir.join(f).display().to_string();
             text += &format!(
