@@ -1,17 +1,19 @@
-//! The crypto floor of a TLS call: server-side CPU per handshake, in memory, with the same
-//! rustls configurations `sipsec` builds (the `tls` module) and certificates from `sipsec
-//! certs`. Only the server's calls are timed (thread CPU time around them), so the figure is
-//! what a proxy pays per accepted connection, without sockets or the client's share.
+//! The crypto floor of a TLS call: CPU per handshake, in memory, with the same configurations
+//! `sipsec` builds (the `tls` module, either backend) and certificates from `sipsec certs`.
+//! Each side's calls are timed apart (thread CPU time around them), so the server column is
+//! what a proxy pays per connection it accepts and the client column what it pays per
+//! connection it opens, without sockets.
 //!
 //!     cargo run --release --example tls_floor [HANDSHAKES=2000]
+//!     cargo run --release --features openssl --example tls_floor   # + seed 000's suite
 //!
 //! The bars compare the TLS cost per call above TCP with this floor.
 
-use rustls::{ClientConnection, ServerConnection};
 use sipsec::certs::{self, CertsArgs, KeyKind};
-use sipsec::tls::{self, ClientAuth, ClientSide, Protocol, ServerSide};
+use sipsec::tls::{
+    self, Backend, ClientAuth, ClientSide, ClientTls, Protocol, ServerSide, ServerTls, Session,
+};
 use std::path::Path;
-use std::sync::Arc;
 
 /// CPU time of the calling thread, in seconds.
 fn thread_cpu() -> f64 {
@@ -24,84 +26,74 @@ fn thread_cpu() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-/// Moves the client's bytes into the server, timing the server's work.
-fn to_server(c: &mut ClientConnection, s: &mut ServerConnection, server_s: &mut f64) -> bool {
+/// Moves `from`'s bytes into `to`, timing each side's share; true when there were some.
+fn pump(from: &mut Session, to: &mut Session, from_s: &mut f64, to_s: &mut f64) -> bool {
     let mut bytes = Vec::new();
-    while c.wants_write() {
-        c.write_tls(&mut bytes).unwrap();
-    }
     let t = thread_cpu();
-    let mut rd = &bytes[..];
-    while !rd.is_empty() {
-        s.read_tls(&mut rd).unwrap();
-        s.process_new_packets().unwrap();
+    while from.wants_write() {
+        from.write_to(&mut bytes).unwrap();
     }
-    *server_s += thread_cpu() - t;
+    let t2 = thread_cpu();
+    *from_s += t2 - t;
+    if !bytes.is_empty() {
+        to.receive(&bytes, &mut Vec::new()).unwrap();
+    }
+    *to_s += thread_cpu() - t2;
     !bytes.is_empty()
 }
 
-/// Moves the server's bytes to the client, timing the server's writing.
-fn to_client(s: &mut ServerConnection, c: &mut ClientConnection, server_s: &mut f64) -> bool {
-    let mut bytes = Vec::new();
-    let t = thread_cpu();
-    while s.wants_write() {
-        s.write_tls(&mut bytes).unwrap();
-    }
-    *server_s += thread_cpu() - t;
-    let mut rd = &bytes[..];
-    while !rd.is_empty() {
-        c.read_tls(&mut rd).unwrap();
-        c.process_new_packets().unwrap();
-    }
-    !bytes.is_empty()
-}
-
-/// Server CPU per handshake (µs) over `n` handshakes; the first (which fills the client's
-/// session cache) is not counted. Returns also how many resumed.
-fn measure(
-    client: &Arc<rustls::ClientConfig>,
-    server: &Arc<rustls::ServerConfig>,
-    n: usize,
-) -> (f64, usize) {
+/// Server and client CPU per handshake (µs) over `n` handshakes; the first (which fills the
+/// client's session cache) is not counted. Returns also how many resumed.
+fn measure(client: &ClientTls, server: &ServerTls, n: usize) -> (f64, f64, usize) {
     let name = tls::server_name(None, "127.0.0.1".parse().unwrap()).unwrap();
-    let mut server_s = 0.0;
+    let (mut server_s, mut client_s) = (0.0, 0.0);
     let mut resumed = 0;
     for i in 0..=n {
-        let mut c = ClientConnection::new(client.clone(), name.clone()).unwrap();
+        let (mut s_spent, mut c_spent) = (0.0, 0.0);
         let t = thread_cpu();
-        let mut s = ServerConnection::new(server.clone()).unwrap();
-        let mut spent = thread_cpu() - t;
-        while to_server(&mut c, &mut s, &mut spent) | to_client(&mut s, &mut c, &mut spent) {}
+        let mut c = client.connect(name.clone()).unwrap();
+        let t2 = thread_cpu();
+        let mut s = server.accept().unwrap();
+        s_spent += thread_cpu() - t2;
+        c_spent += t2 - t;
+        while pump(&mut c, &mut s, &mut c_spent, &mut s_spent)
+            | pump(&mut s, &mut c, &mut s_spent, &mut c_spent)
+        {}
         assert!(!c.is_handshaking() && !s.is_handshaking());
         if i > 0 {
-            server_s += spent;
-            resumed += usize::from(c.handshake_kind() == Some(rustls::HandshakeKind::Resumed));
+            server_s += s_spent;
+            client_s += c_spent;
+            resumed += usize::from(c.handshake_kind() == Some(tls::HandshakeKind::Resumed));
         }
     }
-    (server_s / n as f64 * 1e6, resumed)
+    let per = |s: f64| s / n as f64 * 1e6;
+    (per(server_s), per(client_s), resumed)
 }
 
 fn configs(
     dir: &Path,
+    backend: Backend,
+    suite: Option<&str>,
     group: &str,
     version: &str,
     client_cert: bool,
     resumption: bool,
-) -> (Arc<rustls::ClientConfig>, Arc<rustls::ServerConfig>) {
+) -> (ClientTls, ServerTls) {
     let protocol = Protocol {
+        backend,
         versions: vec![version.into()],
-        cipher_suites: Vec::new(),
+        cipher_suites: suite.into_iter().map(String::from).collect(),
         key_exchange: vec![group.into()],
         session_resumption: resumption,
     };
-    let client = tls::client_config(&ClientSide {
+    let client = tls::client(&ClientSide {
         ca: Some(dir.join(certs::CA)),
         no_verify: false,
         identity: client_cert.then(|| (dir.join(certs::CLIENT), dir.join(certs::CLIENT_KEY))),
         protocol: protocol.clone(),
     })
     .unwrap();
-    let server = tls::server_config(&ServerSide {
+    let server = tls::server(&ServerSide {
         cert: dir.join(certs::SERVER),
         key: dir.join(certs::SERVER_KEY),
         ca: Some(dir.join(certs::CA)),
@@ -114,6 +106,109 @@ fn configs(
     })
     .unwrap();
     (client, server)
+}
+
+/// One row: a label, the backend, the suite (None: the backend's defaults), the group, the
+/// version, a client certificate, resumption.
+type Row = (
+    &'static str,
+    Backend,
+    Option<&'static str>,
+    &'static str,
+    &'static str,
+    bool,
+    bool,
+);
+
+fn rows(key: KeyKind) -> Vec<Row> {
+    let r = Backend::Rustls;
+    let mut rows = Vec::new();
+    for group in ["secp256r1", "X25519", "X25519MLKEM768"] {
+        rows.extend([
+            ("TLS 1.3 full", r, None, group, "1.3", false, false),
+            (
+                "TLS 1.3 full, client certificate",
+                r,
+                None,
+                group,
+                "1.3",
+                true,
+                false,
+            ),
+            (
+                "TLS 1.3 resumed (ticket, PSK-DHE)",
+                r,
+                None,
+                group,
+                "1.3",
+                false,
+                true,
+            ),
+        ]);
+        if group != "X25519MLKEM768" {
+            // A TLS 1.3 group only.
+            rows.extend([
+                ("TLS 1.2 full", r, None, group, "1.2", false, false),
+                ("TLS 1.2 resumed", r, None, group, "1.2", false, true),
+            ]);
+        }
+    }
+    if cfg!(feature = "openssl") {
+        let o = Backend::Openssl;
+        rows.extend([
+            (
+                "OpenSSL TLS 1.3 full",
+                o,
+                None,
+                "secp256r1",
+                "1.3",
+                false,
+                false,
+            ),
+            (
+                "OpenSSL TLS 1.3 resumed",
+                o,
+                None,
+                "secp256r1",
+                "1.3",
+                false,
+                true,
+            ),
+        ]);
+        if key == KeyKind::Rsa2048 {
+            let seed = Some("TLS_RSA_WITH_AES_128_CBC_SHA");
+            rows.extend([
+                (
+                    "seed 000: RSA kx, AES128-SHA, full",
+                    o,
+                    seed,
+                    "secp256r1",
+                    "1.2",
+                    false,
+                    false,
+                ),
+                (
+                    "seed 000 suite, client certificate",
+                    o,
+                    seed,
+                    "secp256r1",
+                    "1.2",
+                    true,
+                    false,
+                ),
+                (
+                    "seed 000 suite, resumed",
+                    o,
+                    seed,
+                    "secp256r1",
+                    "1.2",
+                    false,
+                    true,
+                ),
+            ]);
+        }
+    }
+    rows
 }
 
 fn main() {
@@ -130,22 +225,26 @@ fn main() {
             new_ca: true,
         })
         .unwrap();
-        for group in ["secp256r1", "X25519", "X25519MLKEM768"] {
-            println!("{key:?} certificates, {group} key exchange, server CPU per handshake over {n} handshakes:");
-            for (label, version, client_cert, resumption) in [
-                ("TLS 1.3 full", "1.3", false, false),
-                ("TLS 1.3 full, client certificate", "1.3", true, false),
-                ("TLS 1.3 resumed (ticket, PSK-DHE)", "1.3", false, true),
-                ("TLS 1.2 full", "1.2", false, false),
-                ("TLS 1.2 resumed", "1.2", false, true),
-            ] {
-                if version == "1.2" && group == "X25519MLKEM768" {
-                    continue; // a TLS 1.3 group only
-                }
-                let (client, server) = configs(dir.path(), group, version, client_cert, resumption);
-                let (us, resumed) = measure(&client, &server, n);
-                println!("  {label:<36} {us:8.1} µs   ({resumed}/{n} resumed)");
-            }
+        println!("{key:?} certificates, CPU per handshake over {n} handshakes (µs):");
+        println!(
+            "  {:<38} {:<15} {:>8} {:>8}",
+            "", "key exchange", "server", "client"
+        );
+        for (label, backend, suite, group, version, client_cert, resumption) in rows(key) {
+            let (client, server) = configs(
+                dir.path(),
+                backend,
+                suite,
+                group,
+                version,
+                client_cert,
+                resumption,
+            );
+            let (server_us, client_us, resumed) = measure(&client, &server, n);
+            let group = if suite.is_some() { "RSA" } else { group };
+            println!(
+                "  {label:<38} {group:<15} {server_us:8.1} {client_us:8.1}   ({resumed}/{n} resumed)"
+            );
         }
     }
 }

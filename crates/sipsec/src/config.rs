@@ -148,6 +148,7 @@ struct RawTls {
     cipher_suites: Vec<String>,
     key_exchange: Vec<String>,
     verify_server: bool,
+    backend: crate::tls::Backend,
 }
 
 impl Default for RawTls {
@@ -162,6 +163,7 @@ impl Default for RawTls {
             cipher_suites: Vec::new(),
             key_exchange: Vec::new(),
             verify_server: true,
+            backend: crate::tls::Backend::Rustls,
         }
     }
 }
@@ -180,12 +182,12 @@ pub struct TlsConfig {
 }
 
 impl TlsConfig {
-    /// The rustls server configuration for `tls:` listeners.
-    pub fn server(&self) -> Result<std::sync::Arc<rustls::ServerConfig>> {
+    /// The server side of `tls:` listeners.
+    pub fn server(&self) -> Result<crate::tls::ServerTls> {
         let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
             bail!("tls: a tls listener needs tls.cert and tls.key");
         };
-        crate::tls::server_config(&crate::tls::ServerSide {
+        crate::tls::server(&crate::tls::ServerSide {
             cert: cert.clone(),
             key: key.clone(),
             ca: self.ca.clone(),
@@ -195,22 +197,18 @@ impl TlsConfig {
         .context("tls")
     }
 
-    /// The rustls client configuration for TLS connections we open.
-    pub fn client(&self) -> Result<std::sync::Arc<rustls::ClientConfig>> {
-        crate::tls::client_config(&crate::tls::ClientSide {
+    /// The client side of TLS connections we open.
+    pub fn client(&self) -> Result<crate::tls::ClientTls> {
+        if self.ca.is_none() && self.verify_server {
+            bail!("tls: opening TLS connections needs tls.ca, or tls.verify_server = false");
+        }
+        crate::tls::client(&crate::tls::ClientSide {
             ca: self.ca.clone(),
             no_verify: !self.verify_server,
             identity: self.cert.clone().zip(self.key.clone()),
             protocol: self.protocol.clone(),
         })
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "tls: {}",
-                e.to_string()
-                    .replace("(--tls-ca)", "(tls.ca)")
-                    .replace("--tls-no-verify", "tls.verify_server = false")
-            )
-        })
+        .context("tls")
     }
 }
 
@@ -410,6 +408,7 @@ impl Config {
             client_auth: t.client_auth,
             verify_server: t.verify_server,
             protocol: crate::tls::Protocol {
+                backend: t.backend,
                 versions: t.versions,
                 cipher_suites: t.cipher_suites,
                 key_exchange: t.key_exchange,
@@ -519,6 +518,7 @@ mod tests {
         assert!(err("[server]\nidle_timeout_s = 0").contains("server.idle_timeout_s"));
         assert!(err("[server]\nmessage_timeout_ms = 5").contains("server.message_timeout_ms"));
         assert!(err("[tls]\nclient_auth = \"always\"").contains("client_auth"));
+        assert!(err("[tls]\nbackend = \"gnutls\"").contains("backend"));
     }
 
     #[test]
@@ -533,5 +533,8 @@ mod tests {
         assert_eq!(c.streams.max_per_ip_per_worker, 5);
         assert_eq!(c.streams.idle_timeout_ms, 30_000);
         assert!(c.tls.protocol.session_resumption && c.tls.verify_server);
+        assert_eq!(c.tls.protocol.backend, crate::tls::Backend::Rustls);
+        let c = Config::from_toml("[tls]\nbackend = \"openssl\"").unwrap();
+        assert_eq!(c.tls.protocol.backend, crate::tls::Backend::Openssl);
     }
 }

@@ -25,8 +25,8 @@ use crate::engine::stats::{inc, LogLimiter, Stats};
 use crate::engine::{Effects, Engine};
 use crate::net::conn::{Framed, ReadEnd, StreamConn};
 use crate::net::epoll::{self, Epoll, Event};
+use crate::tls::{ClientTls, HandshakeKind, ServerTls, Session};
 use crate::transport::{ConnId, Peer, Transport};
-use rustls::{ClientConfig, ServerConfig};
 use sip_core::timer::{Millis, TimerHandle, TimerWheel};
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
@@ -126,8 +126,8 @@ pub struct Streams {
     timers: TimerWheel<usize>,
     expired: Vec<usize>,
     dirty: Vec<usize>,
-    tls_server: Option<Arc<ServerConfig>>,
-    tls_client: Option<Arc<ClientConfig>>,
+    tls_server: Option<ServerTls>,
+    tls_client: Option<ClientTls>,
     scratch: Vec<u8>,
     framed: Framed,
     stats: Arc<Stats>,
@@ -142,8 +142,8 @@ impl Streams {
         cfg: StreamConfig,
         max_message: usize,
         listeners: Vec<(Transport, TcpListener)>,
-        tls_server: Option<Arc<ServerConfig>>,
-        tls_client: Option<Arc<ClientConfig>>,
+        tls_server: Option<ServerTls>,
+        tls_client: Option<ClientTls>,
         stats: Arc<Stats>,
         epoll: &Epoll,
     ) -> io::Result<Streams> {
@@ -251,8 +251,8 @@ impl Streams {
             }
             let _ = stream.set_nodelay(true);
             let tls = match (transport, &self.tls_server) {
-                (Transport::Tls, Some(cfg)) => match rustls::ServerConnection::new(cfg.clone()) {
-                    Ok(c) => Some(rustls::Connection::Server(c)),
+                (Transport::Tls, Some(cfg)) => match cfg.accept() {
+                    Ok(session) => Some(session),
                     Err(e) => {
                         inc(&self.stats.tls_failures);
                         if self.log.allow(now) {
@@ -290,7 +290,7 @@ impl Streams {
         transport: Transport,
         stream: TcpStream,
         remote: SocketAddr,
-        tls: Option<rustls::Connection>,
+        tls: Option<Session>,
         call: Option<u64>,
         pending_since: Option<Millis>,
         epoll: &Epoll,
@@ -357,7 +357,7 @@ impl Streams {
         if !c.established {
             if let Some(kind) = c.io.handshake_kind() {
                 c.established = true;
-                inc(if kind == rustls::HandshakeKind::Resumed {
+                inc(if kind == HandshakeKind::Resumed {
                     &self.stats.tls_handshakes_resumed
                 } else {
                     &self.stats.tls_handshakes_full
@@ -512,9 +512,7 @@ impl Streams {
                 })?;
                 let name = crate::tls::server_name(None, to.addr.ip())
                     .map_err(|e| io::Error::other(e.to_string()))?;
-                let c = rustls::ClientConnection::new(cfg.clone(), name)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                Some(rustls::Connection::Client(c))
+                Some(cfg.connect(name).map_err(io::Error::other)?)
             }
             Transport::Tcp => None,
             Transport::Udp => return Err(io::Error::other("UDP is not a stream")),
@@ -561,7 +559,7 @@ impl Streams {
             c.closing = true;
             let key = (c.transport, c.io.remote, h);
             if let Some(tls) = &mut c.io.tls {
-                tls.send_close_notify();
+                tls.close_notify();
             }
             if self.by_call.get(&key) == Some(&slot) {
                 self.by_call.remove(&key);

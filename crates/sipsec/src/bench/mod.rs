@@ -108,6 +108,9 @@ pub struct Report {
     pub mode: String,
     pub mutual_tls: bool,
     pub tls_resumption: bool,
+    pub tls_backend: String,
+    /// The cipher suite every side was limited to, if one was.
+    pub tls_cipher_suite: Option<String>,
     pub idle_connections: usize,
     pub rate: f64,
     pub ops: u64,
@@ -222,7 +225,7 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         Some(d) => d.clone(),
         None => {
             if s.transport == Transport::Tls {
-                streams::make_certs(certs_dir.path())?;
+                streams::make_certs(certs_dir.path(), s.tls_cert_type)?;
             }
             certs_dir.path().to_path_buf()
         }
@@ -377,6 +380,8 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         mode: format!("{:?}", s.mode).to_lowercase(),
         mutual_tls: s.mutual,
         tls_resumption: s.tls_resumption == "on",
+        tls_backend: format!("{:?}", s.tls_backend).to_lowercase(),
+        tls_cipher_suite: s.tls_cipher_suite.clone(),
         idle_connections: s.idle_connections,
         rate: a.rate,
         ops,

@@ -53,6 +53,21 @@ pub struct StreamArgs {
     /// TLS key-exchange group on every side (seed 000 and the crypto floor: P-256).
     #[arg(long, default_value = "secp256r1")]
     pub tls_key_exchange: String,
+    /// TLS library on every side: rustls, or openssl (the `openssl` feature) for seed 000's
+    /// suite.
+    #[arg(long, value_enum, default_value = "rustls")]
+    pub tls_backend: crate::tls::Backend,
+    /// The one cipher suite every side offers (default: the backend's set). Seed 000's:
+    /// `--tls-backend openssl --tls-cipher-suite TLS_RSA_WITH_AES_128_CBC_SHA --tls-cert-type
+    /// rsa2048`.
+    #[arg(long)]
+    pub tls_cipher_suite: Option<String>,
+    /// The one TLS version every side offers, 1.2 or 1.3 (default: both).
+    #[arg(long)]
+    pub tls_version: Option<String>,
+    /// Key type of the certificates made for the run.
+    #[arg(long, value_enum, default_value = "ecdsa-p256")]
+    pub tls_cert_type: crate::certs::KeyKind,
     /// Certificates made by `sipsec certs` (server.pem valid for 127.0.0.1 to 127.0.0.3);
     /// default: made here for the run.
     #[arg(long)]
@@ -63,10 +78,10 @@ pub struct StreamArgs {
 }
 
 /// Makes certificates for the bench topology (server, caller and UAS addresses) in `dir`.
-pub fn make_certs(dir: &Path) -> Result<()> {
+pub fn make_certs(dir: &Path, key: crate::certs::KeyKind) -> Result<()> {
     crate::certs::run(&crate::certs::CertsArgs {
         out: dir.to_path_buf(),
-        key: crate::certs::KeyKind::EcdsaP256,
+        key,
         names: ["localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3"]
             .map(String::from)
             .to_vec(),
@@ -101,6 +116,14 @@ impl StreamArgs {
                 self.tls_resumption == "on",
                 self.tls_key_exchange
             );
+            let backend = format!("{:?}", self.tls_backend).to_lowercase();
+            text += &format!("backend = \"{backend}\"\n");
+            if let Some(suite) = &self.tls_cipher_suite {
+                text += &format!("cipher_suites = [\"{suite}\"]\n");
+            }
+            if let Some(version) = &self.tls_version {
+                text += &format!("versions = [\"{version}\"]\n");
+            }
         }
         text
     }
@@ -133,6 +156,14 @@ impl StreamArgs {
             ]);
             if self.mutual {
                 w.extend(["--tls-client-auth".to_string(), "required".to_string()]);
+            }
+            let backend = format!("{:?}", self.tls_backend).to_lowercase();
+            w.extend(["--tls-backend".to_string(), backend]);
+            if let Some(suite) = &self.tls_cipher_suite {
+                w.extend(["--tls-cipher-suite".to_string(), suite.clone()]);
+            }
+            if let Some(version) = &self.tls_version {
+                w.extend(["--tls-version".to_string(), version.clone()]);
             }
         }
         w

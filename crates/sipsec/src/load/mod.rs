@@ -117,7 +117,12 @@ pub struct LoadArgs {
     /// TLS versions to offer: 1.2, 1.3 (repeatable; default both).
     #[arg(long = "tls-version", value_delimiter = ',')]
     pub tls_versions: Vec<String>,
-    /// Cipher suites to offer, by rustls name (repeatable; default rustls's set).
+    /// TLS library: rustls, or openssl (built with the `openssl` feature) for seed 000's
+    /// TLS_RSA_WITH_AES_128_CBC_SHA.
+    #[arg(long, value_enum, default_value = "rustls")]
+    pub tls_backend: tls::Backend,
+    /// Cipher suites to offer, by rustls name, or with OpenSSL also the IANA or OpenSSL name
+    /// (repeatable; default the backend's set).
     #[arg(long = "tls-cipher-suite", value_delimiter = ',')]
     pub tls_cipher_suites: Vec<String>,
     /// Key-exchange groups to offer: X25519, secp256r1, secp384r1, X25519MLKEM768
@@ -219,6 +224,7 @@ fn route_source(target: SocketAddr) -> Result<IpAddr> {
 /// The TLS configurations of a run: a client side for the caller, a server side for the UAS.
 fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<stream::StreamTls> {
     let protocol = tls::Protocol {
+        backend: args.tls_backend,
         versions: args.tls_versions.clone(),
         cipher_suites: args.tls_cipher_suites.clone(),
         key_exchange: args.tls_key_exchange.clone(),
@@ -227,13 +233,19 @@ fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<stream::Str
     let identity = args.tls_cert.clone().zip(args.tls_key.clone());
     let mut out = stream::StreamTls::default();
     if caller {
+        if args.tls_ca.is_none() && !args.tls_no_verify {
+            bail!(
+                "TLS needs a CA to verify the server's certificate (--tls-ca), or an explicit \
+                 --tls-no-verify"
+            );
+        }
         let side = tls::ClientSide {
             ca: args.tls_ca.clone(),
             no_verify: args.tls_no_verify,
             identity: identity.clone(),
             protocol: protocol.clone(),
         };
-        out.client = Some((tls::client_config(&side)?, args.tls_server_name.clone()));
+        out.client = Some((tls::client(&side)?, args.tls_server_name.clone()));
     }
     if callee {
         let (cert, key) = identity.context(
@@ -251,7 +263,7 @@ fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<stream::Str
                 ..protocol
             },
         };
-        out.server = Some(tls::server_config(&side)?);
+        out.server = Some(tls::server(&side)?);
     }
     Ok(out)
 }
@@ -300,6 +312,7 @@ impl Plan {
             || !args.tls_versions.is_empty()
             || !args.tls_cipher_suites.is_empty()
             || !args.tls_key_exchange.is_empty()
+            || args.tls_backend != tls::Backend::Rustls
             || args.tls_client_auth != tls::ClientAuth::None;
         if tls_options && transport != Transport::Tls {
             bail!("the --tls-* options need --transport tls");

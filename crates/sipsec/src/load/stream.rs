@@ -4,8 +4,9 @@
 //! in on. Messages are framed by Content-Length (RFC 3261 §18.3); CRLF keep-alives are
 //! skipped and a double-CRLF ping is answered.
 //!
-//! TLS is rustls driven by hand over the same non-blocking sockets (`read_tls`/`write_tls`),
-//! so one loop serves both and the handshakes, full or resumed, are counted where they happen.
+//! TLS is a `tls::Session` (rustls, or OpenSSL with the `openssl` feature) fed by hand from the
+//! same non-blocking sockets, so one loop serves both and the handshakes, full or resumed, are
+//! counted where they happen.
 //!
 //! Link numbering: link 0 means "the caller's connection to this address" (found or opened
 //! here); link n ≥ 1 is connection n−1 itself, which is how the UA answers on the connection a
@@ -14,13 +15,12 @@
 use super::driver::{pollfd, LinkCounters, Links};
 use super::ua::{self, Peer, Transmit, Ua};
 use crate::net::conn::{Framed, ReadEnd, StreamConn};
-use rustls::{ClientConfig, ServerConfig};
+use crate::tls::{ClientTls, HandshakeKind, ServerTls, Session};
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 
 /// Largest message accepted from a stream.
 const MAX_MESSAGE: usize = 65_535;
@@ -36,7 +36,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(stream: TcpStream, remote: SocketAddr, tls: Option<rustls::Connection>) -> Conn {
+    fn new(stream: TcpStream, remote: SocketAddr, tls: Option<Session>) -> Conn {
         Conn {
             io: StreamConn::new(stream, remote, tls),
             handshake_done: false,
@@ -50,8 +50,8 @@ impl Conn {
 /// server's certificate against (default: the address), the callee's server configuration.
 #[derive(Clone, Default)]
 pub struct StreamTls {
-    pub client: Option<(Arc<ClientConfig>, Option<String>)>,
-    pub server: Option<Arc<ServerConfig>>,
+    pub client: Option<(ClientTls, Option<String>)>,
+    pub server: Option<ServerTls>,
 }
 
 /// TCP links: a listener for the UAS, connections both ways.
@@ -141,9 +141,7 @@ impl TcpLinks {
             Some((cfg, name)) => {
                 let name = crate::tls::server_name(name.as_deref(), remote.ip())
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-                let c = rustls::ClientConnection::new(cfg.clone(), name)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                Some(rustls::Connection::Client(c))
+                Some(cfg.connect(name).map_err(io::Error::other)?)
             }
             None => None,
         };
@@ -209,8 +207,8 @@ impl TcpLinks {
             }
             let _ = stream.set_nodelay(true);
             let tls = match &self.tls.server {
-                Some(cfg) => match rustls::ServerConnection::new(cfg.clone()) {
-                    Ok(c) => Some(rustls::Connection::Server(c)),
+                Some(cfg) => match cfg.accept() {
+                    Ok(session) => Some(session),
                     Err(e) => {
                         tracing::debug!("TLS for a connection from {remote} failed: {e}");
                         self.counters.connection_errors += 1;
@@ -258,9 +256,9 @@ impl TcpLinks {
         }
         c.handshake_done = true;
         let n = &mut self.counters;
-        match (&**tls, tls.handshake_kind()) {
-            (rustls::Connection::Server(_), _) => n.tls_accepted_handshakes += 1,
-            (_, Some(rustls::HandshakeKind::Resumed)) => n.tls_resumed_handshakes += 1,
+        match (tls.is_server(), tls.handshake_kind()) {
+            (true, _) => n.tls_accepted_handshakes += 1,
+            (_, Some(HandshakeKind::Resumed)) => n.tls_resumed_handshakes += 1,
             _ => n.tls_full_handshakes += 1,
         }
     }

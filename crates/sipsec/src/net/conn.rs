@@ -1,8 +1,9 @@
-//! One TCP or TLS connection's bytes: plaintext queued out, bytes read in, TLS (rustls driven
-//! by hand with `read_tls`/`write_tls` over the non-blocking socket, so one loop serves TCP and
-//! TLS alike and handshakes are seen where they finish), and stream framing (RFC 3261 §18.3
-//! by Content-Length, RFC 5626 CRLF keep-alives).
+//! One TCP or TLS connection's bytes: plaintext queued out, bytes read in, TLS (a
+//! `tls::Session` fed the socket's bytes by hand, so one loop serves TCP and TLS alike, with
+//! either TLS backend, and handshakes are seen where they finish), and stream framing
+//! (RFC 3261 §18.3 by Content-Length, RFC 5626 CRLF keep-alives).
 
+use crate::tls::{Received, Session};
 use sip_core::message::framing::{next_frame, Frame};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -11,7 +12,7 @@ pub struct StreamConn {
     pub stream: TcpStream,
     pub remote: SocketAddr,
     /// TLS state; plaintext goes through it instead of `outbuf`.
-    pub tls: Option<Box<rustls::Connection>>,
+    pub tls: Option<Box<Session>>,
     /// Received plaintext not yet framed. Empty (and unallocated) on an idle connection.
     pub inbuf: Vec<u8>,
     outbuf: Vec<u8>,
@@ -42,7 +43,7 @@ pub struct Framed {
 }
 
 impl StreamConn {
-    pub fn new(stream: TcpStream, remote: SocketAddr, tls: Option<rustls::Connection>) -> Self {
+    pub fn new(stream: TcpStream, remote: SocketAddr, tls: Option<Session>) -> Self {
         StreamConn {
             stream,
             remote,
@@ -55,10 +56,7 @@ impl StreamConn {
     /// Queues plaintext for the peer.
     pub fn queue(&mut self, data: &[u8]) {
         match &mut self.tls {
-            // rustls buffers plaintext written before the handshake ends.
-            Some(tls) => {
-                let _ = tls.writer().write_all(data);
-            }
+            Some(tls) => tls.send(data),
             None => self.outbuf.extend_from_slice(data),
         }
     }
@@ -74,7 +72,7 @@ impl StreamConn {
         };
         if let Some(tls) = &mut self.tls {
             while tls.wants_write() {
-                match tls.write_tls(&mut self.stream) {
+                match tls.write_to(&mut self.stream) {
                     Ok(0) => return false,
                     Ok(_) => {}
                     Err(e) if would_wait(&e) => return true,
@@ -124,35 +122,22 @@ impl StreamConn {
                 }
                 continue;
             };
-            let mut wire = &scratch[..n];
-            loop {
-                // An empty slice tells rustls the peer closed.
-                if let Err(e) = tls.read_tls(&mut wire) {
-                    return ReadEnd::TlsError(e.to_string());
-                }
-                if let Err(e) = tls.process_new_packets() {
-                    // Tell the peer why (the alert rustls queued), then give up on it.
-                    let _ = tls.write_tls(&mut self.stream);
-                    return ReadEnd::TlsError(e.to_string());
-                }
-                if n == 0 && tls.is_handshaking() {
+            if n == 0 {
+                if tls.is_handshaking() {
                     return ReadEnd::TlsError(
                         "the peer closed the connection during the handshake".into(),
                     );
                 }
-                match tls.reader().read_to_end(&mut self.inbuf) {
-                    // The peer sent close_notify.
-                    Ok(_) => return ReadEnd::Closed,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    // Closed without close_notify, or a broken record: either way, gone.
-                    Err(_) => return ReadEnd::Closed,
-                }
-                if wire.is_empty() {
-                    break;
-                }
-            }
-            if n == 0 {
                 return ReadEnd::Closed;
+            }
+            match tls.receive(&scratch[..n], &mut self.inbuf) {
+                Ok(Received::Open) => {}
+                Ok(Received::Closed) => return ReadEnd::Closed,
+                Err(why) => {
+                    // Tell the peer why (the alert the session queued), then give up on it.
+                    let _ = tls.write_to(&mut self.stream);
+                    return ReadEnd::TlsError(why);
+                }
             }
             if n < scratch.len() {
                 return ReadEnd::Drained;
@@ -195,18 +180,14 @@ impl StreamConn {
     }
 
     /// The handshake just finished: how (`None` while it is still running or on TCP).
-    pub fn handshake_kind(&self) -> Option<rustls::HandshakeKind> {
-        let tls = self.tls.as_ref()?;
-        if tls.is_handshaking() {
-            return None;
-        }
-        tls.handshake_kind()
+    pub fn handshake_kind(&self) -> Option<crate::tls::HandshakeKind> {
+        self.tls.as_ref()?.handshake_kind()
     }
 
     /// Sends a TLS close_notify (nothing on TCP) and writes what it can.
     pub fn close_notify(&mut self) {
         if let Some(tls) = &mut self.tls {
-            tls.send_close_notify();
+            tls.close_notify();
         }
         self.flush();
     }

@@ -5,7 +5,12 @@
 //! The crypto provider is aws-lc-rs, rustls's default: its P-256 and RSA code is the faster of
 //! the two rustls ships with, and the handshake is what a TLS call costs (seed 000).
 
+#[cfg(feature = "openssl")]
+mod openssl;
+mod session;
 mod verify;
+
+pub use session::{HandshakeKind, Received, Session};
 
 use anyhow::{bail, Context, Result};
 use rustls::client::{Resumption, Tls12Resumption};
@@ -34,13 +39,27 @@ pub enum ClientAuth {
     Required,
 }
 
+/// Which TLS library speaks for a side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// rustls with aws-lc-rs: TLS 1.2 and 1.3 with forward-secret AEAD suites.
+    #[default]
+    Rustls,
+    /// The system's OpenSSL (cargo feature `openssl`): also the RSA-key-exchange CBC suites
+    /// of seed 000.
+    Openssl,
+}
+
 /// The protocol choices common to both sides.
 #[derive(Debug, Clone, Default)]
 pub struct Protocol {
+    pub backend: Backend,
     /// "1.2" and/or "1.3"; empty means both.
     pub versions: Vec<String>,
-    /// rustls suite names (e.g. `TLS13_AES_128_GCM_SHA256`,
-    /// `TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`); empty means the provider's defaults.
+    /// Suite names (rustls's, e.g. `TLS13_AES_128_GCM_SHA256`,
+    /// `TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256`; with OpenSSL also `TLS_RSA_WITH_AES_128_CBC_SHA`
+    /// or OpenSSL's own names); empty means the backend's defaults.
     pub cipher_suites: Vec<String>,
     /// Key-exchange groups by name (`X25519`, `secp256r1`, `secp384r1`, `X25519MLKEM768`),
     /// in preference order; empty means the provider's defaults.
@@ -170,10 +189,9 @@ pub fn client_config(c: &ClientSide) -> Result<Arc<ClientConfig>> {
             .dangerous()
             .with_custom_certificate_verifier(verify::AnyServer::new()),
         (Some(ca), false) => builder.with_root_certificates(root_store(ca)?),
-        (None, false) => bail!(
-            "TLS needs a CA to verify the server's certificate (--tls-ca), or an explicit \
-             --tls-no-verify"
-        ),
+        (None, false) => {
+            bail!("TLS needs a CA to verify the server's certificate, or verification turned off")
+        }
     };
     let mut cfg = match &c.identity {
         Some((cert, key)) => builder
@@ -221,6 +239,78 @@ pub fn server_config(s: &ServerSide) -> Result<Arc<ServerConfig>> {
         cfg.send_tls13_tickets = 0;
     }
     Ok(Arc::new(cfg))
+}
+
+/// A server-side configuration from either backend, shared by every connection it accepts.
+#[derive(Clone)]
+pub enum ServerTls {
+    Rustls(Arc<ServerConfig>),
+    #[cfg(feature = "openssl")]
+    Openssl(Arc<openssl::Server>),
+}
+
+impl ServerTls {
+    /// A session for a connection just accepted.
+    pub fn accept(&self) -> Result<Session, String> {
+        match self {
+            ServerTls::Rustls(cfg) => rustls::ServerConnection::new(cfg.clone())
+                .map(|c| Session::Rustls(c.into()))
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "openssl")]
+            ServerTls::Openssl(s) => s.accept().map(Session::Openssl),
+        }
+    }
+}
+
+/// A client-side configuration from either backend, with the sessions it may resume.
+#[derive(Clone)]
+pub enum ClientTls {
+    Rustls(Arc<ClientConfig>),
+    #[cfg(feature = "openssl")]
+    Openssl(Arc<openssl::Client>),
+}
+
+impl ClientTls {
+    /// A session for a connection to `name`; its first flight is queued.
+    pub fn connect(&self, name: ServerName<'static>) -> Result<Session, String> {
+        match self {
+            ClientTls::Rustls(cfg) => rustls::ClientConnection::new(cfg.clone(), name)
+                .map(|c| Session::Rustls(c.into()))
+                .map_err(|e| e.to_string()),
+            #[cfg(feature = "openssl")]
+            ClientTls::Openssl(c) => c.connect(&name).map(Session::Openssl),
+        }
+    }
+}
+
+#[cfg(not(feature = "openssl"))]
+fn no_openssl() -> anyhow::Error {
+    anyhow::anyhow!(
+        "this sipsec is built without the OpenSSL backend: build it with `--features openssl` \
+         (needs Debian's libssl-dev)"
+    )
+}
+
+/// The server side, with the backend its protocol names.
+pub fn server(s: &ServerSide) -> Result<ServerTls> {
+    match s.protocol.backend {
+        Backend::Rustls => Ok(ServerTls::Rustls(server_config(s)?)),
+        #[cfg(feature = "openssl")]
+        Backend::Openssl => Ok(ServerTls::Openssl(Arc::new(openssl::server(s)?))),
+        #[cfg(not(feature = "openssl"))]
+        Backend::Openssl => Err(no_openssl()),
+    }
+}
+
+/// The client side, with the backend its protocol names.
+pub fn client(c: &ClientSide) -> Result<ClientTls> {
+    match c.protocol.backend {
+        Backend::Rustls => Ok(ClientTls::Rustls(client_config(c)?)),
+        #[cfg(feature = "openssl")]
+        Backend::Openssl => Ok(ClientTls::Openssl(Arc::new(openssl::client(c)?))),
+        #[cfg(not(feature = "openssl"))]
+        Backend::Openssl => Err(no_openssl()),
+    }
 }
 
 /// The name a client checks the server's certificate against: a DNS name when given, else the

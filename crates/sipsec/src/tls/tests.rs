@@ -18,6 +18,7 @@ fn make_certs(dir: &Path, key: KeyKind, new_ca: bool) {
 
 fn protocol(versions: &[&str], resumption: bool) -> Protocol {
     Protocol {
+        backend: Backend::Rustls,
         versions: versions.iter().map(|v| v.to_string()).collect(),
         cipher_suites: Vec::new(),
         key_exchange: Vec::new(),
@@ -207,7 +208,7 @@ fn configuration_errors_are_explained() {
     let mut side = client_side(dir.path(), false, protocol(&[], true));
     side.ca = None;
     let err = client_config(&side).unwrap_err().to_string();
-    assert!(err.contains("--tls-ca"), "{err}");
+    assert!(err.contains("needs a CA"), "{err}");
 
     let err = client_config(&client_side(dir.path(), false, protocol(&["1.1"], true)))
         .unwrap_err()
@@ -263,4 +264,209 @@ fn the_chosen_key_exchange_group_is_the_one_negotiated() {
             .map(|g| format!("{:?}", g.name()));
         assert_eq!(got.as_deref(), Some(group));
     }
+}
+
+/// Moves `from`'s bytes into `to` through the backend-neutral [`Session`]; true when there were
+/// some.
+fn pump_sessions(
+    from: &mut Session,
+    to: &mut Session,
+    plain: &mut Vec<u8>,
+) -> Result<bool, String> {
+    let mut bytes = Vec::new();
+    while from.wants_write() {
+        from.write_to(&mut bytes).unwrap();
+    }
+    if !bytes.is_empty() {
+        to.receive(&bytes, plain)?;
+    }
+    Ok(!bytes.is_empty())
+}
+
+/// A client and a server session after their handshake, by the [`Session`] API the
+/// connection loop uses.
+fn session_pair(client: &ClientTls, server: &ServerTls) -> Result<(Session, Session), String> {
+    let name = server_name(None, "127.0.0.1".parse().unwrap()).unwrap();
+    let mut c = client.connect(name)?;
+    let mut s = server.accept()?;
+    let mut plain = Vec::new();
+    while pump_sessions(&mut c, &mut s, &mut plain)? | pump_sessions(&mut s, &mut c, &mut plain)? {}
+    assert!(plain.is_empty());
+    assert!(!c.is_handshaking() && !s.is_handshaking());
+    Ok((c, s))
+}
+
+/// Plaintext sent each way arrives whole.
+fn exchange(c: &mut Session, s: &mut Session) {
+    let (mut at_server, mut at_client) = (Vec::new(), Vec::new());
+    c.send(b"INVITE sip:b@example.com SIP/2.0\r\n");
+    pump_sessions(c, s, &mut at_server).unwrap();
+    s.send(b"SIP/2.0 200 OK\r\n");
+    pump_sessions(s, c, &mut at_client).unwrap();
+    assert_eq!(at_server, b"INVITE sip:b@example.com SIP/2.0\r\n");
+    assert_eq!(at_client, b"SIP/2.0 200 OK\r\n");
+}
+
+#[test]
+fn sessions_carry_plaintext_and_report_resumption() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, false);
+    let client = super::client(&client_side(dir.path(), false, protocol(&["1.2"], true))).unwrap();
+    let server = super::server(&server_side(
+        dir.path(),
+        ClientAuth::None,
+        protocol(&["1.2"], true),
+    ))
+    .unwrap();
+    let (mut c, mut s) = session_pair(&client, &server).unwrap();
+    assert_eq!(c.handshake_kind(), Some(HandshakeKind::Full));
+    assert!(s.is_server() && !c.is_server());
+    assert_eq!(
+        c.cipher_suite().as_deref(),
+        Some("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384")
+    );
+    exchange(&mut c, &mut s);
+    // Plaintext queued during the handshake goes out once it is over.
+    let name = server_name(None, "127.0.0.1".parse().unwrap()).unwrap();
+    let mut c = client.connect(name).unwrap();
+    c.send(b"early");
+    let mut s = server.accept().unwrap();
+    let mut plain = Vec::new();
+    while pump_sessions(&mut c, &mut s, &mut plain).unwrap()
+        | pump_sessions(&mut s, &mut c, &mut Vec::new()).unwrap()
+    {}
+    assert_eq!(plain, b"early");
+    assert_eq!(c.handshake_kind(), Some(HandshakeKind::Resumed));
+    // close_notify reads as the end of the session.
+    c.close_notify();
+    let mut bytes = Vec::new();
+    c.write_to(&mut bytes).unwrap();
+    assert_eq!(s.receive(&bytes, &mut plain), Ok(Received::Closed));
+    // Garbage is an error, not a panic.
+    let mut s = server.accept().unwrap();
+    assert!(s.receive(b"GET / HTTP/1.1\r\n\r\n", &mut plain).is_err());
+}
+
+#[cfg(not(feature = "openssl"))]
+#[test]
+fn the_openssl_backend_says_how_to_build_it() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, false);
+    let mut p = protocol(&[], true);
+    p.backend = Backend::Openssl;
+    let err = super::server(&server_side(dir.path(), ClientAuth::None, p))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("--features openssl"), "{err}");
+}
+
+/// Seed 000's suite: RSA key exchange, AES-128-CBC, HMAC-SHA1.
+#[cfg(feature = "openssl")]
+fn seed_suite(resumption: bool) -> Protocol {
+    Protocol {
+        backend: Backend::Openssl,
+        versions: vec!["1.2".into()],
+        cipher_suites: vec!["TLS_RSA_WITH_AES_128_CBC_SHA".into()],
+        key_exchange: Vec::new(),
+        session_resumption: resumption,
+    }
+}
+
+#[cfg(feature = "openssl")]
+#[test]
+fn openssl_negotiates_the_seed_suite_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::Rsa2048, true);
+    let client = super::client(&client_side(dir.path(), false, seed_suite(true))).unwrap();
+    let server =
+        super::server(&server_side(dir.path(), ClientAuth::None, seed_suite(true))).unwrap();
+    let (mut c, mut s) = session_pair(&client, &server).unwrap();
+    assert_eq!(
+        c.cipher_suite().as_deref(),
+        Some("TLS_RSA_WITH_AES_128_CBC_SHA")
+    );
+    assert_eq!(
+        s.cipher_suite().as_deref(),
+        Some("TLS_RSA_WITH_AES_128_CBC_SHA")
+    );
+    assert_eq!(c.handshake_kind(), Some(HandshakeKind::Full));
+    exchange(&mut c, &mut s);
+    let (c, s) = session_pair(&client, &server).unwrap();
+    assert_eq!(c.handshake_kind(), Some(HandshakeKind::Resumed));
+    assert_eq!(s.handshake_kind(), Some(HandshakeKind::Resumed));
+
+    // Resumption off on either side: every handshake is full.
+    let fresh = super::client(&client_side(dir.path(), false, seed_suite(false))).unwrap();
+    for _ in 0..2 {
+        let (c, _) = session_pair(&fresh, &server).unwrap();
+        assert_eq!(c.handshake_kind(), Some(HandshakeKind::Full));
+    }
+}
+
+#[cfg(feature = "openssl")]
+#[test]
+fn openssl_checks_certificates_both_ways() {
+    let (ours, theirs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    make_certs(ours.path(), KeyKind::Rsa2048, true);
+    make_certs(theirs.path(), KeyKind::Rsa2048, true);
+    let server = super::server(&server_side(
+        ours.path(),
+        ClientAuth::Required,
+        seed_suite(true),
+    ))
+    .unwrap();
+    // Mutual authentication succeeds with our CA's client certificate ...
+    let good = super::client(&client_side(ours.path(), true, seed_suite(true))).unwrap();
+    session_pair(&good, &server).unwrap();
+    // ... and fails without one, or with a server the client's CA did not sign.
+    let anonymous = super::client(&client_side(ours.path(), false, seed_suite(true))).unwrap();
+    assert!(session_pair(&anonymous, &server).is_err());
+    let stranger = super::client(&client_side(theirs.path(), true, seed_suite(true))).unwrap();
+    let err = session_pair(&stranger, &server).err().unwrap();
+    assert!(err.contains("certificate"), "{err}");
+}
+
+#[cfg(feature = "openssl")]
+#[test]
+fn openssl_and_rustls_interoperate_on_modern_suites() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, true);
+    let mut ossl = protocol(&[], true);
+    ossl.backend = Backend::Openssl;
+    let client = super::client(&client_side(dir.path(), true, ossl.clone())).unwrap();
+    let server = super::server(&server_side(
+        dir.path(),
+        ClientAuth::Required,
+        protocol(&[], true),
+    ))
+    .unwrap();
+    let (mut c, mut s) = session_pair(&client, &server).unwrap();
+    assert_eq!(c.cipher_suite(), s.cipher_suite());
+    exchange(&mut c, &mut s);
+    let client = super::client(&client_side(dir.path(), false, protocol(&[], true))).unwrap();
+    let server = super::server(&server_side(dir.path(), ClientAuth::None, ossl)).unwrap();
+    let (mut c, mut s) = session_pair(&client, &server).unwrap();
+    exchange(&mut c, &mut s);
+}
+
+#[cfg(feature = "openssl")]
+#[test]
+fn openssl_cannot_negotiate_3des() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::Rsa2048, true);
+    let mut p = seed_suite(true);
+    p.cipher_suites = vec!["TLS_RSA_WITH_3DES_EDE_CBC_SHA".into()];
+    // Refused when configured, or at the handshake: either way, with a reason.
+    let refused = super::server(&server_side(dir.path(), ClientAuth::None, p.clone()))
+        .err()
+        .map(|e| format!("{e:#}"))
+        .or_else(|| {
+            let server =
+                super::server(&server_side(dir.path(), ClientAuth::None, p.clone())).ok()?;
+            let client = super::client(&client_side(dir.path(), false, p)).ok()?;
+            session_pair(&client, &server).err()
+        });
+    let why = refused.expect("3DES was negotiated");
+    assert!(why.contains("cipher") || why.contains("DES"), "{why}");
 }
