@@ -34,6 +34,13 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Make a test CA and a server and a client certificate signed by it (PEM files).
     Certs(certs::CertsArgs),
+    /// Bench helper: holds idle TCP connections open in a process of their own (so they do
+    /// not count against the bench's own file limit) until stdin closes.
+    #[command(hide = true)]
+    HoldConnections {
+        to: std::net::SocketAddr,
+        count: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -49,6 +56,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(*args).map(|_| ()),
         Command::Certs(args) => certs::run(&args),
+        Command::HoldConnections { to, count } => bench::streams::hold_idle(to, count),
         Command::Load(args) => {
             let peak = args.find_peak;
             return match load::run(*args) {

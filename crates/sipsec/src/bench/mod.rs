@@ -349,12 +349,12 @@ pub fn run(a: BenchArgs) -> Result<Report> {
     }
     let idle = match idle_to {
         Some(to) => {
-            let held = streams::open_idle(to, s.idle_connections)?;
+            let held = streams::IdleConnections::open(to, s.idle_connections)?;
             // Let the server accept them all before measuring.
             std::thread::sleep(std::time::Duration::from_secs(2));
-            held
+            Some(held)
         }
-        None => Vec::new(),
+        None => None,
     };
     let (server0, own0) = (cpu::cpu_of(&pids), cpu::own_cpu());
     let summary = load::execute(&plan, &mut bound, &stop)?;

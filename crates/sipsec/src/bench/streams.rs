@@ -98,7 +98,12 @@ impl StreamArgs {
             OutboundConnections::Reuse => "reuse",
             OutboundConnections::PerCall => "per-call",
         };
-        format!("outbound_connections = \"{outbound}\"\n")
+        // The idle connections and the calls all come from this host.
+        let per_ip = (self.idle_connections + 10_000).max(100_000);
+        format!(
+            "outbound_connections = \"{outbound}\"\nmax_connections_per_ip = {per_ip}\n\
+             max_connections = {per_ip}\n"
+        )
     }
 
     /// The `[tls]` table for the started server (empty unless the transport is TLS).
@@ -170,13 +175,73 @@ impl StreamArgs {
     }
 }
 
-/// Opens `n` TCP connections to `to` and returns them, to be held idle.
-pub fn open_idle(to: SocketAddr, n: usize) -> Result<Vec<TcpStream>> {
+/// Idle TCP connections held open by a child process (`sipsec hold-connections`): this
+/// machine's hard limit of open files per process would leave the bench itself no room for
+/// its calls. Dropping it closes them.
+pub struct IdleConnections {
+    child: std::process::Child,
+}
+
+impl IdleConnections {
+    /// Opens `n` connections to `to` and returns once all are open.
+    pub fn open(to: SocketAddr, n: usize) -> Result<IdleConnections> {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args(["hold-connections", &to.to_string(), &n.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("start the idle-connection holder")?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().context("the holder's stdout")?;
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        if line.trim() != "ready" {
+            let _ = child.wait();
+            anyhow::bail!("could not open {n} idle connections to {to} (see above)");
+        }
+        Ok(IdleConnections { child })
+    }
+}
+
+impl Drop for IdleConnections {
+    fn drop(&mut self) {
+        // Closing its stdin tells the holder to exit.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// `sipsec hold-connections`: opens `n` TCP connections to `to`, says `ready`, and holds them
+/// until stdin closes.
+pub fn hold_idle(to: SocketAddr, n: usize) -> Result<()> {
+    use std::io::{Read, Write};
     crate::net::raise_fd_limit();
-    (0..n)
+    let held = (0..n)
         .map(|i| {
             TcpStream::connect(to)
                 .with_context(|| format!("idle connection {} of {n} to {to}", i + 1))
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    // Held means still open once the server has seen them all (a server at its connection
+    // limit accepts and closes).
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let mut byte = [0u8; 1];
+    let closed = held
+        .iter()
+        .filter(|c| {
+            let _ = c.set_nonblocking(true);
+            match c.peek(&mut byte) {
+                Ok(n) => n == 0,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            }
+        })
+        .count();
+    if closed > 0 {
+        anyhow::bail!("the server closed {closed} of {n} idle connections (its connection limits?)");
+    }
+    println!("ready");
+    std::io::stdout().flush()?;
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    drop(held);
+    Ok(())
 }
