@@ -234,6 +234,9 @@ pub fn server_config(s: &ServerSide) -> Result<Arc<ServerConfig>> {
     if s.protocol.session_resumption {
         cfg.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE);
         cfg.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
+        // One ticket per connection (rustls sends two): a SIP client opening a connection per
+        // call uses one to resume the next, so the second is only work and bytes.
+        cfg.send_tls13_tickets = 1;
     } else {
         cfg.session_storage = Arc::new(NoServerSessionStorage {});
         cfg.send_tls13_tickets = 0;
@@ -254,7 +257,7 @@ impl ServerTls {
     pub fn accept(&self) -> Result<Session, String> {
         match self {
             ServerTls::Rustls(cfg) => rustls::ServerConnection::new(cfg.clone())
-                .map(|c| Session::Rustls(c.into()))
+                .map(|c| Session::rustls(c.into()))
                 .map_err(|e| e.to_string()),
             #[cfg(feature = "openssl")]
             ServerTls::Openssl(s) => s.accept().map(Session::Openssl),
@@ -275,7 +278,7 @@ impl ClientTls {
     pub fn connect(&self, name: ServerName<'static>) -> Result<Session, String> {
         match self {
             ClientTls::Rustls(cfg) => rustls::ClientConnection::new(cfg.clone(), name)
-                .map(|c| Session::Rustls(c.into()))
+                .map(|c| Session::rustls(c.into()))
                 .map_err(|e| e.to_string()),
             #[cfg(feature = "openssl")]
             ClientTls::Openssl(c) => c.connect(&name).map(Session::Openssl),

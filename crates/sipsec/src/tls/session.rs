@@ -26,6 +26,15 @@ pub enum Received {
 }
 
 impl Session {
+    /// A rustls session whose output is never refused. rustls caps what it buffers for the
+    /// peer (64 KiB by default) and a write past the cap is cut short; a SIP message cut
+    /// short corrupts the stream for every message after it. The connection's owner bounds
+    /// what it queues, as it does for TCP.
+    pub fn rustls(mut connection: rustls::Connection) -> Session {
+        connection.set_buffer_limit(None);
+        Session::Rustls(connection)
+    }
+
     /// Feeds bytes read from the socket; plaintext they complete is appended to `plain`. An
     /// error means the session is over (a bad record, an alert, a refused certificate); the
     /// alert telling the peer why, if any, is queued to be written.
@@ -53,8 +62,9 @@ impl Session {
     pub fn send(&mut self, data: &[u8]) {
         match self {
             Session::Rustls(tls) => {
-                // rustls buffers plaintext written before the handshake ends.
-                let _ = tls.writer().write_all(data);
+                // Unlimited buffers (see `Session::rustls`): this cannot fall short.
+                let written = tls.writer().write_all(data);
+                debug_assert!(written.is_ok(), "rustls refused plaintext: {written:?}");
             }
             #[cfg(feature = "openssl")]
             Session::Openssl(tls) => tls.send(data),

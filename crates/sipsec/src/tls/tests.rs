@@ -470,3 +470,29 @@ fn openssl_cannot_negotiate_3des() {
     let why = refused.expect("3DES was negotiated");
     assert!(why.contains("cipher") || why.contains("DES"), "{why}");
 }
+
+#[test]
+fn a_backlog_beyond_rustls_default_buffer_is_kept_whole() {
+    // A peer that reads slowly lets output pile up; rustls's default 64 KiB cap would cut
+    // messages short and corrupt the stream.
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, false);
+    let client = super::client(&client_side(dir.path(), false, protocol(&[], true))).unwrap();
+    let server = super::server(&server_side(
+        dir.path(),
+        ClientAuth::None,
+        protocol(&[], true),
+    ))
+    .unwrap();
+    let (mut c, mut s) = session_pair(&client, &server).unwrap();
+    let message = |i: usize| format!("MESSAGE {i:06} {}\r\n", "x".repeat(1000));
+    let mut sent = Vec::new();
+    for i in 0..300 {
+        c.send(message(i).as_bytes());
+        sent.extend_from_slice(message(i).as_bytes());
+    }
+    let mut received = Vec::new();
+    pump_sessions(&mut c, &mut s, &mut received).unwrap();
+    assert_eq!(received.len(), sent.len());
+    assert!(received == sent);
+}
