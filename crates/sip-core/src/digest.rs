@@ -264,6 +264,109 @@ impl Challenge {
     }
 }
 
+/// A client's answer to a challenge (`Authorization` / `Proxy-Authorization`), as a server
+/// reads it (RFC 7616 §3.4). Values borrow from the header where they can.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials<'a> {
+    pub username: Cow<'a, [u8]>,
+    pub realm: Cow<'a, [u8]>,
+    pub nonce: Cow<'a, [u8]>,
+    pub uri: Cow<'a, [u8]>,
+    pub response: Cow<'a, [u8]>,
+    pub algorithm: Algorithm,
+    pub cnonce: Option<Cow<'a, [u8]>>,
+    pub opaque: Option<Cow<'a, [u8]>>,
+    /// `qop=auth` was used (then `nc` and `cnonce` are present).
+    pub qop_auth: bool,
+    /// The nonce count, when `qop` was used.
+    pub nc: Option<u32>,
+}
+
+impl<'a> Credentials<'a> {
+    /// Parses credentials. A missing `algorithm` means MD5; `qop` other than `auth` (and `-sess`
+    /// algorithms) are refused; with `qop`, `nc` (8 hex digits) and `cnonce` are required.
+    pub fn parse(value: &'a [u8]) -> Result<Credentials<'a>, DigestError> {
+        let mut username = None;
+        let mut realm = None;
+        let mut nonce = None;
+        let mut uri = None;
+        let mut response = None;
+        let mut algorithm = Algorithm::Md5;
+        let mut cnonce = None;
+        let mut opaque = None;
+        let mut qop = None;
+        let mut nc = None;
+        for (name, v) in parse_params(value)? {
+            if eq_ic(name, b"username") {
+                username = Some(v);
+            } else if eq_ic(name, b"realm") {
+                realm = Some(v);
+            } else if eq_ic(name, b"nonce") {
+                nonce = Some(v);
+            } else if eq_ic(name, b"uri") {
+                uri = Some(v);
+            } else if eq_ic(name, b"response") {
+                response = Some(v);
+            } else if eq_ic(name, b"algorithm") {
+                algorithm = Algorithm::from_token(&v).ok_or(DigestError::UnsupportedAlgorithm)?;
+            } else if eq_ic(name, b"cnonce") {
+                cnonce = Some(v);
+            } else if eq_ic(name, b"opaque") {
+                opaque = Some(v);
+            } else if eq_ic(name, b"qop") {
+                qop = Some(v);
+            } else if eq_ic(name, b"nc") {
+                if v.len() != 8 {
+                    return Err(DigestError::Malformed);
+                }
+                let text = std::str::from_utf8(&v).map_err(|_| DigestError::Malformed)?;
+                nc = Some(u32::from_str_radix(text, 16).map_err(|_| DigestError::Malformed)?);
+            }
+        }
+        let qop_auth = match &qop {
+            None => false,
+            Some(q) if eq_ic(q, b"auth") => true,
+            Some(_) => return Err(DigestError::UnsupportedQop),
+        };
+        if qop_auth && (nc.is_none() || cnonce.is_none()) {
+            return Err(DigestError::Missing("nc and cnonce"));
+        }
+        Ok(Credentials {
+            username: username.ok_or(DigestError::Missing("username"))?,
+            realm: realm.ok_or(DigestError::Missing("realm"))?,
+            nonce: nonce.ok_or(DigestError::Missing("nonce"))?,
+            uri: uri.ok_or(DigestError::Missing("uri"))?,
+            response: response.ok_or(DigestError::Missing("response"))?,
+            algorithm,
+            cnonce,
+            opaque,
+            qop_auth,
+            nc,
+        })
+    }
+
+    /// The response these credentials should carry for `method`, given the user's HA1 (hex).
+    pub fn expected_response(&self, ha1: &str, method: &[u8]) -> String {
+        let ha2 = self.algorithm.hex(&[method, &self.uri]);
+        match (self.qop_auth, self.nc, &self.cnonce) {
+            (true, Some(nc), Some(cnonce)) => {
+                let nc = format!("{nc:08x}");
+                self.algorithm.hex(&[
+                    ha1.as_bytes(),
+                    &self.nonce,
+                    nc.as_bytes(),
+                    cnonce,
+                    b"auth",
+                    ha2.as_bytes(),
+                ])
+            }
+            _ => self
+                .algorithm
+                .hex(&[ha1.as_bytes(), &self.nonce, ha2.as_bytes()]),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,6 +466,63 @@ mod tests {
             let s = br#"Digest realm="a\"b", nonce="x", qop="auth", algorithm=MD5"#;
             let _ = Challenge::parse(&s[..n.min(s.len())]);
         }
+    }
+
+    #[test]
+    fn credentials_are_read_back_and_verified() {
+        let c = Challenge::parse(
+            b"Digest realm=\"example.test\", nonce=\"abc\", qop=\"auth\", algorithm=SHA-256, opaque=\"o\"",
+        )
+        .unwrap();
+        let header = c.authorization("alice", "secret", "INVITE", "sip:bob@example.test", 7, "cn");
+        let value = header.as_bytes();
+        let cred = Credentials::parse(value).unwrap();
+        assert_eq!(&*cred.username, b"alice");
+        assert_eq!(&*cred.realm, b"example.test");
+        assert_eq!(cred.nc, Some(7));
+        assert_eq!(cred.algorithm, Algorithm::Sha256);
+        assert_eq!(cred.opaque.as_deref(), Some(&b"o"[..]));
+        let ha1 = Algorithm::Sha256.ha1("alice", "example.test", "secret");
+        assert_eq!(
+            cred.expected_response(&ha1, b"INVITE").as_bytes(),
+            &*cred.response
+        );
+        // The wrong method or password gives another response.
+        assert_ne!(
+            cred.expected_response(&ha1, b"BYE").as_bytes(),
+            &*cred.response
+        );
+        let wrong = Algorithm::Sha256.ha1("alice", "example.test", "guess");
+        assert_ne!(
+            cred.expected_response(&wrong, b"INVITE").as_bytes(),
+            &*cred.response
+        );
+    }
+
+    #[test]
+    fn bad_credentials_are_errors_not_panics() {
+        let ok = br#"Digest username="u", realm="r", nonce="n", uri="sip:x", response="00", qop=auth, nc=00000001, cnonce="c""#;
+        assert!(Credentials::parse(ok).is_ok());
+        for n in 0..ok.len() {
+            let _ = Credentials::parse(&ok[..n]);
+        }
+        let without = |field: &str| {
+            let text = String::from_utf8_lossy(ok).replace(field, "x-ignored=");
+            Credentials::parse(text.as_bytes()).map(|_| ())
+        };
+        assert_eq!(without("username="), Err(DigestError::Missing("username")));
+        assert_eq!(without("response="), Err(DigestError::Missing("response")));
+        assert_eq!(without("nc="), Err(DigestError::Missing("nc and cnonce")));
+        assert_eq!(
+            Credentials::parse(
+                br#"Digest username="u", realm="r", nonce="n", uri="s", response="0", nc=zz000001"#
+            ),
+            Err(DigestError::Malformed)
+        );
+        assert_eq!(
+            Credentials::parse(br#"Digest username="u", realm="r", nonce="n", uri="s", response="0", qop=auth-int"#),
+            Err(DigestError::UnsupportedQop)
+        );
     }
 
     #[test]

@@ -125,6 +125,99 @@ impl Default for RawRegistrar {
     }
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawAuth {
+    scheme: crate::auth::Scheme,
+    realm: Option<String>,
+    methods: Vec<String>,
+    algorithms: Vec<String>,
+    nonce_lifetime_s: u64,
+    trusted: Vec<String>,
+    max_failures_per_source: u32,
+    max_failures_per_user: u32,
+    failure_window_s: u64,
+    max_tracked_nonces: usize,
+}
+
+impl Default for RawAuth {
+    fn default() -> Self {
+        RawAuth {
+            scheme: crate::auth::Scheme::None,
+            realm: None,
+            methods: vec!["INVITE".into(), "REGISTER".into()],
+            algorithms: vec!["SHA-256".into(), "MD5".into()],
+            nonce_lifetime_s: 300,
+            trusted: Vec::new(),
+            max_failures_per_source: 30,
+            max_failures_per_user: 10,
+            failure_window_s: 60,
+            max_tracked_nonces: 1_000_000,
+        }
+    }
+}
+
+impl RawAuth {
+    fn validate(self, domains: &[String]) -> Result<crate::auth::AuthConfig> {
+        use sip_core::digest::Algorithm;
+        let methods: Vec<String> = self
+            .methods
+            .iter()
+            .map(|m| m.trim().to_ascii_uppercase())
+            .collect();
+        for m in &methods {
+            if m == "ACK" || m == "CANCEL" {
+                bail!("auth.methods: {m} cannot be challenged (RFC 3261 §22.1)");
+            }
+            if m.is_empty()
+                || !m
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.!%*_+`'~".contains(&b))
+            {
+                bail!("auth.methods: {m:?} is not a SIP method");
+            }
+        }
+        let algorithms = self
+            .algorithms
+            .iter()
+            .map(|a| {
+                Algorithm::from_token(a.as_bytes()).with_context(|| {
+                    format!("auth.algorithms: unknown algorithm {a:?} (MD5, SHA-256, SHA-512-256)")
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if algorithms.is_empty() {
+            bail!("auth.algorithms: offer at least one");
+        }
+        if self.nonce_lifetime_s == 0 {
+            bail!("auth.nonce_lifetime_s must be positive");
+        }
+        let trusted = self
+            .trusted
+            .iter()
+            .map(|t| {
+                crate::auth::Network::parse(t).map_err(|e| anyhow::anyhow!("auth.trusted: {e}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let realm = self.realm.unwrap_or_else(|| domains[0].clone());
+        if realm.is_empty() || realm.contains(['"', '\\', '\r', '\n']) {
+            bail!("auth.realm: {realm:?} cannot be used as a realm");
+        }
+        Ok(crate::auth::AuthConfig {
+            scheme: self.scheme,
+            realm,
+            methods,
+            algorithms,
+            nonce_lifetime_ms: self.nonce_lifetime_s * 1000,
+            trusted,
+            max_failures_per_source: self.max_failures_per_source,
+            max_failures_per_user: self.max_failures_per_user,
+            failure_window_ms: self.failure_window_s.max(1) * 1000,
+            max_tracked_nonces: self.max_tracked_nonces.max(1000),
+        })
+    }
+}
+
 /// How the server opens connections to the next hop over TCP and TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -235,6 +328,7 @@ struct RawConfig {
     routing: RawRouting,
     database: RawDatabase,
     registrar: RawRegistrar,
+    auth: RawAuth,
 }
 
 /// Registrar limits (`[registrar]`).
@@ -267,6 +361,7 @@ pub struct Config {
     pub registrar: RegistrarConfig,
     pub streams: StreamConfig,
     pub tls: TlsConfig,
+    pub auth: crate::auth::AuthConfig,
 }
 
 impl Default for Config {
@@ -367,6 +462,13 @@ impl Config {
         {
             bail!("database.url: '{url}' is not a sqlite://, postgres:// or mysql:// URL");
         }
+        let domains_for_auth: Vec<String> = raw
+            .server
+            .domains
+            .iter()
+            .map(|d| d.to_ascii_lowercase())
+            .collect();
+        let auth = raw.auth.validate(&domains_for_auth)?;
         let reg = raw.registrar;
         if reg.min_expires > reg.max_expires {
             bail!("registrar.min_expires: must not exceed registrar.max_expires");
@@ -443,6 +545,7 @@ impl Config {
             },
             streams,
             tls,
+            auth,
         })
     }
 }

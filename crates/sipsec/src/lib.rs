@@ -2,10 +2,12 @@
 //!
 //! The server lives in [`server`]; the per-worker protocol engine (no I/O) in [`engine`]; the
 //! I/O drivers in [`worker`] and [`udp`], with wake-up coalescing in [`coalesce`];
-//! registrations in [`location`] and [`store`]; configuration in [`config`]. The load
+//! registrations in [`location`] and [`store`]; digest authentication in [`auth`] with its
+//! user database in [`userdb`] (`sipsec users`: [`users_cmd`]); configuration in [`config`]. The load
 //! generator is [`load`], the measurement harness [`bench`]. The protocol
 //! itself (parser, transactions, timers) is the `sip-core` crate.
 
+pub mod auth;
 pub mod bench;
 pub mod certs;
 pub mod coalesce;
@@ -20,4 +22,6 @@ pub mod streams;
 pub mod tls;
 pub mod transport;
 pub mod udp;
+pub mod userdb;
+pub mod users_cmd;
 pub mod worker;

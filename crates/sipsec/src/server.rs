@@ -16,6 +16,38 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// With digest authentication: the credential cache, kept in step with the user database by
+/// a task on the database runtime. Waits for the first load (up to 30 s) so a server that
+/// says it is up can authenticate; without it, requests are answered 503 until it comes.
+fn start_auth(
+    cfg: &Config,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Option<Arc<crate::auth::Shared>>> {
+    use crate::auth::credentials::{CacheState, Credentials};
+    if cfg.auth.scheme != crate::auth::Scheme::Digest {
+        return Ok(None);
+    }
+    let credentials = Arc::new(Credentials::new(&cfg.auth.realm));
+    runtime.spawn(crate::userdb::sync(
+        cfg.database_url.clone(),
+        credentials.clone(),
+        Duration::from_secs(1),
+    ));
+    let waiting = Instant::now();
+    while credentials.state() == CacheState::Loading && waiting.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if credentials.state() == CacheState::Loading {
+        tracing::warn!(
+            "the user database has not loaded yet: authentication answers 503 until it does"
+        );
+    }
+    let shared =
+        crate::auth::Shared::new(&cfg.auth, credentials).context("cannot make a nonce secret")?;
+    Ok(Some(Arc::new(shared)))
+}
+
 pub fn run(cfg: Config) -> Result<()> {
     crate::net::raise_fd_limit();
     let cfg = Arc::new(cfg);
@@ -46,6 +78,7 @@ pub fn run(cfg: Config) -> Result<()> {
         anyhow::Ok((store, loaded))
     })?;
     let store = store::spawn_writer(store, &runtime);
+    let auth = start_auth(&cfg, &runtime)?;
 
     let shutdown = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -93,6 +126,9 @@ pub fn run(cfg: Config) -> Result<()> {
         .context("cannot watch the stream listeners")?;
         all_stats.push(worker_stats.clone());
         let mut engine = Engine::new(cfg.clone(), index, epoch_unix_ms, worker_stats);
+        if let Some(shared) = &auth {
+            engine.enable_auth(shared.clone());
+        }
         for aor in &loaded.known_aors {
             engine.know_aor(aor);
         }

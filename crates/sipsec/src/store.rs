@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 
 /// SQL dialect differences that matter here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dialect {
+pub(crate) enum Dialect {
     Sqlite,
     Postgres,
     MySql,
@@ -36,7 +36,7 @@ impl Dialect {
     }
 
     /// Rewrites `?` placeholders for PostgreSQL.
-    fn sql(self, text: &str) -> String {
+    pub(crate) fn sql(self, text: &str) -> String {
         if self != Dialect::Postgres {
             return text.to_string();
         }
@@ -55,7 +55,8 @@ impl Dialect {
     }
 }
 
-const SCHEMA_VERSION: i64 = 1;
+/// 1: registrations; 2: users (`userdb`).
+const SCHEMA_VERSION: i64 = 2;
 
 /// A connected store.
 pub struct Store {
@@ -81,6 +82,14 @@ fn normalise_url(url: &str) -> String {
 }
 
 impl Store {
+    pub(crate) fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    pub(crate) fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
     /// Connects and creates or migrates the schema.
     pub async fn connect(url: &str) -> Result<Store> {
         sqlx::any::install_default_drivers();
@@ -130,15 +139,46 @@ impl Store {
             )
             .execute(&self.pool)
             .await?;
+            self.record_version(1).await?;
+        }
+        if version.unwrap_or(0) < 2 {
             sqlx::query(
-                &self
-                    .dialect
-                    .sql("INSERT INTO sipsec_schema (version) VALUES (?)"),
+                "CREATE TABLE IF NOT EXISTS sipsec_users (\
+                 realm VARCHAR(128) NOT NULL, username VARCHAR(128) NOT NULL, \
+                 ha1_md5 VARCHAR(32) NOT NULL, ha1_sha256 VARCHAR(64) NOT NULL, \
+                 ha1_sha512_256 VARCHAR(64) NOT NULL, revision BIGINT NOT NULL, \
+                 deleted BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (realm, username))",
             )
-            .bind(SCHEMA_VERSION)
             .execute(&self.pool)
             .await?;
+            sqlx::query(
+                "CREATE INDEX sipsec_users_by_revision ON sipsec_users (realm, revision, username)",
+            )
+            .execute(&self.pool)
+            .await?;
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS sipsec_user_revision (\
+                 id BIGINT NOT NULL PRIMARY KEY, revision BIGINT NOT NULL)",
+            )
+            .execute(&self.pool)
+            .await?;
+            sqlx::query("INSERT INTO sipsec_user_revision (id, revision) VALUES (1, 0)")
+                .execute(&self.pool)
+                .await?;
+            self.record_version(SCHEMA_VERSION).await?;
         }
+        Ok(())
+    }
+
+    async fn record_version(&self, version: i64) -> Result<()> {
+        sqlx::query(
+            &self
+                .dialect
+                .sql("INSERT INTO sipsec_schema (version) VALUES (?)"),
+        )
+        .bind(version)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

@@ -77,6 +77,10 @@ pub struct BenchArgs {
     /// Users CSV for the load (e.g. with credentials).
     #[arg(long)]
     pub users: Option<PathBuf>,
+    /// Digest: the load sends credentials from each user's last challenge with the next
+    /// nonce count instead of being challenged per request (`sipsec load --auth-reuse`).
+    #[arg(long)]
+    pub auth_reuse: bool,
     /// Core the started server is pinned to.
     #[arg(long, default_value_t = 0)]
     pub server_cpu: usize,
@@ -310,6 +314,9 @@ pub fn run(a: BenchArgs) -> Result<Report> {
     words.extend(s.load_words(&tls_dir));
     if let Some(u) = &a.users {
         words.extend(["--users".to_string(), u.display().to_string()]);
+    }
+    if a.auth_reuse {
+        words.push("--auth-reuse".to_string());
     }
     let with = |extra: &[String]| -> Result<load::Plan> {
         load::Plan::new(load_args(&[&words[..], extra].concat())?)

@@ -237,7 +237,9 @@ pub fn hold_idle(to: SocketAddr, n: usize) -> Result<()> {
         })
         .count();
     if closed > 0 {
-        anyhow::bail!("the server closed {closed} of {n} idle connections (its connection limits?)");
+        anyhow::bail!(
+            "the server closed {closed} of {n} idle connections (its connection limits?)"
+        );
     }
     println!("ready");
     std::io::stdout().flush()?;

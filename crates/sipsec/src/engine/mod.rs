@@ -149,6 +149,8 @@ pub struct Engine {
     counter: u64,
     stats: Arc<Stats>,
     log: LogLimiter,
+    /// Digest authentication, when `[auth] scheme = "digest"`.
+    auth: Option<crate::auth::Authenticator>,
 }
 
 fn hostport(addr: SocketAddr) -> String {
@@ -217,8 +219,19 @@ impl Engine {
             counter: 0,
             stats,
             log: LogLimiter::new(10),
+            auth: None,
             cfg,
         }
+    }
+
+    /// Turns digest authentication on, with what the workers share.
+    pub fn enable_auth(&mut self, shared: Arc<crate::auth::Shared>) {
+        self.auth = Some(crate::auth::Authenticator::new(
+            Arc::new(self.cfg.auth.clone()),
+            shared,
+            self.worker,
+            self.cfg.workers,
+        ));
     }
 
     pub fn stats(&self) -> &Arc<Stats> {
@@ -367,6 +380,9 @@ impl Engine {
                 .push((response_peer(msg.top_via(), source), busy));
             return;
         }
+        if from_ok && !self.authenticated(now, source, msg, fx) {
+            return;
+        }
         let decision = if from_ok {
             self.decide(now, msg, in_dialog, hash)
         } else {
@@ -417,6 +433,60 @@ impl Engine {
                 self.forward(now, source, msg, hash, &targets, route, fx);
             }
         }
+    }
+
+    /// Applies digest authentication; false when the request was answered (challenged or
+    /// refused) instead.
+    fn authenticated(
+        &mut self,
+        now: Millis,
+        source: Peer,
+        msg: &Message<'_>,
+        fx: &mut Effects,
+    ) -> bool {
+        use crate::auth::{Verdict, Why};
+        let now_ms = self.unix_ms(now);
+        let Some(auth) = self.auth.as_mut() else {
+            return true;
+        };
+        if !auth.covers(msg) {
+            return true;
+        }
+        let (code, reason, headers, why) = match auth.check(msg, source.addr.ip(), now_ms) {
+            Verdict::Pass => {
+                inc(&self.stats.auth_passed);
+                return true;
+            }
+            Verdict::Refuse {
+                code,
+                reason,
+                headers,
+                why,
+            } => (code, reason, headers, why),
+        };
+        let s = &self.stats;
+        inc(match why {
+            Why::NoCredentials => &s.auth_challenged,
+            Why::Failed => &s.auth_failed,
+            Why::Stale => &s.auth_stale,
+            Why::Replay => &s.auth_replays,
+            Why::IdentityMismatch => &s.auth_identity_mismatches,
+            Why::Throttled => &s.auth_throttled,
+            Why::Malformed => &s.auth_malformed,
+            Why::Unavailable => &s.auth_unavailable,
+        });
+        if matches!(
+            why,
+            Why::Failed | Why::IdentityMismatch | Why::Replay | Why::Throttled
+        ) && self.log.allow(now)
+        {
+            tracing::warn!(%source, "authentication refused: {why:?} ({code} {reason})");
+        }
+        if why == Why::Unavailable && self.log.allow(now) {
+            tracing::error!("user database unavailable: answering 503 with Retry-After");
+        }
+        self.answer(now, source, msg, code, reason, &headers, fx);
+        false
     }
 
     /// A response generated here: `headers` (CRLF-terminated lines) plus our Server header,

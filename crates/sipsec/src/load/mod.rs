@@ -182,6 +182,10 @@ pub struct LoadArgs {
     /// about 10% more CPU per call), which would skew the cost measured.
     #[arg(long)]
     pub rport: bool,
+    /// Digest: send credentials with each new request from the user's last challenge and the
+    /// next nonce count, as phones do, instead of being challenged per request (SIPp's way).
+    #[arg(long)]
+    pub auth_reuse: bool,
     /// Write the summary as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -503,6 +507,7 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         epoch,
         report_ended: plan.transport != Transport::Udp
             && plan.args.connection == ConnectionArg::PerCall,
+        auth_reuse: plan.args.auth_reuse,
     }
 }
 

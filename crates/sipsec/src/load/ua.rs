@@ -80,6 +80,9 @@ pub struct UaConfig {
     pub epoch: u32,
     /// Record ended operations in [`Ua::ended`].
     pub report_ended: bool,
+    /// Send credentials with new requests from a user's last challenge and the next nonce
+    /// count (RFC 7616 §3.4), as phones do, instead of waiting to be challenged each time.
+    pub auth_reuse: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -198,6 +201,9 @@ pub struct Ua {
     /// Numbers of the operations that ended, when `UaConfig::report_ended` asks for them
     /// (per-call connections close on them); the driver drains it.
     pub ended: Vec<u64>,
+    /// Per (user, registrar's challenge): the last challenge and the nonce count last used
+    /// with it, for `UaConfig::auth_reuse`.
+    nonces: HashMap<(usize, bool), (Challenge, u32)>,
 }
 
 fn ms(us: u64) -> u64 {
@@ -221,6 +227,7 @@ impl Ua {
             scratch: Vec::with_capacity(2048),
             stats: Stats::default(),
             ended: Vec::new(),
+            nonces: HashMap::new(),
         }
     }
 
@@ -375,6 +382,11 @@ impl Ua {
             }
             _ => {}
         }
+        let auth = match auth {
+            Some(a) => Some(a),
+            None if self.cfg.auth_reuse => self.reused_credentials(caller, method, &uri, number),
+            None => None,
+        };
         if let Some((name, value)) = auth {
             let _ = write!(m, "{name}: {value}\r\n");
         }
@@ -541,6 +553,29 @@ impl Ua {
         }
     }
 
+    /// Credentials from `caller`'s last challenge with the next nonce count, if there is one.
+    fn reused_credentials(
+        &mut self,
+        caller: usize,
+        method: &str,
+        uri: &str,
+        number: u64,
+    ) -> Option<(&'static str, String)> {
+        let register = method == "REGISTER";
+        let user = self.cfg.users.get(caller)?;
+        let (challenge, nc) = self.nonces.get_mut(&(caller, register))?;
+        *nc += 1;
+        let cnonce = format!("{:x}{number:x}r", self.cfg.epoch);
+        let value =
+            challenge.authorization(&user.username, &user.password, method, uri, *nc, &cnonce);
+        let name = if register {
+            "Authorization"
+        } else {
+            "Proxy-Authorization"
+        };
+        Some((name, value))
+    }
+
     fn answer_challenge(&mut self, now_us: u64, number: u64, code: u16, msg: &Message<'_>) {
         let Some(call) = self.calls.get_mut(&number) else {
             return;
@@ -578,6 +613,9 @@ impl Ua {
                 } else {
                     "Proxy-Authorization"
                 };
+                if self.cfg.auth_reuse {
+                    self.nonces.insert((call.caller, code == 401), (c, 1));
+                }
                 self.send_request(now_us, number, Some((name, value)));
                 None
             }

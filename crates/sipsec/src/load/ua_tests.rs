@@ -29,6 +29,7 @@ fn config(scenario: Scenario, users: Users) -> UaConfig {
         timers: Timers::default(),
         epoch: 7,
         report_ended: false,
+        auth_reuse: false,
     }
 }
 
@@ -457,4 +458,31 @@ fn garbage_and_strays_are_counted_not_fatal() {
     assert_eq!(ua.stats.stray, 2);
     assert_eq!(out.len(), 1);
     assert!(out[0].1.starts_with(b"SIP/2.0 481 "));
+}
+
+#[test]
+fn reused_nonces_skip_the_challenge_with_the_next_count() {
+    let mut w = Wire::new(Scenario::Register, alice("s3cret"));
+    w.uac = Ua::new(
+        UaConfig {
+            auth_reuse: true,
+            ..config(Scenario::Register, alice("s3cret"))
+        },
+        0,
+    );
+    w.start();
+    assert_eq!(challenging_uas(&mut w, 401, "s3cret"), 1);
+    // The second registration carries credentials at once, with nonce count 2: the
+    // scripted registrar verifies it without challenging.
+    w.start();
+    let first_try = String::from_utf8_lossy(&w.to_uas[0]).into_owned();
+    assert!(first_try.contains("nc=00000002"), "{first_try}");
+    assert_eq!(challenging_uas(&mut w, 401, "s3cret"), 1);
+    let t = &w.uac.stats.total;
+    assert_eq!(
+        (t.succeeded, t.failed),
+        (2, 0),
+        "{:?}",
+        t.failures_by_reason
+    );
 }

@@ -1,0 +1,371 @@
+//! Digest authentication of requests (RFC 3261 §22, RFC 7616, RFC 8760) with the database off
+//! the call path: stateless nonces (`nonce`), a credential cache holding every user
+//! (`credentials`, filled and kept current by `userdb`), and failure throttling (`throttle`).
+//!
+//! The registrar challenges with 401 and `WWW-Authenticate`, everything else with 407 and
+//! `Proxy-Authenticate`, offering each configured algorithm (SHA-256 first, then MD5) with
+//! `qop="auth"`. A request passes when its credentials are for our realm, answer a nonce of
+//! ours that is fresh and whose count was not used before, carry the response the user's HA1
+//! gives, and name the user the request speaks for (From; To for REGISTER). CANCEL and ACK are
+//! never challenged (RFC 3261 §22.1): a CANCEL matches a request that was authenticated, and
+//! the ACK of a non-2xx response is absorbed by its transaction. Unknown users and wrong
+//! passwords get the same answer after the same work.
+
+pub mod credentials;
+pub mod nonce;
+mod throttle;
+
+use credentials::{Credentials, Lookup};
+use nonce::{Count, NonceCounts, NonceState, Nonces};
+use sip_core::digest::{self, Algorithm};
+use sip_core::message::{HeaderName, Message, Method};
+use std::net::IpAddr;
+use std::sync::Arc;
+use throttle::Throttle;
+
+/// `[auth] scheme`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheme {
+    #[default]
+    None,
+    Digest,
+}
+
+/// An address or a network (`10.0.0.0/8`, `::1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Network {
+    pub fn parse(text: &str) -> Result<Network, String> {
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text, None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{text:?} is not an IP address or network"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{text:?}: the prefix length must be 0 to {max}"))?,
+            None => max,
+        };
+        Ok(Network { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let bits = |ip: IpAddr| match ip {
+            IpAddr::V4(v4) => (u128::from(u32::from(v4)) << 96, 32u8),
+            IpAddr::V6(v6) => (u128::from(v6), 128u8),
+        };
+        let ((net, len), (other, other_len)) = (bits(self.addr), bits(ip));
+        if len != other_len {
+            return false;
+        }
+        let mask = if self.prefix == 0 {
+            0
+        } else {
+            u128::MAX << (128 - u32::from(self.prefix))
+        };
+        net & mask == other & mask
+    }
+}
+
+/// The validated `[auth]` settings.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    pub scheme: Scheme,
+    pub realm: String,
+    /// Methods challenged, upper case (never ACK or CANCEL).
+    pub methods: Vec<String>,
+    /// Offered in this order.
+    pub algorithms: Vec<Algorithm>,
+    pub nonce_lifetime_ms: u64,
+    pub trusted: Vec<Network>,
+    pub max_failures_per_source: u32,
+    pub max_failures_per_user: u32,
+    pub failure_window_ms: u64,
+    pub max_tracked_nonces: usize,
+}
+
+/// What the workers share: the nonce secret, nonce counts and the credential cache.
+pub struct Shared {
+    pub nonces: Nonces,
+    pub counts: NonceCounts,
+    pub credentials: Arc<Credentials>,
+    /// Returned unchanged by clients (RFC 7616); identifies this server's challenges.
+    opaque: String,
+}
+
+impl Shared {
+    /// A fresh secret from the OS: nonces do not survive a restart (clients then get
+    /// `stale=true` and retry).
+    pub fn new(cfg: &AuthConfig, credentials: Arc<Credentials>) -> std::io::Result<Shared> {
+        let mut secret = [0u8; 32];
+        getrandom::getrandom(&mut secret).map_err(std::io::Error::other)?;
+        let nonces = Nonces::new(secret, cfg.nonce_lifetime_ms);
+        // The MAC part of a nonce for time 0: fixed for this secret, and says nothing.
+        let opaque = nonces.issue(0, 0)[nonce::NONCE_HEX_LEN - 16..].to_string();
+        Ok(Shared {
+            nonces,
+            counts: NonceCounts::new(cfg.max_tracked_nonces, cfg.nonce_lifetime_ms),
+            credentials,
+            opaque,
+        })
+    }
+}
+
+/// What to do with a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Authenticated, exempt, or not a method we challenge.
+    Pass,
+    /// Answer with this status and these header lines.
+    Refuse {
+        code: u16,
+        reason: &'static str,
+        headers: String,
+        /// Why, for the counters.
+        why: Why,
+    },
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// No credentials for our realm: the first challenge.
+    NoCredentials,
+    /// Wrong password or unknown user (the same answer for both).
+    Failed,
+    /// Right credentials on an old nonce (`stale=true`).
+    Stale,
+    /// A nonce count used before.
+    Replay,
+    /// Credentials of one user for a request from another.
+    IdentityMismatch,
+    /// Too many failures from this source or for this user.
+    Throttled,
+    /// Credentials that cannot be parsed.
+    Malformed,
+    /// The user database is not loaded or is down for a user the cache does not know.
+    Unavailable,
+}
+
+/// One worker's authenticator.
+pub struct Authenticator {
+    cfg: Arc<AuthConfig>,
+    shared: Arc<Shared>,
+    throttle: Throttle,
+    worker: u64,
+    counter: u64,
+    /// HA1s that no user has, checked for unknown users so they cost what a wrong password
+    /// costs.
+    decoy: credentials::Ha1s,
+}
+
+fn refuse(code: u16, reason: &'static str, headers: String, why: Why) -> Verdict {
+    Verdict::Refuse {
+        code,
+        reason,
+        headers,
+        why,
+    }
+}
+
+/// The user part of a From or To header.
+fn user_of(msg: &Message<'_>, header: HeaderName) -> Option<Vec<u8>> {
+    let na = match header {
+        HeaderName::To => msg.to().ok()?,
+        _ => msg.from().ok()?,
+    };
+    na.uri.user.map(<[u8]>::to_vec)
+}
+
+impl Authenticator {
+    pub fn new(cfg: Arc<AuthConfig>, shared: Arc<Shared>, worker: usize, workers: usize) -> Self {
+        let split = |n: u32| {
+            if n == 0 {
+                0
+            } else {
+                n.div_ceil(workers as u32).max(1)
+            }
+        };
+        Authenticator {
+            throttle: Throttle::new(
+                split(cfg.max_failures_per_source),
+                split(cfg.max_failures_per_user),
+                cfg.failure_window_ms,
+            ),
+            decoy: credentials::Ha1s::from_password("", "", "decoy"),
+            cfg,
+            shared,
+            worker: worker as u64,
+            counter: 0,
+        }
+    }
+
+    /// Whether `method` is challenged at all.
+    pub fn covers(&self, msg: &Message<'_>) -> bool {
+        let method = msg.method();
+        if matches!(method, Method::Ack | Method::Cancel) {
+            return false;
+        }
+        let raw = msg.method_raw();
+        self.cfg
+            .methods
+            .iter()
+            .any(|m| m.as_bytes().eq_ignore_ascii_case(raw))
+    }
+
+    /// The challenge header lines, one per algorithm.
+    fn challenge(&mut self, register: bool, now_ms: u64, stale: bool) -> String {
+        self.counter += 1;
+        let nonce = self
+            .shared
+            .nonces
+            .issue(now_ms, self.worker << 48 | self.counter);
+        let name = if register {
+            "WWW-Authenticate"
+        } else {
+            "Proxy-Authenticate"
+        };
+        let mut out = String::new();
+        for a in &self.cfg.algorithms {
+            out.push_str(&format!(
+                "{name}: Digest realm=\"{}\", nonce=\"{nonce}\", opaque=\"{}\", \
+                 algorithm={}, qop=\"auth\"{}\r\n",
+                self.cfg.realm,
+                self.shared.opaque,
+                a.token(),
+                if stale { ", stale=true" } else { "" }
+            ));
+        }
+        out
+    }
+
+    fn challenge_verdict(&mut self, register: bool, now_ms: u64, stale: bool, why: Why) -> Verdict {
+        let (code, reason) = if register {
+            (401, "Unauthorized")
+        } else {
+            (407, "Proxy Authentication Required")
+        };
+        let headers = self.challenge(register, now_ms, stale);
+        refuse(code, reason, headers, why)
+    }
+
+    /// Decides on a request from `source` at Unix time `now_ms`.
+    pub fn check(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
+        if !self.covers(msg) || self.cfg.trusted.iter().any(|n| n.contains(source)) {
+            return Verdict::Pass;
+        }
+        let throttled = || {
+            refuse(
+                403,
+                "Too Many Failed Authentications",
+                String::new(),
+                Why::Throttled,
+            )
+        };
+        if self.throttle.source_blocked(source, now_ms) {
+            return throttled();
+        }
+        let register = msg.method() == Method::Register;
+        let header = if register {
+            HeaderName::Authorization
+        } else {
+            HeaderName::ProxyAuthorization
+        };
+        // The credentials for our realm, among any for other realms.
+        let mut found = None;
+        for h in msg.headers_named(header) {
+            match digest::Credentials::parse(msg.value(h)) {
+                Ok(c) if c.realm.as_ref() == self.cfg.realm.as_bytes() => {
+                    found = Some(c);
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    return refuse(400, "Malformed Credentials", String::new(), Why::Malformed)
+                }
+            }
+        }
+        let Some(cred) = found else {
+            return self.challenge_verdict(register, now_ms, false, Why::NoCredentials);
+        };
+        let Ok(username) = std::str::from_utf8(&cred.username) else {
+            return refuse(400, "Malformed Credentials", String::new(), Why::Malformed);
+        };
+        if !self.cfg.algorithms.contains(&cred.algorithm) {
+            return self.challenge_verdict(register, now_ms, false, Why::Failed);
+        }
+        // The identity the request claims must be the one authenticated.
+        let claimed = user_of(
+            msg,
+            if register {
+                HeaderName::To
+            } else {
+                HeaderName::From
+            },
+        );
+        if claimed.as_deref() != Some(cred.username.as_ref()) {
+            self.throttle.fail(source, username, now_ms);
+            return refuse(
+                403,
+                "Identity Mismatch",
+                String::new(),
+                Why::IdentityMismatch,
+            );
+        }
+        if self.throttle.user_blocked(username, now_ms) {
+            return throttled();
+        }
+        if cred.opaque.as_deref() != Some(self.shared.opaque.as_bytes()) {
+            return self.challenge_verdict(register, now_ms, false, Why::Failed);
+        }
+        let (ha1s, known) = match self.shared.credentials.lookup(username) {
+            Lookup::Found(h) => (h, true),
+            Lookup::Unknown => (self.decoy.clone(), false),
+            Lookup::Unavailable => {
+                return refuse(
+                    503,
+                    "Authentication Service Unavailable",
+                    "Retry-After: 5\r\n".into(),
+                    Why::Unavailable,
+                )
+            }
+        };
+        let expected = cred.expected_response(&ha1s.hex(cred.algorithm), msg.method_raw());
+        let matches = bool::from(subtle::ConstantTimeEq::ct_eq(
+            expected.as_bytes(),
+            cred.response.as_ref(),
+        ));
+        if !(matches && known) {
+            self.throttle.fail(source, username, now_ms);
+            return self.challenge_verdict(register, now_ms, false, Why::Failed);
+        }
+        // The password is right; now the nonce must be fresh and its count unused.
+        match self.shared.nonces.check(&cred.nonce, now_ms) {
+            NonceState::Fresh { id, issued_ms } => {
+                let nc = cred.nc.unwrap_or(1);
+                match self.shared.counts.use_count(id, issued_ms, nc, now_ms) {
+                    Count::Accepted => Verdict::Pass,
+                    Count::Replay => self.challenge_verdict(register, now_ms, false, Why::Replay),
+                    Count::Forgotten => self.challenge_verdict(register, now_ms, true, Why::Stale),
+                }
+            }
+            NonceState::Stale | NonceState::Unknown => {
+                self.challenge_verdict(register, now_ms, true, Why::Stale)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

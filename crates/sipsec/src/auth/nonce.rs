@@ -1,0 +1,296 @@
+//! Digest nonces that need no table: a nonce is the time it was issued, a per-worker counter
+//! and an HMAC-SHA256 of both under a secret made at start, so any worker can check any
+//! nonce and nothing can run out under load (OpenSIPS's fixed nonce table did, seeds 000 and
+//! 004). Only nonces actually used are remembered, with the nonce counts seen, to refuse
+//! replays; that memory is bounded and forgets a nonce when it expires.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+/// Bytes of MAC kept in a nonce.
+const MAC_LEN: usize = 16;
+/// Hex characters of a nonce: issue time (8 bytes), counter (8 bytes), MAC.
+pub const NONCE_HEX_LEN: usize = 2 * (8 + 8 + MAC_LEN);
+
+/// What a nonce turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonceState {
+    /// Ours and fresh; `id` names it for replay tracking, `issued_ms` is when it was made.
+    Fresh { id: [u8; MAC_LEN], issued_ms: u64 },
+    /// Ours but older than the nonce lifetime (answered `stale=true`).
+    Stale,
+    /// Not a nonce we made (or made before a restart).
+    Unknown,
+}
+
+/// Makes and checks nonces under one secret.
+pub struct Nonces {
+    secret: [u8; 32],
+    lifetime_ms: u64,
+}
+
+fn hex(bytes: &[u8], out: &mut String) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
+    }
+}
+
+fn unhex(text: &[u8], out: &mut [u8]) -> bool {
+    if text.len() != out.len() * 2 {
+        return false;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    for (i, pair) in text.chunks(2).enumerate() {
+        match (digit(pair[0]), digit(pair[1])) {
+            (Some(h), Some(l)) => out[i] = h << 4 | l,
+            _ => return false,
+        }
+    }
+    true
+}
+
+impl Nonces {
+    pub fn new(secret: [u8; 32], lifetime_ms: u64) -> Nonces {
+        Nonces {
+            secret,
+            lifetime_ms,
+        }
+    }
+
+    pub fn lifetime_ms(&self) -> u64 {
+        self.lifetime_ms
+    }
+
+    fn mac(&self, body: &[u8; 16]) -> [u8; MAC_LEN] {
+        let mut m = Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length works");
+        m.update(body);
+        let full = m.finalize().into_bytes();
+        let mut out = [0u8; MAC_LEN];
+        out.copy_from_slice(&full[..MAC_LEN]);
+        out
+    }
+
+    /// A new nonce issued at `now_ms` (Unix time); `counter` makes nonces issued in the same
+    /// millisecond differ (callers pass a per-worker count with the worker in its high bits).
+    pub fn issue(&self, now_ms: u64, counter: u64) -> String {
+        let mut body = [0u8; 16];
+        body[..8].copy_from_slice(&now_ms.to_be_bytes());
+        body[8..].copy_from_slice(&counter.to_be_bytes());
+        let mut out = String::with_capacity(NONCE_HEX_LEN);
+        hex(&body, &mut out);
+        hex(&self.mac(&body), &mut out);
+        out
+    }
+
+    /// Checks a nonce a client returned.
+    pub fn check(&self, nonce: &[u8], now_ms: u64) -> NonceState {
+        let mut raw = [0u8; 16 + MAC_LEN];
+        if !unhex(nonce, &mut raw) {
+            return NonceState::Unknown;
+        }
+        let body: [u8; 16] = raw[..16].try_into().expect("16 bytes");
+        let mac = self.mac(&body);
+        // Constant time: a forger learns nothing from how long the refusal took.
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(&mac[..], &raw[16..])) {
+            return NonceState::Unknown;
+        }
+        let issued_ms = u64::from_be_bytes(body[..8].try_into().expect("8 bytes"));
+        if issued_ms > now_ms.saturating_add(1_000) || now_ms - issued_ms > self.lifetime_ms {
+            return NonceState::Stale;
+        }
+        NonceState::Fresh { id: mac, issued_ms }
+    }
+}
+
+/// Nonce counts seen per nonce (RFC 7616 §3.4: a repeated `nc` is a replay). Shared by the
+/// workers, sharded so they rarely meet on a lock.
+pub struct NonceCounts {
+    shards: Vec<Mutex<Shard>>,
+    /// Nonces remembered per shard; beyond it the oldest is forgotten early, and every nonce
+    /// issued no later than it is then answered `stale=true` (the client retries at once with
+    /// a new nonce), so forgetting never reopens a replay.
+    per_shard: usize,
+    lifetime_ms: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    seen: HashMap<[u8; MAC_LEN], Seen>,
+    /// Nonces in the order first used, with when they were issued.
+    order: VecDeque<([u8; MAC_LEN], u64)>,
+    /// Nonces issued at or before this time may have been forgotten early.
+    horizon_ms: u64,
+}
+
+/// The highest count used with a nonce, and which of the 64 below it were used too (UDP
+/// may reorder requests).
+#[derive(Clone, Copy)]
+struct Seen {
+    highest: u32,
+    window: u64,
+}
+
+/// Whether a count was accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    Accepted,
+    /// Used before with this nonce.
+    Replay,
+    /// The nonce may have been forgotten under memory pressure: ask for a new one.
+    Forgotten,
+}
+
+impl NonceCounts {
+    pub fn new(capacity: usize, lifetime_ms: u64) -> NonceCounts {
+        let shards = 16;
+        NonceCounts {
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            per_shard: capacity.div_ceil(shards).max(1),
+            lifetime_ms,
+        }
+    }
+
+    /// Records count `nc` of nonce `id`, issued at `issued_ms`.
+    pub fn use_count(&self, id: [u8; MAC_LEN], issued_ms: u64, nc: u32, now_ms: u64) -> Count {
+        let shard = &self.shards[id[0] as usize % self.shards.len()];
+        let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(&(old, issued)) = s.order.front() {
+            let expired = issued + self.lifetime_ms <= now_ms;
+            if !expired && s.seen.len() < self.per_shard {
+                break;
+            }
+            if !expired {
+                s.horizon_ms = s.horizon_ms.max(issued);
+            }
+            s.order.pop_front();
+            s.seen.remove(&old);
+        }
+        let horizon = s.horizon_ms;
+        match s.seen.get_mut(&id) {
+            None if issued_ms <= horizon => Count::Forgotten,
+            None => {
+                s.seen.insert(
+                    id,
+                    Seen {
+                        highest: nc,
+                        window: 1,
+                    },
+                );
+                s.order.push_back((id, issued_ms));
+                Count::Accepted
+            }
+            Some(seen) if nc > seen.highest => {
+                let shift = nc - seen.highest;
+                seen.window = if shift >= 64 {
+                    1
+                } else {
+                    seen.window << shift | 1
+                };
+                seen.highest = nc;
+                Count::Accepted
+            }
+            Some(seen) => {
+                let back = seen.highest - nc;
+                if back >= 64 || seen.window & (1 << back) != 0 {
+                    return Count::Replay;
+                }
+                seen.window |= 1 << back;
+                Count::Accepted
+            }
+        }
+    }
+
+    /// Nonces remembered now (for the memory report).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().map_or(0, |s| s.seen.len()))
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces_check_out_until_they_expire_and_forgeries_do_not() {
+        let n = Nonces::new([7; 32], 30_000);
+        let nonce = n.issue(1_000_000, 5);
+        assert_eq!(nonce.len(), NONCE_HEX_LEN);
+        assert!(matches!(
+            n.check(nonce.as_bytes(), 1_010_000),
+            NonceState::Fresh {
+                issued_ms: 1_000_000,
+                ..
+            }
+        ));
+        assert_eq!(n.check(nonce.as_bytes(), 1_030_001), NonceState::Stale);
+        // Another secret (a restart), a changed time, garbage: not ours.
+        let other = Nonces::new([8; 32], 30_000);
+        assert_eq!(
+            other.check(nonce.as_bytes(), 1_000_000),
+            NonceState::Unknown
+        );
+        let mut forged = nonce.clone().into_bytes();
+        forged[15] = if forged[15] == b'0' { b'1' } else { b'0' };
+        assert_eq!(n.check(&forged, 1_000_000), NonceState::Unknown);
+        assert_eq!(n.check(b"zz", 1_000_000), NonceState::Unknown);
+        assert_eq!(n.check("é".repeat(32).as_bytes(), 1), NonceState::Unknown);
+        // Two nonces in one millisecond differ.
+        assert_ne!(n.issue(1, 1), n.issue(1, 2));
+    }
+
+    #[test]
+    fn counts_refuse_replays_and_accept_reordering() {
+        let c = NonceCounts::new(1000, 100);
+        let id = [1; MAC_LEN];
+        assert_eq!(c.use_count(id, 1, 1, 1), Count::Accepted);
+        assert_eq!(c.use_count(id, 1, 1, 1), Count::Replay);
+        assert_eq!(c.use_count(id, 1, 3, 1), Count::Accepted);
+        // 2 arrives late: still unused, so accepted once.
+        assert_eq!(c.use_count(id, 1, 2, 1), Count::Accepted);
+        assert_eq!(c.use_count(id, 1, 2, 1), Count::Replay);
+        assert_eq!(c.use_count(id, 1, 100, 1), Count::Accepted);
+        assert_eq!(c.use_count(id, 1, 3, 1), Count::Replay);
+        // Expired nonces are dropped from memory (the nonce check refuses them as stale) when
+        // their shard is next used.
+        let mut same_shard = id;
+        same_shard[1] = 2;
+        assert_eq!(c.use_count(same_shard, 150, 1, 200), Count::Accepted);
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn memory_is_bounded_and_forgetting_reopens_no_replay() {
+        let c = NonceCounts::new(160, u64::MAX / 2);
+        let id = |i: u32| {
+            let mut id = [0; MAC_LEN];
+            id[..4].copy_from_slice(&i.to_le_bytes());
+            id
+        };
+        for i in 0..10_000u32 {
+            assert_eq!(
+                c.use_count(id(i), 10 + i as u64, 1, 20_000),
+                Count::Accepted
+            );
+        }
+        assert!(c.len() <= 160, "{}", c.len());
+        // The first nonce was forgotten: its replay is not accepted.
+        assert_eq!(c.use_count(id(0), 10, 1, 20_000), Count::Forgotten);
+        // A nonce issued after everything forgotten is still welcome.
+        assert_eq!(c.use_count(id(20_000), 15_000, 1, 20_000), Count::Accepted);
+    }
+}

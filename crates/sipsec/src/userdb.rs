@@ -1,0 +1,257 @@
+//! The user database: credentials as HA1 per realm and algorithm (never passwords), in the same
+//! database as registrations (SQLite embedded, PostgreSQL or MariaDB/MySQL by URL), and the
+//! sync that keeps the server's credential cache in step with it.
+//!
+//! Every change (`sipsec users add | remove | import`) takes the next value of one revision
+//! counter, inside its transaction, and stamps the rows it touches with it; removed users stay
+//! as rows marked deleted. A server polls for rows with a revision above the last it saw, so a
+//! change reaches every running server within a second, without a restart and without the
+//! database on any call's path. Writers serialise on the counter row, so revisions become
+//! visible in order and a poll never skips one.
+
+use crate::auth::credentials::{CacheState, Credentials, Ha1s};
+use crate::store::{Dialect, Store};
+use anyhow::{bail, Context, Result};
+use sqlx::Row;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Rows per statement when importing.
+const IMPORT_CHUNK: usize = 500;
+/// Rows per page when loading.
+const LOAD_PAGE: i64 = 20_000;
+
+/// A user name we accept: SIP `user` characters that need no escaping, at most 128.
+pub fn valid_username(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.!~*'()&=+$;?/".contains(&b))
+}
+
+impl Store {
+    /// Takes the next revision inside `tx`.
+    async fn next_revision(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<i64> {
+        sqlx::query("UPDATE sipsec_user_revision SET revision = revision + 1 WHERE id = 1")
+            .execute(&mut **tx)
+            .await?;
+        let r: i64 = sqlx::query("SELECT revision FROM sipsec_user_revision WHERE id = 1")
+            .fetch_one(&mut **tx)
+            .await?
+            .try_get(0)?;
+        Ok(r)
+    }
+
+    /// Adds or replaces users (one revision for all of them).
+    pub async fn put_users(&self, realm: &str, users: &[(String, Ha1s)]) -> Result<()> {
+        let d = self.dialect();
+        let mut tx = self.pool().begin().await?;
+        let revision = self.next_revision(&mut tx).await?;
+        for chunk in users.chunks(IMPORT_CHUNK) {
+            let rows = vec!["(?, ?, ?, ?, ?, ?, 0)"; chunk.len()].join(", ");
+            let update = match d {
+                Dialect::MySql => {
+                    "ON DUPLICATE KEY UPDATE ha1_md5 = VALUES(ha1_md5), \
+                     ha1_sha256 = VALUES(ha1_sha256), ha1_sha512_256 = VALUES(ha1_sha512_256), \
+                     revision = VALUES(revision), deleted = 0"
+                }
+                _ => {
+                    "ON CONFLICT (realm, username) DO UPDATE SET ha1_md5 = excluded.ha1_md5, \
+                     ha1_sha256 = excluded.ha1_sha256, ha1_sha512_256 = excluded.ha1_sha512_256, \
+                     revision = excluded.revision, deleted = 0"
+                }
+            };
+            let sql = d.sql(&format!(
+                "INSERT INTO sipsec_users (realm, username, ha1_md5, ha1_sha256, ha1_sha512_256, \
+                 revision, deleted) VALUES {rows} {update}"
+            ));
+            let mut q = sqlx::query(&sql);
+            for (name, h) in chunk {
+                let (md5, sha256, sha512) = h.to_hex();
+                q = q
+                    .bind(realm.to_string())
+                    .bind(name.clone())
+                    .bind(md5)
+                    .bind(sha256)
+                    .bind(sha512)
+                    .bind(revision);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Marks a user deleted; false when there was no such user.
+    pub async fn remove_user(&self, realm: &str, username: &str) -> Result<bool> {
+        let mut tx = self.pool().begin().await?;
+        let revision = self.next_revision(&mut tx).await?;
+        let done = sqlx::query(&self.dialect().sql(
+            "UPDATE sipsec_users SET deleted = 1, revision = ? \
+             WHERE realm = ? AND username = ? AND deleted = 0",
+        ))
+        .bind(revision)
+        .bind(realm.to_string())
+        .bind(username.to_string())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(done > 0)
+    }
+
+    /// The realm's users, by name.
+    pub async fn list_users(&self, realm: &str) -> Result<Vec<String>> {
+        let rows = sqlx::query(&self.dialect().sql(
+            "SELECT username FROM sipsec_users WHERE realm = ? AND deleted = 0 ORDER BY username",
+        ))
+        .bind(realm.to_string())
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
+            .collect()
+    }
+
+    /// Changes after `(revision, username)`, at most `LOAD_PAGE` of them in order: each user
+    /// with its HA1s, or `None` when removed. Returns the position to continue from.
+    async fn user_changes(
+        &self,
+        realm: &str,
+        after: (i64, String),
+    ) -> Result<(Vec<(String, Option<Ha1s>)>, (i64, String))> {
+        let rows = sqlx::query(&self.dialect().sql(&format!(
+            "SELECT username, ha1_md5, ha1_sha256, ha1_sha512_256, deleted, revision \
+             FROM sipsec_users WHERE realm = ? AND (revision > ? OR (revision = ? AND username > ?)) \
+             ORDER BY revision, username LIMIT {LOAD_PAGE}"
+        )))
+        .bind(realm.to_string())
+        .bind(after.0)
+        .bind(after.0)
+        .bind(after.1.clone())
+        .fetch_all(self.pool())
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut last = after;
+        for r in &rows {
+            let name: String = r.try_get(0)?;
+            let deleted: i64 = r.try_get(4)?;
+            let ha1s = if deleted != 0 {
+                None
+            } else {
+                let hex = |i: usize| r.try_get::<String, _>(i);
+                let h = Ha1s::from_hex(&hex(1)?, &hex(2)?, &hex(3)?);
+                if h.is_none() {
+                    tracing::warn!("user {name}: the stored HA1s are not hex; the user is skipped");
+                }
+                h
+            };
+            last = (r.try_get(5)?, name.clone());
+            out.push((name, ha1s));
+        }
+        Ok((out, last))
+    }
+}
+
+/// `sipsec users` CSV import: `username,password` lines (a header line is skipped); HA1s are
+/// computed on every core. Returns how many users were stored.
+pub async fn import_csv(store: &Store, realm: &str, path: &Path) -> Result<usize> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut users = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() || (i == 0 && line.eq_ignore_ascii_case("username,password")) {
+            continue;
+        }
+        let Some((name, password)) = line.split_once(',') else {
+            bail!("{}:{}: expected username,password", path.display(), i + 1);
+        };
+        if !valid_username(name) {
+            bail!(
+                "{}:{}: {name:?} is not a valid user name",
+                path.display(),
+                i + 1
+            );
+        }
+        users.push((name.to_string(), password.to_string()));
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = users.len().div_ceil(threads).max(1);
+    let hashed: Vec<(String, Ha1s)> = std::thread::scope(|s| {
+        let jobs: Vec<_> = users
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|(n, p)| (n.clone(), Ha1s::from_password(n, realm, p)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .flat_map(|j| j.join().expect("hashing does not panic"))
+            .collect()
+    });
+    store.put_users(realm, &hashed).await?;
+    Ok(hashed.len())
+}
+
+/// Keeps `credentials` in step with the database at `url`: loads every user, then polls for
+/// changes every `period`. When the database fails, the cache is marked in outage (known
+/// users keep authenticating; others are answered 503), the failure is logged once per
+/// minute, and the sync resumes by itself when the database answers again.
+pub async fn sync(url: String, credentials: Arc<Credentials>, period: Duration) {
+    let realm = credentials.realm().to_string();
+    let mut store: Option<Store> = None;
+    let mut position = (0i64, String::new());
+    let mut last_logged: Option<std::time::Instant> = None;
+    loop {
+        let result = async {
+            if store.is_none() {
+                store = Some(Store::connect(&url).await?);
+            }
+            let db = store.as_ref().expect("just connected");
+            loop {
+                let (changes, next) = db.user_changes(&realm, position.clone()).await?;
+                let n = changes.len();
+                credentials.apply(changes);
+                position = next;
+                if n < LOAD_PAGE as usize {
+                    break;
+                }
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                if credentials.state() != CacheState::Current {
+                    tracing::info!(
+                        "user database: {} users of realm {realm} loaded",
+                        credentials.len()
+                    );
+                    last_logged = None;
+                }
+                credentials.set_state(CacheState::Current);
+            }
+            Err(e) => {
+                if credentials.state() == CacheState::Current {
+                    credentials.set_state(CacheState::Outage);
+                }
+                if last_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    tracing::error!(
+                        "user database unavailable ({e:#}): requests that need it are answered \
+                         503 until it returns"
+                    );
+                    last_logged = Some(std::time::Instant::now());
+                }
+                // A broken connection is made anew next time.
+                store = None;
+            }
+        }
+        tokio::time::sleep(period).await;
+    }
+}

@@ -1,0 +1,100 @@
+//! `sipsec users add | remove | list | import`: managing the user database a server with
+//! digest authentication checks against. The database and realm come from the server's
+//! config (`--config`, or the embedded defaults), so the command and the server agree; a
+//! running server picks the change up within a second.
+
+use crate::auth::credentials::Ha1s;
+use crate::config::Config;
+use crate::store::Store;
+use crate::userdb;
+use anyhow::{bail, Context, Result};
+use std::io::BufRead;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct UsersArgs {
+    /// The server's config file: its database and `[auth] realm` (default: the embedded
+    /// defaults, `sqlite://sipsec.db` and realm `localhost`).
+    #[arg(long, short, global = true)]
+    pub config: Option<PathBuf>,
+    /// Realm to manage instead of the config's.
+    #[arg(long, global = true)]
+    pub realm: Option<String>,
+    #[command(subcommand)]
+    pub action: UsersAction,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum UsersAction {
+    /// Add a user, or change an existing user's password.
+    Add {
+        username: String,
+        /// The password (default: read one line from stdin, so it stays out of shell history).
+        #[arg(long)]
+        password: Option<String>,
+    },
+    /// Remove a user.
+    Remove { username: String },
+    /// List the realm's users.
+    List,
+    /// Add or replace users from a CSV file of `username,password` lines.
+    Import { file: PathBuf },
+}
+
+pub fn run(args: UsersArgs) -> Result<()> {
+    let cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let realm = args.realm.clone().unwrap_or_else(|| cfg.auth.realm.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = Store::connect(&cfg.database_url).await?;
+        match args.action {
+            UsersAction::Add { username, password } => {
+                if !userdb::valid_username(&username) {
+                    bail!("{username:?} is not a valid user name (letters, digits and -_.!~*'()&=+$;?/)");
+                }
+                let password = match password {
+                    Some(p) => p,
+                    None => {
+                        let mut line = String::new();
+                        std::io::stdin()
+                            .lock()
+                            .read_line(&mut line)
+                            .context("cannot read the password from stdin")?;
+                        line.trim_end_matches(['\r', '\n']).to_string()
+                    }
+                };
+                if password.is_empty() {
+                    bail!("the password is empty");
+                }
+                let ha1s = Ha1s::from_password(&username, &realm, &password);
+                store.put_users(&realm, &[(username.clone(), ha1s)]).await?;
+                println!("user {username} of realm {realm} stored");
+            }
+            UsersAction::Remove { username } => {
+                if !store.remove_user(&realm, &username).await? {
+                    bail!("realm {realm} has no user {username:?}");
+                }
+                println!("user {username} of realm {realm} removed");
+            }
+            UsersAction::List => {
+                for name in store.list_users(&realm).await? {
+                    println!("{name}");
+                }
+            }
+            UsersAction::Import { file } => {
+                let started = std::time::Instant::now();
+                let n = userdb::import_csv(&store, &realm, &file).await?;
+                println!(
+                    "{n} users of realm {realm} imported in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        }
+        anyhow::Ok(())
+    })
+}

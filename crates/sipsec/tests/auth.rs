@@ -1,0 +1,528 @@
+//! Digest authentication end to end, against each user database: SQLite always, PostgreSQL and
+//! MariaDB when their URLs are given (`SIPSEC_TEST_POSTGRES`, `SIPSEC_TEST_MARIADB`; `.ci/run`
+//! starts both and sets them, and under CI a missing one is a failure).
+//!
+//! Per database: `sipsec users` imports, adds, lists and removes; real SIPp registers and calls
+//! with digest credentials from an injection file; raw requests show each refusal — wrong
+//! password, unknown user, replayed nonce count, stale nonce, spoofed From; a user added while
+//! the server runs can register a second later without a restart. On the network databases, a
+//! relay between server and database is cut to make an outage: unknown users get 503 with
+//! Retry-After, known users still get through, and all is well again when the relay returns.
+
+mod common;
+
+use common::*;
+use sip_core::digest::Challenge;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The databases to test against: (name, URL for a fresh run).
+fn databases(dir: &Path) -> Vec<(&'static str, String)> {
+    let mut out = vec![(
+        "sqlite",
+        format!("sqlite://{}", dir.join("users.db").display()),
+    )];
+    for (name, var) in [
+        ("postgresql", "SIPSEC_TEST_POSTGRES"),
+        ("mariadb", "SIPSEC_TEST_MARIADB"),
+    ] {
+        match std::env::var(var) {
+            Ok(url) => out.push((name, url)),
+            Err(_) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "{var} must name a {name} database under CI"
+                );
+                eprintln!("skipped {name}: set {var} to a database URL to test against it");
+            }
+        }
+    }
+    out
+}
+
+/// A realm of its own per run, so runs sharing a network database do not meet.
+fn realm() -> String {
+    format!(
+        "r{}-{}.test",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    )
+}
+
+/// A server config. MD5 is offered first: SIPp 3.6 answers only the first challenge and knows
+/// only MD5 (SHA-256 is covered by the unit tests and `sipsec load`).
+fn config(port: u16, url: &str, realm: &str, extra: &str) -> String {
+    format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
+         [routing]\ndefault_route = \"sip:127.0.0.1:{};transport=udp\"\n\
+         [database]\nurl = \"{url}\"\n\
+         [auth]\nscheme = \"digest\"\nrealm = \"{realm}\"\nnonce_lifetime_s = 2\n\
+         algorithms = [\"MD5\", \"SHA-256\"]\n\
+         max_failures_per_user = 1000\nmax_failures_per_source = 1000\n{extra}",
+        port + 1
+    )
+}
+
+/// `sipsec users …` with the config in `dir`; returns (success, stdout, stderr).
+fn users(dir: &Path, args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .arg("users")
+        .args(["--config", dir.join("sipsec.toml").to_str().unwrap()])
+        .args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An INVITE from `user` (From) to a domain not ours (so it takes the default route to the
+/// SIPp callee), with `auth` as an extra header line.
+fn invite(ep: &Endpoint, server: &str, user: &str, call: &str, cseq: u32, auth: &str) -> String {
+    format!(
+        "INVITE sip:bob@elsewhere.test SIP/2.0\r\n\
+         Via: SIP/2.0/UDP {};branch=z9hG4bK-{call}-{cseq}\r\n\
+         Max-Forwards: 70\r\nFrom: <sip:{user}@example.test>;tag=t{call}\r\n\
+         To: <sip:bob@elsewhere.test>\r\nCall-ID: {call}@{server}\r\nCSeq: {cseq} INVITE\r\n\
+         Contact: <sip:{user}@{}>\r\n{auth}Content-Length: 0\r\n\r\n",
+        ep.addr, ep.addr
+    )
+}
+
+/// The status line's code of a response.
+fn code(response: &str) -> u16 {
+    response[8..11].parse().unwrap()
+}
+
+/// The first Proxy-Authenticate challenge in a response.
+fn challenge(response: &str) -> Challenge {
+    let line = response
+        .lines()
+        .find(|l| l.starts_with("Proxy-Authenticate:"))
+        .unwrap_or_else(|| panic!("no challenge in {response}"));
+    Challenge::parse(line.split_once(": ").unwrap().1.as_bytes()).unwrap()
+}
+
+fn credentials(c: &Challenge, user: &str, password: &str, nc: u32) -> String {
+    format!(
+        "Proxy-Authorization: {}\r\n",
+        c.authorization(
+            user,
+            password,
+            "INVITE",
+            "sip:bob@elsewhere.test",
+            nc,
+            "abc"
+        )
+    )
+}
+
+/// Sends a request and returns its first response other than 100 (responses to earlier
+/// requests, still arriving, are skipped by Call-ID and CSeq).
+fn ask(ep: &Endpoint, server: &str, text: &str) -> String {
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap()
+            .to_string()
+    };
+    let (call_id, cseq) = (line("Call-ID:"), line("CSeq:"));
+    ep.send(server, text);
+    loop {
+        let r = ep.recv();
+        if !r.starts_with("SIP/2.0 100") && r.contains(&call_id) && r.contains(&cseq) {
+            return r;
+        }
+    }
+}
+
+/// Challenges, then answers; returns the answer's response.
+fn call_with(ep: &Endpoint, server: &str, user: &str, password: &str, call: &str) -> String {
+    let c = challenge(&ask(ep, server, &invite(ep, server, user, call, 1, "")));
+    ask(
+        ep,
+        server,
+        &invite(
+            ep,
+            server,
+            user,
+            call,
+            2,
+            &credentials(&c, user, password, 1),
+        ),
+    )
+}
+
+#[test]
+fn digest_with_sipp_and_every_refusal_against_each_database() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (db, url)) in databases(dir.path()).into_iter().enumerate() {
+        let port = ports(23000) + 100 * i as u16;
+        let realm = realm();
+        std::fs::write(
+            dir.path().join("sipsec.toml"),
+            config(port, &url, &realm, ""),
+        )
+        .unwrap();
+
+        // Users: 100 from a CSV (with a header), one added by hand, one removed.
+        let mut csv = String::from("username,password\n");
+        for n in 0..100 {
+            csv += &format!("user{n},pw{n}\n");
+        }
+        std::fs::write(dir.path().join("users.csv"), &csv).unwrap();
+        let (ok, out, err) = users(dir.path(), &["import", "users.csv"], "");
+        assert!(ok && out.contains("100 users"), "{db}: {out}{err}");
+        let (ok, _, err) = users(dir.path(), &["add", "alice"], "wonderland\n");
+        assert!(ok, "{db}: {err}");
+        let (ok, _, err) = users(dir.path(), &["remove", "user99"], "");
+        assert!(ok, "{db}: {err}");
+        let (ok, _, err) = users(dir.path(), &["remove", "nobody"], "");
+        assert!(!ok && err.contains("no user"), "{db}: {err}");
+        let (_, list, _) = users(dir.path(), &["list"], "");
+        assert_eq!(list.lines().count(), 100, "{db}: {list}");
+        assert!(list.contains("alice\n") && !list.contains("user99\n"));
+        let (ok, _, err) = users(dir.path(), &["add", "bad name"], "x\n");
+        assert!(!ok && err.contains("not a valid user name"), "{db}: {err}");
+
+        let server = Server::start_logged(dir.path(), &config(port, &url, &realm, ""));
+        let target = format!("127.0.0.1:{port}");
+
+        // SIPp: 50 users register, then 50 call, each answering the challenge.
+        let mut inf = String::from("SEQUENTIAL\n");
+        for n in 0..50 {
+            // SIPp expands no field inside [authentication …], so the whole keyword is one.
+            inf += &format!("user{n};pw{n};[authentication username=user{n} password=pw{n}]\n");
+        }
+        std::fs::write(dir.path().join("users.inf"), inf).unwrap();
+        let reg = sipp_client(
+            dir.path(),
+            &target,
+            &[
+                "-sf",
+                scenario("register_auth.xml").to_str().unwrap(),
+                "-inf",
+                "users.inf",
+                "-m",
+                "50",
+                "-r",
+                "50",
+                "-i",
+                "127.0.0.1",
+            ],
+        );
+        assert_eq!(
+            (reg.successful, reg.failed),
+            (50, 0),
+            "{db}: {}",
+            server.log()
+        );
+        let _uas = sipp_uas_with("127.0.0.1", port + 1, &["-sn", "uas"]);
+        let calls = sipp_client(
+            dir.path(),
+            &target,
+            &[
+                "-sf",
+                scenario("uac_auth.xml").to_str().unwrap(),
+                "-inf",
+                "users.inf",
+                "-m",
+                "50",
+                "-r",
+                "50",
+                "-i",
+                "127.0.0.1",
+                "-s",
+                "bob",
+            ],
+        );
+        assert_eq!(
+            (calls.successful, calls.failed),
+            (50, 0),
+            "{db}: {}",
+            server.log()
+        );
+
+        let ep = Endpoint::bind("127.0.0.1:0");
+        // The right password passes (the call is proxied: 180/200 or the UAS's answer).
+        let ok = call_with(&ep, &target, "alice", "wonderland", "ok1");
+        assert!(code(&ok) < 300, "{db}: {ok}");
+        // Wrong password, unknown user, removed user: challenged again, alike.
+        for (user, pw) in [("alice", "guess"), ("mallory", "x"), ("user99", "pw99")] {
+            let r = call_with(&ep, &target, user, pw, &format!("bad-{user}"));
+            assert_eq!(code(&r), 407, "{db} {user}: {r}");
+            assert!(!challenge(&r).stale);
+        }
+        // A replayed nonce count, on a new transaction.
+        let c = challenge(&ask(
+            &ep,
+            &target,
+            &invite(&ep, &target, "alice", "rp", 1, ""),
+        ));
+        let creds = credentials(&c, "alice", "wonderland", 1);
+        assert!(
+            code(&ask(
+                &ep,
+                &target,
+                &invite(&ep, &target, "alice", "rp", 2, &creds)
+            )) < 300
+        );
+        let replay = ask(
+            &ep,
+            &target,
+            &invite(&ep, &target, "alice", "rp2", 2, &creds),
+        );
+        assert_eq!(code(&replay), 407, "{db}: {replay}");
+        // Spoofing: alice's credentials on a request From bob.
+        let c = challenge(&ask(
+            &ep,
+            &target,
+            &invite(&ep, &target, "bob", "sp", 1, ""),
+        ));
+        let spoof = ask(
+            &ep,
+            &target,
+            &invite(
+                &ep,
+                &target,
+                "bob",
+                "sp",
+                2,
+                &credentials(&c, "alice", "wonderland", 1),
+            ),
+        );
+        assert_eq!(code(&spoof), 403, "{db}: {spoof}");
+        // A stale nonce (lifetime 2 s) with the right password: stale=true.
+        let c = challenge(&ask(
+            &ep,
+            &target,
+            &invite(&ep, &target, "alice", "st", 1, ""),
+        ));
+        std::thread::sleep(Duration::from_millis(2_500));
+        let stale = ask(
+            &ep,
+            &target,
+            &invite(
+                &ep,
+                &target,
+                "alice",
+                "st",
+                2,
+                &credentials(&c, "alice", "wonderland", 1),
+            ),
+        );
+        assert_eq!(code(&stale), 407, "{db}: {stale}");
+        assert!(challenge(&stale).stale, "{db}: {stale}");
+
+        // A user added while the server runs works within a couple of seconds.
+        let (ok, _, err) = users(dir.path(), &["add", "late", "--password", "comer"], "");
+        assert!(ok, "{err}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let r = call_with(
+                &ep,
+                &target,
+                "late",
+                "comer",
+                &format!("late{}", deadline.elapsed().as_nanos()),
+            );
+            if code(&r) < 300 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{db}: the new user never worked: {r}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let c = server.stop_counters();
+        // 50 registrations, 50 SIPp calls, and the raw calls of alice (2) and the late user.
+        assert!(c.get("auth_passed") >= 50 + 50 + 3, "{db}: {c:?}");
+        assert!(c.get("auth_failed") >= 3, "{db}: {c:?}");
+        assert_eq!(c.get("auth_replays"), 1, "{db}: {c:?}");
+        assert_eq!(c.get("auth_identity_mismatches"), 1, "{db}: {c:?}");
+        assert!(c.get("auth_stale") >= 1, "{db}: {c:?}");
+    }
+}
+
+/// A TCP relay to `to` that can be cut (every connection closed, new ones refused) and
+/// restored: a database outage without touching the database.
+struct Relay {
+    port: u16,
+    up: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(to: String) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let flag = up.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if !flag.load(Ordering::SeqCst) {
+                    continue; // dropped: refused
+                }
+                let Ok(server) = TcpStream::connect(&to) else {
+                    continue;
+                };
+                for (mut from, mut into) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let flag = flag.clone();
+                    std::thread::spawn(move || {
+                        let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
+                        let mut buf = [0u8; 16384];
+                        loop {
+                            if !flag.load(Ordering::SeqCst) {
+                                let _ = from.shutdown(std::net::Shutdown::Both);
+                                let _ = into.shutdown(std::net::Shutdown::Both);
+                                return;
+                            }
+                            match from.read(&mut buf) {
+                                Ok(0) => {
+                                    let _ = into.shutdown(std::net::Shutdown::Write);
+                                    return;
+                                }
+                                Ok(n) => {
+                                    if into.write_all(&buf[..n]).is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(e)
+                                    if e.kind() == std::io::ErrorKind::WouldBlock
+                                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                                Err(_) => return,
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Relay { port, up }
+    }
+}
+
+#[test]
+fn a_database_outage_is_answered_503_and_recovers_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let network: Vec<_> = databases(dir.path())
+        .into_iter()
+        .filter(|(db, _)| *db != "sqlite")
+        .collect();
+    if network.is_empty() {
+        eprintln!("skipped: no network database to cut off");
+        return;
+    }
+    if !have_sipp() {
+        return;
+    }
+    for (i, (db, url)) in network.into_iter().enumerate() {
+        let default_port = if db == "postgresql" { 5432 } else { 3306 };
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, host) = authority.rsplit_once('@').unwrap_or(("", authority));
+        let to = if host.contains(':') {
+            host.to_string()
+        } else {
+            format!("{host}:{default_port}")
+        };
+        let relay = Relay::start(to);
+        let at = if userinfo.is_empty() {
+            String::new()
+        } else {
+            format!("{userinfo}@")
+        };
+        let relayed = format!("{scheme}://{at}127.0.0.1:{}/{path}", relay.port);
+        let port = ports(23500) + 100 * i as u16;
+        let realm = realm();
+        std::fs::write(
+            dir.path().join("sipsec.toml"),
+            config(port, &url, &realm, ""),
+        )
+        .unwrap();
+        let (ok, _, err) = users(
+            dir.path(),
+            &["add", "alice", "--password", "wonderland"],
+            "",
+        );
+        assert!(ok, "{db}: {err}");
+        let server = Server::start_logged(dir.path(), &config(port, &relayed, &realm, ""));
+        let _uas = sipp_uas_with("127.0.0.1", port + 1, &["-sn", "uas"]);
+        let target = format!("127.0.0.1:{port}");
+        let ep = Endpoint::bind("127.0.0.1:0");
+        assert!(
+            code(&call_with(&ep, &target, "alice", "wonderland", "a1")) < 300,
+            "{db}: {}",
+            server.log()
+        );
+
+        relay.up.store(false, Ordering::SeqCst);
+        // The next poll fails (within the pool's 5 s acquire timeout).
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let r = call_with(
+                &ep,
+                &target,
+                "carol",
+                "x",
+                &format!("c{}", deadline.elapsed().as_nanos()),
+            );
+            if code(&r) == 503 {
+                assert!(r.contains("Retry-After:"), "{r}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{db}: no 503 during the outage: {r}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        // Known users are still authenticated from memory.
+        assert!(code(&call_with(&ep, &target, "alice", "wonderland", "a2")) < 300);
+
+        relay.up.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let r = call_with(
+                &ep,
+                &target,
+                "carol",
+                "x",
+                &format!("d{}", deadline.elapsed().as_nanos()),
+            );
+            if code(&r) == 407 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{db}: never recovered: {r}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let log = server.log();
+        assert!(log.contains("user database unavailable"), "{log}");
+    }
+}
