@@ -326,9 +326,6 @@ impl Authenticator {
         if self.throttle.user_blocked(username, now_ms) {
             return throttled();
         }
-        if cred.opaque.as_deref() != Some(self.shared.opaque.as_bytes()) {
-            return self.challenge_verdict(register, now_ms, false, Why::Failed);
-        }
         let (ha1s, known) = match self.shared.credentials.lookup(username) {
             Lookup::Found(h) => (h, true),
             Lookup::Unknown => (self.decoy.clone(), false),
@@ -350,8 +347,15 @@ impl Authenticator {
             self.throttle.fail(source, username, now_ms);
             return self.challenge_verdict(register, now_ms, false, Why::Failed);
         }
-        // The password is right; now the nonce must be fresh and its count unused.
-        match self.shared.nonces.check(&cred.nonce, now_ms) {
+        // The password is right; now the nonce must be ours (with our opaque: a challenge from
+        // before a restart has another), fresh, and its count unused.
+        let ours = cred.opaque.as_deref() == Some(self.shared.opaque.as_bytes());
+        let nonce = if ours {
+            self.shared.nonces.check(&cred.nonce, now_ms)
+        } else {
+            NonceState::Unknown
+        };
+        match nonce {
             NonceState::Fresh { id, issued_ms } => {
                 let nc = cred.nc.unwrap_or(1);
                 match self.shared.counts.use_count(id, issued_ms, nc, now_ms) {
