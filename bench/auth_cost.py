@@ -26,6 +26,10 @@ def bench(binary, args, rate, calls):
     cmd = [binary, "bench", "--rate", str(rate), "--calls", str(calls), "-q", "--json", out] + args
     p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
+        for f in ("kamailio.log",):
+            path = os.path.join(os.path.dirname(args[-1]), f)
+            if os.path.exists(path):
+                print(open(path).read()[-1500:], file=sys.stderr)
         sys.exit(f"bench {args} failed: {p.stderr}")
     r = json.load(open(out))
     os.unlink(out)
@@ -78,8 +82,9 @@ def kamailio(work, auth, db, registrar=False):
     cmd = ["taskset", "-c", "0", "kamailio", "-DD", "-E", "-f", cfg, "-m", "512", "-M", "32",
            "-Y", work, "-w", work, "-A", 'UAS_URI="sip:127.0.0.3:35080"']
     if auth:
-        cmd += ["-A", "WITH_AUTH", "-A", f'DB_URL="sqlite://{db}"']
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cmd += ["-A", "WITH_AUTH", "-A", f'DB_URL="sqlite:///{db}"']  # Kamailio wants sqlite:////abs
+    log = open(os.path.join(work, "kamailio.log"), "w")
+    p = subprocess.Popen(cmd, stdout=log, stderr=log)
     time.sleep(2)
     return p
 
@@ -132,8 +137,6 @@ def main():
     res.update({name: [] for name, _, _ in kam})
     for r in range(a.rounds):
         print(f"round {r + 1}/{a.rounds}", file=sys.stderr)
-        for name, args in rows:
-            res[name].append(bench(binary, args, a.rate, a.calls))
         for name, auth, registrar in kam:
             k = kamailio(work, auth, kdb, registrar)
             scenario = ["--scenario", "register"] if registrar else []
@@ -145,6 +148,8 @@ def main():
                 k.terminate()
                 k.wait()
                 time.sleep(1)
+        for name, args in rows:
+            res[name].append(bench(binary, args, a.rate, a.calls))
     med = {name: statistics.median(v) for name, v in res.items()}
     print(f"{a.users:,} users: `sipsec users import` took {import_s:.1f} s; server resident "
           f"memory {rss[False] / 1024:.0f} MiB without auth, {rss[True] / 1024:.0f} MiB with "
