@@ -462,13 +462,13 @@ impl Config {
         {
             bail!("database.url: '{url}' is not a sqlite://, postgres:// or mysql:// URL");
         }
-        let domains_for_auth: Vec<String> = raw
+        let domains: Vec<String> = raw
             .server
             .domains
             .iter()
             .map(|d| d.to_ascii_lowercase())
             .collect();
-        let auth = raw.auth.validate(&domains_for_auth)?;
+        let auth = raw.auth.validate(&domains)?;
         let reg = raw.registrar;
         if reg.min_expires > reg.max_expires {
             bail!("registrar.min_expires: must not exceed registrar.max_expires");
@@ -522,12 +522,7 @@ impl Config {
         }
         Ok(Config {
             listen,
-            domains: raw
-                .server
-                .domains
-                .into_iter()
-                .map(|d| d.to_ascii_lowercase())
-                .collect(),
+            domains,
             mode: raw.server.mode,
             stateful: raw.server.stateful,
             record_route: raw.server.record_route,

@@ -30,7 +30,9 @@ fn bytes_of<const N: usize>(hex_text: &str) -> Option<[u8; N]> {
 }
 
 fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut out = String::with_capacity(2 * bytes.len());
+    super::nonce::hex(bytes, &mut out);
+    out
 }
 
 impl Ha1s {

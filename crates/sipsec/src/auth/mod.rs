@@ -211,8 +211,8 @@ impl Authenticator {
         }
     }
 
-    /// Whether `method` is challenged at all.
-    pub fn covers(&self, msg: &Message<'_>) -> bool {
+    /// Whether the request's method is challenged at all.
+    fn covers(&self, msg: &Message<'_>) -> bool {
         let method = msg.method();
         if matches!(method, Method::Ack | Method::Cancel) {
             return false;
@@ -260,11 +260,21 @@ impl Authenticator {
         refuse(code, reason, headers, why)
     }
 
+    /// Not challenged at all: a method we do not challenge, or a trusted source.
+    pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
+        !self.covers(msg) || self.cfg.trusted.iter().any(|n| n.contains(source))
+    }
+
     /// Decides on a request from `source` at Unix time `now_ms`.
     pub fn check(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
-        if !self.covers(msg) || self.cfg.trusted.iter().any(|n| n.contains(source)) {
+        if self.exempt(msg, source) {
             return Verdict::Pass;
         }
+        self.verify(msg, source, now_ms)
+    }
+
+    /// Verifies the credentials of a request that is not [`exempt`](Self::exempt).
+    pub fn verify(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
         let throttled = || {
             refuse(
                 403,

@@ -31,7 +31,8 @@ pub struct Nonces {
     lifetime_ms: u64,
 }
 
-fn hex(bytes: &[u8], out: &mut String) {
+/// Appends lower-case hex of `bytes` (nonces, and the HA1s a digest response is computed from).
+pub(crate) fn hex(bytes: &[u8], out: &mut String) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for b in bytes {
         out.push(DIGITS[(b >> 4) as usize] as char);

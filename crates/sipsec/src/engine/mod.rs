@@ -449,10 +449,10 @@ impl Engine {
         let Some(auth) = self.auth.as_mut() else {
             return true;
         };
-        if !auth.covers(msg) {
+        if auth.exempt(msg, source.addr.ip()) {
             return true;
         }
-        let (code, reason, headers, why) = match auth.check(msg, source.addr.ip(), now_ms) {
+        let (code, reason, headers, why) = match auth.verify(msg, source.addr.ip(), now_ms) {
             Verdict::Pass => {
                 inc(&self.stats.auth_passed);
                 return true;
