@@ -6,6 +6,15 @@
 //!
 //!     cargo run --release --example tls_floor [HANDSHAKES=2000]
 //!     cargo run --release --features openssl --example tls_floor   # + seed 000's suite
+//!     cargo run --release --example tls_floor 300 "1.3 resumed"      # only rows matching
+//!     cargo run --release --example tls_floor 300 "" cold            # caches evicted
+//!
+//! Back to back, a handshake finds its code, tables and keys in cache; in a proxy it runs
+//! between other calls' messages and the kernel's network work, and callgrind counts the same
+//! instructions per handshake either way (BENCHMARKS.md). `cold` writes 64 MiB (more than
+//! this machine's last-level cache) between handshakes, untimed, to show what misses cost.
+//! With a row filter, one row runs alone: that is how callgrind counts instructions per
+//! handshake in memory to compare with a running server.
 //!
 //! The bars compare the TLS cost per call above TCP with this floor.
 
@@ -44,11 +53,16 @@ fn pump(from: &mut Session, to: &mut Session, from_s: &mut f64, to_s: &mut f64) 
 
 /// Server and client CPU per handshake (µs) over `n` handshakes; the first (which fills the
 /// client's session cache) is not counted. Returns also how many resumed.
-fn measure(client: &ClientTls, server: &ServerTls, n: usize) -> (f64, f64, usize) {
+fn measure(client: &ClientTls, server: &ServerTls, n: usize, cold: bool) -> (f64, f64, usize) {
     let name = tls::server_name(None, "127.0.0.1".parse().unwrap()).unwrap();
     let (mut server_s, mut client_s) = (0.0, 0.0);
     let mut resumed = 0;
+    let mut evict = vec![0u8; if cold { 64 << 20 } else { 0 }];
     for i in 0..=n {
+        for (j, byte) in evict.iter_mut().enumerate().step_by(64) {
+            *byte = byte.wrapping_add(j as u8);
+        }
+        std::hint::black_box(&evict);
         let (mut s_spent, mut c_spent) = (0.0, 0.0);
         let t = thread_cpu();
         let mut c = client.connect(name.clone()).unwrap();
@@ -215,6 +229,8 @@ fn main() {
     let n: usize = std::env::args()
         .nth(1)
         .map_or(2000, |a| a.parse().expect("HANDSHAKES is a number"));
+    let only = std::env::args().nth(2).filter(|f| !f.is_empty());
+    let cold = std::env::args().nth(3).is_some_and(|a| a == "cold");
     for key in [KeyKind::EcdsaP256, KeyKind::Rsa2048] {
         let dir = tempfile::tempdir().unwrap();
         certs::run(&CertsArgs {
@@ -225,12 +241,17 @@ fn main() {
             new_ca: true,
         })
         .unwrap();
-        println!("{key:?} certificates, CPU per handshake over {n} handshakes (µs):");
+        let caches = if cold { ", caches evicted" } else { "" };
+        println!("{key:?} certificates, CPU per handshake over {n} handshakes{caches} (µs):");
         println!(
             "  {:<38} {:<15} {:>8} {:>8}",
             "", "key exchange", "server", "client"
         );
         for (label, backend, suite, group, version, client_cert, resumption) in rows(key) {
+            let row = format!("{label} {group}");
+            if only.as_ref().is_some_and(|o| !row.contains(o.as_str())) {
+                continue;
+            }
             let (client, server) = configs(
                 dir.path(),
                 backend,
@@ -240,7 +261,7 @@ fn main() {
                 client_cert,
                 resumption,
             );
-            let (server_us, client_us, resumed) = measure(&client, &server, n);
+            let (server_us, client_us, resumed) = measure(&client, &server, n, cold);
             let group = if suite.is_some() { "RSA" } else { group };
             println!(
                 "  {label:<38} {group:<15} {server_us:8.1} {client_us:8.1}   ({resumed}/{n} resumed)"

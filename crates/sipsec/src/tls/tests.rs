@@ -266,6 +266,39 @@ fn the_chosen_key_exchange_group_is_the_one_negotiated() {
     }
 }
 
+#[test]
+fn by_default_the_server_chooses_aes_128_gcm_whatever_the_client_prefers() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, false);
+    let server = server_config(&server_side(
+        dir.path(),
+        ClientAuth::None,
+        protocol(&[], false),
+    ));
+    for (versions, sha384_first, chosen) in [
+        (
+            &["1.3"][..],
+            "TLS13_AES_256_GCM_SHA384",
+            "TLS13_AES_128_GCM_SHA256",
+        ),
+        (
+            &["1.2"][..],
+            "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+            "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+        ),
+    ] {
+        // A client like OpenSSL's defaults: SHA-384 first.
+        let mut p = protocol(versions, false);
+        p.cipher_suites = vec![sha384_first.into(), chosen.into()];
+        let client = client_config(&client_side(dir.path(), false, p)).unwrap();
+        let (c, _) = connect(&client, server.as_ref().unwrap()).unwrap();
+        let got = c
+            .negotiated_cipher_suite()
+            .map(|s| format!("{:?}", s.suite()));
+        assert_eq!(got.as_deref(), Some(chosen));
+    }
+}
+
 /// Moves `from`'s bytes into `to` through the backend-neutral [`Session`]; true when there were
 /// some.
 fn pump_sessions(
@@ -323,7 +356,7 @@ fn sessions_carry_plaintext_and_report_resumption() {
     assert!(s.is_server() && !c.is_server());
     assert_eq!(
         c.cipher_suite().as_deref(),
-        Some("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384")
+        Some("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256")
     );
     exchange(&mut c, &mut s);
     // Plaintext queued during the handshake goes out once it is over.
