@@ -88,6 +88,15 @@ pub enum DigestError {
 /// Splits `Digest a=b, c="d"` into its parameters, unquoting quoted strings (escapes kept
 /// verbatim except the backslash itself is dropped before the escaped character).
 pub fn parse_params(value: &[u8]) -> Result<Vec<AuthParam<'_>>, DigestError> {
+    parse_scheme_params(value, b"Digest")
+}
+
+/// Splits `<scheme> a=b, c="d"` into its parameters like [`parse_params`]; `NotDigest` means
+/// the value is of another scheme. Proxychain's `PC` headers share the syntax.
+pub fn parse_scheme_params<'v>(
+    value: &'v [u8],
+    scheme: &[u8],
+) -> Result<Vec<AuthParam<'v>>, DigestError> {
     let mut i = 0;
     while i < value.len() && is_ws(value[i]) {
         i += 1;
@@ -96,7 +105,7 @@ pub fn parse_params(value: &[u8]) -> Result<Vec<AuthParam<'_>>, DigestError> {
     while i < value.len() && is_token(value[i]) {
         i += 1;
     }
-    if !eq_ic(&value[start..i], b"Digest") {
+    if !eq_ic(&value[start..i], scheme) {
         return Err(DigestError::NotDigest);
     }
     let mut out = Vec::with_capacity(8);
