@@ -138,6 +138,15 @@ struct RawAuth {
     max_failures_per_user: u32,
     failure_window_s: u64,
     max_tracked_nonces: usize,
+    // Proxychain.
+    authority: Option<String>,
+    authority_name: Option<String>,
+    chain_length: u32,
+    hash: String,
+    cache_size: usize,
+    prefetch_at: Option<u32>,
+    backup: Option<PathBuf>,
+    wait_ms: u64,
 }
 
 impl Default for RawAuth {
@@ -153,11 +162,63 @@ impl Default for RawAuth {
             max_failures_per_user: 10,
             failure_window_s: 60,
             max_tracked_nonces: 1_000_000,
+            authority: None,
+            authority_name: None,
+            chain_length: 10,
+            hash: "SHA-256".into(),
+            cache_size: 1_000_000,
+            prefetch_at: None,
+            backup: None,
+            wait_ms: 3000,
         }
     }
 }
 
 impl RawAuth {
+    fn proxychain(
+        &self,
+        realm: &str,
+        methods: &[String],
+        trusted: &[crate::auth::Network],
+    ) -> Result<crate::auth::proxychain::PcConfig> {
+        use sip_core::proxychain::{HashKind, MAX_COUNTER};
+        let authority = self
+            .authority
+            .as_deref()
+            .context("auth.authority: proxychain needs the authority's \"tls:host:port\"")?;
+        let peer = crate::transport::Peer::parse(authority)
+            .filter(|p| p.transport == crate::transport::Transport::Tls)
+            .with_context(|| format!("auth.authority: {authority:?} is not \"tls:ip:port\""))?;
+        let hash = HashKind::from_token(self.hash.as_bytes())
+            .with_context(|| format!("auth.hash: {:?} is not MD5 or SHA-256", self.hash))?;
+        if self.chain_length == 0 || self.chain_length > MAX_COUNTER {
+            bail!("auth.chain_length must be 1 to {MAX_COUNTER}");
+        }
+        if self.cache_size == 0 {
+            bail!("auth.cache_size must be positive");
+        }
+        Ok(crate::auth::proxychain::PcConfig {
+            authority: peer.addr,
+            authority_name: self
+                .authority_name
+                .clone()
+                .unwrap_or_else(|| peer.addr.ip().to_string()),
+            chain_length: self.chain_length,
+            hash,
+            cache_size: self.cache_size,
+            // By default the next chain is fetched when a quarter of this one is left.
+            prefetch_at: self
+                .prefetch_at
+                .unwrap_or(self.chain_length.div_ceil(4))
+                .min(self.chain_length),
+            backup: self.backup.clone(),
+            realm: realm.to_string(),
+            methods: methods.to_vec(),
+            trusted: trusted.to_vec(),
+            wait_ms: self.wait_ms.max(100),
+        })
+    }
+
     fn validate(self, domains: &[String]) -> Result<crate::auth::AuthConfig> {
         use sip_core::digest::Algorithm;
         let methods: Vec<String> = self
@@ -199,11 +260,17 @@ impl RawAuth {
                 crate::auth::Network::parse(t).map_err(|e| anyhow::anyhow!("auth.trusted: {e}"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let realm = self.realm.unwrap_or_else(|| domains[0].clone());
+        let realm = self.realm.clone().unwrap_or_else(|| domains[0].clone());
         if realm.is_empty() || realm.contains(['"', '\\', '\r', '\n']) {
             bail!("auth.realm: {realm:?} cannot be used as a realm");
         }
+        let proxychain = if self.scheme == crate::auth::Scheme::Proxychain {
+            Some(self.proxychain(&realm, &methods, &trusted)?)
+        } else {
+            None
+        };
         Ok(crate::auth::AuthConfig {
+            proxychain,
             scheme: self.scheme,
             realm,
             methods,

@@ -1,6 +1,6 @@
 //! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-use sipsec::{bench, certs, config, load, server, users_cmd};
+use sipsec::{authd, bench, certs, config, load, server, users_cmd};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -34,8 +34,14 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Make a test CA and a server and a client certificate signed by it (PEM files).
     Certs(certs::CertsArgs),
-    /// Manage the users digest authentication checks: add, remove, list, import a CSV.
+    /// Manage the users digest and Proxychain authentication check: add, remove, list,
+    /// import a CSV.
     Users(users_cmd::UsersArgs),
+    /// Run Proxychain's central authentication service (or write backup credentials, or
+    /// revoke a proxy).
+    Authd(authd::AuthdArgs),
+    /// Lab helper: a TCP relay that adds a fixed round-trip time (the proxy-authority WAN).
+    DelayRelay(authd::relay::RelayArgs),
     /// Bench helper: holds idle TCP connections open in a process of their own (so they do
     /// not count against the bench's own file limit) until stdin closes.
     #[command(hide = true)]
@@ -58,6 +64,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(*args).map(|_| ()),
         Command::Certs(args) => certs::run(&args),
+        Command::Authd(args) => authd::run(args),
+        Command::DelayRelay(args) => authd::relay::run(args),
         Command::Users(args) => users_cmd::run(args),
         Command::HoldConnections { to, count } => bench::streams::hold_idle(to, count),
         Command::Load(args) => {

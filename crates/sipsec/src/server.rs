@@ -48,6 +48,36 @@ fn start_auth(
     Ok(Some(Arc::new(shared)))
 }
 
+/// With Proxychain: the chain cache the workers share, and the TLS client configuration of
+/// the channel to the authority (this server's certificate is its identity there).
+fn start_proxychain(
+    cfg: &Config,
+) -> Result<
+    Option<(
+        Arc<crate::auth::proxychain::PcShared>,
+        Arc<rustls::ClientConfig>,
+    )>,
+> {
+    let Some(pc) = &cfg.auth.proxychain else {
+        return Ok(None);
+    };
+    let (Some(cert), Some(key), Some(ca)) = (&cfg.tls.cert, &cfg.tls.key, &cfg.tls.ca) else {
+        anyhow::bail!(
+            "auth: proxychain needs tls.cert and tls.key (this proxy's identity at the \
+             authority) and tls.ca (to verify the authority)"
+        );
+    };
+    let tls = crate::tls::client_config(&crate::tls::ClientSide {
+        ca: Some(ca.clone()),
+        no_verify: false,
+        identity: Some((cert.clone(), key.clone())),
+        protocol: crate::tls::Protocol::default(),
+    })
+    .context("the authority channel's TLS")?;
+    let shared = Arc::new(crate::auth::proxychain::PcShared::new(pc.clone()));
+    Ok(Some((shared, tls)))
+}
+
 pub fn run(cfg: Config) -> Result<()> {
     crate::net::raise_fd_limit();
     let cfg = Arc::new(cfg);
@@ -79,6 +109,7 @@ pub fn run(cfg: Config) -> Result<()> {
     })?;
     let store = store::spawn_writer(store, &runtime);
     let auth = start_auth(&cfg, &runtime)?;
+    let proxychain = start_proxychain(&cfg)?;
 
     let shutdown = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -93,6 +124,15 @@ pub fn run(cfg: Config) -> Result<()> {
         senders.push(tx);
         mailboxes.push(rx);
     }
+    let authority = proxychain.as_ref().map(|(shared, tls)| {
+        crate::authd::client::spawn(
+            &runtime,
+            shared.clone(),
+            tls.clone(),
+            senders.clone(),
+            Arc::new(Default::default()),
+        )
+    });
     let mut all_stats = Vec::new();
     let mut workers = Vec::new();
     for (index, mailbox) in mailboxes.into_iter().enumerate() {
@@ -129,6 +169,9 @@ pub fn run(cfg: Config) -> Result<()> {
         if let Some(shared) = &auth {
             engine.enable_auth(shared.clone());
         }
+        if let Some((shared, _)) = &proxychain {
+            engine.enable_proxychain(shared.clone());
+        }
         for aor in &loaded.known_aors {
             engine.know_aor(aor);
         }
@@ -152,6 +195,7 @@ pub fn run(cfg: Config) -> Result<()> {
             coalescer: crate::coalesce::Coalescer::new(Duration::from_micros(
                 cfg.max_batch_delay_us,
             )),
+            authority: authority.clone(),
         };
         worker
             .register()

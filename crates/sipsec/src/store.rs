@@ -55,8 +55,8 @@ impl Dialect {
     }
 }
 
-/// 1: registrations; 2: users (`userdb`).
-const SCHEMA_VERSION: i64 = 2;
+/// 1: registrations; 2: users (`userdb`); 3: Proxychain keys and revoked proxies.
+const SCHEMA_VERSION: i64 = 3;
 
 /// A connected store.
 pub struct Store {
@@ -165,6 +165,22 @@ impl Store {
             sqlx::query("INSERT INTO sipsec_user_revision (id, revision) VALUES (1, 0)")
                 .execute(&self.pool)
                 .await?;
+            self.record_version(2).await?;
+        }
+        if version.unwrap_or(0) < 3 {
+            // Proxychain: the key k_AD next to the HA1s (empty for users stored before: they
+            // need their password set again), and the proxies the authority refuses.
+            sqlx::query(
+                "ALTER TABLE sipsec_users ADD COLUMN pc_key VARCHAR(64) NOT NULL DEFAULT ''",
+            )
+            .execute(&self.pool)
+            .await?;
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS sipsec_revoked_proxies (\
+                 name VARCHAR(255) NOT NULL PRIMARY KEY, revoked_at BIGINT NOT NULL)",
+            )
+            .execute(&self.pool)
+            .await?;
             self.record_version(SCHEMA_VERSION).await?;
         }
         Ok(())

@@ -1,4 +1,5 @@
-//! The user database: credentials as HA1 per realm and algorithm (never passwords), in the same
+//! The user database: credentials as HA1 per realm and algorithm and the Proxychain key k_AD
+//! (never passwords), in the same
 //! database as registrations (SQLite embedded, PostgreSQL or MariaDB/MySQL by URL), and the
 //! sync that keeps the server's credential cache in step with it.
 //!
@@ -9,7 +10,7 @@
 //! database on any call's path. Writers serialise on the counter row, so revisions become
 //! visible in order and a poll never skips one.
 
-use crate::auth::credentials::{CacheState, Credentials, Ha1s};
+use crate::auth::credentials::{CacheState, Credentials, Secrets};
 use crate::store::{Dialect, Store};
 use anyhow::{bail, Context, Result};
 use sqlx::Row;
@@ -45,37 +46,38 @@ impl Store {
     }
 
     /// Adds or replaces users (one revision for all of them).
-    pub async fn put_users(&self, realm: &str, users: &[(String, Ha1s)]) -> Result<()> {
+    pub async fn put_users(&self, realm: &str, users: &[(String, Secrets)]) -> Result<()> {
         let d = self.dialect();
         let mut tx = self.pool().begin().await?;
         let revision = self.next_revision(&mut tx).await?;
         for chunk in users.chunks(IMPORT_CHUNK) {
-            let rows = vec!["(?, ?, ?, ?, ?, ?, 0)"; chunk.len()].join(", ");
+            let rows = vec!["(?, ?, ?, ?, ?, ?, ?, 0)"; chunk.len()].join(", ");
             let update = match d {
                 Dialect::MySql => {
                     "ON DUPLICATE KEY UPDATE ha1_md5 = VALUES(ha1_md5), \
                      ha1_sha256 = VALUES(ha1_sha256), ha1_sha512_256 = VALUES(ha1_sha512_256), \
-                     revision = VALUES(revision), deleted = 0"
+                     pc_key = VALUES(pc_key), revision = VALUES(revision), deleted = 0"
                 }
                 _ => {
                     "ON CONFLICT (realm, username) DO UPDATE SET ha1_md5 = excluded.ha1_md5, \
                      ha1_sha256 = excluded.ha1_sha256, ha1_sha512_256 = excluded.ha1_sha512_256, \
-                     revision = excluded.revision, deleted = 0"
+                     pc_key = excluded.pc_key, revision = excluded.revision, deleted = 0"
                 }
             };
             let sql = d.sql(&format!(
                 "INSERT INTO sipsec_users (realm, username, ha1_md5, ha1_sha256, ha1_sha512_256, \
-                 revision, deleted) VALUES {rows} {update}"
+                 pc_key, revision, deleted) VALUES {rows} {update}"
             ));
             let mut q = sqlx::query(&sql);
             for (name, h) in chunk {
-                let (md5, sha256, sha512) = h.to_hex();
+                let [md5, sha256, sha512, pc_key] = h.to_hex();
                 q = q
                     .bind(realm.to_string())
                     .bind(name.clone())
                     .bind(md5)
                     .bind(sha256)
                     .bind(sha512)
+                    .bind(pc_key)
                     .bind(revision);
             }
             q.execute(&mut *tx).await?;
@@ -125,8 +127,9 @@ impl Store {
         &self,
         realm: &str,
         after: (i64, String),
-    ) -> Result<(Vec<(String, Option<Ha1s>)>, (i64, String))> {
-        const COLUMNS: &str = "username, ha1_md5, ha1_sha256, ha1_sha512_256, deleted, revision";
+    ) -> Result<(Vec<(String, Option<Secrets>)>, (i64, String))> {
+        const COLUMNS: &str =
+            "username, ha1_md5, ha1_sha256, ha1_sha512_256, deleted, revision, pc_key";
         let same = sqlx::query(&self.dialect().sql(&format!(
             "SELECT {COLUMNS} FROM sipsec_users WHERE realm = ? AND revision = ? AND username > ? \
              ORDER BY username LIMIT {LOAD_PAGE}"
@@ -158,9 +161,11 @@ impl Store {
                 None
             } else {
                 let hex = |i: usize| r.try_get::<String, _>(i);
-                let h = Ha1s::from_hex(&hex(1)?, &hex(2)?, &hex(3)?);
+                let h = Secrets::from_hex(&hex(1)?, &hex(2)?, &hex(3)?, &hex(6)?);
                 if h.is_none() {
-                    tracing::warn!("user {name}: the stored HA1s are not hex; the user is skipped");
+                    tracing::warn!(
+                        "user {name}: the stored secrets are not hex; the user is skipped"
+                    );
                 }
                 h
             };
@@ -168,6 +173,30 @@ impl Store {
             out.push((name, ha1s));
         }
         Ok((out, last))
+    }
+}
+
+impl Store {
+    /// Every user of `realm` with a Proxychain key (for backup credentials).
+    pub async fn user_keys(&self, realm: &str) -> Result<Vec<(String, [u8; 32])>> {
+        let mut out = Vec::new();
+        let mut position = (0i64, String::new());
+        loop {
+            let (changes, next) = self.user_changes(realm, position).await?;
+            let n = changes.len();
+            out.extend(
+                changes
+                    .into_iter()
+                    .filter_map(|(name, s)| Some((name, s?.pc_key?))),
+            );
+            position = next;
+            if n < LOAD_PAGE as usize {
+                break;
+            }
+        }
+        // One row per user: a walk by revision meets each once.
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
     }
 }
 
@@ -196,13 +225,13 @@ pub async fn import_csv(store: &Store, realm: &str, path: &Path) -> Result<usize
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunk = users.len().div_ceil(threads).max(1);
-    let hashed: Vec<(String, Ha1s)> = std::thread::scope(|s| {
+    let hashed: Vec<(String, Secrets)> = std::thread::scope(|s| {
         let jobs: Vec<_> = users
             .chunks(chunk)
             .map(|part| {
                 s.spawn(move || {
                     part.iter()
-                        .map(|(n, p)| (n.clone(), Ha1s::from_password(n, realm, p)))
+                        .map(|(n, p)| (n.clone(), Secrets::from_password(n, realm, p)))
                         .collect::<Vec<_>>()
                 })
             })
@@ -220,6 +249,17 @@ pub async fn import_csv(store: &Store, realm: &str, path: &Path) -> Result<usize
 /// users keep authenticating; others are answered 503), the failure is logged once per
 /// minute, and the sync resumes by itself when the database answers again.
 pub async fn sync(url: String, credentials: Arc<Credentials>, period: Duration) {
+    sync_notifying(url, credentials, period, None).await
+}
+
+/// [`sync`], and once the first load is complete, the name of every user changed since is
+/// sent to `changed` (the authority revokes the chains issued for them).
+pub async fn sync_notifying(
+    url: String,
+    credentials: Arc<Credentials>,
+    period: Duration,
+    changed: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+) {
     let realm = credentials.realm().to_string();
     let mut store: Option<Store> = None;
     let mut position = (0i64, String::new());
@@ -233,6 +273,13 @@ pub async fn sync(url: String, credentials: Arc<Credentials>, period: Duration) 
             loop {
                 let (changes, next) = db.user_changes(&realm, position.clone()).await?;
                 let n = changes.len();
+                if let (Some(tx), CacheState::Current | CacheState::Outage) =
+                    (&changed, credentials.state())
+                {
+                    for (name, _) in &changes {
+                        let _ = tx.send(name.clone());
+                    }
+                }
                 credentials.apply(changes);
                 position = next;
                 if n < LOAD_PAGE as usize {

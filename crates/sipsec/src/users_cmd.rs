@@ -3,7 +3,7 @@
 //! config (`--config`, or the embedded defaults), so the command and the server agree; a
 //! running server picks the change up within a second.
 
-use crate::auth::credentials::Ha1s;
+use crate::auth::credentials::Secrets;
 use crate::config::Config;
 use crate::store::Store;
 use crate::userdb;
@@ -71,7 +71,7 @@ pub fn run(args: UsersArgs) -> Result<()> {
                 if password.is_empty() {
                     bail!("the password is empty");
                 }
-                let ha1s = Ha1s::from_password(&username, &realm, &password);
+                let ha1s = Secrets::from_password(&username, &realm, &password);
                 store.put_users(&realm, &[(username.clone(), ha1s)]).await?;
                 println!("user {username} of realm {realm} stored");
             }

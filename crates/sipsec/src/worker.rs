@@ -82,6 +82,8 @@ pub struct Worker {
     pub started: Instant,
     pub index: usize,
     pub coalescer: Coalescer,
+    /// The Proxychain authority channel, with `[auth] scheme = "proxychain"`.
+    pub authority: Option<crate::authd::client::AuthorityHandle>,
 }
 
 impl Worker {
@@ -235,6 +237,11 @@ impl Worker {
             }
             if let Some(store) = &self.store {
                 store.send(change);
+            }
+        }
+        for (user, prefetch) in fx.fetches.drain(..) {
+            if let Some(authority) = &self.authority {
+                authority.fetch(user, prefetch);
             }
         }
     }

@@ -9,24 +9,21 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::RwLock;
 
-/// One user's HA1 = H(username:realm:password) per algorithm; never the password.
+/// What the user database holds for one user, derived from the password and never the
+/// password itself: the digest HA1 = H(username:realm:password) per algorithm, and the
+/// Proxychain key k_AD (`docs/proxychain.md`), absent for users stored before schema 3 until
+/// their password is set again.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ha1s {
+pub struct Secrets {
     pub md5: [u8; 16],
     pub sha256: [u8; 32],
     pub sha512_256: [u8; 32],
+    pub pc_key: Option<[u8; 32]>,
 }
 
 fn bytes_of<const N: usize>(hex_text: &str) -> Option<[u8; N]> {
     let mut out = [0u8; N];
-    if hex_text.len() != 2 * N {
-        return None;
-    }
-    for (i, pair) in hex_text.as_bytes().chunks(2).enumerate() {
-        let s = std::str::from_utf8(pair).ok()?;
-        out[i] = u8::from_str_radix(s, 16).ok()?;
-    }
-    Some(out)
+    sip_core::proxychain::unhex(hex_text.as_bytes(), &mut out).then_some(out)
 }
 
 fn hex_of(bytes: &[u8]) -> String {
@@ -35,23 +32,31 @@ fn hex_of(bytes: &[u8]) -> String {
     out
 }
 
-impl Ha1s {
-    /// Computes every HA1 from a password.
-    pub fn from_password(username: &str, realm: &str, password: &str) -> Ha1s {
-        Ha1s::from_hex(
+impl Secrets {
+    /// Computes every secret from a password.
+    pub fn from_password(username: &str, realm: &str, password: &str) -> Secrets {
+        let mut s = Secrets::from_hex(
             &Algorithm::Md5.ha1(username, realm, password),
             &Algorithm::Sha256.ha1(username, realm, password),
             &Algorithm::Sha512_256.ha1(username, realm, password),
+            "",
         )
-        .expect("hashes are hex of the right length")
+        .expect("hashes are hex of the right length");
+        s.pc_key = Some(sip_core::proxychain::user_key(username, realm, password));
+        s
     }
 
-    /// From the database's hex columns.
-    pub fn from_hex(md5: &str, sha256: &str, sha512_256: &str) -> Option<Ha1s> {
-        Some(Ha1s {
+    /// From the database's hex columns; an empty `pc_key` means none.
+    pub fn from_hex(md5: &str, sha256: &str, sha512_256: &str, pc_key: &str) -> Option<Secrets> {
+        Some(Secrets {
             md5: bytes_of(md5)?,
             sha256: bytes_of(sha256)?,
             sha512_256: bytes_of(sha512_256)?,
+            pc_key: if pc_key.is_empty() {
+                None
+            } else {
+                Some(bytes_of(pc_key)?)
+            },
         })
     }
 
@@ -64,13 +69,14 @@ impl Ha1s {
         }
     }
 
-    /// (md5, sha256, sha512_256) as hex, for the database.
-    pub fn to_hex(&self) -> (String, String, String) {
-        (
+    /// (md5, sha256, sha512_256, pc_key) as hex, for the database.
+    pub fn to_hex(&self) -> [String; 4] {
+        [
             hex_of(&self.md5),
             hex_of(&self.sha256),
             hex_of(&self.sha512_256),
-        )
+            self.pc_key.map_or_else(String::new, |k| hex_of(&k)),
+        ]
     }
 }
 
@@ -89,14 +95,14 @@ pub enum CacheState {
 /// The users of one realm.
 pub struct Credentials {
     realm: String,
-    users: RwLock<HashMap<Box<str>, Ha1s>>,
+    users: RwLock<HashMap<Box<str>, Secrets>>,
     state: AtomicU8,
 }
 
 /// What a lookup found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup {
-    Found(Ha1s),
+    Found(Secrets),
     Unknown,
     /// The cache cannot say (not loaded, or the database is down and the user is not known).
     Unavailable,
@@ -141,7 +147,7 @@ impl Credentials {
     }
 
     /// Applies changes from the database: `Some` adds or replaces, `None` removes.
-    pub fn apply(&self, changes: impl IntoIterator<Item = (String, Option<Ha1s>)>) {
+    pub fn apply(&self, changes: impl IntoIterator<Item = (String, Option<Secrets>)>) {
         let mut users = self.users.write().unwrap_or_else(|e| e.into_inner());
         for (name, ha1s) in changes {
             match ha1s {
@@ -170,19 +176,21 @@ mod tests {
 
     #[test]
     fn ha1s_round_trip_through_hex() {
-        let h = Ha1s::from_password("alice", "example.test", "secret");
-        let (a, b, c) = h.to_hex();
+        let h = Secrets::from_password("alice", "example.test", "secret");
+        let [a, b, c, d] = h.to_hex();
         assert_eq!(a, Algorithm::Md5.ha1("alice", "example.test", "secret"));
-        assert_eq!(Ha1s::from_hex(&a, &b, &c), Some(h.clone()));
+        assert_eq!(Secrets::from_hex(&a, &b, &c, &d), Some(h.clone()));
+        assert_eq!(Secrets::from_hex(&a, &b, &c, "").unwrap().pc_key, None);
         assert_eq!(h.hex(Algorithm::Sha256), b);
-        assert_eq!(Ha1s::from_hex("zz", &b, &c), None);
+        assert_eq!(Secrets::from_hex("zz", &b, &c, &d), None);
+        assert_eq!(Secrets::from_hex(&a, &b, &c, "zz"), None);
     }
 
     #[test]
     fn lookups_follow_the_cache_state() {
         let c = Credentials::new("example.test");
         assert_eq!(c.lookup("alice"), Lookup::Unavailable);
-        let h = Ha1s::from_password("alice", "example.test", "pw");
+        let h = Secrets::from_password("alice", "example.test", "pw");
         c.apply([("alice".to_string(), Some(h.clone()))]);
         c.set_state(CacheState::Current);
         assert_eq!(c.lookup("alice"), Lookup::Found(h.clone()));

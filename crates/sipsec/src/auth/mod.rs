@@ -1,5 +1,5 @@
-//! Digest authentication of requests (RFC 3261 §22, RFC 7616, RFC 8760) with the database off
-//! the call path: stateless nonces (`nonce`), a credential cache holding every user
+//! Authentication of requests: Proxychain (`proxychain`, with its chain cache `chains`), and
+//! digest (RFC 3261 §22, RFC 7616, RFC 8760) with the database off the call path: stateless nonces (`nonce`), a credential cache holding every user
 //! (`credentials`, filled and kept current by `userdb`), and failure throttling (`throttle`).
 //!
 //! The registrar challenges with 401 and `WWW-Authenticate`, everything else with 407 and
@@ -11,8 +11,10 @@
 //! the ACK of a non-2xx response is absorbed by its transaction. Unknown users and wrong
 //! passwords get the same answer after the same work.
 
+pub mod chains;
 pub mod credentials;
 pub mod nonce;
+pub mod proxychain;
 mod throttle;
 
 use credentials::{Credentials, Lookup};
@@ -30,6 +32,8 @@ pub enum Scheme {
     #[default]
     None,
     Digest,
+    /// Hash-chain credentials from `sipsec authd` (`docs/proxychain.md`).
+    Proxychain,
 }
 
 /// An address or a network (`10.0.0.0/8`, `::1`).
@@ -93,6 +97,8 @@ pub struct AuthConfig {
     pub max_failures_per_user: u32,
     pub failure_window_ms: u64,
     pub max_tracked_nonces: usize,
+    /// With `scheme = "proxychain"`.
+    pub proxychain: Option<proxychain::PcConfig>,
 }
 
 /// What the workers share: the nonce secret, nonce counts and the credential cache.
@@ -135,6 +141,8 @@ pub enum Verdict {
         /// Why, for the counters.
         why: Why,
     },
+    /// Proxychain only: no chain for the user yet; the request waits for the authority.
+    Wait { user: String },
 }
 
 /// Why a request was refused.
@@ -167,15 +175,25 @@ pub struct Authenticator {
     counter: u64,
     /// HA1s that no user has, checked for unknown users so they cost what a wrong password
     /// costs.
-    decoy: credentials::Ha1s,
+    decoy: credentials::Secrets,
 }
 
-fn refuse(code: u16, reason: &'static str, headers: String, why: Why) -> Verdict {
+pub(crate) fn refuse(code: u16, reason: &'static str, headers: String, why: Why) -> Verdict {
     Verdict::Refuse {
         code,
         reason,
         headers,
         why,
+    }
+}
+
+/// The header carrying a request's credentials: `Authorization` for the registrar (answering
+/// a 401), `Proxy-Authorization` otherwise (answering a 407).
+pub fn credentials_header(msg: &Message<'_>) -> HeaderName {
+    if msg.method() == Method::Register {
+        HeaderName::Authorization
+    } else {
+        HeaderName::ProxyAuthorization
     }
 }
 
@@ -203,7 +221,7 @@ impl Authenticator {
                 split(cfg.max_failures_per_user),
                 cfg.failure_window_ms,
             ),
-            decoy: credentials::Ha1s::from_password("", "", "decoy"),
+            decoy: credentials::Secrets::from_password("", "", "decoy"),
             cfg,
             shared,
             worker: worker as u64,
@@ -287,14 +305,9 @@ impl Authenticator {
             return throttled();
         }
         let register = msg.method() == Method::Register;
-        let header = if register {
-            HeaderName::Authorization
-        } else {
-            HeaderName::ProxyAuthorization
-        };
         // The credentials for our realm, among any for other realms.
         let mut found = None;
-        for h in msg.headers_named(header) {
+        for h in msg.headers_named(credentials_header(msg)) {
             match digest::Credentials::parse(msg.value(h)) {
                 Ok(c) if c.realm.as_ref() == self.cfg.realm.as_bytes() => {
                     found = Some(c);

@@ -1,7 +1,7 @@
 //! The authenticator on hand-made requests: challenges, good and bad answers, replays, stale
 //! nonces, spoofed identities, throttling, and a user database that is not there.
 
-use super::credentials::{CacheState, Credentials, Ha1s};
+use super::credentials::{CacheState, Credentials, Secrets};
 use super::*;
 use sip_core::digest::Challenge;
 
@@ -20,6 +20,7 @@ fn config(trusted: &[&str]) -> AuthConfig {
         max_failures_per_user: 4,
         failure_window_ms: 60_000,
         max_tracked_nonces: 10_000,
+        proxychain: None,
     }
 }
 
@@ -28,7 +29,7 @@ fn setup(trusted: &[&str]) -> (Authenticator, Arc<Credentials>) {
     let creds = Arc::new(Credentials::new(REALM));
     creds.apply([(
         "alice".to_string(),
-        Some(Ha1s::from_password("alice", REALM, "wonderland")),
+        Some(Secrets::from_password("alice", REALM, "wonderland")),
     )]);
     creds.set_state(CacheState::Current);
     let shared = Arc::new(Shared::new(&cfg, creds.clone()).unwrap());
@@ -90,6 +91,7 @@ fn code_and_why(v: &Verdict) -> (u16, Why) {
     match v {
         Verdict::Refuse { code, why, .. } => (*code, *why),
         Verdict::Pass => (200, Why::NoCredentials),
+        Verdict::Wait { .. } => panic!("digest never waits"),
     }
 }
 
@@ -183,7 +185,7 @@ fn wrong_passwords_and_unknown_users_get_the_same_answer() {
         Verdict::Refuse {
             reason, headers, ..
         } => (reason.to_string(), headers.len()),
-        Verdict::Pass => unreachable!(),
+        other => panic!("{other:?}"),
     };
     assert_eq!(shape(&wrong), shape(&unknown));
     // A response computed for another method does not pass either.

@@ -48,6 +48,9 @@ pub enum Mail {
     Binding(SharedChange),
     /// Bytes for a connection the receiving worker owns.
     Transmit { to: Peer, data: Bytes },
+    /// The Proxychain authority answered for this user (or gave up): requests waiting for
+    /// the user's chain run now.
+    Credential { user: Arc<str> },
 }
 
 /// What the engine asks its driver to do.
@@ -61,6 +64,9 @@ pub struct Effects {
     /// Connections on which a call just ended (a final response to BYE, or an INVITE
     /// failed): the driver closes those it opened for that one call.
     pub finished_calls: Vec<ConnId>,
+    /// Users whose Proxychain chain the authority should send, with whether it is a
+    /// prefetch (nobody waits for it).
+    pub fetches: Vec<(String, bool)>,
 }
 
 impl Effects {
@@ -69,8 +75,14 @@ impl Effects {
             && self.mail.is_empty()
             && self.changes.is_empty()
             && self.finished_calls.is_empty()
+            && self.fetches.is_empty()
     }
 }
+
+/// Requests waiting for the authority, at most this many per user and in all: beyond, they
+/// are answered 503 at once rather than held.
+const MAX_PARKED_PER_USER: usize = 16;
+const MAX_PARKED: usize = 10_000;
 
 /// What a server transaction is for.
 #[derive(Debug)]
@@ -151,6 +163,13 @@ pub struct Engine {
     log: LogLimiter,
     /// Digest authentication, when `[auth] scheme = "digest"`.
     auth: Option<crate::auth::Authenticator>,
+    /// Proxychain, when `[auth] scheme = "proxychain"`.
+    proxychain: Option<crate::auth::proxychain::PcAuthenticator>,
+    /// Requests waiting for a user's chain from the authority.
+    parked: std::collections::HashMap<Arc<str>, Vec<(Peer, Bytes)>>,
+    parked_total: usize,
+    /// Running requests that already waited: they are not parked twice.
+    rerunning: bool,
 }
 
 fn hostport(addr: SocketAddr) -> String {
@@ -220,8 +239,30 @@ impl Engine {
             stats,
             log: LogLimiter::new(10),
             auth: None,
+            proxychain: None,
+            parked: std::collections::HashMap::new(),
+            parked_total: 0,
+            rerunning: false,
             cfg,
         }
+    }
+
+    /// Turns Proxychain on, with what the workers share.
+    pub fn enable_proxychain(&mut self, shared: Arc<crate::auth::proxychain::PcShared>) {
+        self.proxychain = Some(crate::auth::proxychain::PcAuthenticator::new(shared));
+    }
+
+    /// Runs the requests that waited for `user`'s chain.
+    fn on_credential(&mut self, now: Millis, user: &str, fx: &mut Effects) {
+        let Some(waiting) = self.parked.remove(user) else {
+            return;
+        };
+        self.parked_total -= waiting.len();
+        self.rerunning = true;
+        for (source, data) in waiting {
+            self.on_datagram(now, source, &data, fx);
+        }
+        self.rerunning = false;
     }
 
     /// Turns digest authentication on, with what the workers share.
@@ -285,6 +326,7 @@ impl Engine {
             Mail::Datagram { source, data } => self.on_datagram(now, source, &data, fx),
             Mail::Binding(change) => self.location.apply(&change),
             Mail::Transmit { to, data } => fx.transmits.push((to, data)),
+            Mail::Credential { user } => self.on_credential(now, &user, fx),
         }
     }
 
@@ -435,8 +477,21 @@ impl Engine {
         }
     }
 
-    /// Applies digest authentication; false when the request was answered (challenged or
-    /// refused) instead.
+    /// Parks a request until the authority answers for `user`; false when too many wait
+    /// already (the request is then answered 503).
+    fn park(&mut self, user: String, source: Peer, msg: &Message<'_>) -> bool {
+        let queue = self.parked.entry(user.into()).or_default();
+        if queue.len() >= MAX_PARKED_PER_USER || self.parked_total >= MAX_PARKED {
+            return false;
+        }
+        queue.push((source, Bytes::copy_from_slice(msg.as_bytes())));
+        self.parked_total += 1;
+        inc(&self.stats.auth_waited);
+        true
+    }
+
+    /// Applies digest or Proxychain authentication; false when the request was answered
+    /// (challenged or refused) or parked to wait for the authority instead.
     fn authenticated(
         &mut self,
         now: Millis,
@@ -446,13 +501,31 @@ impl Engine {
     ) -> bool {
         use crate::auth::{Verdict, Why};
         let now_ms = self.unix_ms(now);
-        let Some(auth) = self.auth.as_mut() else {
+        let ip = source.addr.ip();
+        let verdict = if let Some(pc) = self.proxychain.as_mut() {
+            if pc.exempt(msg, ip) {
+                return true;
+            }
+            let v = pc.verify(msg, now_ms);
+            fx.fetches.append(&mut pc.fetches);
+            v
+        } else if let Some(auth) = self.auth.as_mut() {
+            if auth.exempt(msg, ip) {
+                return true;
+            }
+            auth.verify(msg, ip, now_ms)
+        } else {
             return true;
         };
-        if auth.exempt(msg, source.addr.ip()) {
-            return true;
-        }
-        let (code, reason, headers, why) = match auth.verify(msg, source.addr.ip(), now_ms) {
+        let unavailable = || {
+            (
+                503,
+                "Authentication Service Unavailable",
+                "Retry-After: 5\r\n".to_string(),
+                Why::Unavailable,
+            )
+        };
+        let (code, reason, headers, why) = match verdict {
             Verdict::Pass => {
                 inc(&self.stats.auth_passed);
                 return true;
@@ -463,6 +536,14 @@ impl Engine {
                 headers,
                 why,
             } => (code, reason, headers, why),
+            // Waited once already: the authority did not come through in time.
+            Verdict::Wait { .. } if self.rerunning => unavailable(),
+            Verdict::Wait { user } => {
+                if self.park(user, source, msg) {
+                    return false;
+                }
+                unavailable()
+            }
         };
         let s = &self.stats;
         inc(match why {

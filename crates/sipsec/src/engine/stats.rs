@@ -52,7 +52,7 @@ counters! {
     tls_handshakes_resumed: "TLS handshakes resumed from an earlier session",
     tls_failures: "TLS handshakes or records that failed",
     stream_transmit_failures: "messages for a connection that closed and could not be reopened",
-    auth_passed: "requests authenticated by digest",
+    auth_passed: "requests authenticated (digest or Proxychain)",
     auth_challenged: "first challenges (401/407) to requests without credentials",
     auth_failed: "wrong passwords and unknown users (challenged again)",
     auth_stale: "right credentials on an expired or unknown nonce (stale=true)",
@@ -60,7 +60,8 @@ counters! {
     auth_identity_mismatches: "credentials of one user for a request from another (403)",
     auth_throttled: "requests refused for too many failed attempts (403)",
     auth_malformed: "credentials that could not be parsed (400)",
-    auth_unavailable: "requests answered 503 because the user database was not available",
+    auth_unavailable: "requests answered 503 because the user database or authority was not available",
+    auth_waited: "requests that waited for a Proxychain chain from the authority",
 }
 
 pub fn inc(c: &AtomicU64) {

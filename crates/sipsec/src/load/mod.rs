@@ -186,6 +186,13 @@ pub struct LoadArgs {
     /// next nonce count, as phones do, instead of being challenged per request (SIPp's way).
     #[arg(long)]
     pub auth_reuse: bool,
+    /// Proxychain (`docs/proxychain.md`): answer `PC` challenges, checking that each proves
+    /// the network, with keys derived from the users' passwords in this realm (the realm
+    /// `sipsec users` stored them under; default: the run's domain).
+    #[arg(long)]
+    pub proxychain: bool,
+    #[arg(long)]
+    pub proxychain_realm: Option<String>,
     /// Write the summary as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -508,6 +515,13 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         report_ended: plan.transport != Transport::Udp
             && plan.args.connection == ConnectionArg::PerCall,
         auth_reuse: plan.args.auth_reuse,
+        proxychain: plan.args.proxychain.then(|| {
+            plan.args
+                .proxychain_realm
+                .clone()
+                .or_else(|| plan.args.domain.clone())
+                .unwrap_or_else(|| target.ip().to_string())
+        }),
     }
 }
 

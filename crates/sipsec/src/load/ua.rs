@@ -83,6 +83,9 @@ pub struct UaConfig {
     /// Send credentials with new requests from a user's last challenge and the next nonce
     /// count (RFC 7616 §3.4), as phones do, instead of waiting to be challenged each time.
     pub auth_reuse: bool,
+    /// Proxychain: the realm users' keys are derived in (`docs/proxychain.md`); every request
+    /// carries the user's nonce, and challenges must prove the network.
+    pub proxychain: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -133,6 +136,8 @@ struct Call {
     tx: Option<TxId>,
     dialog: Option<Dialog>,
     auth_tries: u8,
+    /// The Proxychain nonce n_AP sent with the current request.
+    pc_nonce: sip_core::proxychain::Nonce,
     latency_recorded: bool,
     hold: Option<TimerHandle>,
     branches: u32,
@@ -204,6 +209,11 @@ pub struct Ua {
     /// Per (user, registrar's challenge): the last challenge and the nonce count last used
     /// with it, for `UaConfig::auth_reuse`.
     nonces: HashMap<(usize, bool), (Challenge, u32)>,
+    /// Proxychain keys k_AD by user, derived once.
+    pc_keys: HashMap<usize, [u8; 32]>,
+    /// Secret seed of the n_AP nonces.
+    pc_seed: [u8; 16],
+    pc_counter: u64,
 }
 
 fn ms(us: u64) -> u64 {
@@ -228,6 +238,13 @@ impl Ua {
             stats: Stats::default(),
             ended: Vec::new(),
             nonces: HashMap::new(),
+            pc_keys: HashMap::new(),
+            pc_seed: {
+                let mut seed = [0u8; 16];
+                let _ = getrandom::getrandom(&mut seed);
+                seed
+            },
+            pc_counter: 0,
         }
     }
 
@@ -296,6 +313,7 @@ impl Ua {
             tx: None,
             dialog: None,
             auth_tries: 0,
+            pc_nonce: [0; 16],
             latency_recorded: false,
             hold: None,
             branches: 0,
@@ -384,6 +402,7 @@ impl Ua {
         }
         let auth = match auth {
             Some(a) => Some(a),
+            None if self.cfg.proxychain.is_some() => self.pc_hello(caller, method, number),
             None if self.cfg.auth_reuse => self.reused_credentials(caller, method, &uri, number),
             None => None,
         };
@@ -576,6 +595,121 @@ impl Ua {
         Some((name, value))
     }
 
+    /// A fresh n_AP: unpredictable (keyed by a random seed), never repeated in this run.
+    fn pc_nonce(&mut self) -> sip_core::proxychain::Nonce {
+        use sha2::Digest as _;
+        self.pc_counter += 1;
+        let mut h = sha2::Sha256::new();
+        h.update(self.pc_seed);
+        h.update(self.pc_counter.to_be_bytes());
+        let mut n = [0; 16];
+        n.copy_from_slice(&h.finalize()[..16]);
+        n
+    }
+
+    /// The Proxychain hello for a new request: the user and a fresh nonce.
+    fn pc_hello(
+        &mut self,
+        caller: usize,
+        method: &str,
+        number: u64,
+    ) -> Option<(&'static str, String)> {
+        let username = self.cfg.users.get(caller)?.username.clone();
+        let n_ap = self.pc_nonce();
+        self.calls.get_mut(&number)?.pc_nonce = n_ap;
+        let hello = sip_core::proxychain::Hello { username, n_ap };
+        let name = if method == "REGISTER" {
+            "Authorization"
+        } else {
+            "Proxy-Authorization"
+        };
+        Some((name, hello.render()))
+    }
+
+    /// Answers a `PC` challenge: checks the network's proof, then reveals the next chain
+    /// value (or starts over with a hello when the proxy asks for one).
+    fn answer_pc(&mut self, now_us: u64, number: u64, code: u16, value: &[u8]) {
+        use sip_core::proxychain::{answer, Challenge};
+        let Some(call) = self.calls.get_mut(&number) else {
+            return;
+        };
+        let (caller, tries) = (call.caller, call.auth_tries);
+        let (Some(user), Some(realm)) = (self.cfg.users.get(caller), &self.cfg.proxychain) else {
+            self.finish(
+                number,
+                Some(&format!("{code} (no credentials: give --users)")),
+            );
+            return;
+        };
+        let username = user.username.clone();
+        let has_counter = sip_core::digest::parse_scheme_params(value, b"PC")
+            .is_ok_and(|p| p.iter().any(|(n, _)| n.eq_ignore_ascii_case(b"i")));
+        if tries >= 3 {
+            self.finish(
+                number,
+                Some(&format!("{code} (Proxychain credentials refused)")),
+            );
+            return;
+        }
+        call.auth_tries += 1;
+        call.cseq += 1;
+        if !has_counter {
+            // The hello challenge: start over with a fresh nonce.
+            self.send_request(now_us, number, None);
+            return;
+        }
+        let challenge = match Challenge::parse(value) {
+            Ok(c) => c,
+            Err(e) => {
+                self.finish(
+                    number,
+                    Some(&format!("{code} with a bad PC challenge: {e}")),
+                );
+                return;
+            }
+        };
+        let password = user.password.clone();
+        let key = *self
+            .pc_keys
+            .entry(caller)
+            .or_insert_with(|| sip_core::proxychain::user_key(&username, realm, &password));
+        let from = format!("{username}@{}", self.domain_of(caller));
+        let call = self.calls.get_mut(&number).expect("checked above");
+        // A and B as the proxy reads them: user@host of the From and To URIs.
+        let mut to = call
+            .to
+            .trim_start_matches('<')
+            .trim_start_matches("sip:")
+            .split(['>', ';'])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if !to.contains('@') {
+            to.insert(0, '@');
+        }
+        match answer(
+            &key,
+            &challenge,
+            &call.pc_nonce,
+            &username,
+            from.as_bytes(),
+            to.as_bytes(),
+        ) {
+            Ok(r) => {
+                let name = if code == 401 {
+                    "Authorization"
+                } else {
+                    "Proxy-Authorization"
+                };
+                self.send_request(now_us, number, Some((name, r.render())));
+            }
+            Err(e) => {
+                // The network did not prove itself: never answer it.
+                self.finish(number, Some(&format!("{code} refused: {e}")));
+            }
+        }
+    }
+
     fn answer_challenge(&mut self, now_us: u64, number: u64, code: u16, msg: &Message<'_>) {
         let Some(call) = self.calls.get_mut(&number) else {
             return;
@@ -585,6 +719,17 @@ impl Ua {
         } else {
             HeaderName::ProxyAuthenticate
         };
+        if self.cfg.proxychain.is_some() {
+            if let Some(v) = msg
+                .headers_named(header)
+                .map(|h| msg.value(h))
+                .find(|v| v.trim_ascii_start().starts_with(b"PC"))
+            {
+                let v = v.to_vec();
+                self.answer_pc(now_us, number, code, &v);
+                return;
+            }
+        }
         let challenge = msg.header_value(header).map(Challenge::parse);
         let reason = match (challenge, self.cfg.users.get(call.caller)) {
             (None, _) => Some(format!("{code} without a challenge")),

@@ -30,6 +30,7 @@ fn config(scenario: Scenario, users: Users) -> UaConfig {
         epoch: 7,
         report_ended: false,
         auth_reuse: false,
+        proxychain: None,
     }
 }
 

@@ -1,0 +1,291 @@
+//! `sipsec authd`: Proxychain's central authentication service (seed 001; the protocol in
+//! `docs/proxychain.md`). It holds each user's key k_AD (from the user database that `sipsec
+//! users` fills, kept in memory and in step with it), issues hash-chain credentials to proxies
+//! over mutually authenticated TLS, pushes revocations when a user's key changes, refuses
+//! revoked proxies, and writes backup credentials for outages.
+//!
+//! - [`wire`]: the channel's messages (also the backup file's records);
+//! - [`authority`]: issuing, chain length under load, who holds what;
+//! - [`server`]: the TLS listener and the per-proxy connections;
+//! - [`client`]: the proxy's end of the channel;
+//! - [`backup`]: backup-credential files;
+//! - [`relay`]: a TCP relay that delays each direction, to put a WAN RTT between a proxy and
+//!   the authority on one machine (`tc netem` is not available here).
+
+pub mod authority;
+pub mod backup;
+pub mod client;
+pub mod relay;
+pub mod server;
+pub mod wire;
+
+use crate::auth::credentials::Credentials;
+use crate::store::Store;
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use sip_core::proxychain::HashKind;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `sipsec authd` options.
+#[derive(clap::Args, Debug)]
+pub struct AuthdArgs {
+    /// TOML configuration (`[authd]` table); without it, the defaults: 127.0.0.1:5070, realm
+    /// localhost, the database and certificates `sipsec serve` and `sipsec certs` use.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<AuthdCommand>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum AuthdCommand {
+    /// Write backup credentials for one proxy: a long chain with no expiry per user.
+    Backup {
+        /// The proxy's identifier (its certificate's common name).
+        #[arg(long)]
+        proxy: String,
+        /// Chain length: how many authentications each user gets through an outage.
+        #[arg(long, default_value_t = 1000)]
+        length: u32,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Refuse a proxy from now on (compromised): running authorities cut it off within a
+    /// second.
+    RevokeProxy { name: String },
+    /// Accept a revoked proxy again.
+    AllowProxy { name: String },
+}
+
+/// The `[authd]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthdConfig {
+    pub listen: SocketAddr,
+    /// The users' realm (the one `sipsec users` stores them under).
+    pub realm: String,
+    pub database: String,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// CA that signs the proxies' certificates.
+    pub ca: PathBuf,
+    pub hash: String,
+    pub chain_length: u32,
+    pub max_chain_length: u32,
+    pub busy_issues_per_s: u64,
+    pub credential_lifetime_s: u64,
+}
+
+impl Default for AuthdConfig {
+    fn default() -> Self {
+        AuthdConfig {
+            listen: "127.0.0.1:5070".parse().expect("valid"),
+            realm: "localhost".into(),
+            database: "sqlite://sipsec.db".into(),
+            cert: "certs/server.pem".into(),
+            key: "certs/server-key.pem".into(),
+            ca: "certs/ca.pem".into(),
+            hash: "SHA-256".into(),
+            chain_length: 10,
+            max_chain_length: 100,
+            busy_issues_per_s: 0,
+            credential_lifetime_s: 3600,
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    authd: AuthdConfig,
+}
+
+impl AuthdConfig {
+    pub fn load(path: Option<&std::path::Path>) -> Result<AuthdConfig> {
+        let cfg = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read {}", p.display()))?;
+                toml::from_str::<File>(&text)
+                    .with_context(|| format!("{}", p.display()))?
+                    .authd
+            }
+            None => AuthdConfig::default(),
+        };
+        cfg.policy()?;
+        Ok(cfg)
+    }
+
+    pub fn policy(&self) -> Result<authority::Policy> {
+        let hash = HashKind::from_token(self.hash.as_bytes())
+            .with_context(|| format!("authd.hash: {:?} is not MD5 or SHA-256", self.hash))?;
+        let max = sip_core::proxychain::MAX_COUNTER;
+        if self.chain_length == 0 || self.chain_length > max {
+            bail!("authd.chain_length must be 1 to {max}");
+        }
+        if self.max_chain_length > max {
+            bail!("authd.max_chain_length must be at most {max}");
+        }
+        Ok(authority::Policy {
+            hash,
+            chain_length: self.chain_length,
+            max_chain_length: self.max_chain_length.max(self.chain_length),
+            busy_issues_per_s: self.busy_issues_per_s,
+            lifetime_s: self.credential_lifetime_s,
+        })
+    }
+}
+
+/// `sipsec authd`.
+pub fn run(args: AuthdArgs) -> Result<()> {
+    let cfg = AuthdConfig::load(args.config.as_deref())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        match args.command {
+            None => serve(cfg).await,
+            Some(AuthdCommand::RevokeProxy { name }) => {
+                let store = Store::connect(&cfg.database).await?;
+                store.set_proxy_revoked(&name, true).await?;
+                println!("proxy {name} revoked");
+                Ok(())
+            }
+            Some(AuthdCommand::AllowProxy { name }) => {
+                let store = Store::connect(&cfg.database).await?;
+                store.set_proxy_revoked(&name, false).await?;
+                println!("proxy {name} allowed");
+                Ok(())
+            }
+            Some(AuthdCommand::Backup { proxy, length, out }) => {
+                let policy = cfg.policy()?;
+                if length == 0 || length > sip_core::proxychain::MAX_COUNTER {
+                    bail!(
+                        "--length must be 1 to {}",
+                        sip_core::proxychain::MAX_COUNTER
+                    );
+                }
+                let store = Store::connect(&cfg.database).await?;
+                let keys = store.user_keys(&cfg.realm).await?;
+                let n = tokio::task::spawn_blocking(move || {
+                    backup::write(&out, &proxy, policy.hash, length, &keys).map(|n| (n, out, proxy))
+                })
+                .await??;
+                println!(
+                    "{} backup credentials of length {length} for proxy {} written to {}",
+                    n.0,
+                    n.2,
+                    n.1.display()
+                );
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Runs the authority until the process is stopped.
+async fn serve(cfg: AuthdConfig) -> Result<()> {
+    let policy = cfg.policy()?;
+    let tls = crate::tls::server_config(&crate::tls::ServerSide {
+        cert: cfg.cert.clone(),
+        key: cfg.key.clone(),
+        ca: Some(cfg.ca.clone()),
+        client_auth: crate::tls::ClientAuth::Required,
+        protocol: crate::tls::Protocol::default(),
+    })
+    .context("authd TLS")?;
+    // Fail early on a database that cannot be opened or migrated.
+    let store = Store::connect(&cfg.database).await?;
+    let users = Arc::new(Credentials::new(&cfg.realm));
+    let authority = Arc::new(authority::Authority::new(policy, users.clone()));
+    let registry = Arc::new(server::Registry::default());
+    registry.set_revoked(store.revoked_proxies().await?);
+
+    let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(crate::userdb::sync_notifying(
+        cfg.database.clone(),
+        users.clone(),
+        Duration::from_secs(1),
+        Some(changed_tx),
+    ));
+    // Key changes: void every chain issued for the user.
+    let (a, r) = (authority.clone(), registry.clone());
+    tokio::spawn(async move {
+        while let Some(user) = changed.recv().await {
+            let line = wire::line(&wire::Reply::Revoke { user: user.clone() });
+            for proxy in a.take_holders(&user) {
+                if r.send(&proxy, &line) {
+                    a.stats
+                        .revocations_pushed
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::info!(%user, %proxy, "revocation pushed");
+                }
+            }
+        }
+    });
+    // Revoked proxies, polled like the users.
+    let (a, r) = (authority.clone(), registry.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match store.revoked_proxies().await {
+                Ok(set) => {
+                    for p in r.set_revoked(set) {
+                        a.forget_proxy(&p);
+                        tracing::warn!(proxy = %p, "proxy revoked");
+                    }
+                }
+                Err(e) => tracing::debug!("revoked proxies not read: {e:#}"),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    println!(
+        "sipsec authd listening on tls:{} (realm {}, {} chains of {}, database {})",
+        listener.local_addr()?,
+        cfg.realm,
+        cfg.hash,
+        cfg.chain_length,
+        cfg.database
+    );
+    server::run(listener, tls, authority, registry).await
+}
+
+impl Store {
+    /// Marks a proxy revoked, or allowed again.
+    pub async fn set_proxy_revoked(&self, name: &str, revoked: bool) -> Result<()> {
+        let d = self.dialect();
+        sqlx::query(&d.sql("DELETE FROM sipsec_revoked_proxies WHERE name = ?"))
+            .bind(name.to_string())
+            .execute(self.pool())
+            .await?;
+        if revoked {
+            sqlx::query(
+                &d.sql("INSERT INTO sipsec_revoked_proxies (name, revoked_at) VALUES (?, ?)"),
+            )
+            .bind(name.to_string())
+            .bind(server::unix_s() as i64)
+            .execute(self.pool())
+            .await?;
+        }
+        Ok(())
+    }
+
+    pub async fn revoked_proxies(&self) -> Result<HashSet<String>> {
+        use sqlx::Row;
+        let rows = sqlx::query("SELECT name FROM sipsec_revoked_proxies")
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
+            .collect()
+    }
+}

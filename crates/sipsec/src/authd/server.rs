@@ -1,0 +1,239 @@
+//! The authority's network side: a TLS listener that requires client certificates signed by
+//! its CA and knows each proxy by its certificate's common name; one reader and one writer
+//! task per proxy connection, so requests are answered as they arrive however many are in
+//! flight; revocations pushed to the connections of the proxies concerned; revoked proxies
+//! refused and cut off.
+
+use super::authority::Authority;
+use super::wire::{self, Reply, Request};
+use anyhow::{Context, Result};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Notify};
+use tokio_rustls::TlsAcceptor;
+
+/// One open proxy connection.
+struct Conn {
+    n: u64,
+    lines: mpsc::UnboundedSender<String>,
+    /// Told when the proxy is revoked, so its reader stops at once.
+    cut: Arc<Notify>,
+}
+
+/// Open proxy connections by proxy name, and the revoked proxies.
+#[derive(Default)]
+pub struct Registry {
+    conns: Mutex<HashMap<Arc<str>, Vec<Conn>>>,
+    revoked: Mutex<HashSet<String>>,
+}
+
+impl Registry {
+    fn add(&self, proxy: &Arc<str>, conn: Conn) {
+        if let Ok(mut c) = self.conns.lock() {
+            c.entry(proxy.clone()).or_default().push(conn);
+        }
+    }
+
+    fn remove(&self, proxy: &Arc<str>, n: u64) {
+        if let Ok(mut c) = self.conns.lock() {
+            if let Some(v) = c.get_mut(proxy) {
+                v.retain(|conn| conn.n != n);
+                if v.is_empty() {
+                    c.remove(proxy);
+                }
+            }
+        }
+    }
+
+    /// Sends a line to every connection of `proxy`; false when it has none.
+    pub fn send(&self, proxy: &str, line: &str) -> bool {
+        let Ok(c) = self.conns.lock() else {
+            return false;
+        };
+        let Some(v) = c.get(proxy) else {
+            return false;
+        };
+        for conn in v {
+            let _ = conn.lines.send(line.to_string());
+        }
+        !v.is_empty()
+    }
+
+    pub fn is_revoked(&self, proxy: &str) -> bool {
+        self.revoked.lock().is_ok_and(|r| r.contains(proxy))
+    }
+
+    /// Replaces the revoked set; connections of newly revoked proxies are cut (their readers
+    /// stop, and dropping their senders ends their writers, which shut the connection).
+    pub fn set_revoked(&self, now: HashSet<String>) -> Vec<String> {
+        let newly: Vec<String> = match self.revoked.lock() {
+            Ok(r) => now.difference(&r).cloned().collect(),
+            Err(_) => return Vec::new(),
+        };
+        if let Ok(mut c) = self.conns.lock() {
+            for p in &newly {
+                for conn in c.remove(p.as_str()).unwrap_or_default() {
+                    conn.cut.notify_one();
+                }
+            }
+        }
+        if let Ok(mut r) = self.revoked.lock() {
+            *r = now;
+        }
+        newly
+    }
+}
+
+/// The common name of the peer's certificate: the proxy's identifier P.
+fn peer_name(conn: &rustls::ServerConnection) -> Option<String> {
+    let cert = conn.peer_certificates()?.first()?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let cn = parsed.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_string)
+}
+
+/// Serves proxies on `listener` until the process ends.
+pub async fn run(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    authority: Arc<Authority>,
+    registry: Arc<Registry>,
+) -> Result<()> {
+    let acceptor = TlsAcceptor::from(tls);
+    let mut next = 0u64;
+    loop {
+        let (tcp, from) = listener.accept().await.context("accept")?;
+        let _ = tcp.set_nodelay(true);
+        next += 1;
+        let (acceptor, authority, registry, n) =
+            (acceptor.clone(), authority.clone(), registry.clone(), next);
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(tcp).await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(%from, "proxy refused: TLS handshake failed ({e})");
+                    return;
+                }
+            };
+            let Some(name) = peer_name(tls.get_ref().1) else {
+                tracing::warn!(%from, "proxy refused: its certificate has no common name");
+                return;
+            };
+            if registry.is_revoked(&name) {
+                tracing::warn!(%from, proxy = %name, "proxy refused: revoked");
+                return;
+            }
+            tracing::info!(%from, proxy = %name, "proxy connected");
+            serve(tls, name.into(), n, authority, registry.clone()).await;
+        });
+    }
+}
+
+async fn serve(
+    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    proxy: Arc<str>,
+    n: u64,
+    authority: Arc<Authority>,
+    registry: Arc<Registry>,
+) {
+    let (mut reader, mut writer) = tokio::io::split(tls);
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let cut = Arc::new(Notify::new());
+    registry.add(
+        &proxy,
+        Conn {
+            n,
+            lines: tx.clone(),
+            cut: cut.clone(),
+        },
+    );
+    let _ = tx.send(wire::line(&Reply::Welcome {
+        proxy: proxy.to_string(),
+    }));
+    drop(tx);
+    let stats_out = authority.clone();
+    // The writer: everything queued goes out in one write; ends when every sender is gone
+    // (the reader finished, or the proxy was revoked).
+    let writer_task = tokio::spawn(async move {
+        let mut out = String::new();
+        while let Some(first) = rx.recv().await {
+            out.clear();
+            out.push_str(&first);
+            while let Ok(more) = rx.try_recv() {
+                out.push_str(&more);
+            }
+            stats_out
+                .stats
+                .bytes_out
+                .fetch_add(out.len() as u64, Ordering::Relaxed);
+            if writer.write_all(out.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+        let _ = writer.shutdown().await;
+    });
+    let mut buf = Vec::with_capacity(8192);
+    let mut chunk = vec![0u8; 8192];
+    'read: loop {
+        let got = tokio::select! {
+            r = reader.read(&mut chunk) => r,
+            _ = cut.notified() => {
+                tracing::warn!(proxy = %proxy, "proxy revoked: connection cut");
+                break 'read;
+            }
+        };
+        let got = match got {
+            Ok(0) | Err(_) => break,
+            Ok(k) => k,
+        };
+        authority
+            .stats
+            .bytes_in
+            .fetch_add(got as u64, Ordering::Relaxed);
+        buf.extend_from_slice(&chunk[..got]);
+        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let reply = match std::str::from_utf8(&line)
+                .map_err(anyhow::Error::from)
+                .and_then(wire::parse::<Request>)
+            {
+                Ok(Request::Issue { id, user }) => authority.issue(&proxy, id, &user, unix_s()),
+                Err(e) => {
+                    tracing::warn!(proxy = %proxy, "bad request, connection closed: {e:#}");
+                    break 'read;
+                }
+            };
+            if !registry.send_to(&proxy, n, wire::line(&reply)) {
+                break 'read;
+            }
+        }
+        if buf.len() > wire::MAX_LINE {
+            tracing::warn!(proxy = %proxy, "request line too long, connection closed");
+            break;
+        }
+    }
+    registry.remove(&proxy, n);
+    let _ = writer_task.await;
+    tracing::info!(proxy = %proxy, "proxy disconnected");
+}
+
+impl Registry {
+    /// Sends a line to one connection; false when it is gone.
+    fn send_to(&self, proxy: &Arc<str>, n: u64, line: String) -> bool {
+        let Ok(c) = self.conns.lock() else {
+            return false;
+        };
+        c.get(proxy)
+            .and_then(|v| v.iter().find(|conn| conn.n == n))
+            .is_some_and(|conn| conn.lines.send(line).is_ok())
+    }
+}
+
+pub fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,157 @@
+//! The channel between proxies and `sipsec authd`: one JSON object per line, over a TLS
+//! connection on which both sides present certificates. Requests carry an id and answers name
+//! it, so a proxy keeps many requests in flight on one connection (pipelining) and matches
+//! answers as they come; the authority also pushes revocations unasked. JSON because the
+//! messages are small and rare (one per user per chain), and a person debugging the channel
+//! can read it; the bytes it costs per call are measured in the lab.
+//!
+//! The same credential record is the line format of backup-credential files.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use sip_core::proxychain::{self, HashKind, Issued, Nonce, Token, NONCE_LEN};
+
+/// Longest line either side accepts: a credential is ~400 bytes.
+pub const MAX_LINE: usize = 4096;
+
+/// Proxy → authority.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// A credential (a new chain) for `user` at this proxy.
+    Issue { id: u64, user: String },
+}
+
+/// Authority → proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    /// First line on a connection: the identifier P the authority knows this proxy by (from
+    /// its certificate), which the chains it issues are bound to.
+    Welcome { proxy: String },
+    Issued {
+        id: u64,
+        user: String,
+        credential: Credential,
+    },
+    /// No such user, or a user with no Proxychain key (stored before schema 3).
+    Unknown { id: u64, user: String },
+    /// The authority cannot answer now (its user database is not loaded or is down).
+    Unavailable { id: u64, user: String },
+    /// Drop any chain held for `user`: the user's key changed or the user was removed.
+    Revoke { user: String },
+}
+
+/// A credential as it travels: the five-tuple, and when it expires (never, for backups).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    pub hash: String,
+    pub anchor: String,
+    pub length: u32,
+    pub n_dp: String,
+    pub n_da: String,
+    pub tk_p: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_unix_s: Option<u64>,
+}
+
+impl Credential {
+    pub fn new(c: &Issued, expires_unix_s: Option<u64>) -> Credential {
+        Credential {
+            hash: c.hash.token().to_string(),
+            anchor: c.anchor.hex(),
+            length: c.length,
+            n_dp: proxychain::hex(&c.n_dp),
+            n_da: proxychain::hex(&c.n_da),
+            tk_p: c.tk_p.hex(),
+            expires_unix_s,
+        }
+    }
+
+    /// Back to the five-tuple; an error names the bad field.
+    pub fn issued(&self) -> Result<Issued> {
+        let hash = HashKind::from_token(self.hash.as_bytes())
+            .with_context(|| format!("unknown hash {:?}", self.hash))?;
+        let token = |name: &str, v: &str| {
+            Token::from_hex(hash, v.as_bytes()).with_context(|| format!("bad {name}"))
+        };
+        let nonce = |name: &str, v: &str| -> Result<Nonce> {
+            let mut n = [0; NONCE_LEN];
+            if !proxychain::unhex(v.as_bytes(), &mut n) {
+                bail!("bad {name}");
+            }
+            Ok(n)
+        };
+        if self.length == 0 || self.length > proxychain::MAX_COUNTER {
+            bail!("chain length {} out of range", self.length);
+        }
+        Ok(Issued {
+            hash,
+            anchor: token("anchor", &self.anchor)?,
+            length: self.length,
+            n_dp: nonce("n_dp", &self.n_dp)?,
+            n_da: nonce("n_da", &self.n_da)?,
+            tk_p: token("tk_p", &self.tk_p)?,
+        })
+    }
+}
+
+/// One message as a line (with its newline).
+pub fn line<T: Serialize>(msg: &T) -> String {
+    let mut s = serde_json::to_string(msg).expect("wire messages serialise");
+    s.push('\n');
+    s
+}
+
+/// A line back into a message.
+pub fn parse<'a, T: Deserialize<'a>>(line: &'a str) -> Result<T> {
+    if line.len() > MAX_LINE {
+        bail!("line of {} bytes is longer than {MAX_LINE}", line.len());
+    }
+    serde_json::from_str(line.trim_end()).context("malformed message")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_bad_ones_are_refused() {
+        let issued = proxychain::issue(HashKind::Sha256, &[1; 32], "p1", 10, [2; 16], [3; 16]);
+        let reply = Reply::Issued {
+            id: 7,
+            user: "alice".into(),
+            credential: Credential::new(&issued, Some(99)),
+        };
+        let text = line(&reply);
+        assert!(text.ends_with('\n') && !text[..text.len() - 1].contains('\n'));
+        let back: Reply = parse(&text).unwrap();
+        assert_eq!(back, reply);
+        let Reply::Issued { credential, .. } = back else {
+            unreachable!()
+        };
+        assert_eq!(credential.issued().unwrap(), issued);
+        let req = Request::Issue {
+            id: 1,
+            user: "bob".into(),
+        };
+        assert_eq!(parse::<Request>(&line(&req)).unwrap(), req);
+        for bad in [
+            "",
+            "{",
+            r#"{"op":"issue","id":1}"#,
+            r#"{"op":"launch","id":1,"user":"a"}"#,
+            r#"{"op":"issue","id":-1,"user":"a"}"#,
+            r#"{"op":"issue","id":1,"user":"a","extra":1}"#,
+        ] {
+            assert!(parse::<Request>(bad).is_err(), "{bad}");
+        }
+        let mut c = Credential::new(&issued, None);
+        c.anchor = "00".into();
+        assert!(c.issued().is_err());
+        let mut c = Credential::new(&issued, None);
+        c.length = 0;
+        assert!(c.issued().is_err());
+    }
+}

@@ -1,0 +1,436 @@
+//! Proxychain end to end, every part real: `sipsec authd` over mutual TLS with its user
+//! database, `sipsec serve` with `scheme = "proxychain"`, and `sipsec load --proxychain` as
+//! the users (plus raw SIP for the attacks).
+//!
+//! - calls authenticate (INVITE and BYE), chains run out and are renewed, the proxy waits for
+//!   the authority only for a user's first chain;
+//! - a password change is pushed to the proxy: the old password stops working at once;
+//! - attacks: a replayed response, a lowered counter, a response moved to another callee, a
+//!   spoofed From, garbage credentials — each refused, the proxy unharmed;
+//! - a proxy whose certificate the authority does not know is refused, and its callers get
+//!   503, not a hang;
+//! - the authority down: with backup credentials calls still authenticate, without them they
+//!   get 503; a revoked proxy is cut off.
+
+mod common;
+
+use common::*;
+use sip_core::proxychain::{self, Challenge, Hello};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const REALM: &str = "example.test";
+const USERS: usize = 12;
+
+/// A running `sipsec authd`, killed on drop.
+struct Authd(Child);
+
+impl Authd {
+    fn start(dir: &Path, config: &Path) -> Authd {
+        let log = std::fs::File::create(dir.join("authd.log")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(["authd", "--config", config.to_str().unwrap()])
+            .current_dir(dir)
+            .env("SIPSEC_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut banner = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut banner)
+            .unwrap();
+        assert!(
+            banner.starts_with("sipsec authd listening"),
+            "{banner:?}: {}",
+            std::fs::read_to_string(dir.join("authd.log")).unwrap_or_default()
+        );
+        Authd(child)
+    }
+}
+
+impl Drop for Authd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A lab: certificates (the proxy's certificate names it `proxy-1`), a user database with
+/// `USERS` users (`user0..`, password `pw0..`), and the authority's config.
+struct Lab {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Lab {
+    fn new() -> Lab {
+        let dir = tempfile::tempdir().unwrap();
+        let port = ports(29800);
+        let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(["certs", "--client-name", "proxy-1", "--out"])
+            .arg(dir.path().join("certs"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let lab = Lab { dir, port };
+        std::fs::write(
+            lab.path("users.toml"),
+            format!("[database]\nurl = \"sqlite://{}\"\n", lab.path("users.db")),
+        )
+        .unwrap();
+        let csv: String = (0..USERS).map(|i| format!("user{i},pw{i}\n")).collect();
+        std::fs::write(lab.path("users.csv"), &csv).unwrap();
+        lab.users(&["import", &lab.path("users.csv")]);
+        std::fs::write(
+            lab.path("authd.toml"),
+            format!(
+                "[authd]\nlisten = \"127.0.0.1:{port}\"\nrealm = \"{REALM}\"\n\
+                 database = \"sqlite://{}\"\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\
+                 chain_length = 4\n",
+                lab.path("users.db"),
+                lab.path("certs/server.pem"),
+                lab.path("certs/server-key.pem"),
+                lab.path("certs/ca.pem"),
+            ),
+        )
+        .unwrap();
+        lab
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_string()
+    }
+
+    fn users(&self, args: &[&str]) {
+        let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args([
+                "users",
+                "--config",
+                &self.path("users.toml"),
+                "--realm",
+                REALM,
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The callee: a `sipsec load` UAS where the proxy routes calls.
+    fn uas(&self) -> LoadUas {
+        LoadUas::start(
+            self.dir.path(),
+            &format!("127.0.0.1:{}", self.port + 2),
+            &[],
+        )
+    }
+
+    fn authd(&self) -> Authd {
+        Authd::start(self.dir.path(), Path::new(&self.path("authd.toml")))
+    }
+
+    /// The proxy's config: UDP on port+1, calls routed to the UAS on port+2, `extra` added to
+    /// `[auth]`; its certificate is `cert` (the lab's client certificate unless given).
+    fn proxy_config(&self, certs: &str, extra: &str) -> String {
+        let p = self.port;
+        format!(
+            "[server]\nlisten = [\"udp:127.0.0.1:{}\"]\ndomains = [\"{REALM}\"]\nworkers = 2\n\
+             [routing]\ndefault_route = \"sip:127.0.0.1:{};transport=udp\"\n\
+             [database]\nurl = \"sqlite://{}\"\n\
+             [tls]\ncert = \"{certs}/client.pem\"\nkey = \"{certs}/client-key.pem\"\n\
+             ca = \"{certs}/ca.pem\"\n\
+             [auth]\nscheme = \"proxychain\"\nauthority = \"tls:127.0.0.1:{p}\"\n\
+             chain_length = 4\nmethods = [\"INVITE\", \"BYE\"]\nwait_ms = 1500\n{extra}",
+            p + 1,
+            p + 2,
+            self.path("proxy.db"),
+        )
+    }
+
+    fn proxy(&self, extra: &str) -> Server {
+        Server::start_logged(
+            self.dir.path(),
+            &self.proxy_config(&self.path("certs"), extra),
+        )
+    }
+
+    /// `sipsec load` calls through the proxy as the lab's users with `users_file`.
+    fn calls(&self, users_file: &str, calls: u32) -> (i32, serde_json::Value, String) {
+        load(
+            self.dir.path(),
+            &[
+                &format!("127.0.0.1:{}", self.port + 1),
+                "--scenario",
+                "call",
+                "--local",
+                "127.0.0.1",
+                "--users",
+                users_file,
+                "--domain",
+                "elsewhere.test",
+                "--proxychain",
+                "--proxychain-realm",
+                REALM,
+                "--rate",
+                "40",
+                "--calls",
+                &calls.to_string(),
+            ],
+        )
+    }
+}
+
+#[test]
+fn calls_authenticate_through_the_chain_and_a_new_password_is_pushed() {
+    let lab = Lab::new();
+    let _authd = lab.authd();
+    let proxy = lab.proxy("");
+    let uas = lab.uas();
+    // 60 calls over 12 users: 5 calls, 10 authentications (INVITE and BYE) per user on
+    // chains of 4, so every user's chain is renewed at least twice.
+    let (code, summary, stderr) = lab.calls(&lab.path("users.csv"), 60);
+    assert_eq!(code, 0, "{summary}\n{stderr}");
+    assert_eq!(n(&summary, "succeeded"), 60, "{summary}");
+    // A new password for user0: the authority pushes a revocation, so the chain the proxy
+    // holds (made from the old key) is dropped and the old password no longer works.
+    lab.users(&["add", "user0", "--password", "changed"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    std::fs::write(lab.path("user0-old.csv"), "user0,pw0\n").unwrap();
+    let (_, summary, _) = lab.calls(&lab.path("user0-old.csv"), 3);
+    assert_eq!(n(&summary, "succeeded"), 0, "old password: {summary}");
+    let reasons = summary["failures_by_reason"].to_string();
+    assert!(reasons.contains("network HMAC"), "{reasons}");
+    std::fs::write(lab.path("user0-new.csv"), "user0,changed\n").unwrap();
+    let (code, summary, _) = lab.calls(&lab.path("user0-new.csv"), 3);
+    assert_eq!((code, n(&summary, "succeeded")), (0, 3), "{summary}");
+    drop(uas);
+    let c = proxy.stop_counters();
+    assert!(c.get("auth_passed") >= 126, "INVITE and BYE of 63 calls");
+    assert!(
+        c.get("auth_waited") >= USERS as u64,
+        "first chains are fetched"
+    );
+    let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
+    assert!(log.contains("revocation pushed"), "{log}");
+}
+
+/// A raw UDP exchange with the proxy: the first response to `text` other than 100 (earlier
+/// calls' late responses are skipped by Call-ID).
+fn exchange(ep: &Endpoint, proxy: &str, text: &str) -> String {
+    let call_id = text
+        .lines()
+        .find(|l| l.starts_with("Call-ID:"))
+        .unwrap()
+        .to_string();
+    ep.send(proxy, text);
+    loop {
+        let m = ep.recv();
+        if !m.starts_with("SIP/2.0 100") && m.lines().any(|l| l == call_id) {
+            return m;
+        }
+    }
+}
+
+fn invite(ep: &Endpoint, user: &str, to: &str, call: &str, cseq: u32, auth: &str) -> String {
+    format!(
+        "INVITE sip:{to}@elsewhere.test SIP/2.0\r\n\
+         Via: SIP/2.0/UDP {};branch=z9hG4bK-{call}-{cseq}\r\n\
+         Max-Forwards: 70\r\nFrom: <sip:{user}@elsewhere.test>;tag=t{call}\r\n\
+         To: <sip:{to}@elsewhere.test>\r\nCall-ID: {call}\r\nCSeq: {cseq} INVITE\r\n\
+         Contact: <sip:{user}@{}>\r\nProxy-Authorization: {auth}\r\nContent-Length: 0\r\n\r\n",
+        ep.addr, ep.addr
+    )
+}
+
+fn status(m: &str) -> u16 {
+    m[8..11].parse().unwrap()
+}
+
+fn challenge_in(m: &str) -> Option<Challenge> {
+    let line = m
+        .lines()
+        .find_map(|l| l.strip_prefix("Proxy-Authenticate: "))?;
+    Challenge::parse(line.as_bytes()).ok()
+}
+
+#[test]
+fn attacks_on_the_proxy_are_refused() {
+    let lab = Lab::new();
+    let _authd = lab.authd();
+    let proxy_server = lab.proxy("");
+    let _uas = lab.uas();
+    let proxy = format!("127.0.0.1:{}", lab.port + 1);
+    let ep = Endpoint::bind("127.0.0.1:0");
+    let key = proxychain::user_key("user1", REALM, "pw1");
+    let (a, b) = (b"user1@elsewhere.test", b"user2@elsewhere.test");
+    let hello = |n: u8| {
+        Hello {
+            username: "user1".into(),
+            n_ap: [n; 16],
+        }
+        .render()
+    };
+    // Hello → the full challenge (after the proxy fetched the chain).
+    let m = exchange(
+        &ep,
+        &proxy,
+        &invite(&ep, "user1", "user2", "c1", 1, &hello(1)),
+    );
+    assert_eq!(status(&m), 407, "{m}");
+    let ch = challenge_in(&m).expect("a full challenge");
+    assert_eq!((ch.realm.as_str(), ch.counter), ("proxy-1", 4));
+    let r =
+        proxychain::answer(&key, &ch, &[1; 16], "user1", a, b).expect("the network proves itself");
+    // The response moved to another callee: 403.
+    let moved = invite(&ep, "user1", "user3", "c2", 1, &r.render());
+    assert_eq!(status(&exchange(&ep, &proxy, &moved)), 403);
+    // Spoofed From (user1's credentials on user3's call): 403.
+    let spoofed = invite(&ep, "user3", "user2", "c3", 1, &r.render());
+    assert_eq!(status(&exchange(&ep, &proxy, &spoofed)), 403);
+    // Garbage credentials: 400.
+    let garbage = invite(
+        &ep,
+        "user1",
+        "user2",
+        "c4",
+        1,
+        "PC username=\"user1\", nap=\"zz\"",
+    );
+    assert_eq!(status(&exchange(&ep, &proxy, &garbage)), 400);
+    // The genuine response passes (the refusals did not step the chain).
+    let good = invite(&ep, "user1", "user2", "c5", 1, &r.render());
+    let m = exchange(&ep, &proxy, &good);
+    assert!(status(&m) == 180 || status(&m) == 200, "{m}");
+    // Replayed: only the hello challenge (no counter) comes back.
+    let replay = invite(&ep, "user1", "user2", "c6", 1, &r.render());
+    let m = exchange(&ep, &proxy, &replay);
+    assert_eq!(status(&m), 407);
+    assert!(
+        challenge_in(&m).is_none(),
+        "a replay gets no chain challenge: {m}"
+    );
+    // A lowered counter (the small-n attack from the client side): an old value for a lower
+    // i does not verify either.
+    let mut low = r.clone();
+    low.counter = 1;
+    low.value = proxychain::HashKind::Sha256.hash_n(
+        proxychain::chain_root(proxychain::HashKind::Sha256, &key, &ch.n_da, "proxy-1"),
+        0,
+    );
+    let m = exchange(
+        &ep,
+        &proxy,
+        &invite(&ep, "user1", "user2", "c7", 1, &low.render()),
+    );
+    assert_eq!(status(&m), 407, "{m}");
+    // The proxy is unharmed: the next hello is challenged at counter 3.
+    let m = exchange(
+        &ep,
+        &proxy,
+        &invite(&ep, "user1", "user2", "c8", 1, &hello(8)),
+    );
+    assert_eq!(challenge_in(&m).map(|c| c.counter), Some(3), "{m}");
+    let c = proxy_server.stop_counters();
+    assert!(c.get("auth_failed") >= 1 && c.get("auth_identity_mismatches") >= 1);
+    assert!(c.get("auth_replays") >= 2 && c.get("auth_malformed") >= 1);
+}
+
+#[test]
+fn a_proxy_the_authority_does_not_know_is_refused_and_its_callers_get_503() {
+    let lab = Lab::new();
+    let _authd = lab.authd();
+    // Certificates from another CA: the authority cannot verify this proxy.
+    let other = lab.path("other-certs");
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["certs", "--client-name", "impostor", "--out", &other])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // It trusts the real authority's CA but presents an unknown certificate.
+    std::fs::copy(lab.path("certs/ca.pem"), format!("{other}/ca.pem")).unwrap();
+    let proxy = Server::start_logged(lab.dir.path(), &lab.proxy_config(&other, ""));
+    let _uas = lab.uas();
+    let (_, summary, _) = lab.calls(&lab.path("users.csv"), 6);
+    assert_eq!(n(&summary, "succeeded"), 0, "{summary}");
+    let reasons = summary["failures_by_reason"].to_string();
+    assert!(reasons.contains("503"), "{reasons}");
+    drop(proxy);
+    let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
+    assert!(log.contains("proxy refused"), "{log}");
+}
+
+#[test]
+fn with_the_authority_down_backup_credentials_carry_the_calls() {
+    let lab = Lab::new();
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["authd", "--config", &lab.path("authd.toml"), "backup"])
+        .args([
+            "--proxy",
+            "proxy-1",
+            "--length",
+            "50",
+            "--out",
+            &lab.path("p1.backup"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _uas = lab.uas();
+    // No authority running. With backup credentials, calls are authenticated.
+    let with = lab.proxy(&format!("backup = \"{}\"\n", lab.path("p1.backup")));
+    let (code, summary, stderr) = lab.calls(&lab.path("users.csv"), 24);
+    assert_eq!(
+        (code, n(&summary, "succeeded")),
+        (0, 24),
+        "{summary}\n{stderr}"
+    );
+    drop(with);
+    // Without them, callers are told 503 (and no request hangs).
+    let without = lab.proxy("");
+    let (_, summary, _) = lab.calls(&lab.path("users.csv"), 6);
+    assert_eq!(n(&summary, "succeeded"), 0, "{summary}");
+    assert!(summary["failures_by_reason"].to_string().contains("503"));
+    drop(without);
+}
+
+#[test]
+fn a_revoked_proxy_is_cut_off() {
+    let lab = Lab::new();
+    let _authd = lab.authd();
+    let proxy = lab.proxy("");
+    let _uas = lab.uas();
+    let (code, _, _) = lab.calls(&lab.path("users.csv"), 12);
+    assert_eq!(code, 0);
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args([
+            "authd",
+            "--config",
+            &lab.path("authd.toml"),
+            "revoke-proxy",
+            "proxy-1",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::thread::sleep(Duration::from_millis(2500));
+    drop(proxy);
+    let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
+    assert!(log.contains("proxy revoked"), "{log}");
+    // A new connection from it is refused.
+    let proxy = lab.proxy("");
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(proxy);
+    let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
+    assert!(log.contains("proxy refused: revoked"), "{log}");
+}
