@@ -124,13 +124,14 @@ pub fn run(cfg: Config) -> Result<()> {
         senders.push(tx);
         mailboxes.push(rx);
     }
+    let channel_stats = Arc::new(crate::authd::client::ChannelStats::default());
     let authority = proxychain.as_ref().map(|(shared, tls)| {
         crate::authd::client::spawn(
             &runtime,
             shared.clone(),
             tls.clone(),
             senders.clone(),
-            Arc::new(Default::default()),
+            channel_stats.clone(),
         )
     });
     let mut all_stats = Vec::new();
@@ -242,6 +243,17 @@ pub fn run(cfg: Config) -> Result<()> {
         .filter(|(_, v)| *v > 0)
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
+    if let Some((shared, _)) = &proxychain {
+        let c = &channel_stats;
+        let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+        tracing::info!(
+            "authority channel: {} requests, {} bytes out, {} bytes in; {} chains cached",
+            load(&c.requests),
+            load(&c.bytes_out),
+            load(&c.bytes_in),
+            shared.cache.len()
+        );
+    }
     if totals.is_empty() {
         tracing::info!("stopped (no traffic)");
     } else {

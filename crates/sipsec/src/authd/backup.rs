@@ -3,7 +3,9 @@
 //! reached. The file is JSON lines: a header naming the proxy, then one credential per user,
 //! in the channel's own credential record ([`wire::Credential`]).
 //!
-//!     sipsec authd backup --proxy proxy-1 --length 1000 --out proxy-1.backup
+//! ```text
+//! sipsec authd backup --proxy proxy-1 --length 1000 --out proxy-1.backup
+//! ```
 
 use super::wire::{self, Credential};
 use anyhow::{bail, Context, Result};

@@ -256,7 +256,32 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
         cfg.chain_length,
         cfg.database
     );
-    server::run(listener, tls, authority, registry).await
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone())
+            .context("cannot install signal handlers")?;
+    }
+    let stopped = async {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let stats = authority.clone();
+    tokio::select! {
+        r = server::run(listener, tls, authority, registry) => r?,
+        _ = stopped => {}
+    }
+    let s = &stats.stats;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(
+        "stopped; issued={} unknown={} revocations_pushed={} bytes_in={} bytes_out={}",
+        load(&s.issued),
+        load(&s.unknown),
+        load(&s.revocations_pushed),
+        load(&s.bytes_in),
+        load(&s.bytes_out)
+    );
+    Ok(())
 }
 
 impl Store {

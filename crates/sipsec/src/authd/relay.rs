@@ -3,7 +3,9 @@
 //! between Planetlab sites; its testbed put 33 ms between proxy and database). `tc netem`
 //! would do this in the kernel, but it is not available on these machines.
 //!
-//!     sipsec delay-relay 127.0.0.1:5071 127.0.0.1:5070 --rtt-ms 33
+//! ```text
+//! sipsec delay-relay 127.0.0.1:5071 127.0.0.1:5070 --rtt-ms 33
+//! ```
 //!
 //! Bytes keep their order and are released no earlier than `rtt / 2` after they arrived, so
 //! a request and its answer take one RTT more than without the relay, however many are in

@@ -81,6 +81,10 @@ pub struct BenchArgs {
     /// nonce count instead of being challenged per request (`sipsec load --auth-reuse`).
     #[arg(long)]
     pub auth_reuse: bool,
+    /// Proxychain: the load answers `PC` challenges (`sipsec load --proxychain`), with keys
+    /// derived in this realm.
+    #[arg(long)]
+    pub proxychain_realm: Option<String>,
     /// Core the started server is pinned to.
     #[arg(long, default_value_t = 0)]
     pub server_cpu: usize,
@@ -317,6 +321,9 @@ pub fn run(a: BenchArgs) -> Result<Report> {
     }
     if a.auth_reuse {
         words.push("--auth-reuse".to_string());
+    }
+    if let Some(realm) = &a.proxychain_realm {
+        words.extend(["--proxychain", "--proxychain-realm", realm].map(String::from));
     }
     let with = |extra: &[String]| -> Result<load::Plan> {
         load::Plan::new(load_args(&[&words[..], extra].concat())?)

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Seed 001's comparison on this machine: no authentication, digest (sipsec's in-memory
+credential cache), Proxychain, and Proxychain with prefetching, with the authority 33 ms away
+(`sipsec delay-relay` between the proxy and `sipsec authd`; `tc netem` is not available here).
+
+Per row, `sipsec bench` (server pinned to CPU 0; the load generator, the authority and the
+relay on CPU 1) at a fixed rate gives the server CPU per call and the call-setup latency
+(INVITE to 200, including the 407 round); the authority's CPU per call is read from /proc
+around the same run, and the bytes per call between proxy and authority from the counters
+the authority logs when it stops. A second pass finds each row's peak rate (`--find-peak`:
+≥ 99% of calls succeed within 500 ms). Rows are alternated per round; medians are shown.
+
+    cargo build --release
+    python3 bench/proxychain_lab.py [--users 1000] [--rate 500] [--calls 4000] [--rounds 3]
+        [--rtt-ms 33] [--peak]
+"""
+import argparse, json, os, re, statistics, subprocess, sys, tempfile, time
+
+REALM = "lab.test"
+AUTHD, RELAY = "127.0.0.1:35070", "127.0.0.1:35071"
+
+
+def cpu_seconds(pid):
+    """User + system CPU of a process, in seconds."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(cmd, log, cpu):
+    p = subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, stdout=subprocess.PIPE,
+                         stderr=open(log, "w"), text=True, env={**os.environ, "SIPSEC_LOG": "info"})
+    line = p.stdout.readline()
+    if not line:
+        sys.exit(f"{cmd[1]} did not start: {open(log).read()}")
+    return p
+
+
+def stop(p):
+    p.terminate()
+    p.wait()
+
+
+def server_config(work, auth):
+    return (f"[server]\nlisten = [\"udp:127.0.0.1:35060\"]\ndomains = [\"bench.test\"]\n"
+            f"mode = \"proxy\"\nstateful = true\nrecord_route = true\nworkers = 1\n"
+            f"[routing]\ndefault_route = \"sip:127.0.0.3:35080;transport=udp\"\n"
+            f"[database]\nurl = \"sqlite://{work}/users.db\"\n"
+            f"[tls]\ncert = \"{work}/certs/client.pem\"\nkey = \"{work}/certs/client-key.pem\"\n"
+            f"ca = \"{work}/certs/ca.pem\"\n{auth}")
+
+
+def rows(work, rtt):
+    pc = (f"[auth]\nscheme = \"proxychain\"\nauthority = \"tls:{RELAY}\"\nchain_length = 10\n"
+          f"methods = [\"INVITE\"]\nwait_ms = 2000\n")
+    return [
+        ("no auth", "", False),
+        ("digest (cached)", f"[auth]\nscheme = \"digest\"\nrealm = \"{REALM}\"\n"
+                            f"methods = [\"INVITE\"]\nalgorithms = [\"SHA-256\"]\n", False),
+        ("proxychain", pc + "prefetch_at = 0\n", True),
+        ("proxychain + prefetch", pc, True),
+    ]
+
+
+def bench(binary, work, name, config, proxychain, args, rtt):
+    """One bench run of a row; returns (report, authd CPU s, authd stop line)."""
+    path = os.path.join(work, "row.toml")
+    open(path, "w").write(config)
+    authd = relay = None
+    if proxychain:
+        authd = start([binary, "authd", "--config", f"{work}/authd.toml"], f"{work}/authd.log", 1)
+        relay = start([binary, "delay-relay", RELAY, AUTHD, "--rtt-ms", str(rtt)],
+                      f"{work}/relay.log", 1)
+    out = tempfile.mktemp(suffix=".json")
+    extra = ["--proxychain-realm", REALM] if proxychain else []
+    cpu0 = cpu_seconds(authd.pid) if authd else 0
+    p = subprocess.run([binary, "bench", "--config", path, "--users", f"{work}/users.csv",
+                        "--domain", "elsewhere.test", "-q", "--json", out] + extra + args,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    authd_cpu = (cpu_seconds(authd.pid) - cpu0) if authd else 0
+    line = ""
+    if relay:
+        stop(relay)
+    if authd:
+        stop(authd)
+        line = next((l for l in open(f"{work}/authd.log") if "stopped;" in l), "")
+    if p.returncode != 0 or not os.path.exists(out):
+        sys.exit(f"{name}: bench failed: {p.stderr[-2000:]}")
+    r = json.load(open(out))
+    os.unlink(out)
+    return r, authd_cpu, line
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sipsec", default="target/release/sipsec")
+    ap.add_argument("--users", type=int, default=1000)
+    ap.add_argument("--rate", type=int, default=500)
+    ap.add_argument("--calls", type=int, default=4000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rtt-ms", type=float, default=33.0)
+    ap.add_argument("--peak", action="store_true", help="also find each row's peak rate")
+    a = ap.parse_args()
+    binary = os.path.abspath(a.sipsec)
+    work = tempfile.mkdtemp()
+    subprocess.run([binary, "certs", "--client-name", "proxy-1", "--out", f"{work}/certs"],
+                   check=True, stdout=subprocess.DEVNULL)
+    open(f"{work}/users.csv", "w").write("".join(f"u{i},pw{i}\n" for i in range(a.users)))
+    open(f"{work}/users.toml", "w").write(f"[database]\nurl = \"sqlite://{work}/users.db\"\n")
+    subprocess.run([binary, "users", "--config", f"{work}/users.toml", "--realm", REALM,
+                    "import", f"{work}/users.csv"], check=True, stdout=subprocess.DEVNULL)
+    open(f"{work}/authd.toml", "w").write(
+        f"[authd]\nlisten = \"{AUTHD}\"\nrealm = \"{REALM}\"\n"
+        f"database = \"sqlite://{work}/users.db\"\ncert = \"{work}/certs/server.pem\"\n"
+        f"key = \"{work}/certs/server-key.pem\"\nca = \"{work}/certs/ca.pem\"\nchain_length = 10\n")
+    table = rows(work, a.rtt_ms)
+    res = {name: [] for name, _, _ in table}
+    for r in range(a.rounds):
+        print(f"round {r + 1}/{a.rounds}", file=sys.stderr)
+        for name, auth, pc in table:
+            rep, authd_cpu, line = bench(binary, work, name, server_config(work, auth), pc,
+                                         ["--rate", str(a.rate), "--calls", str(a.calls)], a.rtt_ms)
+            ops = max(rep["ops"], 1)
+            m = re.search(r"bytes_in=(\d+) bytes_out=(\d+)", line)
+            # The authority's counters cover the warm-up run too: per call of both runs.
+            calls_total = rep["load"]["attempted"] + int(a.rate * 2)
+            res[name].append({
+                "server_us": rep["server_cpu_us_per_op"],
+                "authd_us": authd_cpu / ops * 1e6,
+                "bytes": (int(m.group(1)) + int(m.group(2))) / calls_total if m else 0.0,
+                "p50": rep["load"]["latency_ms"]["p50"],
+                "p99": rep["load"]["latency_ms"]["p99"],
+                "ok": rep["load"]["succeeded"] / max(rep["load"]["attempted"], 1),
+            })
+    med = lambda name, k: statistics.median(x[k] for x in res[name])
+    base = med("no auth", "server_us")
+    print(f"{a.users} users, {a.rate} calls/s, {a.calls} calls, {a.rounds} rounds (medians); "
+          f"authority {a.rtt_ms} ms away")
+    print("| configuration | server µs/call | ÷ no auth | authority µs/call | bytes/call proxy↔authority | setup p50 ms | p99 ms | succeeded |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, _, _ in table:
+        print(f"| {name} | {med(name, 'server_us'):.1f} | {med(name, 'server_us') / base:.2f} | "
+              f"{med(name, 'authd_us'):.2f} | {med(name, 'bytes'):.1f} | {med(name, 'p50'):.2f} | "
+              f"{med(name, 'p99'):.2f} | {min(x['ok'] for x in res[name]):.3f} |")
+    if a.peak:
+        print("\npeak calls/s (≥ 99% within 500 ms):")
+        peaks = {}
+        for name, auth, pc in table:
+            rep, _, _ = bench(binary, work, name, server_config(work, auth), pc,
+                              ["--rate", str(a.rate), "--calls", "1000", "--find-peak"], a.rtt_ms)
+            peaks[name] = rep.get("peak_per_s") or 0
+            print(f"  {name}: {peaks[name]:.0f} ({peaks[name] / max(peaks['no auth'], 1):.2f} of no auth)")
+
+
+if __name__ == "__main__":
+    main()
