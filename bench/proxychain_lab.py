@@ -1,23 +1,30 @@
 #!/usr/bin/env python3
-"""Seed 001's comparison on this machine: no authentication, digest (sipsec's in-memory
-credential cache), Proxychain, and Proxychain with prefetching, with the authority 33 ms away
-(`sipsec delay-relay` between the proxy and `sipsec authd`; `tc netem` is not available here).
+"""Seed 001's comparison on this machine: no authentication, digest with the user database
+33 ms away (without a credential cache, one query per authentication as the paper's servers
+did, and with sipsec's cache), Proxychain, and Proxychain with prefetching, with the authority
+33 ms away (`sipsec delay-relay` in front of the database and of `sipsec authd`; `tc netem` is
+not available here). The digest rows need PostgreSQL (`--postgres URL`, e.g. the tests'
+SIPSEC_TEST_POSTGRES); SQLite cannot be put across a network.
 
 Per row, `sipsec bench` (server pinned to CPU 0; the load generator, the authority and the
-relay on CPU 1) at a fixed rate gives the server CPU per call and the call-setup latency
-(INVITE to 200, including the 407 round); the authority's CPU per call is read from /proc
-around the same run, and the bytes per call between proxy and authority from the counters
-the authority logs when it stops. A second pass finds each row's peak rate (`--find-peak`:
-≥ 99% of calls succeed within 500 ms). Rows are alternated per round; medians are shown.
+relay on CPU 1) at a fixed rate gives the server CPU per call; the authority's CPU per call is
+read from /proc around the same run (it includes the authority's once-a-second database polls,
+which dominate at these rates), and the bytes per call between proxy and authority from the
+counters the authority logs when it stops. A second pass at a low rate (as seed 001 measured
+it: under 5 calls/s) with few users, so that chains run out during the run, gives the
+call-setup latency (INVITE to 200, including the 407 round). A third pass, with --peak, finds
+each row's peak rate (`--find-peak`: ≥ 99% of calls succeed within 500 ms). Rows are
+alternated per round; medians are shown.
 
     cargo build --release
-    python3 bench/proxychain_lab.py [--users 1000] [--rate 500] [--calls 4000] [--rounds 3]
+    python3 bench/proxychain_lab.py [--users 100] [--rate 500] [--calls 4000] [--rounds 3]
         [--rtt-ms 33] [--peak]
 """
 import argparse, json, os, re, statistics, subprocess, sys, tempfile, time
 
 REALM = "lab.test"
 AUTHD, RELAY = "127.0.0.1:35070", "127.0.0.1:35071"
+DB_RELAY = "127.0.0.1:35072"
 
 
 def cpu_seconds(pid):
@@ -40,32 +47,41 @@ def stop(p):
     p.wait()
 
 
-def server_config(work, auth):
+def server_config(work, auth, db=None):
+    db = db or f"sqlite://{work}/users.db"
     return (f"[server]\nlisten = [\"udp:127.0.0.1:35060\"]\ndomains = [\"bench.test\"]\n"
             f"mode = \"proxy\"\nstateful = true\nrecord_route = true\nworkers = 1\n"
             f"[routing]\ndefault_route = \"sip:127.0.0.3:35080;transport=udp\"\n"
-            f"[database]\nurl = \"sqlite://{work}/users.db\"\n"
+            f"[database]\nurl = \"{db}\"\n"
             f"[tls]\ncert = \"{work}/certs/client.pem\"\nkey = \"{work}/certs/client-key.pem\"\n"
             f"ca = \"{work}/certs/ca.pem\"\n{auth}")
 
 
-def rows(work, rtt):
+def rows(remote_db):
+    """(name, [auth] table, needs the authority, database URL or None for the local SQLite)."""
     pc = (f"[auth]\nscheme = \"proxychain\"\nauthority = \"tls:{RELAY}\"\nchain_length = 10\n"
           f"methods = [\"INVITE\"]\nwait_ms = 2000\n")
-    return [
-        ("no auth", "", False),
-        ("digest (cached)", f"[auth]\nscheme = \"digest\"\nrealm = \"{REALM}\"\n"
-                            f"methods = [\"INVITE\"]\nalgorithms = [\"SHA-256\"]\n", False),
-        ("proxychain", pc + "prefetch_at = 0\n", True),
-        ("proxychain + prefetch", pc, True),
+    digest = (f"[auth]\nscheme = \"digest\"\nrealm = \"{REALM}\"\nmethods = [\"INVITE\"]\n"
+              f"algorithms = [\"SHA-256\"]\n")
+    out = [("no auth", "", False, None)]
+    if remote_db:
+        out += [("digest, no cache (a query per call)", digest + "credential_cache = false\n",
+                 False, remote_db),
+                ("digest, sipsec's cache", digest, False, remote_db)]
+    return out + [
+        ("proxychain", pc + "prefetch_at = 0\n", True, None),
+        ("proxychain + prefetch", pc, True, None),
     ]
 
 
-def bench(binary, work, name, config, proxychain, args, rtt):
+def bench(binary, work, name, config, proxychain, args, rtt, users="users.csv", db=None):
     """One bench run of a row; returns (report, authd CPU s, authd stop line)."""
     path = os.path.join(work, "row.toml")
     open(path, "w").write(config)
     authd = relay = None
+    if db:
+        relay = start([binary, "delay-relay", DB_RELAY, db, "--rtt-ms", str(rtt)],
+                      f"{work}/relay.log", 1)
     if proxychain:
         authd = start([binary, "authd", "--config", f"{work}/authd.toml"], f"{work}/authd.log", 1)
         relay = start([binary, "delay-relay", RELAY, AUTHD, "--rtt-ms", str(rtt)],
@@ -73,7 +89,7 @@ def bench(binary, work, name, config, proxychain, args, rtt):
     out = tempfile.mktemp(suffix=".json")
     extra = ["--proxychain-realm", REALM] if proxychain else []
     cpu0 = cpu_seconds(authd.pid) if authd else 0
-    p = subprocess.run([binary, "bench", "--config", path, "--users", f"{work}/users.csv",
+    p = subprocess.run([binary, "bench", "--config", path, "--users", f"{work}/{users}",
                         "--domain", "elsewhere.test", "-q", "--json", out] + extra + args,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     authd_cpu = (cpu_seconds(authd.pid) - cpu0) if authd else 0
@@ -93,18 +109,25 @@ def bench(binary, work, name, config, proxychain, args, rtt):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sipsec", default="target/release/sipsec")
-    ap.add_argument("--users", type=int, default=1000)
+    ap.add_argument("--users", type=int, default=100)
+    ap.add_argument("--latency-rate", type=float, default=5)
+    ap.add_argument("--latency-calls", type=int, default=200)
+    ap.add_argument("--latency-users", type=int, default=5,
+                    help="few users, so each one's chains run out during the latency pass")
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--calls", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=33.0)
     ap.add_argument("--peak", action="store_true", help="also find each row's peak rate")
+    ap.add_argument("--postgres", default=os.environ.get("SIPSEC_TEST_POSTGRES"),
+                    help="PostgreSQL URL for the digest rows (default: $SIPSEC_TEST_POSTGRES)")
     a = ap.parse_args()
     binary = os.path.abspath(a.sipsec)
     work = tempfile.mkdtemp()
     subprocess.run([binary, "certs", "--client-name", "proxy-1", "--out", f"{work}/certs"],
                    check=True, stdout=subprocess.DEVNULL)
     open(f"{work}/users.csv", "w").write("".join(f"u{i},pw{i}\n" for i in range(a.users)))
+    open(f"{work}/few.csv", "w").write("".join(f"u{i},pw{i}\n" for i in range(a.latency_users)))
     open(f"{work}/users.toml", "w").write(f"[database]\nurl = \"sqlite://{work}/users.db\"\n")
     subprocess.run([binary, "users", "--config", f"{work}/users.toml", "--realm", REALM,
                     "import", f"{work}/users.csv"], check=True, stdout=subprocess.DEVNULL)
@@ -112,41 +135,60 @@ def main():
         f"[authd]\nlisten = \"{AUTHD}\"\nrealm = \"{REALM}\"\n"
         f"database = \"sqlite://{work}/users.db\"\ncert = \"{work}/certs/server.pem\"\n"
         f"key = \"{work}/certs/server-key.pem\"\nca = \"{work}/certs/ca.pem\"\nchain_length = 10\n")
-    table = rows(work, a.rtt_ms)
-    res = {name: [] for name, _, _ in table}
+    remote = None
+    if a.postgres:
+        m = re.match(r"(postgres(?:ql)?://[^@]+@)([^/]+)(/.*)", a.postgres)
+        open(f"{work}/pg.toml", "w").write(f"[database]\nurl = \"{a.postgres}\"\n")
+        subprocess.run([binary, "users", "--config", f"{work}/pg.toml", "--realm", REALM,
+                        "import", f"{work}/users.csv"], check=True, stdout=subprocess.DEVNULL)
+        # The proxy reaches PostgreSQL through the delay relay.
+        remote = (m.group(1) + DB_RELAY + m.group(3), m.group(2))
+    else:
+        print("no --postgres: the digest rows are skipped", file=sys.stderr)
+    table = rows(remote)
+    res = {name: [] for name, _, _, _ in table}
     for r in range(a.rounds):
         print(f"round {r + 1}/{a.rounds}", file=sys.stderr)
-        for name, auth, pc in table:
-            rep, authd_cpu, line = bench(binary, work, name, server_config(work, auth), pc,
-                                         ["--rate", str(a.rate), "--calls", str(a.calls)], a.rtt_ms)
+        for name, auth, pc, db in table:
+            cfg = server_config(work, auth, db and db[0])
+            target = db and db[1]
+            rep, authd_cpu, line = bench(binary, work, name, cfg, pc,
+                                         ["--rate", str(a.rate), "--calls", str(a.calls)],
+                                         a.rtt_ms, db=target)
             ops = max(rep["ops"], 1)
             m = re.search(r"bytes_in=(\d+) bytes_out=(\d+)", line)
             # The authority's counters cover the warm-up run too: per call of both runs.
             calls_total = rep["load"]["attempted"] + int(a.rate * 2)
+            lat, _, _ = bench(binary, work, name, cfg, pc,
+                              ["--rate", str(a.latency_rate), "--calls", str(a.latency_calls),
+                               "--warmup-calls", "1"], a.rtt_ms, users="few.csv", db=target)
             res[name].append({
                 "server_us": rep["server_cpu_us_per_op"],
                 "authd_us": authd_cpu / ops * 1e6,
                 "bytes": (int(m.group(1)) + int(m.group(2))) / calls_total if m else 0.0,
-                "p50": rep["load"]["latency_ms"]["p50"],
-                "p99": rep["load"]["latency_ms"]["p99"],
-                "ok": rep["load"]["succeeded"] / max(rep["load"]["attempted"], 1),
+                "p50": lat["load"]["latency_ms"]["p50"],
+                "p99": lat["load"]["latency_ms"]["p99"],
+                "ok": min(rep["load"]["succeeded"] / max(rep["load"]["attempted"], 1),
+                          lat["load"]["succeeded"] / max(lat["load"]["attempted"], 1)),
             })
     med = lambda name, k: statistics.median(x[k] for x in res[name])
     base = med("no auth", "server_us")
     print(f"{a.users} users, {a.rate} calls/s, {a.calls} calls, {a.rounds} rounds (medians); "
-          f"authority {a.rtt_ms} ms away")
+          f"authority {a.rtt_ms} ms away; latency at {a.latency_rate} calls/s, "
+          f"{a.latency_calls} calls from {a.latency_users} users")
     print("| configuration | server µs/call | ÷ no auth | authority µs/call | bytes/call proxy↔authority | setup p50 ms | p99 ms | succeeded |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, _, _ in table:
+    for name, _, _, _ in table:
         print(f"| {name} | {med(name, 'server_us'):.1f} | {med(name, 'server_us') / base:.2f} | "
               f"{med(name, 'authd_us'):.2f} | {med(name, 'bytes'):.1f} | {med(name, 'p50'):.2f} | "
               f"{med(name, 'p99'):.2f} | {min(x['ok'] for x in res[name]):.3f} |")
     if a.peak:
         print("\npeak calls/s (≥ 99% within 500 ms):")
         peaks = {}
-        for name, auth, pc in table:
-            rep, _, _ = bench(binary, work, name, server_config(work, auth), pc,
-                              ["--rate", str(a.rate), "--calls", "1000", "--find-peak"], a.rtt_ms)
+        for name, auth, pc, db in table:
+            rep, _, _ = bench(binary, work, name, server_config(work, auth, db and db[0]), pc,
+                              ["--rate", str(a.rate), "--calls", "1000", "--find-peak"], a.rtt_ms,
+                              db=db and db[1])
             peaks[name] = rep.get("peak_per_s") or 0
             print(f"  {name}: {peaks[name]:.0f} ({peaks[name] / max(peaks['no auth'], 1):.2f} of no auth)")
 

@@ -147,6 +147,7 @@ struct RawAuth {
     prefetch_at: Option<u32>,
     backup: Option<PathBuf>,
     wait_ms: u64,
+    credential_cache: bool,
 }
 
 impl Default for RawAuth {
@@ -170,6 +171,7 @@ impl Default for RawAuth {
             prefetch_at: None,
             backup: None,
             wait_ms: 3000,
+            credential_cache: true,
         }
     }
 }
@@ -271,6 +273,7 @@ impl RawAuth {
         };
         Ok(crate::auth::AuthConfig {
             proxychain,
+            credential_cache: self.credential_cache,
             scheme: self.scheme,
             realm,
             methods,

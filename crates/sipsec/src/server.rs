@@ -28,6 +28,12 @@ fn start_auth(
         return Ok(None);
     }
     let credentials = Arc::new(Credentials::new(&cfg.auth.realm));
+    if !cfg.auth.credential_cache {
+        // Every authentication queries the database (userdb::spawn_fetcher).
+        let shared = crate::auth::Shared::new(&cfg.auth, credentials)
+            .context("cannot make a nonce secret")?;
+        return Ok(Some(Arc::new(shared)));
+    }
     runtime.spawn(crate::userdb::sync(
         cfg.database_url.clone(),
         credentials.clone(),
@@ -125,15 +131,23 @@ pub fn run(cfg: Config) -> Result<()> {
         mailboxes.push(rx);
     }
     let channel_stats = Arc::new(crate::authd::client::ChannelStats::default());
-    let authority = proxychain.as_ref().map(|(shared, tls)| {
-        crate::authd::client::spawn(
+    let fetcher = match (&proxychain, &auth) {
+        (Some((shared, tls)), _) => Some(crate::authd::client::spawn(
             &runtime,
             shared.clone(),
             tls.clone(),
             senders.clone(),
             channel_stats.clone(),
-        )
-    });
+        )),
+        (None, Some(shared)) if !cfg.auth.credential_cache => Some(crate::userdb::spawn_fetcher(
+            &runtime,
+            cfg.database_url.clone(),
+            cfg.auth.realm.clone(),
+            shared.clone(),
+            senders.clone(),
+        )),
+        _ => None,
+    };
     let mut all_stats = Vec::new();
     let mut workers = Vec::new();
     for (index, mailbox) in mailboxes.into_iter().enumerate() {
@@ -196,7 +210,7 @@ pub fn run(cfg: Config) -> Result<()> {
             coalescer: crate::coalesce::Coalescer::new(Duration::from_micros(
                 cfg.max_batch_delay_us,
             )),
-            authority: authority.clone(),
+            fetcher: fetcher.clone(),
         };
         worker
             .register()

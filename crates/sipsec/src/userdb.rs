@@ -177,6 +177,25 @@ impl Store {
 }
 
 impl Store {
+    /// One user's secrets (`None`: no such user), for digest without the cache.
+    pub async fn user_secrets(&self, realm: &str, username: &str) -> Result<Option<Secrets>> {
+        let row = sqlx::query(&self.dialect().sql(
+            "SELECT ha1_md5, ha1_sha256, ha1_sha512_256, pc_key FROM sipsec_users \
+             WHERE realm = ? AND username = ? AND deleted = 0",
+        ))
+        .bind(realm.to_string())
+        .bind(username.to_string())
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(match row {
+            Some(r) => {
+                let hex = |i: usize| r.try_get::<String, _>(i);
+                Secrets::from_hex(&hex(0)?, &hex(1)?, &hex(2)?, &hex(3)?)
+            }
+            None => None,
+        })
+    }
+
     /// Every user of `realm` with a Proxychain key (for backup credentials).
     pub async fn user_keys(&self, realm: &str) -> Result<Vec<(String, [u8; 32])>> {
         let mut out = Vec::new();
@@ -242,6 +261,50 @@ pub async fn import_csv(store: &Store, realm: &str, path: &Path) -> Result<usize
     });
     store.put_users(realm, &hashed).await?;
     Ok(hashed.len())
+}
+
+/// Digest without the credential cache: answers each fetch with its own query to the
+/// database at `url` (several in flight at once, up to the pool's connections), delivers the
+/// answer to `fetched` and tells every worker. A failed query delivers nothing, so the request
+/// that waited is answered 503.
+pub fn spawn_fetcher(
+    runtime: &tokio::runtime::Runtime,
+    url: String,
+    realm: String,
+    fetched: Arc<crate::auth::Shared>,
+    workers: Vec<crate::worker::MailboxSender>,
+) -> crate::auth::FetchHandle {
+    let (handle, mut rx) = crate::auth::FetchHandle::new();
+    runtime.spawn(async move {
+        let store = loop {
+            match Store::connect(&url).await {
+                Ok(s) => break Arc::new(s),
+                Err(e) => {
+                    tracing::error!("user database unavailable ({e:#}); retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        while let Some(f) = rx.recv().await {
+            let (store, realm, shared, workers) = (
+                store.clone(),
+                realm.clone(),
+                fetched.clone(),
+                workers.clone(),
+            );
+            tokio::spawn(async move {
+                match store.user_secrets(&realm, &f.user).await {
+                    Ok(answer) => shared.fetched.deliver(&f.user, answer),
+                    Err(e) => tracing::warn!(user = %f.user, "user query failed: {e:#}"),
+                }
+                let user: Arc<str> = f.user.as_str().into();
+                for w in &workers {
+                    w.send(crate::engine::Mail::Credential { user: user.clone() });
+                }
+            });
+        }
+    });
+    handle
 }
 
 /// Keeps `credentials` in step with the database at `url`: loads every user, then polls for

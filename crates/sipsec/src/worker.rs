@@ -82,8 +82,9 @@ pub struct Worker {
     pub started: Instant,
     pub index: usize,
     pub coalescer: Coalescer,
-    /// The Proxychain authority channel, with `[auth] scheme = "proxychain"`.
-    pub authority: Option<crate::authd::client::AuthorityHandle>,
+    /// Where credential fetches go: the Proxychain authority channel, or the user database
+    /// for digest without the cache.
+    pub fetcher: Option<crate::auth::FetchHandle>,
 }
 
 impl Worker {
@@ -240,8 +241,8 @@ impl Worker {
             }
         }
         for (user, prefetch) in fx.fetches.drain(..) {
-            if let Some(authority) = &self.authority {
-                authority.fetch(user, prefetch);
+            if let Some(fetcher) = &self.fetcher {
+                fetcher.fetch(user, prefetch);
             }
         }
     }

@@ -526,3 +526,40 @@ fn a_database_outage_is_answered_503_and_recovers_by_itself() {
         assert!(log.contains("user database unavailable"), "{log}");
     }
 }
+
+#[test]
+fn without_the_credential_cache_every_authentication_queries_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(23900);
+    let url = format!("sqlite://{}", dir.path().join("users.db").display());
+    let realm = realm();
+    std::fs::write(
+        dir.path().join("sipsec.toml"),
+        config(port, &url, &realm, "credential_cache = false\n"),
+    )
+    .unwrap();
+    let (ok, _, err) = users(dir.path(), &["add", "alice"], "wonderland\n");
+    assert!(ok, "{err}");
+    let server = Server::start_logged(
+        dir.path(),
+        &std::fs::read_to_string(dir.path().join("sipsec.toml")).unwrap(),
+    );
+    let _uas = LoadUas::start(dir.path(), &format!("127.0.0.1:{}", port + 1), &[]);
+    let ep = Endpoint::bind("127.0.0.1:0");
+    let target = format!("127.0.0.1:{port}");
+    let good = call_with(&ep, &target, "alice", "wonderland", "u1");
+    assert!(matches!(code(&good), 180 | 200), "{good}");
+    assert_eq!(code(&call_with(&ep, &target, "alice", "wrong", "u2")), 407);
+    assert_eq!(code(&call_with(&ep, &target, "nobody", "x", "u3")), 407);
+    // A user added now is known at once: nothing is cached.
+    let (ok, _, err) = users(dir.path(), &["add", "bob"], "builder\n");
+    assert!(ok, "{err}");
+    let bob = call_with(&ep, &target, "bob", "builder", "u4");
+    assert!(matches!(code(&bob), 180 | 200), "{bob}");
+    let c = server.stop_counters();
+    assert!(
+        c.get("auth_waited") >= 4,
+        "each answer waited for its query"
+    );
+    assert!(c.get("auth_passed") >= 2 && c.get("auth_failed") >= 2);
+}

@@ -80,6 +80,39 @@ impl Secrets {
     }
 }
 
+/// Without the credential cache: answers of per-request queries, each for one request that
+/// waited for it (taken when that request runs again). Every waiting request makes its own
+/// query, as a server without the cache does.
+#[derive(Default)]
+pub struct Fetched {
+    answers: std::sync::Mutex<HashMap<Box<str>, Vec<Option<Secrets>>>>,
+}
+
+impl Fetched {
+    /// A query's answer (`None`: no such user). A failed query delivers nothing: the request
+    /// that waited is answered 503.
+    pub fn deliver(&self, user: &str, answer: Option<Secrets>) {
+        if let Ok(mut a) = self.answers.lock() {
+            // Bounded: answers whose request gave up waiting are dropped.
+            if a.len() > 100_000 {
+                a.clear();
+            }
+            a.entry(user.into()).or_default().push(answer);
+        }
+    }
+
+    /// One answer for `user`.
+    pub fn take(&self, user: &str) -> Option<Option<Secrets>> {
+        let mut a = self.answers.lock().ok()?;
+        let list = a.get_mut(user)?;
+        let answer = list.pop();
+        if list.is_empty() {
+            a.remove(user);
+        }
+        answer
+    }
+}
+
 /// Whether the cache can be trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheState {

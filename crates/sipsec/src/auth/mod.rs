@@ -99,6 +99,9 @@ pub struct AuthConfig {
     pub max_tracked_nonces: usize,
     /// With `scheme = "proxychain"`.
     pub proxychain: Option<proxychain::PcConfig>,
+    /// Digest: hold every user in memory (true), or query the database for each
+    /// authentication (false: how the seeds' servers worked, kept to measure it).
+    pub credential_cache: bool,
 }
 
 /// What the workers share: the nonce secret, nonce counts and the credential cache.
@@ -106,6 +109,10 @@ pub struct Shared {
     pub nonces: Nonces,
     pub counts: NonceCounts,
     pub credentials: Arc<Credentials>,
+    /// Without the cache: each user's secrets as a query returned them, for the one request
+    /// that waited for them.
+    pub fetched: credentials::Fetched,
+    pub uncached: bool,
     /// Returned unchanged by clients (RFC 7616); identifies this server's challenges.
     opaque: String,
 }
@@ -123,6 +130,8 @@ impl Shared {
             nonces,
             counts: NonceCounts::new(cfg.max_tracked_nonces, cfg.nonce_lifetime_ms),
             credentials,
+            fetched: credentials::Fetched::default(),
+            uncached: !cfg.credential_cache,
             opaque,
         })
     }
@@ -176,6 +185,8 @@ pub struct Authenticator {
     /// HA1s that no user has, checked for unknown users so they cost what a wrong password
     /// costs.
     decoy: credentials::Secrets,
+    /// Users whose secrets must be queried (without the cache); the engine hands them on.
+    pub fetches: Vec<(String, bool)>,
 }
 
 pub(crate) fn refuse(code: u16, reason: &'static str, headers: String, why: Why) -> Verdict {
@@ -184,6 +195,33 @@ pub(crate) fn refuse(code: u16, reason: &'static str, headers: String, why: Why)
         reason,
         headers,
         why,
+    }
+}
+
+/// A request for a user's credentials from somewhere slow (the Proxychain authority, or the
+/// user database when digest runs without its cache), made by a worker's authenticator.
+#[derive(Debug)]
+pub struct Fetch {
+    pub user: String,
+    /// Ahead of need: no request waits for it.
+    pub prefetch: bool,
+}
+
+/// Where the workers send fetches; whoever serves them tells every worker when a user's
+/// answer is in (`engine::Mail::Credential`), so the requests that waited run.
+#[derive(Clone)]
+pub struct FetchHandle {
+    tx: tokio::sync::mpsc::UnboundedSender<Fetch>,
+}
+
+impl FetchHandle {
+    pub fn new() -> (FetchHandle, tokio::sync::mpsc::UnboundedReceiver<Fetch>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (FetchHandle { tx }, rx)
+    }
+
+    pub fn fetch(&self, user: String, prefetch: bool) {
+        let _ = self.tx.send(Fetch { user, prefetch });
     }
 }
 
@@ -226,6 +264,7 @@ impl Authenticator {
             shared,
             worker: worker as u64,
             counter: 0,
+            fetches: Vec::new(),
         }
     }
 
@@ -349,7 +388,21 @@ impl Authenticator {
         if self.throttle.user_blocked(username, now_ms) {
             return throttled();
         }
-        let (ha1s, known) = match self.shared.credentials.lookup(username) {
+        let lookup = if self.shared.uncached {
+            match self.shared.fetched.take(username) {
+                Some(Some(secrets)) => Lookup::Found(secrets),
+                Some(None) => Lookup::Unknown,
+                None => {
+                    self.fetches.push((username.to_string(), false));
+                    return Verdict::Wait {
+                        user: username.to_string(),
+                    };
+                }
+            }
+        } else {
+            self.shared.credentials.lookup(username)
+        };
+        let (ha1s, known) = match lookup {
             Lookup::Found(h) => (h, true),
             Lookup::Unknown => (self.decoy.clone(), false),
             Lookup::Unavailable => {

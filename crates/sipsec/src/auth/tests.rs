@@ -21,6 +21,7 @@ fn config(trusted: &[&str]) -> AuthConfig {
         failure_window_ms: 60_000,
         max_tracked_nonces: 10_000,
         proxychain: None,
+        credential_cache: true,
     }
 }
 

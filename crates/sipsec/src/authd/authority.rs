@@ -35,6 +35,13 @@ pub fn issue_fresh(hash: HashKind, key: &[u8], proxy: &str, length: u32) -> Resu
     Ok(proxychain::issue(hash, key, proxy, length, n_da, n_dp))
 }
 
+/// What a proxy asked for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ask {
+    pub length: Option<u32>,
+    pub hash: Option<HashKind>,
+}
+
 /// Counters the authority reports.
 #[derive(Default)]
 pub struct AuthorityStats {
@@ -93,8 +100,9 @@ impl Authority {
         self.length_now.load(Ordering::Relaxed) as u32
     }
 
-    /// Answers an issue request from `proxy` for `user`.
-    pub fn issue(&self, proxy: &Arc<str>, id: u64, user: &str, now_s: u64) -> Reply {
+    /// Answers an issue request from `proxy` for `user`, with the chain length and hash the
+    /// proxy asked for (else the authority's), the length grown under load.
+    pub fn issue(&self, proxy: &Arc<str>, id: u64, user: &str, ask: Ask, now_s: u64) -> Reply {
         let key = match self.users.lookup(user) {
             Lookup::Found(secrets) => secrets.pc_key,
             Lookup::Unknown => None,
@@ -112,8 +120,16 @@ impl Authority {
                 user: user.to_string(),
             };
         };
-        let length = self.length(now_s);
-        let issued = match issue_fresh(self.policy.hash, &key, proxy, length) {
+        let max = self.policy.max_chain_length.max(self.policy.chain_length);
+        let base = ask
+            .length
+            .map_or(self.policy.chain_length, |l| l.clamp(1, max));
+        let grown = self.length(now_s);
+        // Under load the base length is multiplied as the authority's own would be.
+        let length = (u64::from(base) * u64::from(grown) / u64::from(self.policy.chain_length))
+            .clamp(u64::from(base), u64::from(max.max(base))) as u32;
+        let hash = ask.hash.unwrap_or(self.policy.hash);
+        let issued = match issue_fresh(hash, &key, proxy, length) {
             Ok(i) => i,
             Err(e) => {
                 tracing::error!("no randomness for nonces: {e}");
@@ -192,9 +208,24 @@ mod tests {
     fn issues_chains_the_user_can_answer_and_remembers_who_holds_them() {
         let a = authority(0);
         let p: Arc<str> = "p1".into();
-        let Reply::Issued { credential, .. } = a.issue(&p, 1, "alice", 1000) else {
+        let Reply::Issued { credential, .. } = a.issue(&p, 1, "alice", Ask::default(), 1000) else {
             panic!("alice is known")
         };
+        let ask = Ask {
+            length: Some(25),
+            hash: Some(HashKind::Md5),
+        };
+        let Reply::Issued {
+            credential: md5, ..
+        } = a.issue(&p, 9, "alice", ask, 1000)
+        else {
+            panic!("alice is known")
+        };
+        assert_eq!(
+            (md5.length, md5.hash.as_str()),
+            (25, "MD5"),
+            "the proxy's choice"
+        );
         assert_eq!(credential.expires_unix_s, Some(1060));
         let mut chain = proxychain::Chain::from(credential.issued().unwrap());
         let key = proxychain::user_key("alice", "example.com", "pw");
@@ -204,11 +235,14 @@ mod tests {
         assert_eq!(a.take_holders("alice"), vec![p.clone()]);
         assert!(a.take_holders("alice").is_empty());
         assert!(matches!(
-            a.issue(&p, 2, "nobody", 1000),
+            a.issue(&p, 2, "nobody", Ask::default(), 1000),
             Reply::Unknown { .. }
         ));
         assert!(
-            matches!(a.issue(&p, 3, "old", 1000), Reply::Unknown { .. }),
+            matches!(
+                a.issue(&p, 3, "old", Ask::default(), 1000),
+                Reply::Unknown { .. }
+            ),
             "a user stored before schema 3 has no key"
         );
     }
@@ -222,11 +256,11 @@ mod tests {
             other => panic!("{other:?}"),
         };
         for _ in 0..20 {
-            assert_eq!(len(a.issue(&p, 1, "alice", 100)), 10);
+            assert_eq!(len(a.issue(&p, 1, "alice", Ask::default(), 100)), 10);
         }
         // 20 issues in the last second, 4x the busy rate: 40 (the maximum).
-        assert_eq!(len(a.issue(&p, 1, "alice", 101)), 40);
+        assert_eq!(len(a.issue(&p, 1, "alice", Ask::default(), 101)), 40);
         // A quiet second later, back to the base length.
-        assert_eq!(len(a.issue(&p, 1, "alice", 103)), 10);
+        assert_eq!(len(a.issue(&p, 1, "alice", Ask::default(), 103)), 10);
     }
 }

@@ -10,6 +10,7 @@
 
 use super::wire::{self, Reply, Request};
 use crate::auth::proxychain::PcShared;
+use crate::auth::{Fetch, FetchHandle};
 use crate::engine::Mail;
 use crate::worker::MailboxSender;
 use anyhow::{bail, Context, Result};
@@ -20,26 +21,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-
-/// A request for a user's chain.
-#[derive(Debug)]
-pub struct Fetch {
-    pub user: String,
-    /// Ahead of need: nobody is waiting.
-    pub prefetch: bool,
-}
-
-/// Where the workers send fetches.
-#[derive(Clone)]
-pub struct AuthorityHandle {
-    tx: mpsc::UnboundedSender<Fetch>,
-}
-
-impl AuthorityHandle {
-    pub fn fetch(&self, user: String, prefetch: bool) {
-        let _ = self.tx.send(Fetch { user, prefetch });
-    }
-}
 
 /// Counters of the channel, for the lab.
 #[derive(Default, Debug)]
@@ -56,10 +37,10 @@ pub fn spawn(
     tls: Arc<rustls::ClientConfig>,
     workers: Vec<MailboxSender>,
     stats: Arc<ChannelStats>,
-) -> AuthorityHandle {
-    let (tx, rx) = mpsc::unbounded_channel();
+) -> FetchHandle {
+    let (handle, rx) = FetchHandle::new();
     runtime.spawn(run(shared, tls, workers, rx, stats));
-    AuthorityHandle { tx }
+    handle
 }
 
 fn tell(workers: &[MailboxSender], user: &str) {
@@ -162,7 +143,12 @@ async fn session(
                 out.clear();
                 for f in std::iter::once(f).chain(std::iter::from_fn(|| fetches.try_recv().ok())) {
                     next_id += 1;
-                    out.push_str(&wire::line(&Request::Issue { id: next_id, user: f.user.clone() }));
+                    out.push_str(&wire::line(&Request::Issue {
+                        id: next_id,
+                        user: f.user.clone(),
+                        length: Some(cfg.chain_length),
+                        hash: Some(cfg.hash.token().to_string()),
+                    }));
                     pending.insert(next_id, (f.user, Instant::now()));
                     stats.requests.fetch_add(1, Relaxed);
                 }

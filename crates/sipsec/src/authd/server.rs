@@ -7,6 +7,7 @@
 use super::authority::Authority;
 use super::wire::{self, Reply, Request};
 use anyhow::{Context, Result};
+use sip_core::proxychain::HashKind;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -200,7 +201,18 @@ async fn serve(
                 .map_err(anyhow::Error::from)
                 .and_then(wire::parse::<Request>)
             {
-                Ok(Request::Issue { id, user }) => authority.issue(&proxy, id, &user, unix_s()),
+                Ok(Request::Issue {
+                    id,
+                    user,
+                    length,
+                    hash,
+                }) => {
+                    let ask = super::authority::Ask {
+                        length,
+                        hash: hash.and_then(|h| HashKind::from_token(h.as_bytes())),
+                    };
+                    authority.issue(&proxy, id, &user, ask, unix_s())
+                }
                 Err(e) => {
                     tracing::warn!(proxy = %proxy, "bad request, connection closed: {e:#}");
                     break 'read;

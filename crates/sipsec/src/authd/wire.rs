@@ -18,8 +18,16 @@ pub const MAX_LINE: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// A credential (a new chain) for `user` at this proxy.
-    Issue { id: u64, user: String },
+    /// A credential (a new chain) for `user` at this proxy, of the proxy's configured length
+    /// and hash (the authority may make it longer when busy; absent: its own defaults).
+    Issue {
+        id: u64,
+        user: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        length: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hash: Option<String>,
+    },
 }
 
 /// Authority → proxy.
@@ -135,6 +143,8 @@ mod tests {
         let req = Request::Issue {
             id: 1,
             user: "bob".into(),
+            length: Some(20),
+            hash: Some("MD5".into()),
         };
         assert_eq!(parse::<Request>(&line(&req)).unwrap(), req);
         for bad in [

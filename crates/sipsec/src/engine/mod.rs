@@ -48,8 +48,8 @@ pub enum Mail {
     Binding(SharedChange),
     /// Bytes for a connection the receiving worker owns.
     Transmit { to: Peer, data: Bytes },
-    /// The Proxychain authority answered for this user (or gave up): requests waiting for
-    /// the user's chain run now.
+    /// The user's credentials came (or their fetch gave up): requests waiting for them run
+    /// now.
     Credential { user: Arc<str> },
 }
 
@@ -64,8 +64,9 @@ pub struct Effects {
     /// Connections on which a call just ended (a final response to BYE, or an INVITE
     /// failed): the driver closes those it opened for that one call.
     pub finished_calls: Vec<ConnId>,
-    /// Users whose Proxychain chain the authority should send, with whether it is a
-    /// prefetch (nobody waits for it).
+    /// Users whose credentials must be fetched (a Proxychain chain from the authority, or
+    /// digest secrets from the database without the cache), with whether it is a prefetch
+    /// (nobody waits for it).
     pub fetches: Vec<(String, bool)>,
 }
 
@@ -513,7 +514,9 @@ impl Engine {
             if auth.exempt(msg, ip) {
                 return true;
             }
-            auth.verify(msg, ip, now_ms)
+            let v = auth.verify(msg, ip, now_ms);
+            fx.fetches.append(&mut auth.fetches);
+            v
         } else {
             return true;
         };
