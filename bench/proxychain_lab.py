@@ -17,7 +17,7 @@ each row's peak rate (`--find-peak`: ≥ 99% of calls succeed within 500 ms). Ro
 alternated per round; medians are shown.
 
     cargo build --release
-    python3 bench/proxychain_lab.py [--users 100] [--rate 500] [--calls 4000] [--rounds 3]
+    python3 bench/proxychain_lab.py [--users 2000] [--rate 500] [--calls 4000] [--rounds 3]
         [--rtt-ms 33] [--peak]
 """
 import argparse, json, os, re, statistics, subprocess, sys, tempfile, time
@@ -109,7 +109,9 @@ def bench(binary, work, name, config, proxychain, args, rtt, users="users.csv", 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sipsec", default="target/release/sipsec")
-    ap.add_argument("--users", type=int, default=100)
+    ap.add_argument("--users", type=int, default=2000,
+                    help="callers; the warm-up makes one call per user, so every user holds a "
+                         "chain when measuring starts (as the paper preloaded them)")
     ap.add_argument("--latency-rate", type=float, default=5)
     ap.add_argument("--latency-calls", type=int, default=200)
     ap.add_argument("--latency-users", type=int, default=5,
@@ -153,12 +155,13 @@ def main():
             cfg = server_config(work, auth, db and db[0])
             target = db and db[1]
             rep, authd_cpu, line = bench(binary, work, name, cfg, pc,
-                                         ["--rate", str(a.rate), "--calls", str(a.calls)],
+                                         ["--rate", str(a.rate), "--calls", str(a.calls),
+                                          "--warmup-calls", str(a.users)],
                                          a.rtt_ms, db=target)
             ops = max(rep["ops"], 1)
             m = re.search(r"bytes_in=(\d+) bytes_out=(\d+)", line)
             # The authority's counters cover the warm-up run too: per call of both runs.
-            calls_total = rep["load"]["attempted"] + int(a.rate * 2)
+            calls_total = rep["load"]["attempted"] + a.users
             lat, _, _ = bench(binary, work, name, cfg, pc,
                               ["--rate", str(a.latency_rate), "--calls", str(a.latency_calls),
                                "--warmup-calls", "1"], a.rtt_ms, users="few.csv", db=target)
@@ -187,7 +190,8 @@ def main():
         peaks = {}
         for name, auth, pc, db in table:
             rep, _, _ = bench(binary, work, name, server_config(work, auth, db and db[0]), pc,
-                              ["--rate", str(a.rate), "--calls", "1000", "--find-peak"], a.rtt_ms,
+                              ["--rate", str(a.rate), "--calls", "1000", "--find-peak",
+                               "--warmup-calls", str(a.users)], a.rtt_ms,
                               db=db and db[1])
             peaks[name] = rep.get("peak_per_s") or 0
             print(f"  {name}: {peaks[name]:.0f} ({peaks[name] / max(peaks['no auth'], 1):.2f} of no auth)")
