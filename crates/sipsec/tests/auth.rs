@@ -267,6 +267,32 @@ fn digest_with_sipp_and_every_refusal_against_each_database() {
             server.log()
         );
 
+        // SIPp's own -au/-ap: a bare [authentication] takes them.
+        std::fs::write(
+            dir.path().join("alice.inf"),
+            "SEQUENTIAL\nalice;wonderland;[authentication]\n",
+        )
+        .unwrap();
+        let alice = sipp_client(
+            dir.path(),
+            &target,
+            &[
+                "-sf",
+                scenario("register_auth.xml").to_str().unwrap(),
+                "-inf",
+                "alice.inf",
+                "-au",
+                "alice",
+                "-ap",
+                "wonderland",
+                "-m",
+                "1",
+                "-i",
+                "127.0.0.1",
+            ],
+        );
+        assert_eq!((alice.successful, alice.failed), (1, 0), "{db}: -au/-ap");
+
         let ep = Endpoint::bind("127.0.0.1:0");
         // The right password passes (the call is proxied: 180/200 or the UAS's answer).
         let ok = call_with(&ep, &target, "alice", "wonderland", "ok1");
