@@ -50,12 +50,7 @@ impl Algorithm {
                 }
                 d.update(p);
             }
-            let out = d.finalize();
-            let mut s = String::with_capacity(out.len() * 2);
-            for b in out.iter() {
-                let _ = write!(s, "{b:02x}");
-            }
-            s
+            crate::hex::encode(&d.finalize())
         }
         match self {
             Algorithm::Md5 => run::<Md5>(parts),

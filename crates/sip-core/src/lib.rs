@@ -8,9 +8,11 @@
 //! - [`transaction`]: the four RFC 3261 §17 transaction state machines and their table.
 //! - [`timer`]: the hierarchical timing wheel every timer lives on.
 //! - [`digest`]: Digest challenges, credentials and responses (MD5, SHA-256, SHA-512/256).
+//! - [`hex`]: the lower-case hex every hash and nonce is written in.
 //! - [`proxychain`]: Proxychain's hash-chain credentials, challenges and responses.
 
 pub mod digest;
+pub mod hex;
 pub mod message;
 pub mod proxychain;
 pub mod timer;

@@ -21,11 +21,11 @@
 //! Sans-IO: no clock, no randomness. Nonces come from the caller.
 
 use crate::digest::{parse_scheme_params, DigestError};
+use crate::hex;
 use crate::message::scan::eq_ic;
 use hmac::{Hmac, Mac};
 use md5::Md5;
 use sha2::{Digest as _, Sha256};
-use std::fmt::Write as _;
 
 /// Bytes in each nonce (n_AP, n_DA, n_DP).
 pub const NONCE_LEN: usize = 16;
@@ -126,14 +126,14 @@ impl Token {
 
     /// Lower-case hex.
     pub fn hex(&self) -> String {
-        hex(self.as_bytes())
+        hex::encode(self.as_bytes())
     }
 
     /// Parses hex of exactly `kind`'s length.
     pub fn from_hex(kind: HashKind, text: &[u8]) -> Option<Token> {
         let mut b = [0u8; 32];
         let n = kind.output_len();
-        (text.len() == 2 * n && unhex(text, &mut b[..n])).then(|| Token::new(&b[..n]))
+        (text.len() == 2 * n && hex::decode(text, &mut b[..n])).then(|| Token::new(&b[..n]))
     }
 
     /// Equality in time that does not depend on where the bytes differ.
@@ -153,40 +153,9 @@ impl std::fmt::Debug for Token {
     }
 }
 
-/// Lower-case hex of `b`.
-pub fn hex(b: &[u8]) -> String {
-    let mut s = String::with_capacity(b.len() * 2);
-    for x in b {
-        let _ = write!(s, "{x:02x}");
-    }
-    s
-}
-
-/// Decodes hex into `out` (exactly `2 * out.len()` digits); false when it is not that.
-pub fn unhex(text: &[u8], out: &mut [u8]) -> bool {
-    fn digit(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    if text.len() != 2 * out.len() {
-        return false;
-    }
-    for (o, pair) in out.iter_mut().zip(text.chunks_exact(2)) {
-        match (digit(pair[0]), digit(pair[1])) {
-            (Some(h), Some(l)) => *o = h << 4 | l,
-            _ => return false,
-        }
-    }
-    true
-}
-
 fn nonce_from_hex(text: &[u8]) -> Option<Nonce> {
     let mut n = [0; NONCE_LEN];
-    unhex(text, &mut n).then_some(n)
+    hex::decode(text, &mut n).then_some(n)
 }
 
 /// k_AD, the key a user shares with the authority, from the user's password: HKDF-SHA256
@@ -458,8 +427,8 @@ impl Challenge {
             "PC realm=\"{}\", i=\"{}\", nda=\"{}\", ndp=\"{}\", hmac=\"{}\", algorithm={}",
             self.realm,
             self.counter,
-            hex(&self.n_da),
-            hex(&self.n_dp),
+            hex::encode(&self.n_da),
+            hex::encode(&self.n_dp),
             self.proof.hex(),
             self.hash.token()
         )
@@ -527,7 +496,7 @@ impl Hello {
         format!(
             "PC username=\"{}\", nap=\"{}\"",
             self.username,
-            hex(&self.n_ap)
+            hex::encode(&self.n_ap)
         )
     }
 }

@@ -23,13 +23,7 @@ pub struct Secrets {
 
 fn bytes_of<const N: usize>(hex_text: &str) -> Option<[u8; N]> {
     let mut out = [0u8; N];
-    sip_core::proxychain::unhex(hex_text.as_bytes(), &mut out).then_some(out)
-}
-
-fn hex_of(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(2 * bytes.len());
-    super::nonce::hex(bytes, &mut out);
-    out
+    sip_core::hex::decode(hex_text.as_bytes(), &mut out).then_some(out)
 }
 
 impl Secrets {
@@ -63,19 +57,20 @@ impl Secrets {
     /// The HA1 for `algorithm`, as the hex a digest response is computed from.
     pub fn hex(&self, algorithm: Algorithm) -> String {
         match algorithm {
-            Algorithm::Md5 => hex_of(&self.md5),
-            Algorithm::Sha256 => hex_of(&self.sha256),
-            Algorithm::Sha512_256 => hex_of(&self.sha512_256),
+            Algorithm::Md5 => sip_core::hex::encode(&self.md5),
+            Algorithm::Sha256 => sip_core::hex::encode(&self.sha256),
+            Algorithm::Sha512_256 => sip_core::hex::encode(&self.sha512_256),
         }
     }
 
     /// (md5, sha256, sha512_256, pc_key) as hex, for the database.
     pub fn to_hex(&self) -> [String; 4] {
         [
-            hex_of(&self.md5),
-            hex_of(&self.sha256),
-            hex_of(&self.sha512_256),
-            self.pc_key.map_or_else(String::new, |k| hex_of(&k)),
+            sip_core::hex::encode(&self.md5),
+            sip_core::hex::encode(&self.sha256),
+            sip_core::hex::encode(&self.sha512_256),
+            self.pc_key
+                .map_or_else(String::new, |k| sip_core::hex::encode(&k)),
         ]
     }
 }

@@ -31,31 +31,9 @@ pub struct Nonces {
     lifetime_ms: u64,
 }
 
-/// Appends lower-case hex of `bytes` (nonces, and the HA1s a digest response is computed from).
-pub(crate) fn hex(bytes: &[u8], out: &mut String) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 15) as usize] as char);
-    }
-}
-
+/// Decodes a nonce's hex: lower case only, as this server writes it.
 fn unhex(text: &[u8], out: &mut [u8]) -> bool {
-    if text.len() != out.len() * 2 {
-        return false;
-    }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    for (i, pair) in text.chunks(2).enumerate() {
-        match (digit(pair[0]), digit(pair[1])) {
-            (Some(h), Some(l)) => out[i] = h << 4 | l,
-            _ => return false,
-        }
-    }
-    true
+    !text.iter().any(u8::is_ascii_uppercase) && sip_core::hex::decode(text, out)
 }
 
 impl Nonces {
@@ -86,8 +64,8 @@ impl Nonces {
         body[..8].copy_from_slice(&now_ms.to_be_bytes());
         body[8..].copy_from_slice(&counter.to_be_bytes());
         let mut out = String::with_capacity(NONCE_HEX_LEN);
-        hex(&body, &mut out);
-        hex(&self.mac(&body), &mut out);
+        sip_core::hex::push(&body, &mut out);
+        sip_core::hex::push(&self.mac(&body), &mut out);
         out
     }
 

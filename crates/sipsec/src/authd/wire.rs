@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use sip_core::hex;
 use sip_core::proxychain::{self, HashKind, Issued, Nonce, Token, NONCE_LEN};
 
 /// Longest line either side accepts: a credential is ~400 bytes.
@@ -70,8 +71,8 @@ impl Credential {
             hash: c.hash.token().to_string(),
             anchor: c.anchor.hex(),
             length: c.length,
-            n_dp: proxychain::hex(&c.n_dp),
-            n_da: proxychain::hex(&c.n_da),
+            n_dp: hex::encode(&c.n_dp),
+            n_da: hex::encode(&c.n_da),
             tk_p: c.tk_p.hex(),
             expires_unix_s,
         }
@@ -86,7 +87,7 @@ impl Credential {
         };
         let nonce = |name: &str, v: &str| -> Result<Nonce> {
             let mut n = [0; NONCE_LEN];
-            if !proxychain::unhex(v.as_bytes(), &mut n) {
+            if !hex::decode(v.as_bytes(), &mut n) {
                 bail!("bad {name}");
             }
             Ok(n)
