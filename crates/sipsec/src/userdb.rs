@@ -297,10 +297,7 @@ pub fn spawn_fetcher(
                     Ok(answer) => shared.fetched.deliver(&f.user, answer),
                     Err(e) => tracing::warn!(user = %f.user, "user query failed: {e:#}"),
                 }
-                let user: Arc<str> = f.user.as_str().into();
-                for w in &workers {
-                    w.send(crate::engine::Mail::Credential { user: user.clone() });
-                }
+                crate::worker::credentials_ready(&workers, &f.user);
             });
         }
     });

@@ -41,6 +41,15 @@ impl MailboxSender {
     }
 }
 
+/// Tells every worker that `user`'s credentials came (or their fetch gave up), so the
+/// requests parked for them run.
+pub fn credentials_ready(workers: &[MailboxSender], user: &str) {
+    let user: Arc<str> = user.into();
+    for w in workers {
+        w.send(Mail::Credential { user: user.clone() });
+    }
+}
+
 /// The receiving side of a worker's mailbox.
 pub struct Mailbox {
     rx: Receiver<Mail>,

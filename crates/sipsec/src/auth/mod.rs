@@ -225,6 +225,32 @@ impl FetchHandle {
     }
 }
 
+/// Whether a request goes unchallenged, whatever the scheme: ACK and CANCEL never are (RFC
+/// 3261 §22.1), nor methods not in `methods`, nor requests from a trusted network.
+pub(crate) fn exempt(
+    methods: &[String],
+    trusted: &[Network],
+    msg: &Message<'_>,
+    source: IpAddr,
+) -> bool {
+    matches!(msg.method(), Method::Ack | Method::Cancel)
+        || !methods
+            .iter()
+            .any(|m| m.as_bytes().eq_ignore_ascii_case(msg.method_raw()))
+        || trusted.iter().any(|n| n.contains(source))
+}
+
+/// The answer when what authentication needs (the user database, the authority) is not
+/// there: 503, to try again shortly.
+pub(crate) fn unavailable() -> Verdict {
+    refuse(
+        503,
+        "Authentication Service Unavailable",
+        "Retry-After: 5\r\n".into(),
+        Why::Unavailable,
+    )
+}
+
 /// The header carrying a request's credentials: `Authorization` for the registrar (answering
 /// a 401), `Proxy-Authorization` otherwise (answering a 407).
 pub fn credentials_header(msg: &Message<'_>) -> HeaderName {
@@ -268,19 +294,6 @@ impl Authenticator {
         }
     }
 
-    /// Whether the request's method is challenged at all.
-    fn covers(&self, msg: &Message<'_>) -> bool {
-        let method = msg.method();
-        if matches!(method, Method::Ack | Method::Cancel) {
-            return false;
-        }
-        let raw = msg.method_raw();
-        self.cfg
-            .methods
-            .iter()
-            .any(|m| m.as_bytes().eq_ignore_ascii_case(raw))
-    }
-
     /// The challenge header lines, one per algorithm.
     fn challenge(&mut self, register: bool, now_ms: u64, stale: bool) -> String {
         self.counter += 1;
@@ -319,7 +332,7 @@ impl Authenticator {
 
     /// Not challenged at all: a method we do not challenge, or a trusted source.
     pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
-        !self.covers(msg) || self.cfg.trusted.iter().any(|n| n.contains(source))
+        exempt(&self.cfg.methods, &self.cfg.trusted, msg, source)
     }
 
     /// Decides on a request from `source` at Unix time `now_ms`.
@@ -405,14 +418,7 @@ impl Authenticator {
         let (ha1s, known) = match lookup {
             Lookup::Found(h) => (h, true),
             Lookup::Unknown => (self.decoy.clone(), false),
-            Lookup::Unavailable => {
-                return refuse(
-                    503,
-                    "Authentication Service Unavailable",
-                    "Retry-After: 5\r\n".into(),
-                    Why::Unavailable,
-                )
-            }
+            Lookup::Unavailable => return unavailable(),
         };
         let expected = cred.expected_response(&ha1s.hex(cred.algorithm), msg.method_raw());
         let matches = bool::from(subtle::ConstantTimeEq::ct_eq(

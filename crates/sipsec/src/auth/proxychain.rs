@@ -111,10 +111,6 @@ impl PcShared {
         }
     }
 
-    pub fn fetching(&self, user: &str) -> bool {
-        self.fetching.lock().is_ok_and(|f| f.contains(user))
-    }
-
     pub fn set_unknown(&self, user: &str, now_s: u64) {
         if let Ok(mut u) = self.unknown.lock() {
             if u.len() > 100_000 {
@@ -208,12 +204,14 @@ impl PcAuthenticator {
     /// Not challenged: ACK, CANCEL, a method not configured, or a trusted source.
     pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
         let cfg = &self.shared.cfg;
-        matches!(msg.method(), Method::Ack | Method::Cancel)
-            || !cfg
-                .methods
-                .iter()
-                .any(|m| m.as_bytes().eq_ignore_ascii_case(msg.method_raw()))
-            || cfg.trusted.iter().any(|n| n.contains(source))
+        super::exempt(&cfg.methods, &cfg.trusted, msg, source)
+    }
+
+    /// The realm of challenges: P, or the configured realm until the authority names us.
+    fn realm(&self) -> Arc<str> {
+        self.shared
+            .proxy()
+            .unwrap_or_else(|| self.shared.cfg.realm.as_str().into())
     }
 
     fn challenge(&self, register: bool, value: &str, why: Why) -> Verdict {
@@ -226,11 +224,7 @@ impl PcAuthenticator {
     }
 
     fn hello_challenge(&self, register: bool, why: Why) -> Verdict {
-        let realm = self
-            .shared
-            .proxy()
-            .unwrap_or_else(|| self.shared.cfg.realm.as_str().into());
-        self.challenge(register, &format!("PC realm=\"{realm}\""), why)
+        self.challenge(register, &format!("PC realm=\"{}\"", self.realm()), why)
     }
 
     /// Decides on a request that is not [`exempt`](Self::exempt), at Unix time `now_ms`.
@@ -293,7 +287,7 @@ impl PcAuthenticator {
             return self.challenge(register, &ch.render(), Why::NoCredentials);
         }
         if shared.is_unknown(user, now_s) {
-            return self.challenge(register, &self.decoy(n_ap).render(), Why::Failed);
+            return self.challenge(register, &self.decoy().render(), Why::Failed);
         }
         if shared.is_down() {
             if shared.use_backup(user, now_s) {
@@ -301,12 +295,7 @@ impl PcAuthenticator {
                     return self.challenge(register, &ch.render(), Why::NoCredentials);
                 }
             }
-            return refuse(
-                503,
-                "Authentication Service Unavailable",
-                "Retry-After: 5\r\n".into(),
-                Why::Unavailable,
-            );
+            return super::unavailable();
         }
         if shared.start_fetch(user) {
             self.fetches.push((user.to_string(), false));
@@ -354,7 +343,7 @@ impl PcAuthenticator {
     }
 
     /// A challenge shaped like a real one whose proof no key makes.
-    fn decoy(&self, n_ap: &proxychain::Nonce) -> Challenge {
+    fn decoy(&self) -> Challenge {
         let mut random = [0u8; 64];
         let _ = getrandom::getrandom(&mut random);
         let hash = self.shared.cfg.hash;
@@ -362,12 +351,8 @@ impl PcAuthenticator {
         let mut n_dp = [0; 16];
         n_da.copy_from_slice(&random[..16]);
         n_dp.copy_from_slice(&random[16..32]);
-        let _ = n_ap;
         Challenge {
-            realm: self
-                .shared
-                .proxy()
-                .map_or_else(|| self.shared.cfg.realm.clone(), |p| p.to_string()),
+            realm: self.realm().to_string(),
             counter: self.shared.cfg.chain_length,
             n_da,
             n_dp,

@@ -11,8 +11,7 @@
 use super::wire::{self, Reply, Request};
 use crate::auth::proxychain::PcShared;
 use crate::auth::{Fetch, FetchHandle};
-use crate::engine::Mail;
-use crate::worker::MailboxSender;
+use crate::worker::{credentials_ready, MailboxSender};
 use anyhow::{bail, Context, Result};
 use rustls::pki_types::ServerName;
 use std::collections::HashMap;
@@ -41,13 +40,6 @@ pub fn spawn(
     let (handle, rx) = FetchHandle::new();
     runtime.spawn(run(shared, tls, workers, rx, stats));
     handle
-}
-
-fn tell(workers: &[MailboxSender], user: &str) {
-    let user: Arc<str> = user.into();
-    for w in workers {
-        w.send(Mail::Credential { user: user.clone() });
-    }
 }
 
 async fn run(
@@ -79,7 +71,7 @@ async fn run(
         let until = Instant::now() + Duration::from_secs(1);
         while let Ok(Some(f)) = tokio::time::timeout_at(until, fetches.recv()).await {
             shared.end_fetch(&f.user);
-            tell(&workers, &f.user);
+            credentials_ready(&workers, &f.user);
         }
     }
 }
@@ -182,7 +174,7 @@ async fn session(
                     if let Some((user, _)) = pending.remove(&id) {
                         tracing::warn!(%user, "the authority did not answer in {} ms", cfg.wait_ms);
                         shared.end_fetch(&user);
-                        tell(workers, &user);
+                        credentials_ready(workers, &user);
                     }
                 }
             }
@@ -217,18 +209,18 @@ fn on_reply(
                 Err(e) => tracing::warn!(%user, "unusable credential from the authority: {e:#}"),
             }
             shared.end_fetch(&user);
-            tell(workers, &user);
+            credentials_ready(workers, &user);
         }
         Reply::Unknown { id, user } => {
             pending.remove(&id);
             shared.set_unknown(&user, now_s());
             shared.end_fetch(&user);
-            tell(workers, &user);
+            credentials_ready(workers, &user);
         }
         Reply::Unavailable { id, user } => {
             pending.remove(&id);
             shared.end_fetch(&user);
-            tell(workers, &user);
+            credentials_ready(workers, &user);
         }
         Reply::Revoke { user } => {
             if shared.cache.remove(&user) {
@@ -247,6 +239,6 @@ fn fail_all(
     shared.set_down(true);
     for (_, (user, _)) in pending.drain() {
         shared.end_fetch(&user);
-        tell(workers, &user);
+        credentials_ready(workers, &user);
     }
 }

@@ -253,7 +253,7 @@ impl Engine {
         self.proxychain = Some(crate::auth::proxychain::PcAuthenticator::new(shared));
     }
 
-    /// Runs the requests that waited for `user`'s chain.
+    /// Runs the requests that waited for `user`'s credentials.
     fn on_credential(&mut self, now: Millis, user: &str, fx: &mut Effects) {
         let Some(waiting) = self.parked.remove(user) else {
             return;
@@ -478,9 +478,9 @@ impl Engine {
         }
     }
 
-    /// Parks a request until the authority answers for `user`; false when too many wait
+    /// Parks a request until `user`'s credentials come; false when too many wait
     /// already (the request is then answered 503).
-    fn park(&mut self, user: String, source: Peer, msg: &Message<'_>) -> bool {
+    fn park(&mut self, user: &str, source: Peer, msg: &Message<'_>) -> bool {
         let queue = self.parked.entry(user.into()).or_default();
         if queue.len() >= MAX_PARKED_PER_USER || self.parked_total >= MAX_PARKED {
             return false;
@@ -520,33 +520,23 @@ impl Engine {
         } else {
             return true;
         };
-        let unavailable = || {
-            (
-                503,
-                "Authentication Service Unavailable",
-                "Retry-After: 5\r\n".to_string(),
-                Why::Unavailable,
-            )
+        let verdict = match verdict {
+            Verdict::Wait { user } if !self.rerunning && self.park(&user, source, msg) => {
+                return false;
+            }
+            // Waited once already (the credentials did not come in time), or too many wait.
+            Verdict::Wait { .. } => crate::auth::unavailable(),
+            v => v,
         };
-        let (code, reason, headers, why) = match verdict {
-            Verdict::Pass => {
-                inc(&self.stats.auth_passed);
-                return true;
-            }
-            Verdict::Refuse {
-                code,
-                reason,
-                headers,
-                why,
-            } => (code, reason, headers, why),
-            // Waited once already: the authority did not come through in time.
-            Verdict::Wait { .. } if self.rerunning => unavailable(),
-            Verdict::Wait { user } => {
-                if self.park(user, source, msg) {
-                    return false;
-                }
-                unavailable()
-            }
+        let Verdict::Refuse {
+            code,
+            reason,
+            headers,
+            why,
+        } = verdict
+        else {
+            inc(&self.stats.auth_passed);
+            return true;
         };
         let s = &self.stats;
         inc(match why {
