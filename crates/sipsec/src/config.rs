@@ -423,7 +423,8 @@ pub struct Config {
     pub max_message_size: usize,
     /// Cap on how long a loaded worker lets datagrams accumulate after waking (0: never).
     pub max_batch_delay_us: u64,
-    /// Live transactions per worker beyond which new requests are answered 503.
+    /// Transactions per worker at which the oldest finished (lingering) one is ended early to
+    /// admit a new request, or, with none finished, the request is answered 503.
     pub max_transactions: usize,
     /// The default route: its URI text and where it sends.
     pub default_route: Option<(String, crate::transport::Peer)>,

@@ -19,7 +19,7 @@ mod tests;
 use crate::message::{build, Message, Method};
 use crate::timer::{Millis, TimerHandle, TimerWheel};
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write as _;
 use std::sync::Arc;
 
@@ -145,6 +145,8 @@ struct Tx<A, U> {
     timeout_timer: Option<TimerHandle>,
     interval: Millis,
     user: Option<U>,
+    /// In a state that only waits (timers D, I, J, K, L, M) to absorb or pass retransmissions.
+    lingering: bool,
 }
 
 /// A table of transactions with their timers.
@@ -158,6 +160,10 @@ pub struct Transactions<A, U> {
     wheel: TimerWheel<(TxId, TimerKind)>,
     key_scratch: Vec<u8>,
     fired: Vec<(TxId, TimerKind)>,
+    /// Transactions that began lingering, oldest first (stale ids are skipped when popped):
+    /// the ones to end early when the table is full, see [`Transactions::evict_lingering`].
+    linger_order: VecDeque<TxId>,
+    lingering: usize,
 }
 
 /// Writes the server-transaction key of a request into `out` (ACK maps to INVITE).
@@ -210,6 +216,8 @@ impl<A: Copy, U> Transactions<A, U> {
             wheel: TimerWheel::new(now),
             key_scratch: Vec::with_capacity(128),
             fired: Vec::new(),
+            linger_order: VecDeque::new(),
+            lingering: 0,
         }
     }
 
@@ -220,6 +228,29 @@ impl<A: Copy, U> Transactions<A, U> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Transactions that are done and only wait out their linger timer. Over UDP each call
+    /// through a stateful proxy leaves about four of them for up to 32 s (64·T1), so at
+    /// thousands of calls a second they outnumber the live ones many times over.
+    pub fn lingering(&self) -> usize {
+        self.lingering
+    }
+
+    /// Ends the transaction that has lingered longest, as if its timer had fired, so a full
+    /// table makes room for new work instead of refusing it. The cost is only that a very
+    /// late retransmission meets no transaction (a 2xx is then forwarded statelessly, a
+    /// request handled as new). Returns false when nothing lingers.
+    pub fn evict_lingering(&mut self, out: &mut Vec<Output<A, U>>) -> bool {
+        while let Some(id) = self.linger_order.pop_front() {
+            if self.get(id).is_some_and(|t| t.lingering) {
+                if let Some(user) = self.terminate(id) {
+                    out.push(Output::Terminated { id, user });
+                }
+                return true;
+            }
+        }
+        false
     }
 
     pub fn timers(&self) -> Timers {
@@ -353,10 +384,25 @@ impl<A: Copy, U> Transactions<A, U> {
 
     fn arm(&mut self, id: TxId, at: Millis, kind: TimerKind) {
         let handle = self.wheel.insert(at, (id, kind));
-        if let Some(tx) = self.get_mut(id) {
-            match kind {
-                TimerKind::Retransmit => tx.retransmit_timer = Some(handle),
-                TimerKind::Timeout | TimerKind::Linger => tx.timeout_timer = Some(handle),
+        let Some(tx) = self.get_mut(id) else { return };
+        match kind {
+            TimerKind::Retransmit => tx.retransmit_timer = Some(handle),
+            TimerKind::Timeout => tx.timeout_timer = Some(handle),
+            TimerKind::Linger => {
+                tx.timeout_timer = Some(handle);
+                if !tx.lingering {
+                    tx.lingering = true;
+                    self.lingering += 1;
+                    self.linger_order.push_back(id);
+                    // Ids whose transactions ended on their own timers leave from the front,
+                    // so the queue holds about one linger period's worth, not all history.
+                    while let Some(&front) = self.linger_order.front() {
+                        if self.get(front).is_some_and(|t| t.lingering) {
+                            break;
+                        }
+                        self.linger_order.pop_front();
+                    }
+                }
             }
         }
     }
@@ -394,6 +440,7 @@ impl<A: Copy, U> Transactions<A, U> {
             timeout_timer: None,
             interval: self.timers.t1,
             user: Some(user),
+            lingering: false,
         });
         if let Some(old) = self.server_keys.insert(key, id) {
             // Same key as a live transaction: the newer wins; the old one ends quietly.
@@ -509,6 +556,7 @@ impl<A: Copy, U> Transactions<A, U> {
             timeout_timer: None,
             interval: t1,
             user: Some(user),
+            lingering: false,
         });
         self.client_keys.insert(key, id);
         if !reliable {
@@ -610,6 +658,9 @@ impl<A: Copy, U> Transactions<A, U> {
             .take_if(|t| t.generation == id.generation)?;
         self.generations[id.index as usize] = id.generation.wrapping_add(1);
         self.free.push(id.index);
+        if tx.lingering {
+            self.lingering -= 1;
+        }
         let map = match tx.kind {
             Kind::ClientInvite | Kind::ClientNonInvite => &mut self.client_keys,
             Kind::ServerInvite | Kind::ServerNonInvite => &mut self.server_keys,

@@ -415,3 +415,49 @@ fn timer_c_ends_an_invite_that_rings_forever() {
     ));
     assert!(t.is_empty());
 }
+
+#[test]
+fn the_longest_lingering_transaction_is_evicted_first_and_live_ones_never() {
+    let mut t = Table::new(0, Timers::default());
+    let mut out = Vec::new();
+    // Three non-INVITE server transactions: two answered (timer J, lingering), one not.
+    let mut ids = Vec::new();
+    for (i, branch) in ["z9hG4bKa", "z9hG4bKb", "z9hG4bKc"].iter().enumerate() {
+        let req = request("MESSAGE", branch, "");
+        let msg = Message::parse(&req).unwrap();
+        assert_eq!(
+            t.recv_request(i as Millis, &msg, &mut out),
+            RequestMatch::New
+        );
+        ids.push(t.create_server(&msg, PEER, false, branch));
+    }
+    // Answered b first, then a; c stays live.
+    for (now, id) in [(10, ids[1]), (20, ids[0])] {
+        let resp = Bytes::from(response(200, "z9hG4bKx", "MESSAGE"));
+        assert!(t.respond(now, id, 200, resp, &mut out));
+    }
+    out.clear();
+    assert_eq!((t.len(), t.lingering()), (3, 2));
+    assert!(t.evict_lingering(&mut out));
+    assert!(matches!(out[..], [Output::Terminated { id, user: "z9hG4bKb" }] if id == ids[1]));
+    out.clear();
+    assert!(t.evict_lingering(&mut out));
+    assert!(matches!(
+        out[..],
+        [Output::Terminated {
+            user: "z9hG4bKa",
+            ..
+        }]
+    ));
+    out.clear();
+    assert_eq!((t.len(), t.lingering()), (1, 0));
+    // The unanswered one is live work: never evicted.
+    assert!(!t.evict_lingering(&mut out));
+    assert_eq!(t.state(ids[2]), Some(State::Trying));
+    // A transaction that ended on its own timer leaves no stale entry behind to evict.
+    let resp = Bytes::from(response(200, "z9hG4bKc", "MESSAGE"));
+    assert!(t.respond(30, ids[2], 200, resp, &mut out));
+    run(&mut t, 31, 30 + 64 * 500, &mut out);
+    assert_eq!((t.len(), t.lingering()), (0, 0));
+    assert!(!t.evict_lingering(&mut out));
+}

@@ -408,13 +408,16 @@ impl Engine {
             self.on_cancel(now, source, msg, fx);
             return;
         }
-        if self.cfg.stateful && method != Method::Ack && self.tx.len() >= self.cfg.max_transactions
+        if self.cfg.stateful
+            && method != Method::Ack
+            && self.tx.len() >= self.cfg.max_transactions
+            && !self.tx.evict_lingering(&mut self.outputs)
         {
             // Overloaded: refuse without creating state, so a flood cannot exhaust memory.
             inc(&self.stats.overload_rejected);
             if self.log.allow(now) {
                 tracing::warn!(
-                    "transaction table full ({} transactions): answering 503",
+                    "transaction table full ({} live transactions): answering 503",
                     self.tx.len()
                 );
             }

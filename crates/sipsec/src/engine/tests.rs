@@ -693,6 +693,52 @@ fn a_full_transaction_table_answers_503_without_state() {
 }
 
 #[test]
+fn a_table_full_of_finished_transactions_makes_room_for_new_ones() {
+    let mut e = engine("max_transactions = 16\n[routing]\ndefault_route = \"sip:127.0.0.3:5080\"");
+    // Eight calls answered 200: each leaves its server and client INVITE transactions
+    // lingering (timers L and M, 32 s) with nothing left to do.
+    let mut first = None;
+    for i in 0..8 {
+        let (sent, _) = deliver(
+            &mut e,
+            i,
+            ALICE,
+            &request(
+                "INVITE",
+                "sip:x@elsewhere.test",
+                &format!("z9hG4bKdone{i}"),
+                "",
+            ),
+        );
+        let down = sent.iter().find(|s| s.to == addr(BOB1)).expect("forwarded");
+        let (up, _) = deliver(&mut e, i, BOB1, &answer(down, 200, "t"));
+        assert_eq!(up[0].status(), Some(200));
+        first.get_or_insert_with(|| answer(down, 200, "t"));
+    }
+    assert_eq!(e.transactions(), 16);
+    // A new call is forwarded, not refused: the oldest finished transaction made room.
+    let (sent, _) = deliver(
+        &mut e,
+        100,
+        ALICE,
+        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKnew", ""),
+    );
+    assert!(sent.iter().any(|s| s.to == addr(BOB1)), "forwarded");
+    assert!(sent.iter().all(|s| s.status() != Some(503)));
+    // One finished transaction out, the new call's server and client transactions in: the
+    // bound is checked per admitted request, as with the 503 above.
+    assert_eq!(e.transactions(), 17);
+    // The first call's transactions are gone (its client transaction went first: it began
+    // lingering first); a 2xx retransmitted by its callee still reaches the caller by its Via
+    // (RFC 3261 §16.7).
+    let (up, _) = deliver(&mut e, 200, BOB1, first.as_ref().unwrap());
+    assert_eq!(
+        up.iter().map(|s| (s.status(), s.to)).collect::<Vec<_>>(),
+        [(Some(200), addr(ALICE))]
+    );
+}
+
+#[test]
 fn two_workers_share_bindings_and_hand_responses_to_their_owner() {
     let cfg = Arc::new(
         Config::from_toml(&format!(
