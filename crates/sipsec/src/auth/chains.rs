@@ -30,6 +30,9 @@ pub struct Entry {
     pub next: Option<Box<(Chain, u64)>>,
     /// Authentications since the entry was made: what eviction keeps.
     pub uses: u32,
+    /// Unix seconds (low 32 bits) when `chain` last replaced another chain: a response
+    /// computed for the old one may still be on its way (see [`Entry::recently_replaced`]).
+    pub replaced_at_s: u32,
 }
 
 impl Entry {
@@ -39,7 +42,22 @@ impl Entry {
             expires_s,
             next: None,
             uses: 0,
+            replaced_at_s: 0,
         }
+    }
+
+    /// Installs `chain` in place of the current one.
+    pub fn replace(&mut self, chain: Chain, expires_s: u64, now_s: u64) {
+        self.chain = chain;
+        self.expires_s = expires_s;
+        self.replaced_at_s = now_s as u32;
+    }
+
+    /// The chain replaced another within `window_s`: a response whose proof fails may have
+    /// been made, honestly, for the old chain's challenge (another call of the same user
+    /// spent the old chain first), so it earns a fresh challenge, not a 403.
+    pub fn recently_replaced(&self, now_s: u64, window_s: u32) -> bool {
+        self.replaced_at_s != 0 && (now_s as u32).wrapping_sub(self.replaced_at_s) <= window_s
     }
 
     /// The chain has values left and has not expired at `now_s`.
@@ -52,8 +70,7 @@ impl Entry {
     pub fn refresh(&mut self, now_s: u64) -> bool {
         if !self.live(now_s) {
             if let Some(next) = self.next.take() {
-                self.chain = next.0;
-                self.expires_s = next.1;
+                self.replace(next.0, next.1, now_s);
             }
         }
         self.live(now_s)
@@ -136,8 +153,7 @@ impl ChainCache {
             if e.live(now_s) {
                 e.next = Some(Box::new((chain, expires_s)));
             } else {
-                e.chain = chain;
-                e.expires_s = expires_s;
+                e.replace(chain, expires_s, now_s);
                 e.next = None;
             }
             return;

@@ -14,7 +14,9 @@
 //!   which no password verifies;
 //! - a response that verifies: pass, and the chain steps down;
 //! - a response for another counter: the hello challenge (a replay gets nothing more); a bad
-//!   HMAC or chain value: 403.
+//!   HMAC or chain value: 403 — except a bad HMAC shortly after the user's chain was replaced,
+//!   which is what an honest answer to the old chain's challenge looks like when the same
+//!   user's other call spent that chain first: the hello challenge.
 
 use super::chains::ChainCache;
 use super::{refuse, Verdict, Why};
@@ -26,6 +28,11 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+
+/// How long after a chain replaced another a failed request proof is taken for a response to
+/// the old chain's challenge (answered with the hello challenge) rather than a forgery (403):
+/// 64·T1, the longest a client transaction waits for its answer.
+const RACE_WINDOW_S: u32 = 32;
 
 /// The validated Proxychain settings of `[auth]`.
 #[derive(Debug, Clone)]
@@ -327,6 +334,12 @@ impl PcAuthenticator {
                 && e.chain.counter <= prefetch_at
                 && e.next.is_none()
                 && prefetch_at > 0;
+            let result = match result {
+                Err(Refusal::RequestProof) if e.recently_replaced(now_s, RACE_WINDOW_S) => {
+                    Err(Refusal::Counter)
+                }
+                other => other,
+            };
             Some((result, wants_next))
         });
         match outcome.flatten() {

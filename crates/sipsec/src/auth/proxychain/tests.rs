@@ -220,6 +220,38 @@ fn a_response_moved_to_another_callee_or_a_bad_value_is_forbidden() {
 }
 
 #[test]
+fn an_answer_to_a_chain_another_call_spent_gets_a_fresh_challenge_not_403() {
+    let mut a = authenticator(None);
+    install(&a, "alice", 1);
+    // Two calls of alice are challenged at the same counter; the second answers first.
+    let first = respond(&mut a, [3; 16]);
+    let second = respond(&mut a, [4; 16]);
+    assert_eq!(verify(&mut a, &second), Verdict::Pass);
+    // That spent the chain; the next one has the same counter, 1.
+    let next = issue(HashKind::Sha256, &key("alice"), "p1", 1, [7; 16], [8; 16]);
+    a.shared().cache.install("alice", next.into(), 0, NOW_S);
+    // The first call's answer, honest but for the old chain, starts over.
+    assert!(matches!(
+        verify(&mut a, &first),
+        Verdict::Refuse {
+            code: 407,
+            why: Why::Replay,
+            ..
+        }
+    ));
+    // Long after the replacement the same mismatch is a forgery.
+    let msg = Message::parse(first.as_bytes()).unwrap();
+    assert!(matches!(
+        a.verify(&msg, NOW_MS + 60_000),
+        Verdict::Refuse {
+            code: 403,
+            why: Why::Failed,
+            ..
+        }
+    ));
+}
+
+#[test]
 fn credentials_of_one_user_on_another_users_request_are_refused() {
     let mut a = authenticator(None);
     install(&a, "alice", 4);
