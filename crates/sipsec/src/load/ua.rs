@@ -12,7 +12,9 @@
 //! - the UAS retransmits its 2xx (T1 doubling up to T2) until the ACK arrives, for 64·T1;
 //! - dialogs: the route set from Record-Route (reversed at the UAC), the remote target from
 //!   Contact, tags, CSeq;
-//! - 401/407 answered once per challenge (twice when the server says `stale=true`);
+//! - 401/407 answered once per challenge (twice when the server says `stale=true`); `PC`
+//!   challenges up to [`PC_MAX_TRIES`] times, since a user's concurrent calls race for one
+//!   chain and the loser is told to start over;
 //! - 3xx followed to the first Contact when the redirect scenario asks for it.
 
 use super::stats::Stats;
@@ -186,6 +188,11 @@ enum Event {
 }
 
 /// An SDP offer/answer the size of SIPp's, so servers see realistic messages.
+/// `PC` challenges a call answers before giving up: the first response, then up to a few
+/// restarts (hello, response) after the hello challenge that says another call of the same
+/// user spent the value first.
+const PC_MAX_TRIES: u8 = 6;
+
 const SDP: &[u8] = b"v=0\r\no=user1 53655765 2353687637 IN IP4 127.0.0.1\r\ns=-\r\n\
 c=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 6000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n";
 
@@ -644,7 +651,9 @@ impl Ua {
         let username = user.username.clone();
         let has_counter = sip_core::digest::parse_scheme_params(value, b"PC")
             .is_ok_and(|p| p.iter().any(|(n, _)| n.eq_ignore_ascii_case(b"i")));
-        if tries >= 3 {
+        // After a response, the hello challenge again means another call of the same user
+        // spent the chain value first: start over, a few times.
+        if tries >= PC_MAX_TRIES {
             self.finish(
                 number,
                 Some(&format!("{code} (Proxychain credentials refused)")),
