@@ -7,10 +7,12 @@ not available here). The digest rows need PostgreSQL (`--postgres URL`, e.g. the
 SIPSEC_TEST_POSTGRES); SQLite cannot be put across a network.
 
 Per row, `sipsec bench` (server pinned to CPU 0; the load generator, the authority and the
-relay on CPU 1) at a fixed rate gives the server CPU per call; the authority's CPU per call is
-read from /proc around the same run (it includes the authority's once-a-second database polls,
-which dominate at these rates), and the bytes per call between proxy and authority from the
-counters the authority logs when it stops. A second pass at a low rate (as seed 001 measured
+relay on CPU 1) at a fixed rate gives the server CPU per call, and, through `--peer-pid`, the
+authority's (or, for digest, PostgreSQL's) CPU over the same measured run: shown as read and
+less the peer's idle rate (its once-a-second database polls), read for --idle-s seconds after
+the run. The authority logs its counters on SIGUSR1, sent when the measured run starts, and
+when it stops; their difference gives the chains issued and the bytes between proxy and
+authority per measured call, without the warm-up's first chain per user. A second pass at a low rate (as seed 001 measured
 it: under 5 calls/s) with few users, so that chains run out during the run, gives the
 call-setup latency (INVITE to 200, including the 407 round). A third pass, with --peak, finds
 each row's peak rate (`--find-peak`: ≥ 99% of calls succeed within 500 ms). Rows are
@@ -18,9 +20,9 @@ alternated per round; medians are shown.
 
     cargo build --release
     python3 bench/proxychain_lab.py [--users 2000] [--rate 500] [--calls 4000] [--rounds 3]
-        [--rtt-ms 33] [--peak]
+        [--rtt-ms 33] [--peak] [--postgres URL]
 """
-import argparse, json, os, re, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, re, signal, statistics, subprocess, sys, tempfile, time
 
 REALM = "lab.test"
 AUTHD, RELAY = "127.0.0.1:35070", "127.0.0.1:35071"
@@ -74,8 +76,17 @@ def rows(remote_db):
     ]
 
 
-def bench(binary, work, name, config, proxychain, args, rtt, users="users.csv", db=None):
-    """One bench run of a row; returns (report, authd CPU s, authd stop line)."""
+def counters(line):
+    """The name=value counters of an authority log line."""
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def bench(binary, work, name, config, proxychain, args, rtt, users="users.csv", db=None,
+          db_pid=None, idle_s=0):
+    """One bench run of a row. Returns the report, with "peer_busy_us_per_op" (the authority's
+    or the database's CPU per call over the measured run, less its idle rate measured for
+    `idle_s` seconds afterwards) and, for Proxychain, "authd" (its counters over the measured
+    run: SIGUSR1 when measuring starts, then the stop line)."""
     path = os.path.join(work, "row.toml")
     open(path, "w").write(config)
     authd = relay = None
@@ -86,32 +97,54 @@ def bench(binary, work, name, config, proxychain, args, rtt, users="users.csv", 
         authd = start([binary, "authd", "--config", f"{work}/authd.toml"], f"{work}/authd.log", 1)
         relay = start([binary, "delay-relay", RELAY, AUTHD, "--rtt-ms", str(rtt)],
                       f"{work}/relay.log", 1)
+    peer = authd.pid if authd else db_pid
     out = tempfile.mktemp(suffix=".json")
     extra = ["--proxychain-realm", REALM] if proxychain else []
-    cpu0 = cpu_seconds(authd.pid) if authd else 0
-    p = subprocess.run([binary, "bench", "--config", path, "--users", f"{work}/{users}",
-                        "--domain", "elsewhere.test", "-q", "--json", out] + extra + args,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    authd_cpu = (cpu_seconds(authd.pid) - cpu0) if authd else 0
-    line = ""
-    if relay:
-        stop(relay)
-    if authd:
-        stop(authd)
-        line = next((l for l in open(f"{work}/authd.log") if "stopped;" in l), "")
+    extra += ["--peer-pid", str(peer)] if peer else []
+    p = subprocess.Popen([binary, "bench", "--config", path, "--users", f"{work}/{users}",
+                          "--domain", "elsewhere.test", "--json", out] + extra + args,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = []
+    for line in p.stderr:
+        err.append(line)
+        if authd and "sipsec bench: measuring" in line:
+            authd.send_signal(signal.SIGUSR1)
+    p.wait()
     if p.returncode != 0 or not os.path.exists(out):
-        sys.exit(f"{name}: bench failed: {p.stderr[-2000:]}")
+        sys.exit(f"{name}: bench failed: {''.join(err)[-2000:]}")
     r = json.load(open(out))
     os.unlink(out)
-    return r, authd_cpu, line
+    if relay:
+        stop(relay)
+    r["peer_busy_us_per_op"] = 0.0
+    if peer and idle_s:
+        # The server has stopped: what the peer burns now is its idle work (polls, timers).
+        tree = [peer] + [int(x) for x in subprocess.run(
+            ["pgrep", "-P", str(peer)], capture_output=True, text=True).stdout.split()]
+        c0 = sum(cpu_seconds(t) for t in tree if os.path.exists(f"/proc/{t}"))
+        time.sleep(idle_s)
+        c1 = sum(cpu_seconds(t) for t in tree if os.path.exists(f"/proc/{t}"))
+        idle_us = (c1 - c0) / idle_s * r["measured_s"] * 1e6 / max(r["ops"], 1)
+        r["peer_busy_us_per_op"] = r["peer_cpu_us_per_op"] - idle_us
+    if authd:
+        stop(authd)
+        log = open(f"{work}/authd.log").read().splitlines()
+        first = next((counters(l) for l in log if "counters;" in l), None)
+        last = next((counters(l) for l in log if "stopped;" in l), None)
+        if first and last:
+            r["authd"] = {k: last[k] - first[k] for k in last}
+    return r
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sipsec", default="target/release/sipsec")
     ap.add_argument("--users", type=int, default=2000,
-                    help="callers; the warm-up makes one call per user, so every user holds a "
-                         "chain when measuring starts (as the paper preloaded them)")
+                    help="callers in the peak pass; the warm-up makes one call per user, so every "
+                         "user holds a chain when measuring starts (as the paper preloaded them)")
+    ap.add_argument("--cpu-users", type=int, default=100,
+                    help="callers in the CPU pass: few enough that each runs through several "
+                         "chains in the measured run, so issuing is at its steady rate")
     ap.add_argument("--latency-rate", type=float, default=5)
     ap.add_argument("--latency-calls", type=int, default=200)
     ap.add_argument("--latency-users", type=int, default=5,
@@ -120,6 +153,9 @@ def main():
     ap.add_argument("--calls", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=33.0)
+    ap.add_argument("--idle-s", type=float, default=5.0,
+                    help="seconds the authority's (or database's) idle CPU rate is read for, "
+                         "after each measured run, to subtract it")
     ap.add_argument("--peak", action="store_true", help="also find each row's peak rate")
     ap.add_argument("--postgres", default=os.environ.get("SIPSEC_TEST_POSTGRES"),
                     help="PostgreSQL URL for the digest rows (default: $SIPSEC_TEST_POSTGRES)")
@@ -129,6 +165,7 @@ def main():
     subprocess.run([binary, "certs", "--client-name", "proxy-1", "--out", f"{work}/certs"],
                    check=True, stdout=subprocess.DEVNULL)
     open(f"{work}/users.csv", "w").write("".join(f"u{i},pw{i}\n" for i in range(a.users)))
+    open(f"{work}/steady.csv", "w").write("".join(f"u{i},pw{i}\n" for i in range(a.cpu_users)))
     open(f"{work}/few.csv", "w").write("".join(f"u{i},pw{i}\n" for i in range(a.latency_users)))
     open(f"{work}/users.toml", "w").write(f"[database]\nurl = \"sqlite://{work}/users.db\"\n")
     subprocess.run([binary, "users", "--config", f"{work}/users.toml", "--realm", REALM,
@@ -147,6 +184,11 @@ def main():
         remote = (m.group(1) + DB_RELAY + m.group(3), m.group(2))
     else:
         print("no --postgres: the digest rows are skipped", file=sys.stderr)
+    db_pid = None
+    if a.postgres:
+        # The postmaster: its children are the backends that serve the proxy's queries.
+        found = subprocess.run(["pgrep", "-o", "-x", "postgres"], capture_output=True, text=True)
+        db_pid = int(found.stdout.split()[0]) if found.stdout.split() else None
     table = rows(remote)
     res = {name: [] for name, _, _, _ in table}
     for r in range(a.rounds):
@@ -154,52 +196,57 @@ def main():
         for name, auth, pc, db in table:
             cfg = server_config(work, auth, db and db[0])
             target = db and db[1]
-            rep, authd_cpu, line = bench(binary, work, name, cfg, pc,
-                                         ["--rate", str(a.rate), "--calls", str(a.calls),
-                                          "--warmup-calls", str(a.users)],
-                                         a.rtt_ms, db=target)
+            rep = bench(binary, work, name, cfg, pc,
+                        ["--rate", str(a.rate), "--calls", str(a.calls),
+                         "--warmup-calls", str(a.cpu_users)],
+                        a.rtt_ms, users="steady.csv", db=target, db_pid=db_pid if db else None, idle_s=a.idle_s)
             ops = max(rep["ops"], 1)
-            m = re.search(r"bytes_in=(\d+) bytes_out=(\d+)", line)
-            # The authority's counters cover the warm-up run too: per call of both runs.
-            calls_total = rep["load"]["attempted"] + a.users
-            lat, _, _ = bench(binary, work, name, cfg, pc,
-                              ["--rate", str(a.latency_rate), "--calls", str(a.latency_calls),
-                               "--warmup-calls", "1"], a.rtt_ms, users="few.csv", db=target)
+            moved = rep.get("authd", {})
+            lat = bench(binary, work, name, cfg, pc,
+                        ["--rate", str(a.latency_rate), "--calls", str(a.latency_calls),
+                         "--warmup-calls", "1"], a.rtt_ms, users="few.csv", db=target)
             res[name].append({
                 "server_us": rep["server_cpu_us_per_op"],
-                "authd_us": authd_cpu / ops * 1e6,
-                "bytes": (int(m.group(1)) + int(m.group(2))) / calls_total if m else 0.0,
+                "peer_us": rep["peer_cpu_us_per_op"],
+                "peer_busy_us": rep["peer_busy_us_per_op"],
+                "bytes": (moved.get("bytes_in", 0) + moved.get("bytes_out", 0)) / ops,
+                "issued": moved.get("issued", 0) / ops,
                 "p50": lat["load"]["latency_ms"]["p50"],
                 "p99": lat["load"]["latency_ms"]["p99"],
                 "ok": min(rep["load"]["succeeded"] / max(rep["load"]["attempted"], 1),
                           lat["load"]["succeeded"] / max(lat["load"]["attempted"], 1)),
             })
+        print(json.dumps(res), file=sys.stderr)
     med = lambda name, k: statistics.median(x[k] for x in res[name])
     base = med("no auth", "server_us")
-    print(f"{a.users} users, {a.rate} calls/s, {a.calls} calls, {a.rounds} rounds (medians); "
-          f"authority {a.rtt_ms} ms away; latency at {a.latency_rate} calls/s, "
+    print(f"{a.cpu_users} users, {a.rate} calls/s, {a.calls} calls, {a.rounds} rounds (medians); "
+          f"authority or database {a.rtt_ms} ms away; latency at {a.latency_rate} calls/s, "
           f"{a.latency_calls} calls from {a.latency_users} users")
-    print("| configuration | server µs/call | ÷ no auth | authority µs/call | bytes/call proxy↔authority | setup p50 ms | p99 ms | succeeded |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| configuration | server µs/call | ÷ no auth | authority or database µs/call: "
+          "all, less idle | chains issued/call | bytes/call proxy↔authority | setup p50 ms "
+          "| p99 ms | succeeded |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, _, _, _ in table:
         print(f"| {name} | {med(name, 'server_us'):.1f} | {med(name, 'server_us') / base:.2f} | "
-              f"{med(name, 'authd_us'):.2f} | {med(name, 'bytes'):.1f} | {med(name, 'p50'):.2f} | "
+              f"{med(name, 'peer_us'):.1f}, {med(name, 'peer_busy_us'):.1f} | "
+              f"{med(name, 'issued'):.3f} | {med(name, 'bytes'):.1f} | {med(name, 'p50'):.2f} | "
               f"{med(name, 'p99'):.2f} | {min(x['ok'] for x in res[name]):.3f} |")
     if a.peak:
         print(f"\npeak calls/s (≥ 99% within 500 ms), {a.rounds} rounds alternated; median, the rounds:")
         peaks = {name: [] for name, _, _, _ in table}
         for r in range(a.rounds):
             for name, auth, pc, db in table:
-                rep, _, _ = bench(binary, work, name, server_config(work, auth, db and db[0]), pc,
-                                  ["--rate", str(a.rate), "--calls", "1000", "--find-peak",
-                                   "--warmup-calls", str(a.users)], a.rtt_ms,
-                                  db=db and db[1])
+                rep = bench(binary, work, name, server_config(work, auth, db and db[0]), pc,
+                            ["--rate", str(a.rate), "--calls", "1000", "--find-peak",
+                             "--warmup-calls", str(a.users)], a.rtt_ms, db=db and db[1])
                 peaks[name].append(rep.get("peak_per_s") or 0)
+            print(json.dumps(peaks), file=sys.stderr)
         base_peak = statistics.median(peaks["no auth"])
         for name, v in peaks.items():
             m = statistics.median(v)
             print(f"  {name}: {m:.0f} ({m / max(base_peak, 1):.2f} of no auth); "
                   f"{', '.join(f'{x:.0f}' for x in v)}")
+
 
 if __name__ == "__main__":
     main()

@@ -261,27 +261,38 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
         signal_hook::flag::register(signal, stop.clone())
             .context("cannot install signal handlers")?;
     }
+    // SIGUSR1 logs the counters without stopping, so a lab can difference two readings.
+    let report = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, report.clone())
+        .context("cannot install signal handlers")?;
+    let stats = authority.clone();
     let stopped = async {
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if report.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                log_counters("counters", &stats.stats);
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    let stats = authority.clone();
     tokio::select! {
-        r = server::run(listener, tls, authority, registry) => r?,
+        r = server::run(listener, tls, authority.clone(), registry) => r?,
         _ = stopped => {}
     }
-    let s = &stats.stats;
+    log_counters("stopped", &authority.stats);
+    Ok(())
+}
+
+/// One log line with every counter, in the `name=value` form the lab scripts read.
+fn log_counters(event: &str, s: &authority::AuthorityStats) {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     tracing::info!(
-        "stopped; issued={} unknown={} revocations_pushed={} bytes_in={} bytes_out={}",
+        "{event}; issued={} unknown={} revocations_pushed={} bytes_in={} bytes_out={}",
         load(&s.issued),
         load(&s.unknown),
         load(&s.revocations_pushed),
         load(&s.bytes_in),
         load(&s.bytes_out)
     );
-    Ok(())
 }
 
 impl Store {

@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// processes are counted too). Needs --target.
     #[arg(long = "server-pid")]
     pub server_pid: Vec<u32>,
+    /// Processes the server depends on (an authority, a database server): their CPU, with
+    /// their children's, over the measured run is reported beside the server's (repeatable).
+    #[arg(long = "peer-pid")]
+    pub peer_pid: Vec<u32>,
     /// Where the load goes (default: the server started here).
     #[arg(long)]
     pub target: Option<String>,
@@ -127,6 +131,10 @@ pub struct Report {
     pub server_sys_us_per_op: f64,
     /// The load generator's own CPU per operation (UAC and UAS together).
     pub load_cpu_us_per_op: f64,
+    /// The `--peer-pid` processes' CPU per operation, idle work included.
+    pub peer_cpu_us_per_op: f64,
+    /// Wall-clock seconds of the measured run (to subtract a peer's idle CPU rate).
+    pub measured_s: f64,
     pub server_pids: Vec<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_per_s: Option<f64>,
@@ -370,9 +378,16 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         }
         None => None,
     };
-    let (server0, own0) = (cpu::cpu_of(&pids), cpu::own_cpu());
+    let peers = a
+        .peer_pid
+        .iter()
+        .flat_map(|&p| cpu::process_tree(p))
+        .collect::<Vec<_>>();
+    let (server0, own0, peers0) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
+    let began = std::time::Instant::now();
     let summary = load::execute(&plan, &mut bound, &stop)?;
-    let (server1, own1) = (cpu::cpu_of(&pids), cpu::own_cpu());
+    let measured_s = began.elapsed().as_secs_f64();
+    let (server1, own1, peers1) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
     drop(idle);
     let used = server1.since(server0);
     let ops = summary.succeeded;
@@ -403,6 +418,8 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         server_user_us_per_op: per_op(used.user_s),
         server_sys_us_per_op: per_op(used.sys_s),
         load_cpu_us_per_op: per_op(own1.since(own0).total_s()),
+        peer_cpu_us_per_op: per_op(peers1.since(peers0).total_s()),
+        measured_s,
         server_pids: pids,
         peak_per_s: peak_search.as_ref().and_then(|s| s.peak_per_s),
         load: summary,
@@ -422,6 +439,12 @@ pub fn run(a: BenchArgs) -> Result<Report> {
             .peak_per_s
             .map_or(String::new(), |p| format!("; peak {p:.0}/s"))
     );
+    if !a.peer_pid.is_empty() {
+        println!(
+            "  peers {:?}: CPU {:.1} µs/op over {:.1} s (idle work included)",
+            a.peer_pid, report.peer_cpu_us_per_op, report.measured_s
+        );
+    }
     if report.load.failed > 0 {
         println!("  failures: {:?}", report.load.failures_by_reason);
     }
