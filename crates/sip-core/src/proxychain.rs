@@ -335,23 +335,78 @@ pub fn answer(
     from: &[u8],
     to: &[u8],
 ) -> Result<Response, Refusal> {
-    let kind = ch.hash;
-    if ch.counter == 0 || ch.counter > MAX_COUNTER {
-        return Err(Refusal::CounterRange);
+    ClientChain::answer(k_ad, ch, n_ap, username, from, to).map(|(_, r)| r)
+}
+
+/// The client's copy of a chain whose challenge it verified: what it needs to answer the
+/// same proxy's next counter without being challenged again (`sipsec load --auth-reuse`;
+/// `docs/proxychain.md`, "Answering without a challenge"). A sipsec extension on the client
+/// side only: the response is the paper's message 5 unchanged, and the proxy verifies it the
+/// same way, since verifying needs nothing from the challenge but its counter.
+#[derive(Debug, Clone)]
+pub struct ClientChain {
+    hash: HashKind,
+    proxy: String,
+    tk_p: Token,
+    root: Token,
+    /// The counter last answered; the next answer is for `counter - 1`.
+    counter: u32,
+}
+
+impl ClientChain {
+    /// Answers `ch` as [`answer`] does, keeping the chain for the next requests.
+    pub fn answer(
+        k_ad: &[u8],
+        ch: &Challenge,
+        n_ap: &Nonce,
+        username: &str,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<(ClientChain, Response), Refusal> {
+        let kind = ch.hash;
+        if ch.counter == 0 || ch.counter > MAX_COUNTER {
+            return Err(Refusal::CounterRange);
+        }
+        let tk_p = session_key(kind, k_ad, &ch.n_dp, &ch.realm);
+        if !network_proof(kind, &tk_p, n_ap, ch.counter).ct_eq(&ch.proof) {
+            return Err(Refusal::NetworkProof);
+        }
+        let root = chain_root(kind, k_ad, &ch.n_da, &ch.realm);
+        let response = Response {
+            username: username.to_string(),
+            realm: ch.realm.clone(),
+            counter: ch.counter,
+            value: kind.hash_n(root, ch.counter - 1),
+            proof: request_proof(kind, &tk_p, from, to, ch.counter),
+            hash: kind,
+        };
+        let chain = ClientChain {
+            hash: kind,
+            proxy: ch.realm.clone(),
+            tk_p,
+            root,
+            counter: ch.counter,
+        };
+        Ok((chain, response))
     }
-    let tk_p = session_key(kind, k_ad, &ch.n_dp, &ch.realm);
-    if !network_proof(kind, &tk_p, n_ap, ch.counter).ct_eq(&ch.proof) {
-        return Err(Refusal::NetworkProof);
+
+    /// The response for the next counter, for a request from `from` to `to`; None when the
+    /// chain has nothing left to reveal (the client then sends a hello).
+    pub fn next(&mut self, username: &str, from: &[u8], to: &[u8]) -> Option<Response> {
+        if self.counter <= 1 {
+            return None;
+        }
+        self.counter -= 1;
+        let i = self.counter;
+        Some(Response {
+            username: username.to_string(),
+            realm: self.proxy.clone(),
+            counter: i,
+            value: self.hash.hash_n(self.root, i - 1),
+            proof: request_proof(self.hash, &self.tk_p, from, to, i),
+            hash: self.hash,
+        })
     }
-    let root = chain_root(kind, k_ad, &ch.n_da, &ch.realm);
-    Ok(Response {
-        username: username.to_string(),
-        realm: ch.realm.clone(),
-        counter: ch.counter,
-        value: kind.hash_n(root, ch.counter - 1),
-        proof: request_proof(kind, &tk_p, from, to, ch.counter),
-        hash: kind,
-    })
 }
 
 /// Why a `PC` header could not be read.

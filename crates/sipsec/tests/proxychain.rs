@@ -3,7 +3,8 @@
 //! the users (plus raw SIP for the attacks).
 //!
 //! - calls authenticate (INVITE and BYE), chains run out and are renewed, the proxy waits for
-//!   the authority only for a user's first chain;
+//!   the authority only for a user's first chain; a client answering ahead (`--auth-reuse`)
+//!   is challenged once per chain, not per request;
 //! - a password change is pushed to the proxy: the old password stops working at once;
 //! - attacks: a replayed response, a lowered counter, a response moved to another callee, a
 //!   spoofed From, garbage credentials — each refused, the proxy unharmed;
@@ -163,27 +164,35 @@ impl Lab {
 
     /// `sipsec load` calls through the proxy as the lab's users with `users_file`.
     fn calls(&self, users_file: &str, calls: u32) -> (i32, serde_json::Value, String) {
-        load(
-            self.dir.path(),
-            &[
-                &format!("127.0.0.1:{}", self.port + 1),
-                "--scenario",
-                "call",
-                "--local",
-                "127.0.0.1",
-                "--users",
-                users_file,
-                "--domain",
-                "elsewhere.test",
-                "--proxychain",
-                "--proxychain-realm",
-                REALM,
-                "--rate",
-                "40",
-                "--calls",
-                &calls.to_string(),
-            ],
-        )
+        self.calls_with(users_file, calls, &[])
+    }
+
+    fn calls_with(
+        &self,
+        users_file: &str,
+        calls: u32,
+        extra: &[&str],
+    ) -> (i32, serde_json::Value, String) {
+        let calls = calls.to_string();
+        let args = [
+            &format!("127.0.0.1:{}", self.port + 1),
+            "--scenario",
+            "call",
+            "--local",
+            "127.0.0.1",
+            "--users",
+            users_file,
+            "--domain",
+            "elsewhere.test",
+            "--proxychain",
+            "--proxychain-realm",
+            REALM,
+            "--rate",
+            "40",
+            "--calls",
+            &calls,
+        ];
+        load(self.dir.path(), &[&args[..], extra].concat())
     }
 }
 
@@ -219,6 +228,27 @@ fn calls_authenticate_through_the_chain_and_a_new_password_is_pushed() {
     );
     let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
     assert!(log.contains("revocation pushed"), "{log}");
+}
+
+#[test]
+fn a_client_answering_ahead_skips_the_challenge_until_its_chain_is_spent() {
+    let lab = Lab::new();
+    let _authd = lab.authd();
+    let proxy = lab.proxy("");
+    let uas = lab.uas();
+    // 48 calls over 12 users: 8 authentications (INVITE and BYE) each, two chains of 4.
+    let (code, summary, stderr) = lab.calls_with(&lab.path("users.csv"), 48, &["--auth-reuse"]);
+    assert_eq!(code, 0, "{summary}\n{stderr}");
+    assert_eq!(n(&summary, "succeeded"), 48, "{summary}");
+    drop(uas);
+    let c = proxy.stop_counters();
+    assert!(c.get("auth_passed") >= 96, "INVITE and BYE of 48 calls");
+    // One challenge per chain rather than one per request: about 24, not 96.
+    let challenged = c.get("auth_challenged");
+    assert!(
+        challenged <= 40,
+        "{challenged} challenges for 96 authentications"
+    );
 }
 
 /// A raw UDP exchange with the proxy: the first response to `text` other than 100 (earlier

@@ -229,3 +229,39 @@ fn headers_round_trip_and_bad_ones_are_refused() {
         );
     }
 }
+
+#[test]
+fn a_verified_chain_answers_the_next_counters_without_a_challenge() {
+    let mut s = setup(HashKind::Sha256, 4);
+    let ch = s.chain.challenge("p1", &s.n_ap);
+    let (mut client, first) = ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
+    s.chain.verify(&first, A, B).unwrap();
+    // The remaining three values, each bound to its own request, then nothing.
+    for i in (1..4).rev() {
+        let r = client.next("alice", B, A).unwrap();
+        assert_eq!(r.counter, i);
+        assert_eq!(s.chain.verify(&r, A, B), Err(Refusal::RequestProof));
+        s.chain.verify(&r, B, A).unwrap();
+    }
+    assert_eq!(s.chain.counter, 0);
+    assert!(client.next("alice", A, B).is_none());
+    // It still refuses a challenge the network cannot prove.
+    let mut forged = s.chain.challenge("p1", &s.n_ap);
+    forged.counter = 3;
+    forged.proof = Token::new(&[7; 32]);
+    assert!(ClientChain::answer(&s.k_ad, &forged, &s.n_ap, "alice", A, B).is_err());
+}
+
+#[test]
+fn a_client_ahead_of_the_proxy_is_refused_on_the_counter() {
+    // Two requests answered ahead arrive out of order: the later counter first.
+    let mut s = setup(HashKind::Sha256, 5);
+    let ch = s.chain.challenge("p1", &s.n_ap);
+    let (mut client, first) = ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
+    s.chain.verify(&first, A, B).unwrap();
+    let early = client.next("alice", A, B).unwrap();
+    let late = client.next("alice", A, B).unwrap();
+    assert_eq!(s.chain.verify(&late, A, B), Err(Refusal::Counter));
+    s.chain.verify(&early, A, B).unwrap();
+    s.chain.verify(&late, A, B).unwrap();
+}

@@ -82,7 +82,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub users: Option<PathBuf>,
     /// Digest: the load sends credentials from each user's last challenge with the next
-    /// nonce count instead of being challenged per request (`sipsec load --auth-reuse`).
+    /// nonce count instead of being challenged per request; Proxychain: the next counter of
+    /// the user's last verified chain (`sipsec load --auth-reuse`).
     #[arg(long)]
     pub auth_reuse: bool,
     /// Proxychain: the load answers `PC` challenges (`sipsec load --proxychain`), with keys

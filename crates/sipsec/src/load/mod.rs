@@ -184,6 +184,9 @@ pub struct LoadArgs {
     pub rport: bool,
     /// Digest: send credentials with each new request from the user's last challenge and the
     /// next nonce count, as phones do, instead of being challenged per request (SIPp's way).
+    /// Proxychain: answer the next counter of the user's last verified chain with each new
+    /// request, until the chain is spent (`docs/proxychain.md`, "Answering without a
+    /// challenge").
     #[arg(long)]
     pub auth_reuse: bool,
     /// Proxychain (`docs/proxychain.md`): answer `PC` challenges, checking that each proves

@@ -218,6 +218,9 @@ pub struct Ua {
     nonces: HashMap<(usize, bool), (Challenge, u32)>,
     /// Proxychain keys k_AD by user, derived once.
     pc_keys: HashMap<usize, [u8; 32]>,
+    /// Per user, the chain of the last verified `PC` challenge, answered ahead of any
+    /// challenge with its next counter under `UaConfig::auth_reuse`.
+    pc_chains: HashMap<usize, sip_core::proxychain::ClientChain>,
     /// Secret seed of the n_AP nonces.
     pc_seed: [u8; 16],
     pc_counter: u64,
@@ -246,6 +249,7 @@ impl Ua {
             ended: Vec::new(),
             nonces: HashMap::new(),
             pc_keys: HashMap::new(),
+            pc_chains: HashMap::new(),
             pc_seed: {
                 let mut seed = [0u8; 16];
                 let _ = getrandom::getrandom(&mut seed);
@@ -409,7 +413,9 @@ impl Ua {
         }
         let auth = match auth {
             Some(a) => Some(a),
-            None if self.cfg.proxychain.is_some() => self.pc_hello(caller, method, number),
+            None if self.cfg.proxychain.is_some() => self
+                .pc_reused(caller, method, number)
+                .or_else(|| self.pc_hello(caller, method, number)),
             None if self.cfg.auth_reuse => self.reused_credentials(caller, method, &uri, number),
             None => None,
         };
@@ -614,6 +620,51 @@ impl Ua {
         n
     }
 
+    /// A and B of a call as the proxy reads them: user@host of its From and To URIs.
+    fn pc_parties(&self, caller: usize, number: u64) -> Option<(String, String)> {
+        let username = &self.cfg.users.get(caller)?.username;
+        let from = format!("{username}@{}", self.domain_of(caller));
+        let mut to = self
+            .calls
+            .get(&number)?
+            .to
+            .trim_start_matches('<')
+            .trim_start_matches("sip:")
+            .split(['>', ';'])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if !to.contains('@') {
+            to.insert(0, '@');
+        }
+        Some((from, to))
+    }
+
+    /// Under `auth_reuse`, the response for the next counter of the user's verified chain,
+    /// sent without waiting to be challenged.
+    fn pc_reused(
+        &mut self,
+        caller: usize,
+        method: &str,
+        number: u64,
+    ) -> Option<(&'static str, String)> {
+        if !self.cfg.auth_reuse {
+            return None;
+        }
+        let (from, to) = self.pc_parties(caller, number)?;
+        let username = &self.cfg.users.get(caller)?.username;
+        let r = self
+            .pc_chains
+            .get_mut(&caller)?
+            .next(username, from.as_bytes(), to.as_bytes())?;
+        let name = if method == "REGISTER" {
+            "Authorization"
+        } else {
+            "Proxy-Authorization"
+        };
+        Some((name, r.render()))
+    }
+
     /// The Proxychain hello for a new request: the user and a fresh nonce.
     fn pc_hello(
         &mut self,
@@ -636,7 +687,7 @@ impl Ua {
     /// Answers a `PC` challenge: checks the network's proof, then reveals the next chain
     /// value (or starts over with a hello when the proxy asks for one).
     fn answer_pc(&mut self, now_us: u64, number: u64, code: u16, value: &[u8]) {
-        use sip_core::proxychain::{answer, Challenge};
+        use sip_core::proxychain::{Challenge, ClientChain};
         let Some(call) = self.calls.get_mut(&number) else {
             return;
         };
@@ -663,7 +714,9 @@ impl Ua {
         call.auth_tries += 1;
         call.cseq += 1;
         if !has_counter {
-            // The hello challenge: start over with a fresh nonce.
+            // The hello challenge: start over with a fresh nonce (and, if an answer given
+            // ahead was refused, without the chain it came from).
+            self.pc_chains.remove(&caller);
             self.send_request(now_us, number, None);
             return;
         }
@@ -682,29 +735,23 @@ impl Ua {
             .pc_keys
             .entry(caller)
             .or_insert_with(|| sip_core::proxychain::user_key(&username, realm, &password));
-        let from = format!("{username}@{}", self.domain_of(caller));
-        let call = self.calls.get_mut(&number).expect("checked above");
-        // A and B as the proxy reads them: user@host of the From and To URIs.
-        let mut to = call
-            .to
-            .trim_start_matches('<')
-            .trim_start_matches("sip:")
-            .split(['>', ';'])
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        if !to.contains('@') {
-            to.insert(0, '@');
-        }
-        match answer(
+        let Some((from, to)) = self.pc_parties(caller, number) else {
+            return;
+        };
+        let n_ap = self.calls.get(&number).map_or([0; 16], |c| c.pc_nonce);
+        let answered = ClientChain::answer(
             &key,
             &challenge,
-            &call.pc_nonce,
+            &n_ap,
             &username,
             from.as_bytes(),
             to.as_bytes(),
-        ) {
-            Ok(r) => {
+        );
+        match answered {
+            Ok((chain, r)) => {
+                if self.cfg.auth_reuse {
+                    self.pc_chains.insert(caller, chain);
+                }
                 let name = if code == 401 {
                     "Authorization"
                 } else {
