@@ -162,7 +162,7 @@ def main():
                     help="callers in the CPU pass: few enough that each runs through several "
                          "chains in the measured run, so issuing is at its steady rate")
     ap.add_argument("--latency-rate", type=float, default=5)
-    ap.add_argument("--latency-calls", type=int, default=200)
+    ap.add_argument("--latency-calls", type=int, default=200, help="0: no latency pass")
     ap.add_argument("--latency-users", type=int, default=5,
                     help="few users, so each one's chains run out during the latency pass")
     ap.add_argument("--rate", type=int, default=500)
@@ -173,6 +173,7 @@ def main():
                     help="seconds the authority's (or database's) idle CPU rate is read for, "
                          "after each measured run, to subtract it")
     ap.add_argument("--peak", action="store_true", help="also find each row's peak rate")
+    ap.add_argument("--only", default="", help="rows whose names match this regex")
     ap.add_argument("--peak-start", type=int, default=2000,
                     help="the peak search's first rate, also the warm-up's")
     ap.add_argument("--postgres", default=os.environ.get("SIPSEC_TEST_POSTGRES"),
@@ -207,7 +208,9 @@ def main():
         # The postmaster: its children are the backends that serve the proxy's queries.
         found = subprocess.run(["pgrep", "-o", "-x", "postgres"], capture_output=True, text=True)
         db_pid = int(found.stdout.split()[0]) if found.stdout.split() else None
-    table = rows(remote)
+    table = [row for row in rows(remote) if re.search(a.only, row.name)]
+    if not table or table[0].name != "no auth":
+        sys.exit("--only must keep the \"no auth\" row: the others are read against it")
     res = {row.name: [] for row in table}
     for r in range(a.rounds):
         print(f"round {r + 1}/{a.rounds}", file=sys.stderr)
@@ -221,9 +224,12 @@ def main():
                         db_pid=db_pid if row.db else None, idle_s=a.idle_s)
             ops = max(rep["ops"], 1)
             moved = rep.get("authd", {})
-            lat = bench(binary, work, row.name, cfg, row.pc,
-                        ["--rate", str(a.latency_rate), "--calls", str(a.latency_calls),
-                         "--warmup-calls", "1"] + row.load, a.rtt_ms, users="few.csv", db=target)
+            lat = rep
+            if a.latency_calls:
+                lat = bench(binary, work, row.name, cfg, row.pc,
+                            ["--rate", str(a.latency_rate), "--calls", str(a.latency_calls),
+                             "--warmup-calls", "1"] + row.load, a.rtt_ms, users="few.csv",
+                            db=target)
             res[row.name].append({
                 "server_us": rep["server_cpu_us_per_op"],
                 "peer_us": rep["peer_cpu_us_per_op"],
@@ -238,9 +244,11 @@ def main():
         print(json.dumps(res), file=sys.stderr)
     med = lambda name, k: statistics.median(x[k] for x in res[name])
     base = med("no auth", "server_us")
+    latency = (f"latency at {a.latency_rate} calls/s, {a.latency_calls} calls from "
+               f"{a.latency_users} users" if a.latency_calls else
+               "latency of the same measured run")
     print(f"{a.cpu_users} users, {a.rate} calls/s, {a.calls} calls, {a.rounds} rounds (medians); "
-          f"authority or database {a.rtt_ms} ms away; latency at {a.latency_rate} calls/s, "
-          f"{a.latency_calls} calls from {a.latency_users} users")
+          f"authority or database {a.rtt_ms} ms away; {latency}")
     print("| configuration | server µs/call | ÷ no auth | authority or database µs/call: "
           "all, less idle | chains issued/call | bytes/call proxy↔authority | setup p50 ms "
           "| p99 ms | succeeded |")

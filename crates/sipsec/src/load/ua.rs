@@ -187,12 +187,12 @@ enum Event {
     Resend2xx { slot: u32, generation: u32 },
 }
 
-/// An SDP offer/answer the size of SIPp's, so servers see realistic messages.
 /// `PC` challenges a call answers before giving up: the first response, then up to a few
 /// restarts (hello, response) after the hello challenge that says another call of the same
 /// user spent the value first.
 const PC_MAX_TRIES: u8 = 6;
 
+/// An SDP offer/answer the size of SIPp's, so servers see realistic messages.
 const SDP: &[u8] = b"v=0\r\no=user1 53655765 2353687637 IN IP4 127.0.0.1\r\ns=-\r\n\
 c=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 6000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n";
 
@@ -221,6 +221,10 @@ pub struct Ua {
     /// Per user, the chain of the last verified `PC` challenge, answered ahead of any
     /// challenge with its next counter under `UaConfig::auth_reuse`.
     pc_chains: HashMap<usize, sip_core::proxychain::ClientChain>,
+    /// Methods the proxy has challenged with `PC`: only these are answered ahead, since an
+    /// answer on a request the proxy does not authenticate (a BYE, say) would spend a counter
+    /// on the client that the proxy never steps, and every later answer would miss.
+    pc_methods: Vec<&'static str>,
     /// Secret seed of the n_AP nonces.
     pc_seed: [u8; 16],
     pc_counter: u64,
@@ -250,6 +254,7 @@ impl Ua {
             nonces: HashMap::new(),
             pc_keys: HashMap::new(),
             pc_chains: HashMap::new(),
+            pc_methods: Vec::new(),
             pc_seed: {
                 let mut seed = [0u8; 16];
                 let _ = getrandom::getrandom(&mut seed);
@@ -648,7 +653,7 @@ impl Ua {
         method: &str,
         number: u64,
     ) -> Option<(&'static str, String)> {
-        if !self.cfg.auth_reuse {
+        if !self.cfg.auth_reuse || !self.pc_methods.iter().any(|m| *m == method) {
             return None;
         }
         let (from, to) = self.pc_parties(caller, number)?;
@@ -692,6 +697,10 @@ impl Ua {
             return;
         };
         let (caller, tries) = (call.caller, call.auth_tries);
+        let method = call.stage.method();
+        if !self.pc_methods.contains(&method) {
+            self.pc_methods.push(method);
+        }
         let (Some(user), Some(realm)) = (self.cfg.users.get(caller), &self.cfg.proxychain) else {
             self.finish(
                 number,
