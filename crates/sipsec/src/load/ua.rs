@@ -650,10 +650,10 @@ impl Ua {
     fn pc_reused(
         &mut self,
         caller: usize,
-        method: &str,
+        method: &'static str,
         number: u64,
     ) -> Option<(&'static str, String)> {
-        if !self.cfg.auth_reuse || !self.pc_methods.iter().any(|m| *m == method) {
+        if !self.cfg.auth_reuse || !self.pc_methods.contains(&method) {
             return None;
         }
         let (from, to) = self.pc_parties(caller, number)?;
