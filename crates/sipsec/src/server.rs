@@ -23,7 +23,7 @@ fn start_auth(
     cfg: &Config,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<Option<Arc<crate::auth::Shared>>> {
-    use crate::auth::credentials::{CacheState, Credentials};
+    use crate::auth::credentials::Credentials;
     if cfg.auth.scheme != crate::auth::Scheme::Digest {
         return Ok(None);
     }
@@ -39,16 +39,10 @@ fn start_auth(
         credentials.clone(),
         Duration::from_secs(1),
     ));
-    let waiting = Instant::now();
-    while credentials.state() == CacheState::Loading && waiting.elapsed() < Duration::from_secs(30)
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if credentials.state() == CacheState::Loading {
-        tracing::warn!(
-            "the user database has not loaded yet: authentication answers 503 until it does"
-        );
-    }
+    runtime.block_on(crate::userdb::wait_loaded(
+        &credentials,
+        Duration::from_secs(30),
+    ));
     let shared =
         crate::auth::Shared::new(&cfg.auth, credentials).context("cannot make a nonce secret")?;
     Ok(Some(Arc::new(shared)))

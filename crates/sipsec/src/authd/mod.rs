@@ -214,6 +214,9 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
         Duration::from_secs(1),
         Some(changed_tx),
     ));
+    // Proxies are served only once the users are in: a chain asked for earlier would be
+    // refused as unavailable.
+    crate::userdb::wait_loaded(&users, Duration::from_secs(30)).await;
     // Key changes: void every chain issued for the user.
     let (a, r) = (authority.clone(), registry.clone());
     tokio::spawn(async move {
