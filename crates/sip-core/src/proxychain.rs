@@ -371,23 +371,28 @@ impl ClientChain {
         if !network_proof(kind, &tk_p, n_ap, ch.counter).ct_eq(&ch.proof) {
             return Err(Refusal::NetworkProof);
         }
-        let root = chain_root(kind, k_ad, &ch.n_da, &ch.realm);
-        let response = Response {
-            username: username.to_string(),
-            realm: ch.realm.clone(),
-            counter: ch.counter,
-            value: kind.hash_n(root, ch.counter - 1),
-            proof: request_proof(kind, &tk_p, from, to, ch.counter),
-            hash: kind,
-        };
         let chain = ClientChain {
             hash: kind,
             proxy: ch.realm.clone(),
             tk_p,
-            root,
+            root: chain_root(kind, k_ad, &ch.n_da, &ch.realm),
             counter: ch.counter,
         };
+        let response = chain.response(username, from, to);
         Ok((chain, response))
+    }
+
+    /// Message 5 for the current counter.
+    fn response(&self, username: &str, from: &[u8], to: &[u8]) -> Response {
+        let i = self.counter;
+        Response {
+            username: username.to_string(),
+            realm: self.proxy.clone(),
+            counter: i,
+            value: self.hash.hash_n(self.root, i - 1),
+            proof: request_proof(self.hash, &self.tk_p, from, to, i),
+            hash: self.hash,
+        }
     }
 
     /// The response for the next counter, for a request from `from` to `to`; None when the
@@ -397,15 +402,7 @@ impl ClientChain {
             return None;
         }
         self.counter -= 1;
-        let i = self.counter;
-        Some(Response {
-            username: username.to_string(),
-            realm: self.proxy.clone(),
-            counter: i,
-            value: self.hash.hash_n(self.root, i - 1),
-            proof: request_proof(self.hash, &self.tk_p, from, to, i),
-            hash: self.hash,
-        })
+        Some(self.response(username, from, to))
     }
 }
 
