@@ -187,6 +187,16 @@ enum Event {
     Resend2xx { slot: u32, generation: u32 },
 }
 
+/// The header credentials go in: `Authorization` for a registrar (which challenges with
+/// 401), `Proxy-Authorization` for a proxy (407).
+fn credentials_header(register: bool) -> &'static str {
+    if register {
+        "Authorization"
+    } else {
+        "Proxy-Authorization"
+    }
+}
+
 /// `PC` challenges a call answers before giving up: the first response, then up to a few
 /// restarts (hello, response) after the hello challenge that says another call of the same
 /// user spent the value first.
@@ -605,11 +615,7 @@ impl Ua {
         let cnonce = format!("{:x}{number:x}r", self.cfg.epoch);
         let value =
             challenge.authorization(&user.username, &user.password, method, uri, *nc, &cnonce);
-        let name = if register {
-            "Authorization"
-        } else {
-            "Proxy-Authorization"
-        };
+        let name = credentials_header(register);
         Some((name, value))
     }
 
@@ -662,11 +668,7 @@ impl Ua {
             .pc_chains
             .get_mut(&caller)?
             .next(username, from.as_bytes(), to.as_bytes())?;
-        let name = if method == "REGISTER" {
-            "Authorization"
-        } else {
-            "Proxy-Authorization"
-        };
+        let name = credentials_header(method == "REGISTER");
         Some((name, r.render()))
     }
 
@@ -681,11 +683,7 @@ impl Ua {
         let n_ap = self.pc_nonce();
         self.calls.get_mut(&number)?.pc_nonce = n_ap;
         let hello = sip_core::proxychain::Hello { username, n_ap };
-        let name = if method == "REGISTER" {
-            "Authorization"
-        } else {
-            "Proxy-Authorization"
-        };
+        let name = credentials_header(method == "REGISTER");
         Some((name, hello.render()))
     }
 
@@ -761,11 +759,7 @@ impl Ua {
                 if self.cfg.auth_reuse {
                     self.pc_chains.insert(caller, chain);
                 }
-                let name = if code == 401 {
-                    "Authorization"
-                } else {
-                    "Proxy-Authorization"
-                };
+                let name = credentials_header(code == 401);
                 self.send_request(now_us, number, Some((name, r.render())));
             }
             Err(e) => {
@@ -818,11 +812,7 @@ impl Ua {
                     1,
                     &cnonce,
                 );
-                let name = if code == 401 {
-                    "Authorization"
-                } else {
-                    "Proxy-Authorization"
-                };
+                let name = credentials_header(code == 401);
                 if self.cfg.auth_reuse {
                     self.nonces.insert((call.caller, code == 401), (c, 1));
                 }
