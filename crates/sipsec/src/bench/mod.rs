@@ -186,7 +186,11 @@ fn start_sipsec(config: &Path, dir: tempfile::TempDir, cpu: usize) -> Result<Sta
     cmd.args(["serve", "--config"])
         .arg(config)
         .current_dir(dir.path())
-        .env("SIPSEC_LOG", "warn")
+        // Quiet unless the caller asked for the server's log (its totals come at shutdown).
+        .env(
+            "SIPSEC_LOG",
+            std::env::var("SIPSEC_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     // SAFETY: set_affinity makes only async-signal-safe calls between fork and exec.

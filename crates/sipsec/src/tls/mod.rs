@@ -8,6 +8,7 @@
 #[cfg(feature = "openssl")]
 mod openssl;
 mod session;
+mod tickets;
 mod verify;
 
 pub use session::{HandshakeKind, Received, Session};
@@ -213,7 +214,7 @@ pub fn client_config(c: &ClientSide) -> Result<Arc<ClientConfig>> {
         None => builder.with_no_client_auth(),
     };
     cfg.resumption = if c.protocol.session_resumption {
-        Resumption::in_memory_sessions(SESSION_CACHE)
+        Resumption::store(Arc::new(tickets::TicketStore::new(SESSION_CACHE)))
             .tls12_resumption(Tls12Resumption::SessionIdOrTickets)
     } else {
         Resumption::disabled()

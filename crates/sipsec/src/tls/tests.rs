@@ -167,6 +167,80 @@ fn resumption_is_used_when_on_and_not_when_off_for_both_versions() {
     }
 }
 
+/// Opens `n` connections whose first flights are all built before any handshake ends, as a
+/// client opening a connection per call does when calls come faster than handshakes finish;
+/// returns how many resumed.
+fn resumed_of_concurrent(
+    client: &Arc<ClientConfig>,
+    server: &Arc<ServerConfig>,
+    n: usize,
+) -> usize {
+    let name = server_name(None, "127.0.0.1".parse().unwrap()).unwrap();
+    let mut pairs: Vec<_> = (0..n)
+        .map(|_| {
+            let c = ClientConnection::new(client.clone(), name.clone()).unwrap();
+            (c, ServerConnection::new(server.clone()).unwrap())
+        })
+        .collect();
+    for (c, s) in &mut pairs {
+        handshake(c, s).unwrap();
+    }
+    pairs
+        .iter()
+        .filter(|(c, _)| c.handshake_kind() == Some(HandshakeKind::Resumed))
+        .count()
+}
+
+#[test]
+fn a_burst_of_connections_resumes_as_many_as_earlier_bursts_earned_tickets() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, false);
+    let client = client_config(&client_side(dir.path(), false, protocol(&["1.3"], true))).unwrap();
+    let server = server_config(&server_side(
+        dir.path(),
+        ClientAuth::None,
+        protocol(&[], true),
+    ))
+    .unwrap();
+    // Nothing to resume yet: 40 full handshakes, each earning one ticket.
+    assert_eq!(resumed_of_concurrent(&client, &server, 40), 0);
+    // rustls's own store keeps 8 tickets per server, so 32 of these would be full.
+    assert_eq!(resumed_of_concurrent(&client, &server, 40), 40);
+    // Each resumed connection earned its ticket back.
+    assert_eq!(resumed_of_concurrent(&client, &server, 40), 40);
+}
+
+#[test]
+fn the_ticket_pool_is_bounded_per_server_and_in_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, false);
+    let store = Arc::new(tickets::TicketStore::new(1));
+    let server = server_config(&server_side(
+        dir.path(),
+        ClientAuth::None,
+        protocol(&[], true),
+    ))
+    .unwrap();
+    let mut cfg = (*client_config(&client_side(dir.path(), false, protocol(&["1.3"], true)))
+        .unwrap())
+    .clone();
+    cfg.resumption = Resumption::store(store.clone());
+    let client = Arc::new(cfg);
+    let extra = 5;
+    resumed_of_concurrent(&client, &server, tickets::TICKETS_PER_SERVER + extra);
+    // Only the pool's depth is kept; the rest were dropped.
+    assert_eq!(
+        resumed_of_concurrent(&client, &server, tickets::TICKETS_PER_SERVER + extra),
+        tickets::TICKETS_PER_SERVER
+    );
+    // A store for one server's tickets forgets the first server when a second one comes.
+    let other = server_name(Some("localhost"), "127.0.0.1".parse().unwrap()).unwrap();
+    let mut c = ClientConnection::new(client.clone(), other).unwrap();
+    let mut s = ServerConnection::new(server.clone()).unwrap();
+    handshake(&mut c, &mut s).unwrap();
+    assert_eq!(resumed_of_concurrent(&client, &server, 1), 0);
+}
+
 #[test]
 fn rsa_certificates_and_a_chosen_suite_work() {
     let dir = tempfile::tempdir().unwrap();
