@@ -487,22 +487,55 @@ impl Challenge {
     }
 
     pub fn parse(value: &[u8]) -> Result<Challenge, ParseError> {
-        let p = parse_scheme_params(value, b"PC")?;
-        let hash = algorithm(&p)?;
+        Challenge::from_params(&parse_scheme_params(value, b"PC")?)
+    }
+
+    fn from_params(p: &[crate::digest::AuthParam<'_>]) -> Result<Challenge, ParseError> {
+        let hash = algorithm(p)?;
         Ok(Challenge {
-            realm: text(&p, "realm")?,
-            counter: counter(&p)?,
-            n_da: param(&p, b"nda")
+            realm: text(p, "realm")?,
+            counter: counter(p)?,
+            n_da: param(p, b"nda")
                 .and_then(nonce_from_hex)
                 .ok_or(ParseError::Bad("nda"))?,
-            n_dp: param(&p, b"ndp")
+            n_dp: param(p, b"ndp")
                 .and_then(nonce_from_hex)
                 .ok_or(ParseError::Bad("ndp"))?,
-            proof: param(&p, b"hmac")
+            proof: param(p, b"hmac")
                 .and_then(|v| Token::from_hex(hash, v))
                 .ok_or(ParseError::Bad("hmac"))?,
             hash,
         })
+    }
+}
+
+/// A `Proxy-Authenticate: PC …` value: message 4, or the *hello challenge*, which carries
+/// only the realm and asks for message 1 (a hello with a fresh n_AP) because the proxy has
+/// no chain value to challenge with (none yet, spent, or a replay).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Authenticate {
+    Hello { realm: String },
+    Challenge(Challenge),
+}
+
+impl Authenticate {
+    /// Parses either form: a counter (`i`) makes it message 4.
+    pub fn parse(value: &[u8]) -> Result<Authenticate, ParseError> {
+        let p = parse_scheme_params(value, b"PC")?;
+        if param(&p, b"i").is_none() {
+            return Ok(Authenticate::Hello {
+                realm: text(&p, "realm")?,
+            });
+        }
+        Challenge::from_params(&p).map(Authenticate::Challenge)
+    }
+
+    /// The header value.
+    pub fn render(&self) -> String {
+        match self {
+            Authenticate::Hello { realm } => format!("PC realm=\"{realm}\""),
+            Authenticate::Challenge(c) => c.render(),
+        }
     }
 }
 

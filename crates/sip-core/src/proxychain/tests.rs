@@ -190,6 +190,16 @@ fn headers_round_trip_and_bad_ones_are_refused() {
     let s = setup(HashKind::Sha256, 10);
     let ch = s.chain.challenge("p1", &s.n_ap);
     assert_eq!(Challenge::parse(ch.render().as_bytes()).unwrap(), ch);
+    for offer in [
+        Authenticate::Challenge(ch.clone()),
+        Authenticate::Hello { realm: "p1".into() },
+    ] {
+        assert_eq!(
+            Authenticate::parse(offer.render().as_bytes()).unwrap(),
+            offer
+        );
+    }
+    assert!(Challenge::parse(b"PC realm=\"p1\"").is_err());
     let r = answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
     assert_eq!(
         Authorization::parse(r.render().as_bytes()).unwrap(),
@@ -223,7 +233,9 @@ fn headers_round_trip_and_bad_ones_are_refused() {
         b"",
     ] {
         assert!(
-            Challenge::parse(bad).is_err() && Authorization::parse(bad).is_err(),
+            Challenge::parse(bad).is_err()
+                && Authenticate::parse(bad).is_err()
+                && Authorization::parse(bad).is_err(),
             "{}",
             String::from_utf8_lossy(bad)
         );

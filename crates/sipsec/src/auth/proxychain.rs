@@ -231,7 +231,10 @@ impl PcAuthenticator {
     }
 
     fn hello_challenge(&self, register: bool, why: Why) -> Verdict {
-        self.challenge(register, &format!("PC realm=\"{}\"", self.realm()), why)
+        let hello = proxychain::Authenticate::Hello {
+            realm: self.realm().to_string(),
+        };
+        self.challenge(register, &hello.render(), why)
     }
 
     /// Decides on a request that is not [`exempt`](Self::exempt), at Unix time `now_ms`.

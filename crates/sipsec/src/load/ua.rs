@@ -690,7 +690,7 @@ impl Ua {
     /// Answers a `PC` challenge: checks the network's proof, then reveals the next chain
     /// value (or starts over with a hello when the proxy asks for one).
     fn answer_pc(&mut self, now_us: u64, number: u64, code: u16, value: &[u8]) {
-        use sip_core::proxychain::{Challenge, ClientChain};
+        use sip_core::proxychain::{Authenticate, ClientChain};
         let Some(call) = self.calls.get_mut(&number) else {
             return;
         };
@@ -707,8 +707,17 @@ impl Ua {
             return;
         };
         let username = user.username.clone();
-        let has_counter = sip_core::digest::parse_scheme_params(value, b"PC")
-            .is_ok_and(|p| p.iter().any(|(n, _)| n.eq_ignore_ascii_case(b"i")));
+        let challenge = match Authenticate::parse(value) {
+            Ok(Authenticate::Challenge(c)) => Some(c),
+            Ok(Authenticate::Hello { .. }) => None,
+            Err(e) => {
+                self.finish(
+                    number,
+                    Some(&format!("{code} with a bad PC challenge: {e}")),
+                );
+                return;
+            }
+        };
         // After a response, the hello challenge again means another call of the same user
         // spent the chain value first: start over, a few times.
         if tries >= PC_MAX_TRIES {
@@ -720,22 +729,12 @@ impl Ua {
         }
         call.auth_tries += 1;
         call.cseq += 1;
-        if !has_counter {
+        let Some(challenge) = challenge else {
             // The hello challenge: start over with a fresh nonce (and, if an answer given
             // ahead was refused, without the chain it came from).
             self.pc_chains.remove(&caller);
             self.send_request(now_us, number, None);
             return;
-        }
-        let challenge = match Challenge::parse(value) {
-            Ok(c) => c,
-            Err(e) => {
-                self.finish(
-                    number,
-                    Some(&format!("{code} with a bad PC challenge: {e}")),
-                );
-                return;
-            }
         };
         let password = user.password.clone();
         let key = *self
