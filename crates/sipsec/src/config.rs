@@ -179,9 +179,7 @@ impl Default for RawAuth {
 impl RawAuth {
     fn proxychain(
         &self,
-        realm: &str,
-        methods: &[String],
-        trusted: &[crate::auth::Network],
+        scope: &std::sync::Arc<crate::auth::Scope>,
     ) -> Result<crate::auth::proxychain::PcConfig> {
         use sip_core::proxychain::{HashKind, MAX_COUNTER};
         let authority = self
@@ -214,9 +212,7 @@ impl RawAuth {
                 .unwrap_or(self.chain_length.div_ceil(4))
                 .min(self.chain_length),
             backup: self.backup.clone(),
-            realm: realm.to_string(),
-            methods: methods.to_vec(),
-            trusted: trusted.to_vec(),
+            scope: scope.clone(),
             wait_ms: self.wait_ms.max(100),
         })
     }
@@ -266,8 +262,13 @@ impl RawAuth {
         if realm.is_empty() || realm.contains(['"', '\\', '\r', '\n']) {
             bail!("auth.realm: {realm:?} cannot be used as a realm");
         }
+        let scope = std::sync::Arc::new(crate::auth::Scope {
+            realm,
+            methods,
+            trusted,
+        });
         let proxychain = if self.scheme == crate::auth::Scheme::Proxychain {
-            Some(self.proxychain(&realm, &methods, &trusted)?)
+            Some(self.proxychain(&scope)?)
         } else {
             None
         };
@@ -275,11 +276,9 @@ impl RawAuth {
             proxychain,
             credential_cache: self.credential_cache,
             scheme: self.scheme,
-            realm,
-            methods,
+            scope,
             algorithms,
             nonce_lifetime_ms: self.nonce_lifetime_s * 1000,
-            trusted,
             max_failures_per_source: self.max_failures_per_source,
             max_failures_per_user: self.max_failures_per_user,
             failure_window_ms: self.failure_window_s.max(1) * 1000,

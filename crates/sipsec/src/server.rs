@@ -27,7 +27,7 @@ fn start_auth(
     if cfg.auth.scheme != crate::auth::Scheme::Digest {
         return Ok(None);
     }
-    let credentials = Arc::new(Credentials::new(&cfg.auth.realm));
+    let credentials = Arc::new(Credentials::new(&cfg.auth.scope.realm));
     if !cfg.auth.credential_cache {
         // Every authentication queries the database (userdb::spawn_fetcher).
         let shared = crate::auth::Shared::new(&cfg.auth, credentials)
@@ -136,7 +136,7 @@ pub fn run(cfg: Config) -> Result<()> {
         (None, Some(shared)) if !cfg.auth.credential_cache => Some(crate::userdb::spawn_fetcher(
             &runtime,
             cfg.database_url.clone(),
-            cfg.auth.realm.clone(),
+            cfg.auth.scope.realm.clone(),
             shared.clone(),
             senders.clone(),
         )),

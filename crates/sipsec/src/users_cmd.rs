@@ -46,7 +46,10 @@ pub fn run(args: UsersArgs) -> Result<()> {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
-    let realm = args.realm.clone().unwrap_or_else(|| cfg.auth.realm.clone());
+    let realm = args
+        .realm
+        .clone()
+        .unwrap_or_else(|| cfg.auth.scope.realm.clone());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

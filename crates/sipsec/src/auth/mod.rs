@@ -82,17 +82,38 @@ impl Network {
     }
 }
 
+/// What is challenged, whichever the scheme: one value shared by the digest and Proxychain
+/// settings.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub realm: String,
+    /// Methods challenged, upper case (never ACK or CANCEL).
+    pub methods: Vec<String>,
+    /// Sources never challenged.
+    pub trusted: Vec<Network>,
+}
+
+impl Scope {
+    /// Whether a request from `source` goes unchallenged: ACK and CANCEL never are (RFC 3261
+    /// §22.1), nor methods not in `methods`, nor requests from a trusted network.
+    pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
+        matches!(msg.method(), Method::Ack | Method::Cancel)
+            || !self
+                .methods
+                .iter()
+                .any(|m| m.as_bytes().eq_ignore_ascii_case(msg.method_raw()))
+            || self.trusted.iter().any(|n| n.contains(source))
+    }
+}
+
 /// The validated `[auth]` settings.
 #[derive(Debug, Clone)]
 pub struct AuthConfig {
     pub scheme: Scheme,
-    pub realm: String,
-    /// Methods challenged, upper case (never ACK or CANCEL).
-    pub methods: Vec<String>,
+    pub scope: Arc<Scope>,
     /// Offered in this order.
     pub algorithms: Vec<Algorithm>,
     pub nonce_lifetime_ms: u64,
-    pub trusted: Vec<Network>,
     pub max_failures_per_source: u32,
     pub max_failures_per_user: u32,
     pub failure_window_ms: u64,
@@ -225,21 +246,6 @@ impl FetchHandle {
     }
 }
 
-/// Whether a request goes unchallenged, whatever the scheme: ACK and CANCEL never are (RFC
-/// 3261 §22.1), nor methods not in `methods`, nor requests from a trusted network.
-pub(crate) fn exempt(
-    methods: &[String],
-    trusted: &[Network],
-    msg: &Message<'_>,
-    source: IpAddr,
-) -> bool {
-    matches!(msg.method(), Method::Ack | Method::Cancel)
-        || !methods
-            .iter()
-            .any(|m| m.as_bytes().eq_ignore_ascii_case(msg.method_raw()))
-        || trusted.iter().any(|n| n.contains(source))
-}
-
 /// The answer when what authentication needs (the user database, the authority) is not
 /// there: 503, to try again shortly.
 pub(crate) fn unavailable() -> Verdict {
@@ -311,7 +317,7 @@ impl Authenticator {
             out.push_str(&format!(
                 "{name}: Digest realm=\"{}\", nonce=\"{nonce}\", opaque=\"{}\", \
                  algorithm={}, qop=\"auth\"{}\r\n",
-                self.cfg.realm,
+                self.cfg.scope.realm,
                 self.shared.opaque,
                 a.token(),
                 if stale { ", stale=true" } else { "" }
@@ -332,7 +338,7 @@ impl Authenticator {
 
     /// Not challenged at all: a method we do not challenge, or a trusted source.
     pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
-        exempt(&self.cfg.methods, &self.cfg.trusted, msg, source)
+        self.cfg.scope.exempt(msg, source)
     }
 
     /// Decides on a request from `source` at Unix time `now_ms`.
@@ -361,7 +367,7 @@ impl Authenticator {
         let mut found = None;
         for h in msg.headers_named(credentials_header(msg)) {
             match digest::Credentials::parse(msg.value(h)) {
-                Ok(c) if c.realm.as_ref() == self.cfg.realm.as_bytes() => {
+                Ok(c) if c.realm.as_ref() == self.cfg.scope.realm.as_bytes() => {
                     found = Some(c);
                     break;
                 }

@@ -20,7 +20,6 @@
 
 use super::chains::ChainCache;
 use super::{refuse, Verdict, Why};
-use crate::auth::Network;
 use sip_core::message::{Message, Method};
 use sip_core::proxychain::{self, Authorization, Chain, Challenge, HashKind, Refusal, Token};
 use std::collections::{HashMap, HashSet};
@@ -50,10 +49,9 @@ pub struct PcConfig {
     pub prefetch_at: u32,
     /// Backup credentials (`sipsec authd backup`), used while the authority is unreachable.
     pub backup: Option<PathBuf>,
-    /// Realm of the hello challenge before the authority has named this proxy.
-    pub realm: String,
-    pub methods: Vec<String>,
-    pub trusted: Vec<Network>,
+    /// The `[auth]` scope (its realm names the hello challenge until the authority has named
+    /// this proxy).
+    pub scope: Arc<super::Scope>,
     /// How long a request waits for the authority before it is answered 503.
     pub wait_ms: u64,
 }
@@ -211,14 +209,14 @@ impl PcAuthenticator {
     /// Not challenged: ACK, CANCEL, a method not configured, or a trusted source.
     pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
         let cfg = &self.shared.cfg;
-        super::exempt(&cfg.methods, &cfg.trusted, msg, source)
+        cfg.scope.exempt(msg, source)
     }
 
     /// The realm of challenges: P, or the configured realm until the authority names us.
     fn realm(&self) -> Arc<str> {
         self.shared
             .proxy()
-            .unwrap_or_else(|| self.shared.cfg.realm.as_str().into())
+            .unwrap_or_else(|| self.shared.cfg.scope.realm.as_str().into())
     }
 
     fn challenge(&self, register: bool, value: &str, why: Why) -> Verdict {

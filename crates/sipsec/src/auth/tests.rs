@@ -11,11 +11,13 @@ const NOW: u64 = 1_700_000_000_000;
 fn config(trusted: &[&str]) -> AuthConfig {
     AuthConfig {
         scheme: Scheme::Digest,
-        realm: REALM.into(),
-        methods: vec!["INVITE".into(), "REGISTER".into()],
+        scope: Arc::new(Scope {
+            realm: REALM.into(),
+            methods: vec!["INVITE".into(), "REGISTER".into()],
+            trusted: trusted.iter().map(|t| Network::parse(t).unwrap()).collect(),
+        }),
         algorithms: vec![Algorithm::Sha256, Algorithm::Md5],
         nonce_lifetime_ms: 30_000,
-        trusted: trusted.iter().map(|t| Network::parse(t).unwrap()).collect(),
         max_failures_per_source: 100,
         max_failures_per_user: 4,
         failure_window_ms: 60_000,

@@ -18,9 +18,11 @@ fn config(backup: Option<PathBuf>) -> PcConfig {
         cache_size: 1000,
         prefetch_at: 1,
         backup,
-        realm: REALM.into(),
-        methods: vec!["INVITE".into(), "REGISTER".into()],
-        trusted: vec![Network::parse("192.0.2.0/24").unwrap()],
+        scope: Arc::new(crate::auth::Scope {
+            realm: REALM.into(),
+            methods: vec!["INVITE".into(), "REGISTER".into()],
+            trusted: vec![crate::auth::Network::parse("192.0.2.0/24").unwrap()],
+        }),
         wait_ms: 1000,
     }
 }
