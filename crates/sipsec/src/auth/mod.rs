@@ -184,8 +184,11 @@ pub enum Why {
     Failed,
     /// Right credentials on an old nonce (`stale=true`).
     Stale,
-    /// A nonce count used before.
+    /// A nonce count (Proxychain: a chain value) used before.
     Replay,
+    /// Proxychain: an answer to the challenge of a chain that another call of the same user
+    /// spent, and that a new chain just replaced. Honest, so challenged again; not a replay.
+    Raced,
     /// Credentials of one user for a request from another.
     IdentityMismatch,
     /// Too many failures from this source or for this user.

@@ -335,23 +335,20 @@ impl PcAuthenticator {
                 && e.chain.counter <= prefetch_at
                 && e.next.is_none()
                 && prefetch_at > 0;
-            let result = match result {
-                Err(Refusal::RequestProof) if e.recently_replaced(now_s, RACE_WINDOW_S) => {
-                    Err(Refusal::Counter)
-                }
-                other => other,
-            };
-            Some((result, wants_next))
+            let raced =
+                result == Err(Refusal::RequestProof) && e.recently_replaced(now_s, RACE_WINDOW_S);
+            Some((result, raced, wants_next))
         });
         match outcome.flatten() {
-            Some((Ok(()), wants_next)) => {
+            Some((Ok(()), _, wants_next)) => {
                 if wants_next && !shared.is_down() && shared.start_fetch(&r.username) {
                     self.fetches.push((r.username.clone(), true));
                 }
                 Verdict::Pass
             }
-            Some((Err(Refusal::Counter), _)) => self.hello_challenge(register, Why::Replay),
-            Some((Err(_), _)) => refuse(403, "Forbidden", String::new(), Why::Failed),
+            Some((Err(_), true, _)) => self.hello_challenge(register, Why::Raced),
+            Some((Err(Refusal::Counter), _, _)) => self.hello_challenge(register, Why::Replay),
+            Some((Err(_), _, _)) => refuse(403, "Forbidden", String::new(), Why::Failed),
             None => self.hello_challenge(register, Why::Stale),
         }
     }

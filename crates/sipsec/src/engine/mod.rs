@@ -547,6 +547,7 @@ impl Engine {
             Why::Failed => &s.auth_failed,
             Why::Stale => &s.auth_stale,
             Why::Replay => &s.auth_replays,
+            Why::Raced => &s.auth_races,
             Why::IdentityMismatch => &s.auth_identity_mismatches,
             Why::Throttled => &s.auth_throttled,
             Why::Malformed => &s.auth_malformed,

@@ -237,7 +237,7 @@ fn an_answer_to_a_chain_another_call_spent_gets_a_fresh_challenge_not_403() {
         verify(&mut a, &first),
         Verdict::Refuse {
             code: 407,
-            why: Why::Replay,
+            why: Why::Raced,
             ..
         }
     ));
