@@ -8,6 +8,9 @@
 //! transaction, so a burst of registrations costs one commit. On shutdown the server flushes
 //! the queue before exiting. If the database fails, the batch is kept and retried, the error
 //! is logged once per retry period, and registrations keep working from memory.
+//!
+//! The schema is a list of migrations applied in order under a lock, so processes opening a
+//! fresh database at once (`serve` and `authd`) neither fail nor apply one twice.
 
 use crate::location::{Binding, BindingChange, SharedChange};
 use anyhow::{Context, Result};
@@ -55,8 +58,65 @@ impl Dialect {
     }
 }
 
+/// The schema, change by change: a database is at version N once the first N are applied.
 /// 1: registrations; 2: users (`userdb`); 3: Proxychain keys and revoked proxies.
-const SCHEMA_VERSION: i64 = 3;
+const MIGRATIONS: &[&[&str]] = &[
+    &[
+        "CREATE TABLE IF NOT EXISTS location_aors (aor VARCHAR(255) NOT NULL PRIMARY KEY)",
+        "CREATE TABLE IF NOT EXISTS location_bindings (\
+         aor VARCHAR(255) NOT NULL, contact VARCHAR(512) NOT NULL, \
+         target VARCHAR(64) NOT NULL, expires_at BIGINT NOT NULL, q VARCHAR(16), \
+         call_id VARCHAR(255) NOT NULL, cseq BIGINT NOT NULL, \
+         PRIMARY KEY (aor, contact))",
+    ],
+    &[
+        "CREATE TABLE IF NOT EXISTS sipsec_users (\
+         realm VARCHAR(128) NOT NULL, username VARCHAR(128) NOT NULL, \
+         ha1_md5 VARCHAR(32) NOT NULL, ha1_sha256 VARCHAR(64) NOT NULL, \
+         ha1_sha512_256 VARCHAR(64) NOT NULL, revision BIGINT NOT NULL, \
+         deleted BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (realm, username))",
+        "CREATE INDEX sipsec_users_by_revision ON sipsec_users (realm, revision, username)",
+        "CREATE TABLE IF NOT EXISTS sipsec_user_revision (\
+         id BIGINT NOT NULL PRIMARY KEY, revision BIGINT NOT NULL)",
+        "INSERT INTO sipsec_user_revision (id, revision) VALUES (1, 0)",
+    ],
+    &[
+        // Proxychain: the key k_AD next to the HA1s (empty for users stored before: they
+        // need their password set again), and the proxies the authority refuses.
+        "ALTER TABLE sipsec_users ADD COLUMN pc_key VARCHAR(64) NOT NULL DEFAULT ''",
+        "CREATE TABLE IF NOT EXISTS sipsec_revoked_proxies (\
+         name VARCHAR(255) NOT NULL PRIMARY KEY, revoked_at BIGINT NOT NULL)",
+    ],
+];
+
+/// The version a migrated database is at.
+#[cfg(test)]
+const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// PostgreSQL's advisory lock key for migrations ("sipsec" in ASCII).
+const MIGRATION_LOCK_ID: i64 = 0x7369_7073_6563;
+
+/// Applies the migrations the database lacks, on a connection that holds the schema lock.
+async fn migrate_locked(conn: &mut sqlx::AnyConnection, dialect: Dialect) -> Result<()> {
+    sqlx::query("CREATE TABLE IF NOT EXISTS sipsec_schema (version BIGINT NOT NULL)")
+        .execute(&mut *conn)
+        .await?;
+    let version: Option<i64> = sqlx::query("SELECT MAX(version) FROM sipsec_schema")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    let done = usize::try_from(version.unwrap_or(0)).unwrap_or(0);
+    for (i, statements) in MIGRATIONS.iter().enumerate().skip(done) {
+        for statement in *statements {
+            sqlx::query(statement).execute(&mut *conn).await?;
+        }
+        sqlx::query(&dialect.sql("INSERT INTO sipsec_schema (version) VALUES (?)"))
+            .bind(i as i64 + 1)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
 
 /// A connected store.
 pub struct Store {
@@ -109,92 +169,55 @@ impl Store {
     }
 
     async fn migrate(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
         if self.dialect == Dialect::Sqlite {
+            // Outside any transaction: SQLite cannot change the journal mode inside one.
             sqlx::query("PRAGMA journal_mode=WAL")
-                .execute(&self.pool)
+                .execute(&mut *conn)
                 .await?;
             sqlx::query("PRAGMA synchronous=NORMAL")
-                .execute(&self.pool)
+                .execute(&mut *conn)
                 .await?;
         }
-        sqlx::query("CREATE TABLE IF NOT EXISTS sipsec_schema (version BIGINT NOT NULL)")
-            .execute(&self.pool)
-            .await?;
-        let version: Option<i64> = sqlx::query("SELECT MAX(version) FROM sipsec_schema")
-            .fetch_one(&self.pool)
-            .await?
-            .try_get(0)?;
-        if version.unwrap_or(0) < 1 {
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS location_aors (aor VARCHAR(255) NOT NULL PRIMARY KEY)",
-            )
-            .execute(&self.pool)
-            .await?;
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS location_bindings (\
-                 aor VARCHAR(255) NOT NULL, contact VARCHAR(512) NOT NULL, \
-                 target VARCHAR(64) NOT NULL, expires_at BIGINT NOT NULL, q VARCHAR(16), \
-                 call_id VARCHAR(255) NOT NULL, cseq BIGINT NOT NULL, \
-                 PRIMARY KEY (aor, contact))",
-            )
-            .execute(&self.pool)
-            .await?;
-            self.record_version(1).await?;
+        // `serve` and `authd` are often started together on a fresh database: whoever comes
+        // first migrates it while the others wait, then they find it done. SQLite and
+        // PostgreSQL change their schema inside a transaction (SQLite's IMMEDIATE one takes
+        // the write lock at once; PostgreSQL takes an advisory lock in it); MariaDB commits
+        // each DDL statement by itself, so a named lock keeps the others out instead.
+        match self.dialect {
+            Dialect::Sqlite | Dialect::Postgres => {
+                let begin = if self.dialect == Dialect::Sqlite {
+                    "BEGIN IMMEDIATE"
+                } else {
+                    "BEGIN"
+                };
+                let mut tx = sqlx::Connection::begin_with(&mut *conn, begin).await?;
+                if self.dialect == Dialect::Postgres {
+                    sqlx::query(&format!(
+                        "SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})"
+                    ))
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                migrate_locked(&mut tx, self.dialect).await?;
+                tx.commit().await?;
+            }
+            Dialect::MySql => {
+                let got: Option<i64> = sqlx::query("SELECT GET_LOCK('sipsec_schema', 60)")
+                    .fetch_one(&mut *conn)
+                    .await?
+                    .try_get(0)?;
+                if got != Some(1) {
+                    anyhow::bail!("another process held the schema lock for 60 s");
+                }
+                let migrated = migrate_locked(&mut conn, self.dialect).await;
+                let released = sqlx::query("SELECT RELEASE_LOCK('sipsec_schema')")
+                    .execute(&mut *conn)
+                    .await;
+                migrated?;
+                released?;
+            }
         }
-        if version.unwrap_or(0) < 2 {
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS sipsec_users (\
-                 realm VARCHAR(128) NOT NULL, username VARCHAR(128) NOT NULL, \
-                 ha1_md5 VARCHAR(32) NOT NULL, ha1_sha256 VARCHAR(64) NOT NULL, \
-                 ha1_sha512_256 VARCHAR(64) NOT NULL, revision BIGINT NOT NULL, \
-                 deleted BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (realm, username))",
-            )
-            .execute(&self.pool)
-            .await?;
-            sqlx::query(
-                "CREATE INDEX sipsec_users_by_revision ON sipsec_users (realm, revision, username)",
-            )
-            .execute(&self.pool)
-            .await?;
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS sipsec_user_revision (\
-                 id BIGINT NOT NULL PRIMARY KEY, revision BIGINT NOT NULL)",
-            )
-            .execute(&self.pool)
-            .await?;
-            sqlx::query("INSERT INTO sipsec_user_revision (id, revision) VALUES (1, 0)")
-                .execute(&self.pool)
-                .await?;
-            self.record_version(2).await?;
-        }
-        if version.unwrap_or(0) < 3 {
-            // Proxychain: the key k_AD next to the HA1s (empty for users stored before: they
-            // need their password set again), and the proxies the authority refuses.
-            sqlx::query(
-                "ALTER TABLE sipsec_users ADD COLUMN pc_key VARCHAR(64) NOT NULL DEFAULT ''",
-            )
-            .execute(&self.pool)
-            .await?;
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS sipsec_revoked_proxies (\
-                 name VARCHAR(255) NOT NULL PRIMARY KEY, revoked_at BIGINT NOT NULL)",
-            )
-            .execute(&self.pool)
-            .await?;
-            self.record_version(SCHEMA_VERSION).await?;
-        }
-        Ok(())
-    }
-
-    async fn record_version(&self, version: i64) -> Result<()> {
-        sqlx::query(
-            &self
-                .dialect
-                .sql("INSERT INTO sipsec_schema (version) VALUES (?)"),
-        )
-        .bind(version)
-        .execute(&self.pool)
-        .await?;
         Ok(())
     }
 
@@ -408,6 +431,107 @@ mod tests {
             "a = $1 AND b = $2"
         );
         assert_eq!(Dialect::Sqlite.sql("a = ?"), "a = ?");
+    }
+
+    /// Opens a fresh database from several connections at once, as `serve` and `authd`
+    /// started together do: each must find it migrated or migrate it, and every schema
+    /// version must be recorded exactly once.
+    async fn concurrent_first_opens(url: &str) {
+        let opens: Vec<_> = (0..6)
+            .map(|_| {
+                let url = url.to_string();
+                tokio::spawn(async move { Store::connect(&url).await })
+            })
+            .collect();
+        let mut stores = Vec::new();
+        for open in opens {
+            stores.push(open.await.unwrap().unwrap_or_else(|e| panic!("{e:#}")));
+        }
+        let rows = sqlx::query("SELECT version FROM sipsec_schema ORDER BY version")
+            .fetch_all(stores[0].pool())
+            .await
+            .unwrap();
+        let versions: Vec<i64> = rows.iter().map(|r| r.try_get(0).unwrap()).collect();
+        assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    }
+
+    fn multi_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_fresh_sqlite_file_opened_at_once_from_several_places_is_migrated_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/fresh.db", dir.path().display());
+        multi_thread().block_on(concurrent_first_opens(&url));
+    }
+
+    /// With `SIPSEC_TEST_POSTGRES`: the same in a schema of its own, made empty for the test.
+    #[test]
+    fn a_fresh_postgres_schema_opened_at_once_from_several_places_is_migrated_once() {
+        let Ok(base) = std::env::var("SIPSEC_TEST_POSTGRES") else {
+            eprintln!("SIPSEC_TEST_POSTGRES not set: skipped");
+            return;
+        };
+        let schema = format!("sipsec_migrate_{}", std::process::id());
+        multi_thread().block_on(async {
+            sqlx::any::install_default_drivers();
+            let admin = sqlx::AnyPool::connect(&base).await.unwrap();
+            for sql in [
+                format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+                format!("CREATE SCHEMA {schema}"),
+            ] {
+                sqlx::query(&sql).execute(&admin).await.unwrap();
+            }
+            let sep = if base.contains('?') { '&' } else { '?' };
+            let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+            concurrent_first_opens(&url).await;
+            sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                .execute(&admin)
+                .await
+                .unwrap();
+        });
+    }
+
+    /// With `SIPSEC_TEST_MARIADB`: the same in a database of its own (`.ci/run` lets the test
+    /// user create `sipsec_test_*` databases; elsewhere, without that right, it is skipped).
+    #[test]
+    fn a_fresh_mariadb_database_opened_at_once_from_several_places_is_migrated_once() {
+        let Ok(base) = std::env::var("SIPSEC_TEST_MARIADB") else {
+            eprintln!("SIPSEC_TEST_MARIADB not set: skipped");
+            return;
+        };
+        let (server, db) = base.rsplit_once('/').expect("a URL ending in /database");
+        let db = db.split('?').next().unwrap_or(db);
+        let fresh = format!("{db}_migrate_{}", std::process::id());
+        multi_thread().block_on(async {
+            sqlx::any::install_default_drivers();
+            let admin = sqlx::AnyPool::connect(&base).await.unwrap();
+            sqlx::query(&format!("DROP DATABASE IF EXISTS {fresh}"))
+                .execute(&admin)
+                .await
+                .ok();
+            if let Err(e) = sqlx::query(&format!("CREATE DATABASE {fresh}"))
+                .execute(&admin)
+                .await
+            {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "under CI the test user must be able to create {fresh}: {e}"
+                );
+                eprintln!("cannot create a database ({e}): skipped");
+                return;
+            }
+            concurrent_first_opens(&format!("{server}/{fresh}")).await;
+            sqlx::query(&format!("DROP DATABASE {fresh}"))
+                .execute(&admin)
+                .await
+                .unwrap();
+        });
     }
 
     #[test]
