@@ -470,67 +470,64 @@ mod tests {
         multi_thread().block_on(concurrent_first_opens(&url));
     }
 
-    /// With `SIPSEC_TEST_POSTGRES`: the same in a schema of its own, made empty for the test.
-    #[test]
-    fn a_fresh_postgres_schema_opened_at_once_from_several_places_is_migrated_once() {
-        let Ok(base) = std::env::var("SIPSEC_TEST_POSTGRES") else {
-            eprintln!("SIPSEC_TEST_POSTGRES not set: skipped");
+    /// A namespace of its own in a network database: how to make it, reach it, remove it.
+    struct Fresh {
+        create: Vec<String>,
+        url: String,
+        drop: String,
+    }
+
+    /// Runs [`concurrent_first_opens`] in a fresh namespace of the database `var` names.
+    /// Making one needs a right the test user may lack outside CI (`.ci/run` grants it):
+    /// then the test is skipped, as it is without the variable.
+    fn migrate_concurrently_in(var: &str, fresh: impl FnOnce(&str, &str) -> Fresh) {
+        let under_ci = std::env::var_os("CI").is_some();
+        let Ok(base) = std::env::var(var) else {
+            assert!(!under_ci, "{var} must name a database under CI");
+            eprintln!("{var} not set: skipped");
             return;
         };
-        let schema = format!("sipsec_migrate_{}", std::process::id());
+        let f = fresh(
+            &base,
+            &format!("sipsec_test_migrate_{}", std::process::id()),
+        );
         multi_thread().block_on(async {
             sqlx::any::install_default_drivers();
             let admin = sqlx::AnyPool::connect(&base).await.unwrap();
-            for sql in [
-                format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
-                format!("CREATE SCHEMA {schema}"),
-            ] {
-                sqlx::query(&sql).execute(&admin).await.unwrap();
+            sqlx::query(&f.drop).execute(&admin).await.ok();
+            for sql in &f.create {
+                if let Err(e) = sqlx::query(sql).execute(&admin).await {
+                    assert!(!under_ci, "{sql}: {e}");
+                    eprintln!("{sql}: {e}: skipped");
+                    return;
+                }
             }
-            let sep = if base.contains('?') { '&' } else { '?' };
-            let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
-            concurrent_first_opens(&url).await;
-            sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-                .execute(&admin)
-                .await
-                .unwrap();
+            concurrent_first_opens(&f.url).await;
+            sqlx::query(&f.drop).execute(&admin).await.unwrap();
         });
     }
 
-    /// With `SIPSEC_TEST_MARIADB`: the same in a database of its own (`.ci/run` lets the test
-    /// user create `sipsec_test_*` databases; elsewhere, without that right, it is skipped).
+    #[test]
+    fn a_fresh_postgres_schema_opened_at_once_from_several_places_is_migrated_once() {
+        migrate_concurrently_in("SIPSEC_TEST_POSTGRES", |base, name| {
+            let sep = if base.contains('?') { '&' } else { '?' };
+            Fresh {
+                create: vec![format!("CREATE SCHEMA {name}")],
+                url: format!("{base}{sep}options=-c%20search_path%3D{name}"),
+                drop: format!("DROP SCHEMA IF EXISTS {name} CASCADE"),
+            }
+        });
+    }
+
     #[test]
     fn a_fresh_mariadb_database_opened_at_once_from_several_places_is_migrated_once() {
-        let Ok(base) = std::env::var("SIPSEC_TEST_MARIADB") else {
-            eprintln!("SIPSEC_TEST_MARIADB not set: skipped");
-            return;
-        };
-        let (server, db) = base.rsplit_once('/').expect("a URL ending in /database");
-        let db = db.split('?').next().unwrap_or(db);
-        let fresh = format!("{db}_migrate_{}", std::process::id());
-        multi_thread().block_on(async {
-            sqlx::any::install_default_drivers();
-            let admin = sqlx::AnyPool::connect(&base).await.unwrap();
-            sqlx::query(&format!("DROP DATABASE IF EXISTS {fresh}"))
-                .execute(&admin)
-                .await
-                .ok();
-            if let Err(e) = sqlx::query(&format!("CREATE DATABASE {fresh}"))
-                .execute(&admin)
-                .await
-            {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "under CI the test user must be able to create {fresh}: {e}"
-                );
-                eprintln!("cannot create a database ({e}): skipped");
-                return;
+        migrate_concurrently_in("SIPSEC_TEST_MARIADB", |base, name| {
+            let (server, _) = base.rsplit_once('/').expect("a URL ending in /database");
+            Fresh {
+                create: vec![format!("CREATE DATABASE {name}")],
+                url: format!("{server}/{name}"),
+                drop: format!("DROP DATABASE IF EXISTS {name}"),
             }
-            concurrent_first_opens(&format!("{server}/{fresh}")).await;
-            sqlx::query(&format!("DROP DATABASE {fresh}"))
-                .execute(&admin)
-                .await
-                .unwrap();
         });
     }
 
