@@ -305,20 +305,18 @@ pub fn spawn_fetcher(
 }
 
 /// Waits, up to `limit`, for the first load of the user database into `credentials`, so a
-/// server or authority does not start answering with users it has not read yet; false (and
-/// a warning) if it is still loading then.
-pub async fn wait_loaded(credentials: &Credentials, limit: Duration) -> bool {
+/// server or authority does not start answering with users it has not read yet; warns if it
+/// is still loading then (authentication answers 503 until it is done).
+pub async fn wait_loaded(credentials: &Credentials, limit: Duration) {
     let waiting = std::time::Instant::now();
     while credentials.state() == CacheState::Loading && waiting.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let loaded = credentials.state() != CacheState::Loading;
-    if !loaded {
+    if credentials.state() == CacheState::Loading {
         tracing::warn!(
             "the user database has not loaded yet: authentication answers 503 until it does"
         );
     }
-    loaded
 }
 
 /// Keeps `credentials` in step with the database at `url`: loads every user, then polls for

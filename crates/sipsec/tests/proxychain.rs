@@ -138,7 +138,8 @@ impl Lab {
     }
 
     /// The proxy's config: UDP on port+1, calls routed to the UAS on port+2, `extra` added to
-    /// `[auth]` (with its `methods`); its certificate is `cert` (the lab's client certificate unless given).
+    /// `[auth]` (with its `methods`); its certificate is `cert` (the lab's client certificate
+    /// unless given).
     fn proxy_config(&self, certs: &str, extra: &str) -> String {
         let p = self.port;
         format!(

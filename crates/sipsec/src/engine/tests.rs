@@ -711,9 +711,10 @@ fn a_table_full_of_finished_transactions_makes_room_for_new_ones() {
             ),
         );
         let down = sent.iter().find(|s| s.to == addr(BOB1)).expect("forwarded");
-        let (up, _) = deliver(&mut e, i, BOB1, &answer(down, 200, "t"));
+        let ok = answer(down, 200, "t");
+        let (up, _) = deliver(&mut e, i, BOB1, &ok);
         assert_eq!(up[0].status(), Some(200));
-        first.get_or_insert_with(|| answer(down, 200, "t"));
+        first.get_or_insert(ok);
     }
     assert_eq!(e.transactions(), 16);
     // A new call is forwarded, not refused: the oldest finished transaction made room.

@@ -741,14 +741,15 @@ impl Ua {
             .pc_keys
             .entry(caller)
             .or_insert_with(|| sip_core::proxychain::user_key(&username, realm, &password));
-        let Some((from, to)) = self.pc_parties(caller, number) else {
+        let (Some((from, to)), Some(call)) =
+            (self.pc_parties(caller, number), self.calls.get(&number))
+        else {
             return;
         };
-        let n_ap = self.calls.get(&number).map_or([0; 16], |c| c.pc_nonce);
         let answered = ClientChain::answer(
             &key,
             &challenge,
-            &n_ap,
+            &call.pc_nonce,
             &username,
             from.as_bytes(),
             to.as_bytes(),

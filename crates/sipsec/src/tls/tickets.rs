@@ -50,8 +50,8 @@ impl TicketStore {
         }
     }
 
-    /// Runs `edit` on `name`'s entry, making it first (and forgetting the oldest server when
-    /// full).
+    /// Runs `edit` on `name`'s entry, adding one for a new server (and forgetting the oldest
+    /// server when `max_servers` are known).
     fn edit(&self, name: ServerName<'static>, edit: impl FnOnce(&mut ServerData)) {
         let mut s = self.servers.lock().unwrap_or_else(|e| e.into_inner());
         if !s.by_name.contains_key(&name) {
@@ -65,12 +65,17 @@ impl TicketStore {
         edit(s.by_name.entry(name).or_default());
     }
 
-    fn read<T>(&self, name: &ServerName<'_>, read: impl FnOnce(&mut ServerData) -> T) -> Option<T> {
+    /// Runs `f` on `name`'s entry if the server is known; adds nothing.
+    fn with_known<T>(
+        &self,
+        name: &ServerName<'_>,
+        f: impl FnOnce(&mut ServerData) -> T,
+    ) -> Option<T> {
         // The map's keys are 'static and lookups cannot borrow a shorter name; the copy is a
         // few bytes once per handshake.
         let key = name.to_owned();
         let mut s = self.servers.lock().unwrap_or_else(|e| e.into_inner());
-        s.by_name.get_mut(&key).map(read)
+        s.by_name.get_mut(&key).map(f)
     }
 }
 
@@ -88,7 +93,7 @@ impl ClientSessionStore for TicketStore {
     }
 
     fn kx_hint(&self, name: &ServerName<'_>) -> Option<NamedGroup> {
-        self.read(name, |d| d.kx_hint).flatten()
+        self.with_known(name, |d| d.kx_hint).flatten()
     }
 
     fn set_tls12_session(&self, name: ServerName<'static>, value: Tls12ClientSessionValue) {
@@ -96,11 +101,11 @@ impl ClientSessionStore for TicketStore {
     }
 
     fn tls12_session(&self, name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
-        self.read(name, |d| d.tls12.clone()).flatten()
+        self.with_known(name, |d| d.tls12.clone()).flatten()
     }
 
     fn remove_tls12_session(&self, name: &ServerName<'static>) {
-        self.read(name, |d| d.tls12 = None);
+        self.with_known(name, |d| d.tls12 = None);
     }
 
     fn insert_tls13_ticket(&self, name: ServerName<'static>, value: Tls13ClientSessionValue) {
@@ -113,6 +118,6 @@ impl ClientSessionStore for TicketStore {
     }
 
     fn take_tls13_ticket(&self, name: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
-        self.read(name, |d| d.tls13.pop_back()).flatten()
+        self.with_known(name, |d| d.tls13.pop_back()).flatten()
     }
 }
