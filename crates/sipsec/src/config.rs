@@ -57,6 +57,7 @@ struct RawServer {
     max_message_size: usize,
     max_batch_delay_us: u64,
     max_transactions: usize,
+    max_breadth: u32,
     outbound_connections: OutboundConnections,
     idle_timeout_s: u64,
     message_timeout_ms: u64,
@@ -76,6 +77,7 @@ impl Default for RawServer {
             max_message_size: 16 * 1024,
             max_batch_delay_us: 500,
             max_transactions: 500_000,
+            max_breadth: 60,
             outbound_connections: OutboundConnections::Reuse,
             idle_timeout_s: 120,
             message_timeout_ms: 10_000,
@@ -425,6 +427,10 @@ pub struct Config {
     /// Transactions per worker at which the oldest finished (lingering) one is ended early to
     /// admit a new request, or, with none finished, the request is answered 503.
     pub max_transactions: usize,
+    /// Max-Breadth (RFC 5393) given to requests that arrive without one, and the most any
+    /// request may carry on: the parallel branches one request can fan out to, across every
+    /// proxy it passes.
+    pub max_breadth: u32,
     /// The default route: its URI text and where it sends.
     pub default_route: Option<(String, crate::transport::Peer)>,
     pub database_url: String,
@@ -475,6 +481,9 @@ impl Config {
         }
         if raw.server.max_transactions < 16 {
             bail!("server.max_transactions: at least 16");
+        }
+        if !(1..=1000).contains(&raw.server.max_breadth) {
+            bail!("server.max_breadth: must be between 1 and 1000");
         }
         let workers = match raw.server.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -600,6 +609,7 @@ impl Config {
             max_message_size: raw.server.max_message_size,
             max_batch_delay_us: raw.server.max_batch_delay_us,
             max_transactions: raw.server.max_transactions,
+            max_breadth: raw.server.max_breadth,
             default_route,
             database_url: url,
             registrar: RegistrarConfig {

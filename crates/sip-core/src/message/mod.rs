@@ -607,6 +607,12 @@ impl<'a> Message<'a> {
             .map(|v| values::parse_delta_seconds(v, "Expires"))
     }
 
+    /// The Max-Breadth header (RFC 5393 §5), if present and valid.
+    pub fn max_breadth(&self) -> Option<Result<u32, ParseError>> {
+        self.header_value(HeaderName::MaxBreadth)
+            .map(|v| values::parse_delta_seconds(v, "Max-Breadth"))
+    }
+
     /// Validates every header the library understands, strictly. The eager parse already
     /// checked the essentials; this adds From, To, all Vias, Contact, Route, Record-Route,
     /// Expires, Min-Expires, Date, Retry-After, Warning and Content-Type.

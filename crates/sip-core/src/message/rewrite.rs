@@ -181,6 +181,25 @@ impl<'m, 'a> Rewriter<'m, 'a> {
         }
     }
 
+    /// Sets Max-Breadth (RFC 5393) to `breadth`, replacing the value received or adding the
+    /// header.
+    pub fn set_max_breadth(&mut self, breadth: u32) {
+        match self.msg.header(HeaderName::MaxBreadth) {
+            Some(h) => {
+                let (s, e) = (h.value_start as usize, h.value_end as usize);
+                self.splice.replace_with(s, e, |t| {
+                    let _ = write!(t, "{breadth}");
+                });
+            }
+            None => {
+                let at = self.msg.headers_end();
+                self.splice.replace_with(at, at, |t| {
+                    let _ = write!(t, "Max-Breadth: {breadth}\r\n");
+                });
+            }
+        }
+    }
+
     /// Adds a Record-Route above any existing ones.
     pub fn push_record_route(&mut self, uri: &str) {
         let at = self

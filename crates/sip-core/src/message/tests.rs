@@ -339,3 +339,25 @@ fn never_panics_on_truncations_and_mutations() {
     }
     assert!(checked > 10_000);
 }
+
+#[test]
+fn max_breadth_is_read_and_set_in_place_or_added() {
+    let breadth = |text: &[u8], set: u32| {
+        let m = Message::parse(text).unwrap();
+        let read = m.max_breadth().map(|r| r.ok());
+        let mut splice = Splice::new();
+        let mut rw = Rewriter::new(&m, &mut splice);
+        rw.set_max_breadth(set);
+        let mut out = Vec::new();
+        rw.finish(&mut out);
+        let again = Message::parse(&out).unwrap().max_breadth().map(|r| r.ok());
+        (read, again)
+    };
+    assert_eq!(breadth(INVITE, 60), (None, Some(Some(60))));
+    let with = String::from_utf8(INVITE.to_vec())
+        .unwrap()
+        .replace("Call-ID: c1\r\n", "Call-ID: c1\r\nmax-breadth: 17\r\n");
+    assert_eq!(breadth(with.as_bytes(), 4), (Some(Some(17)), Some(Some(4))));
+    let bad = with.replace("max-breadth: 17", "Max-Breadth: many");
+    assert_eq!(breadth(bad.as_bytes(), 4).0, Some(None));
+}

@@ -447,6 +447,7 @@ impl Engine {
             Decision::Register { aor } => {
                 let outcome = registrar::register(
                     &self.cfg.registrar,
+                    |peer| self.is_own_listener(peer),
                     &self.location,
                     &aor,
                     msg,

@@ -14,6 +14,7 @@ use sip_core::message::uri::unbracket;
 use sip_core::message::{build, HeaderField, Message, Method, Via};
 use sip_core::timer::Millis;
 use sip_core::transaction::{Kind, ResponseMatch, State, TxId};
+use smallvec::SmallVec;
 use std::net::{IpAddr, SocketAddr};
 
 impl Engine {
@@ -30,6 +31,50 @@ impl Engine {
     ) {
         let method = msg.method();
         let stateful = self.cfg.stateful && method != Method::Ack;
+        // Targets we can send to: on a transport we have, and not ourselves (a contact or
+        // route pointing back here would spiral, multiplying the request at each pass).
+        let mut usable: SmallVec<[(&Target, usize); 4]> = SmallVec::new();
+        let mut own = false;
+        for target in targets {
+            if self.is_own_listener(&target.dest) {
+                own = true;
+                inc(&self.stats.loops);
+            } else if let Some(side) = via_index(&self.via_hosts, target.dest.transport) {
+                usable.push((target, side));
+            } else {
+                // Configuration decides which transports we have; a target on another one
+                // is unreachable from here.
+                inc(&self.stats.unroutable);
+            }
+        }
+        if usable.is_empty() {
+            if method != Method::Ack {
+                let (code, reason) = if own {
+                    (482, "Loop Detected")
+                } else {
+                    (503, "No Transport To Target")
+                };
+                self.answer(now, source, msg, code, reason, "", fx);
+            }
+            return;
+        }
+        // A stateless proxy sends one copy only (RFC 3261 §16.11 forbids forking); a stateful
+        // one forks to as many targets as the request's Max-Breadth allows and divides it
+        // between them (RFC 5393 §5.3), so one request cannot fan out to more than
+        // `max_breadth` concurrent branches however many proxies it crosses.
+        let breadth = msg
+            .max_breadth()
+            .and_then(Result::ok)
+            .map_or(self.cfg.max_breadth, |b| b.min(self.cfg.max_breadth))
+            .max(1);
+        let parallel = if stateful { usable.len() } else { 1 };
+        let forks = parallel.min(breadth as usize);
+        if forks < usable.len() && stateful {
+            inc(&self.stats.breadth_limited);
+        }
+        usable.truncate(forks);
+        let share =
+            |i: usize| breadth / forks as u32 + u32::from((i as u32) < breadth % forks as u32);
         let server = if stateful {
             let dest = response_peer(msg.top_via(), source);
             let ctx = ProxyContext {
@@ -52,15 +97,7 @@ impl Engine {
         } else {
             None
         };
-        // A stateless proxy sends one copy only (RFC 3261 §16.11 forbids forking).
-        let targets = if stateful { targets } else { &targets[..1] };
-        for target in targets {
-            let Some(out_side) = via_index(&self.via_hosts, target.dest.transport) else {
-                // Configuration decides which transports we have; a target on another one is
-                // unreachable from here (counted; a lone target ends in 408 or no answer).
-                inc(&self.stats.unroutable);
-                continue;
-            };
+        for (i, &(target, out_side)) in usable.iter().enumerate() {
             // Between two transports, record-route twice (RFC 5658): each side of the
             // dialog reaches us over its own.
             let in_side = via_index(&self.via_hosts, source.transport).filter(|&i| i != out_side);
@@ -77,6 +114,7 @@ impl Engine {
                 rw.stamp_top_via(source.addr, source.transport.reliable());
                 rw.push_via(target.dest.transport.via_token(), via_host, &branch);
                 rw.decrement_max_forwards();
+                rw.set_max_breadth(share(i));
                 for (field, end) in pop_route {
                     rw.remove_first_value(field, *end);
                 }

@@ -37,9 +37,12 @@ struct Requested<'a> {
     expires: u32,
 }
 
-/// Handles one REGISTER for `aor` (already checked to be in one of our domains).
+/// Handles one REGISTER for `aor` (already checked to be in one of our domains). `own` tells
+/// whether a target is one of the server's own listeners: a contact there would hand every
+/// call back to the server (RFC 5393's amplification), so it is refused.
 pub fn register(
     cfg: &RegistrarConfig,
+    own: impl Fn(&Peer) -> bool,
     location: &Location,
     aor: &str,
     msg: &Message<'_>,
@@ -129,6 +132,9 @@ pub fn register(
         }
         let expires = r.expires.min(cfg.max_expires);
         let target = uri_peer(&r.contact.uri).unwrap_or(Peer::new(source.transport, source.addr));
+        if own(&target) {
+            return Outcome::reject(403, "Contact Points At This Server");
+        }
         let binding = Binding {
             contact: contact.into(),
             target,

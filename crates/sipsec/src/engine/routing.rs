@@ -40,6 +40,20 @@ impl Engine {
             .any(|a| a.ip() == ip && a.port() == port)
     }
 
+    /// True when `peer` is one of our own listeners: sending there would hand the request
+    /// back to ourselves. A listener on the unspecified address owns the loopback addresses
+    /// at its port.
+    pub(super) fn is_own_listener(&self, peer: &Peer) -> bool {
+        self.cfg.listen.iter().any(|l| {
+            l.transport == peer.transport
+                && l.addr.port() == peer.addr.port()
+                && (l.addr.ip() == peer.addr.ip()
+                    || (l.addr.ip().is_unspecified()
+                        && l.addr.is_ipv4() == peer.addr.is_ipv4()
+                        && (peer.addr.ip().is_loopback() || peer.addr.ip().is_unspecified())))
+        })
+    }
+
     pub(super) fn is_our_domain(&self, host: &[u8]) -> bool {
         std::str::from_utf8(host)
             .map(|h| self.cfg.domains.iter().any(|d| d.eq_ignore_ascii_case(h)))
@@ -79,6 +93,16 @@ impl Engine {
         }
         if let Some(refused) = bad_extension(msg, HeaderName::ProxyRequire) {
             return refused;
+        }
+        match msg.max_breadth() {
+            Some(Err(_)) => return respond(400, "Bad Max-Breadth header"),
+            // No branch could be given the breadth of at least 1 each must carry (RFC 5393
+            // §5.3.2).
+            Some(Ok(0)) if method != Method::Ack && method != Method::Cancel => {
+                inc(&self.stats.breadth_limited);
+                return respond(440, "Max-Breadth Exceeded");
+            }
+            _ => {}
         }
         // Loop detection (RFC 3261 §16.3 step 4).
         let mut looped = false;

@@ -894,3 +894,132 @@ fn between_transports_the_proxy_record_routes_twice_and_pops_both_routes() {
         .expect("the 200 goes upstream");
     assert_eq!(*to, from);
 }
+
+/// Two proxies whose registrations point at each other, sent one INVITE: every forwarded
+/// request is delivered to the other proxy as if over the network, until nothing is left.
+/// Returns the requests both forwarded and the final status Alice got.
+fn fork_loop(max_forwards: u32, max_breadth: Option<u32>) -> (u64, Option<u16>) {
+    const A: &str = "127.0.0.1:5060";
+    const B: &str = "127.0.0.5:5060";
+    let server = |me: &str| {
+        let cfg = Config::from_toml(&format!(
+            "[server]\nlisten = [\"udp:{me}\"]\ndomains = [\"example.test\"]\nworkers = 1\n"
+        ))
+        .unwrap();
+        Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()))
+    };
+    let mut proxies = [(addr(A), server(A)), (addr(B), server(B))];
+    // Sixteen contacts each, all at the other proxy, told apart by a parameter (so the
+    // Request-URI, and with it the loop hash, differs at every pass: a spiral, not a loop).
+    for (i, other) in [(0, B), (1, A)] {
+        let contacts: Vec<String> = (0..16)
+            .map(|n| format!("<sip:bob@{other};n={n}>"))
+            .collect();
+        let (sent, _) = deliver(
+            &mut proxies[i].1,
+            0,
+            BOB1,
+            &register("bob", &contacts.join(", "), "", "z9hG4bKreg", 1),
+        );
+        assert_eq!(sent[0].status(), Some(200), "{}", sent[0].text);
+    }
+    let mut invite = request("INVITE", "sip:bob@example.test", "z9hG4bKamp", "")
+        .replace("Max-Forwards: 70", &format!("Max-Forwards: {max_forwards}"));
+    if let Some(b) = max_breadth {
+        invite = invite.replace("Call-ID", &format!("Max-Breadth: {b}\r\nCall-ID"));
+    }
+    let mut queue = std::collections::VecDeque::from([(addr(ALICE), addr(A), invite)]);
+    let mut final_status = None;
+    let mut delivered = 0u64;
+    while let Some((from, to, text)) = queue.pop_front() {
+        delivered += 1;
+        assert!(delivered < 1_000_000, "the fork loop does not end");
+        if to == addr(ALICE) {
+            let status = Message::parse(text.as_bytes()).unwrap().status();
+            if status >= Some(200) {
+                final_status = status;
+            }
+            continue;
+        }
+        let (me, engine) = proxies.iter_mut().find(|(a, _)| *a == to).unwrap();
+        let me = *me;
+        let (sent, _) = deliver(engine, 1, &from.to_string(), &text);
+        queue.extend(sent.into_iter().map(|s| (me, s.to, s.text)));
+    }
+    let forwarded = proxies
+        .iter()
+        .map(|(_, e)| {
+            e.stats
+                .forwarded_requests
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    (forwarded, final_status)
+}
+
+#[test]
+fn a_fork_loop_between_two_proxies_is_bounded_by_max_breadth() {
+    // RFC 5393: at most Max-Breadth (60) concurrent branches, one pass per Max-Forwards hop.
+    // Without it, Max-Forwards 5 gave 16 + 16² + … + 16⁵ ≈ 1.1 million forwards.
+    let (forwarded, status) = fork_loop(5, None);
+    // 16 branches, then at most 60 on each later hop (fewer where a Request-URI comes back
+    // a second time and loop detection answers 482).
+    assert!(
+        (16 + 60..=16 + 60 * 4).contains(&forwarded),
+        "{forwarded} forwarded"
+    );
+    assert!(
+        matches!(status, Some(482 | 483)),
+        "the best of the branches' 482 and 483: {status:?}"
+    );
+    // Measured: 233 at Max-Forwards 70 too, as loop detection ends the spiral once the 16
+    // Request-URIs start coming round again.
+    let (forwarded, status) = fork_loop(70, None);
+    assert!(forwarded <= 60 * 70, "{forwarded} forwarded");
+    assert!(matches!(status, Some(482 | 483)), "{status:?}");
+    // A request arriving with less breadth forks less; with none left it is refused.
+    let (forwarded, _) = fork_loop(5, Some(4));
+    assert!((4..=4 * 5).contains(&forwarded), "{forwarded} forwarded");
+    let (forwarded, status) = fork_loop(5, Some(0));
+    assert_eq!((forwarded, status), (0, Some(440)));
+}
+
+#[test]
+fn contacts_pointing_at_the_server_itself_are_refused_and_never_followed() {
+    let mut e = engine("");
+    for contact in [
+        format!("<sip:bob@{PROXY};x=1>"),
+        "<sip:bob@localhost:5060>".to_string(),
+        format!("<sip:bob@{BOB1}>, <sip:bob@{PROXY}>"),
+    ] {
+        let (sent, fx) = deliver(
+            &mut e,
+            0,
+            BOB1,
+            &register("bob", &contact, "", "z9hG4bKself", 1),
+        );
+        assert_eq!(sent[0].status(), Some(403), "{contact}");
+        assert!(sent[0].text.contains("Contact Points At This Server"));
+        assert!(fx.changes.is_empty());
+    }
+    // A binding stored before this rule (or by another registrar) is not followed either.
+    e.preload(&BindingChange::Upsert {
+        aor: "bob@example.test".into(),
+        binding: crate::location::Binding {
+            contact: format!("sip:bob@{PROXY};x=1").into(),
+            target: Peer::udp(addr(PROXY)),
+            expires_at: 2_000_000_000,
+            q: None,
+            call_id: "old".into(),
+            cseq: 1,
+        },
+    });
+    let (sent, _) = deliver(
+        &mut e,
+        1,
+        ALICE,
+        &request("INVITE", "sip:bob@example.test", "z9hG4bKselfinv", ""),
+    );
+    let statuses: Vec<_> = sent.iter().map(Sent::status).collect();
+    assert_eq!(statuses, [Some(482)], "nothing sent to ourselves");
+}
