@@ -283,6 +283,20 @@ impl<'a> Uri<'a> {
     }
 
     /// The host without IPv6 brackets.
+    /// Whether `other` names the same resource, leniently: the same scheme, user and host (any
+    /// case), and port (a missing one standing for the scheme's default), whatever the
+    /// parameters and headers. Digest's `uri` check uses it (RFC 3261 §22.4).
+    pub fn same_resource(&self, other: &Uri<'_>) -> bool {
+        let default = |u: &Uri<'_>| match u.scheme {
+            Scheme::Sips => 5061,
+            _ => 5060,
+        };
+        self.scheme == other.scheme
+            && self.user == other.user
+            && self.host.eq_ignore_ascii_case(other.host)
+            && self.port.unwrap_or(default(self)) == other.port.unwrap_or(default(other))
+    }
+
     pub fn host_unbracketed(&self) -> &'a [u8] {
         unbracket(self.host)
     }

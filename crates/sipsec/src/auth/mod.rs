@@ -123,12 +123,45 @@ pub struct AuthConfig {
     /// Digest: hold every user in memory (true), or query the database for each
     /// authentication (false: how the seeds' servers worked, kept to measure it).
     pub credential_cache: bool,
+    /// The names this server answers to, for digest's `uri` check.
+    pub server: ServerNames,
 }
 
-/// What the workers share: the nonce secret, nonce counts and the credential cache.
+/// The domains and listen addresses of this server.
+#[derive(Debug, Clone, Default)]
+pub struct ServerNames {
+    pub domains: Vec<String>,
+    pub addrs: Vec<std::net::SocketAddr>,
+}
+
+impl ServerNames {
+    /// Whether `uri`'s host (and port, if given) is this server: one of its domains, or one
+    /// of its listen addresses.
+    pub fn names(&self, uri: &sip_core::message::Uri<'_>) -> bool {
+        let host = uri.host_unbracketed();
+        let port = uri.port.unwrap_or(5060);
+        let domain = self
+            .domains
+            .iter()
+            .any(|d| d.as_bytes().eq_ignore_ascii_case(host))
+            && (uri.port.is_none() || self.addrs.iter().any(|a| a.port() == port));
+        let addr = std::str::from_utf8(host)
+            .ok()
+            .and_then(|h| h.parse::<IpAddr>().ok())
+            .is_some_and(|ip| self.addrs.iter().any(|a| a.ip() == ip && a.port() == port));
+        domain || addr
+    }
+}
+
+/// Entries the failure throttle holds per table (sources, users, known sources).
+const THROTTLE_CAPACITY: usize = 100_000;
+
+/// What the workers share: the nonce secret, nonce counts, failure counts and the credential
+/// cache.
 pub struct Shared {
     pub nonces: Nonces,
     pub counts: NonceCounts,
+    throttle: Throttle,
     pub credentials: Arc<Credentials>,
     /// Without the cache: each user's secrets as a query returned them, for the one request
     /// that waited for them.
@@ -146,10 +179,17 @@ impl Shared {
         getrandom::getrandom(&mut secret).map_err(std::io::Error::other)?;
         let nonces = Nonces::new(secret, cfg.nonce_lifetime_ms);
         // The MAC part of a nonce for time 0: fixed for this secret, and says nothing.
-        let opaque = nonces.issue(0, 0)[nonce::NONCE_HEX_LEN - 16..].to_string();
+        let opaque =
+            nonces.issue(0, 0, IpAddr::from([0u8; 4]))[nonce::NONCE_HEX_LEN - 16..].to_string();
         Ok(Shared {
             nonces,
             counts: NonceCounts::new(cfg.max_tracked_nonces, cfg.nonce_lifetime_ms),
+            throttle: Throttle::new(
+                cfg.max_failures_per_source,
+                cfg.max_failures_per_user,
+                cfg.failure_window_ms,
+                THROTTLE_CAPACITY,
+            ),
             credentials,
             fetched: credentials::Fetched::default(),
             uncached: !cfg.credential_cache,
@@ -180,9 +220,11 @@ pub enum Verdict {
 pub enum Why {
     /// No credentials for our realm: the first challenge.
     NoCredentials,
-    /// Wrong password or unknown user (the same answer for both).
+    /// Wrong password or unknown user (the same answer for both), on a fresh nonce of ours
+    /// sent to the address answering; or an algorithm we did not offer.
     Failed,
-    /// Right credentials on an old nonce (`stale=true`).
+    /// A nonce that is old, not ours, or issued to another address: challenged again with
+    /// `stale=true` without looking at the password, and counted against no one.
     Stale,
     /// A nonce count (Proxychain: a chain value) used before.
     Replay,
@@ -193,7 +235,7 @@ pub enum Why {
     IdentityMismatch,
     /// Too many failures from this source or for this user.
     Throttled,
-    /// Credentials that cannot be parsed.
+    /// Credentials that cannot be parsed, or computed for another Request-URI.
     Malformed,
     /// The user database is not loaded or is down for a user the cache does not know.
     Unavailable,
@@ -203,7 +245,6 @@ pub enum Why {
 pub struct Authenticator {
     cfg: Arc<AuthConfig>,
     shared: Arc<Shared>,
-    throttle: Throttle,
     worker: u64,
     counter: u64,
     /// HA1s that no user has, checked for unknown users so they cost what a wrong password
@@ -280,20 +321,8 @@ fn user_of(msg: &Message<'_>, header: HeaderName) -> Option<Vec<u8>> {
 }
 
 impl Authenticator {
-    pub fn new(cfg: Arc<AuthConfig>, shared: Arc<Shared>, worker: usize, workers: usize) -> Self {
-        let split = |n: u32| {
-            if n == 0 {
-                0
-            } else {
-                n.div_ceil(workers as u32).max(1)
-            }
-        };
+    pub fn new(cfg: Arc<AuthConfig>, shared: Arc<Shared>, worker: usize) -> Self {
         Authenticator {
-            throttle: Throttle::new(
-                split(cfg.max_failures_per_source),
-                split(cfg.max_failures_per_user),
-                cfg.failure_window_ms,
-            ),
             decoy: credentials::Secrets::from_password("", "", "decoy"),
             cfg,
             shared,
@@ -303,13 +332,13 @@ impl Authenticator {
         }
     }
 
-    /// The challenge header lines, one per algorithm.
-    fn challenge(&mut self, register: bool, now_ms: u64, stale: bool) -> String {
+    /// The challenge header lines, one per algorithm, with a nonce for `client`.
+    fn challenge(&mut self, register: bool, client: IpAddr, now_ms: u64, stale: bool) -> String {
         self.counter += 1;
         let nonce = self
             .shared
             .nonces
-            .issue(now_ms, self.worker << 48 | self.counter);
+            .issue(now_ms, self.worker << 48 | self.counter, client);
         let name = if register {
             "WWW-Authenticate"
         } else {
@@ -329,13 +358,20 @@ impl Authenticator {
         out
     }
 
-    fn challenge_verdict(&mut self, register: bool, now_ms: u64, stale: bool, why: Why) -> Verdict {
+    fn challenge_verdict(
+        &mut self,
+        register: bool,
+        client: IpAddr,
+        now_ms: u64,
+        stale: bool,
+        why: Why,
+    ) -> Verdict {
         let (code, reason) = if register {
             (401, "Unauthorized")
         } else {
             (407, "Proxy Authentication Required")
         };
-        let headers = self.challenge(register, now_ms, stale);
+        let headers = self.challenge(register, client, now_ms, stale);
         refuse(code, reason, headers, why)
     }
 
@@ -353,7 +389,14 @@ impl Authenticator {
     }
 
     /// Verifies the credentials of a request that is not [`exempt`](Self::exempt).
+    ///
+    /// The order is what keeps blind attackers out: everything an attacker can send without
+    /// having received a challenge at the address it claims (a made-up nonce, a spoofed
+    /// source, another user's name) is answered before the password is looked at and counts
+    /// against no one. Only a wrong answer to a fresh nonce issued to the answering address
+    /// is a failure.
     pub fn verify(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
+        let throttle = &self.shared.throttle;
         let throttled = || {
             refuse(
                 403,
@@ -362,7 +405,7 @@ impl Authenticator {
                 Why::Throttled,
             )
         };
-        if self.throttle.source_blocked(source, now_ms) {
+        if throttle.source_blocked(source, now_ms) {
             return throttled();
         }
         let register = msg.method() == Method::Register;
@@ -381,13 +424,18 @@ impl Authenticator {
             }
         }
         let Some(cred) = found else {
-            return self.challenge_verdict(register, now_ms, false, Why::NoCredentials);
+            return self.challenge_verdict(register, source, now_ms, false, Why::NoCredentials);
         };
         let Ok(username) = std::str::from_utf8(&cred.username) else {
             return refuse(400, "Malformed Credentials", String::new(), Why::Malformed);
         };
         if !self.cfg.algorithms.contains(&cred.algorithm) {
-            return self.challenge_verdict(register, now_ms, false, Why::Failed);
+            return self.challenge_verdict(register, source, now_ms, false, Why::Failed);
+        }
+        // Credentials are for one Request-URI (RFC 3261 §22.4, RFC 7616 §3.4.6): a response
+        // captured on its way to one destination must not carry a request to another.
+        if !digest_uri_matches(&self.cfg.server, msg, &cred.uri) {
+            return refuse(400, "Digest URI Mismatch", String::new(), Why::Malformed);
         }
         // The identity the request claims must be the one authenticated.
         let claimed = user_of(
@@ -399,7 +447,6 @@ impl Authenticator {
             },
         );
         if claimed.as_deref() != Some(cred.username.as_ref()) {
-            self.throttle.fail(source, username, now_ms);
             return refuse(
                 403,
                 "Identity Mismatch",
@@ -407,7 +454,20 @@ impl Authenticator {
                 Why::IdentityMismatch,
             );
         }
-        if self.throttle.user_blocked(username, now_ms) {
+        // The nonce must be ours (with our opaque: a challenge from before a restart has
+        // another), issued to this address, and fresh. If not, the client gets a new one
+        // (stale=true, so it retries without asking its user) and nothing is counted: the
+        // password was not even looked at, so there is nothing to learn from the answer.
+        let ours = cred.opaque.as_deref() == Some(self.shared.opaque.as_bytes());
+        let nonce = if ours {
+            self.shared.nonces.check(&cred.nonce, now_ms, source)
+        } else {
+            NonceState::Unknown
+        };
+        let NonceState::Fresh { id, issued_ms } = nonce else {
+            return self.challenge_verdict(register, source, now_ms, true, Why::Stale);
+        };
+        if throttle.user_blocked(username, source, now_ms) {
             return throttled();
         }
         let lookup = if self.shared.uncached {
@@ -435,31 +495,34 @@ impl Authenticator {
             cred.response.as_ref(),
         ));
         if !(matches && known) {
-            self.throttle.fail(source, username, now_ms);
-            return self.challenge_verdict(register, now_ms, false, Why::Failed);
+            self.shared.throttle.fail(source, username, now_ms);
+            return self.challenge_verdict(register, source, now_ms, false, Why::Failed);
         }
-        // The password is right; now the nonce must be ours (with our opaque: a challenge from
-        // before a restart has another), fresh, and its count unused.
-        let ours = cred.opaque.as_deref() == Some(self.shared.opaque.as_bytes());
-        let nonce = if ours {
-            self.shared.nonces.check(&cred.nonce, now_ms)
-        } else {
-            NonceState::Unknown
-        };
-        match nonce {
-            NonceState::Fresh { id, issued_ms } => {
-                let nc = cred.nc.unwrap_or(1);
-                match self.shared.counts.use_count(id, issued_ms, nc, now_ms) {
-                    Count::Accepted => Verdict::Pass,
-                    Count::Replay => self.challenge_verdict(register, now_ms, false, Why::Replay),
-                    Count::Forgotten => self.challenge_verdict(register, now_ms, true, Why::Stale),
-                }
+        // The password is right; the nonce count must not have been used before.
+        let nc = cred.nc.unwrap_or(1);
+        match self.shared.counts.use_count(id, issued_ms, nc, now_ms) {
+            Count::Accepted => {
+                self.shared.throttle.succeeded(source, username, now_ms);
+                Verdict::Pass
             }
-            NonceState::Stale | NonceState::Unknown => {
-                self.challenge_verdict(register, now_ms, true, Why::Stale)
-            }
+            Count::Replay => self.challenge_verdict(register, source, now_ms, false, Why::Replay),
+            Count::Forgotten => self.challenge_verdict(register, source, now_ms, true, Why::Stale),
         }
     }
+}
+
+/// Whether a digest `uri` names the request's Request-URI: the same scheme, user, host (any
+/// case) and port (a missing port standing for the scheme's default), whatever the
+/// parameters (RFC 3261 §19.1.4 is stricter, but clients and proxies add and drop
+/// parameters). A `uri` naming this server itself (its address or domain, no user) is also
+/// accepted, whatever the Request-URI: SIPp puts the address of the proxy it sends to there
+/// by default, binding its credentials to the proxy rather than to one destination.
+fn digest_uri_matches(server: &ServerNames, msg: &Message<'_>, digest_uri: &[u8]) -> bool {
+    let (Some(ruri), Ok(uri)) = (msg.request_uri(), sip_core::message::Uri::parse(digest_uri))
+    else {
+        return false;
+    };
+    ruri.raw == digest_uri || ruri.same_resource(&uri) || (uri.user.is_none() && server.names(&uri))
 }
 
 #[cfg(test)]

@@ -1,12 +1,15 @@
 //! Digest nonces that need no table: a nonce is the time it was issued, a per-worker counter
-//! and an HMAC-SHA256 of both under a secret made at start, so any worker can check any
-//! nonce and nothing can run out under load (OpenSIPS's fixed nonce table did, seeds 000 and
+//! and an HMAC-SHA256 of both and of the client's address under a secret made at start, so any
+//! worker can check any nonce, a nonce is good only from the address it was sent to (a
+//! spoofed datagram cannot answer one; Kamailio's `auth_checks` source-IP check), and nothing
+//! can run out under load (OpenSIPS's fixed nonce table did, seeds 000 and
 //! 004). Only nonces actually used are remembered, with the nonce counts seen, to refuse
 //! replays; that memory is bounded and forgets a nonce when it expires.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 /// Bytes of MAC kept in a nonce.
@@ -48,35 +51,41 @@ impl Nonces {
         self.lifetime_ms
     }
 
-    fn mac(&self, body: &[u8; 16]) -> [u8; MAC_LEN] {
+    fn mac(&self, body: &[u8; 16], client: IpAddr) -> [u8; MAC_LEN] {
         let mut m = Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length works");
         m.update(body);
+        let client = match client {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        m.update(&client.octets());
         let full = m.finalize().into_bytes();
         let mut out = [0u8; MAC_LEN];
         out.copy_from_slice(&full[..MAC_LEN]);
         out
     }
 
-    /// A new nonce issued at `now_ms` (Unix time); `counter` makes nonces issued in the same
-    /// millisecond differ (callers pass a per-worker count with the worker in its high bits).
-    pub fn issue(&self, now_ms: u64, counter: u64) -> String {
+    /// A new nonce for `client`, issued at `now_ms` (Unix time); `counter` makes nonces issued
+    /// in the same millisecond differ (callers pass a per-worker count with the worker in its
+    /// high bits).
+    pub fn issue(&self, now_ms: u64, counter: u64, client: IpAddr) -> String {
         let mut body = [0u8; 16];
         body[..8].copy_from_slice(&now_ms.to_be_bytes());
         body[8..].copy_from_slice(&counter.to_be_bytes());
         let mut out = String::with_capacity(NONCE_HEX_LEN);
         sip_core::hex::push(&body, &mut out);
-        sip_core::hex::push(&self.mac(&body), &mut out);
+        sip_core::hex::push(&self.mac(&body, client), &mut out);
         out
     }
 
-    /// Checks a nonce a client returned.
-    pub fn check(&self, nonce: &[u8], now_ms: u64) -> NonceState {
+    /// Checks a nonce `client` returned.
+    pub fn check(&self, nonce: &[u8], now_ms: u64, client: IpAddr) -> NonceState {
         let mut raw = [0u8; 16 + MAC_LEN];
         if !unhex(nonce, &mut raw) {
             return NonceState::Unknown;
         }
         let body: [u8; 16] = raw[..16].try_into().expect("16 bytes");
-        let mac = self.mac(&body);
+        let mac = self.mac(&body, client);
         // Constant time: a forger learns nothing from how long the refusal took.
         if !bool::from(subtle::ConstantTimeEq::ct_eq(&mac[..], &raw[16..])) {
             return NonceState::Unknown;
@@ -207,29 +216,41 @@ mod tests {
     #[test]
     fn nonces_check_out_until_they_expire_and_forgeries_do_not() {
         let n = Nonces::new([7; 32], 30_000);
-        let nonce = n.issue(1_000_000, 5);
+        let (client, other_client): (IpAddr, IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let nonce = n.issue(1_000_000, 5, client);
         assert_eq!(nonce.len(), NONCE_HEX_LEN);
         assert!(matches!(
-            n.check(nonce.as_bytes(), 1_010_000),
+            n.check(nonce.as_bytes(), 1_010_000, client),
             NonceState::Fresh {
                 issued_ms: 1_000_000,
                 ..
             }
         ));
-        assert_eq!(n.check(nonce.as_bytes(), 1_030_001), NonceState::Stale);
-        // Another secret (a restart), a changed time, garbage: not ours.
+        assert_eq!(
+            n.check(nonce.as_bytes(), 1_030_001, client),
+            NonceState::Stale
+        );
+        // From another address, another secret (a restart), a changed time, garbage: not ours.
+        assert_eq!(
+            n.check(nonce.as_bytes(), 1_010_000, other_client),
+            NonceState::Unknown
+        );
         let other = Nonces::new([8; 32], 30_000);
         assert_eq!(
-            other.check(nonce.as_bytes(), 1_000_000),
+            other.check(nonce.as_bytes(), 1_000_000, client),
             NonceState::Unknown
         );
         let mut forged = nonce.clone().into_bytes();
         forged[15] = if forged[15] == b'0' { b'1' } else { b'0' };
-        assert_eq!(n.check(&forged, 1_000_000), NonceState::Unknown);
-        assert_eq!(n.check(b"zz", 1_000_000), NonceState::Unknown);
-        assert_eq!(n.check("é".repeat(32).as_bytes(), 1), NonceState::Unknown);
+        assert_eq!(n.check(&forged, 1_000_000, client), NonceState::Unknown);
+        assert_eq!(n.check(b"zz", 1_000_000, client), NonceState::Unknown);
+        assert_eq!(
+            n.check("é".repeat(32).as_bytes(), 1, client),
+            NonceState::Unknown
+        );
         // Two nonces in one millisecond differ.
-        assert_ne!(n.issue(1, 1), n.issue(1, 2));
+        assert_ne!(n.issue(1, 1, client), n.issue(1, 2, client));
     }
 
     #[test]

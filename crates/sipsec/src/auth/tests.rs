@@ -24,6 +24,10 @@ fn config(trusted: &[&str]) -> AuthConfig {
         max_tracked_nonces: 10_000,
         proxychain: None,
         credential_cache: true,
+        server: ServerNames {
+            domains: vec!["example.test".into()],
+            addrs: vec!["127.0.0.1:5060".parse().unwrap()],
+        },
     }
 }
 
@@ -36,7 +40,7 @@ fn setup(trusted: &[&str]) -> (Authenticator, Arc<Credentials>) {
     )]);
     creds.set_state(CacheState::Current);
     let shared = Arc::new(Shared::new(&cfg, creds.clone()).unwrap());
-    (Authenticator::new(Arc::new(cfg), shared, 0, 1), creds)
+    (Authenticator::new(Arc::new(cfg), shared, 0), creds)
 }
 
 /// A request from `from_user`, with an extra header line (credentials) if given.
@@ -225,15 +229,15 @@ fn old_or_foreign_nonces_with_the_right_password_are_stale() {
         code_and_why(&check(&mut other, &text, NOW)),
         (407, Why::Stale)
     );
-    // But a wrong password on an old nonce is simply wrong.
+    // A wrong password on an old nonce is not even checked: stale too, and not a failure.
     let wrong = request(
         "INVITE",
         "alice",
         &answer(&c, "alice", "nope", "INVITE", 1, false),
     );
     let v = check(&mut a, &wrong, NOW + 31_000);
-    assert_eq!(code_and_why(&v), (407, Why::Failed));
-    assert!(!challenge_of(&v, "SHA-256").stale);
+    assert_eq!(code_and_why(&v), (407, Why::Stale));
+    assert!(challenge_of(&v, "SHA-256").stale);
 }
 
 #[test]
@@ -377,4 +381,184 @@ fn networks_contain_what_they_should() {
         .contains("8.8.8.8".parse().unwrap()));
     assert!(Network::parse("10.0.0.0/33").is_err());
     assert!(Network::parse("example.com").is_err());
+}
+
+fn check_from(a: &mut Authenticator, text: &str, source: &str, now: u64) -> Verdict {
+    let msg = Message::parse(text.as_bytes()).unwrap();
+    a.check(&msg, source.parse().unwrap(), now)
+}
+
+#[test]
+fn blind_datagrams_cannot_lock_a_user_out() {
+    let (mut a, _) = setup(&[]);
+    // Made-up credentials (all-zero nonce and response, no challenge fetched) from many
+    // spoofed sources: challenged again, counted against nobody.
+    let zeros = "0".repeat(64);
+    let forged = format!(
+        "Authorization: Digest username=\"alice\", realm=\"{REALM}\", nonce=\"{zeros}\", \
+         uri=\"sip:bob@example.test\", response=\"{}\", algorithm=MD5\r\n",
+        &zeros[..32]
+    );
+    for i in 0..50 {
+        let v = check_from(
+            &mut a,
+            &request("REGISTER", "alice", &forged),
+            &format!("192.0.2.{i}"),
+            NOW,
+        );
+        assert_eq!(code_and_why(&v), (401, Why::Stale));
+    }
+    // A real nonce, answered from an address it was not sent to (a spoofed copy of a
+    // challenge someone else fetched): not counted either.
+    let c = challenge_of(
+        &check_from(
+            &mut a,
+            &request("REGISTER", "alice", ""),
+            "198.51.100.1",
+            NOW,
+        ),
+        "MD5",
+    );
+    for i in 0..50 {
+        let wrong = answer(&c, "alice", "guess", "REGISTER", i + 1, true);
+        let v = check_from(
+            &mut a,
+            &request("REGISTER", "alice", &wrong),
+            &format!("192.0.2.{i}"),
+            NOW,
+        );
+        assert_eq!(code_and_why(&v), (401, Why::Stale));
+    }
+    // alice is not locked out.
+    let c = challenge_of(
+        &check(&mut a, &request("REGISTER", "alice", ""), NOW),
+        "MD5",
+    );
+    let right = answer(&c, "alice", "wonderland", "REGISTER", 1, true);
+    assert_eq!(
+        check(&mut a, &request("REGISTER", "alice", &right), NOW),
+        Verdict::Pass
+    );
+}
+
+#[test]
+fn a_guesser_locks_itself_out_but_not_the_users_own_device() {
+    let (mut a, _) = setup(&[]);
+    // alice's phone at 10.0.0.1 has authenticated before.
+    let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
+    let right = answer(&c, "alice", "wonderland", "INVITE", 1, false);
+    assert_eq!(
+        check(&mut a, &request("INVITE", "alice", &right), NOW),
+        Verdict::Pass
+    );
+    // Someone at 192.0.2.9 fetches real challenges and guesses: 4 failures (the limit).
+    for _ in 0..4 {
+        let c = challenge_of(
+            &check_from(&mut a, &request("INVITE", "alice", ""), "192.0.2.9", NOW),
+            "MD5",
+        );
+        let wrong = answer(&c, "alice", "guess", "INVITE", 1, false);
+        let v = check_from(
+            &mut a,
+            &request("INVITE", "alice", &wrong),
+            "192.0.2.9",
+            NOW,
+        );
+        assert_eq!(code_and_why(&v), (407, Why::Failed));
+    }
+    // The guesser is refused even with the right password; alice's phone is not.
+    let c = challenge_of(
+        &check_from(&mut a, &request("INVITE", "alice", ""), "192.0.2.9", NOW),
+        "MD5",
+    );
+    let stolen = answer(&c, "alice", "wonderland", "INVITE", 1, false);
+    let v = check_from(
+        &mut a,
+        &request("INVITE", "alice", &stolen),
+        "192.0.2.9",
+        NOW,
+    );
+    assert_eq!(code_and_why(&v), (403, Why::Throttled));
+    let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
+    let phone = answer(&c, "alice", "wonderland", "INVITE", 1, false);
+    assert_eq!(
+        check(&mut a, &request("INVITE", "alice", &phone), NOW),
+        Verdict::Pass
+    );
+}
+
+#[test]
+fn failure_limits_are_shared_by_the_workers() {
+    let cfg = config(&[]);
+    let creds = Arc::new(Credentials::new(REALM));
+    creds.set_state(CacheState::Current);
+    let shared = Arc::new(Shared::new(&cfg, creds).unwrap());
+    let cfg = Arc::new(cfg);
+    let mut workers = [
+        Authenticator::new(cfg.clone(), shared.clone(), 0),
+        Authenticator::new(cfg, shared, 1),
+    ];
+    // Four failures for mallory (the per-user limit), alternating between two workers.
+    for i in 0..4 {
+        let w = &mut workers[i % 2];
+        let c = challenge_of(&check(w, &request("INVITE", "mallory", ""), NOW), "MD5");
+        let wrong = answer(&c, "mallory", "x", "INVITE", 1, false);
+        assert_eq!(
+            code_and_why(&check(w, &request("INVITE", "mallory", &wrong), NOW)),
+            (407, Why::Failed)
+        );
+    }
+    let c = challenge_of(
+        &check(&mut workers[0], &request("INVITE", "mallory", ""), NOW),
+        "MD5",
+    );
+    let fifth = answer(&c, "mallory", "x", "INVITE", 1, false);
+    assert_eq!(
+        code_and_why(&check(
+            &mut workers[0],
+            &request("INVITE", "mallory", &fifth),
+            NOW
+        )),
+        (403, Why::Throttled)
+    );
+}
+
+#[test]
+fn credentials_for_another_request_uri_are_refused() {
+    let (mut a, _) = setup(&[]);
+    let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
+    // Computed for sip:bob@example.test, sent on a request to carol.
+    let creds = answer(&c, "alice", "wonderland", "INVITE", 1, false);
+    let to_carol = request("INVITE", "alice", &creds).replacen(
+        "INVITE sip:bob@example.test",
+        "INVITE sip:carol@example.test",
+        1,
+    );
+    let v = check(&mut a, &to_carol, NOW);
+    assert_eq!(code_and_why(&v), (400, Why::Malformed));
+    // Credentials for this server itself (SIPp's default uri) pass, wherever the request
+    // goes; credentials for another server or another user do not.
+    for (digest_uri, ruri, code) in [
+        ("sip:127.0.0.1:5060", "sip:carol@example.test", 200),
+        ("sip:example.test", "sip:carol@elsewhere.test", 200),
+        ("sip:192.0.2.1:5060", "sip:carol@elsewhere.test", 400),
+        ("sip:carol@127.0.0.1:5060", "sip:dave@example.test", 400),
+    ] {
+        let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
+        let value = c.authorization("alice", "wonderland", "INVITE", digest_uri, 1, "c");
+        let text = request(
+            "INVITE",
+            "alice",
+            &format!("Proxy-Authorization: {value}\r\n"),
+        )
+        .replacen("INVITE sip:bob@example.test", &format!("INVITE {ruri}"), 1);
+        assert_eq!(code_and_why(&check(&mut a, &text, NOW)).0, code, "{ruri}");
+    }
+    // The same resource written differently (case, default port, parameters) is fine.
+    let same = request("INVITE", "alice", &creds).replacen(
+        "INVITE sip:bob@example.test",
+        "INVITE sip:bob@EXAMPLE.test:5060;transport=udp",
+        1,
+    );
+    assert_eq!(check(&mut a, &same, NOW), Verdict::Pass);
 }
