@@ -58,6 +58,7 @@ struct RawServer {
     max_batch_delay_us: u64,
     max_transactions: usize,
     max_breadth: u32,
+    server_header: String,
     outbound_connections: OutboundConnections,
     idle_timeout_s: u64,
     message_timeout_ms: u64,
@@ -78,6 +79,7 @@ impl Default for RawServer {
             max_batch_delay_us: 500,
             max_transactions: 500_000,
             max_breadth: 60,
+            server_header: "sipsec".into(),
             outbound_connections: OutboundConnections::Reuse,
             idle_timeout_s: 120,
             message_timeout_ms: 10_000,
@@ -158,7 +160,10 @@ impl Default for RawAuth {
             scheme: crate::auth::Scheme::None,
             realm: None,
             methods: vec!["INVITE".into(), "REGISTER".into()],
-            algorithms: vec!["SHA-256".into(), "MD5".into()],
+            // MD5 alone by default: SIPp answers only the first challenge, and baresip and
+            // sipsak refuse a 401 offering any algorithm they lack, whatever the order (README,
+            // "Users and digest authentication").
+            algorithms: vec!["MD5".into()],
             nonce_lifetime_s: 300,
             trusted: Vec::new(),
             max_failures_per_source: 30,
@@ -219,7 +224,7 @@ impl RawAuth {
         })
     }
 
-    fn validate(self, domains: &[String]) -> Result<crate::auth::AuthConfig> {
+    fn validate(self, domains: &[String], listen: &[Listen]) -> Result<crate::auth::AuthConfig> {
         use sip_core::digest::Algorithm;
         let methods: Vec<String> = self
             .methods
@@ -285,6 +290,10 @@ impl RawAuth {
             max_failures_per_user: self.max_failures_per_user,
             failure_window_ms: self.failure_window_s.max(1) * 1000,
             max_tracked_nonces: self.max_tracked_nonces.max(1000),
+            server: crate::auth::ServerNames {
+                domains: domains.to_vec(),
+                addrs: listen.iter().map(|l| l.addr).collect(),
+            },
         })
     }
 }
@@ -431,6 +440,9 @@ pub struct Config {
     /// request may carry on: the parallel branches one request can fan out to, across every
     /// proxy it passes.
     pub max_breadth: u32,
+    /// The `Server` header line of responses made here ("" when none is sent); the version is
+    /// left out by default, so a prober learns less.
+    pub server_line: String,
     /// The default route: its URI text and where it sends.
     pub default_route: Option<(String, crate::transport::Peer)>,
     pub database_url: String,
@@ -451,7 +463,23 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Config::from_toml(&text).with_context(|| format!("invalid config file {}", path.display()))
+        let mut cfg = Config::from_toml(&text)
+            .with_context(|| format!("invalid config file {}", path.display()))?;
+        // Relative paths in the file mean relative to the file, wherever the command runs.
+        let base = path.parent().unwrap_or(Path::new(""));
+        cfg.database_url = crate::store::resolve_relative(&cfg.database_url, base);
+        for p in [&mut cfg.tls.cert, &mut cfg.tls.key, &mut cfg.tls.ca]
+            .into_iter()
+            .flatten()
+        {
+            *p = base.join(&*p);
+        }
+        if let Some(pc) = cfg.auth.proxychain.as_mut() {
+            if let Some(b) = pc.backup.as_mut() {
+                *b = base.join(&*b);
+            }
+        }
+        Ok(cfg)
     }
 
     /// Parses and validates TOML text (empty text gives the embedded defaults).
@@ -481,6 +509,9 @@ impl Config {
         }
         if raw.server.max_transactions < 16 {
             bail!("server.max_transactions: at least 16");
+        }
+        if raw.server.server_header.contains(['\r', '\n']) {
+            bail!("server.server_header: one line of text");
         }
         if !(1..=1000).contains(&raw.server.max_breadth) {
             bail!("server.max_breadth: must be between 1 and 1000");
@@ -547,7 +578,7 @@ impl Config {
             .iter()
             .map(|d| d.to_ascii_lowercase())
             .collect();
-        let auth = raw.auth.validate(&domains)?;
+        let auth = raw.auth.validate(&domains, &listen)?;
         let reg = raw.registrar;
         if reg.min_expires > reg.max_expires {
             bail!("registrar.min_expires: must not exceed registrar.max_expires");
@@ -610,6 +641,10 @@ impl Config {
             max_batch_delay_us: raw.server.max_batch_delay_us,
             max_transactions: raw.server.max_transactions,
             max_breadth: raw.server.max_breadth,
+            server_line: match raw.server.server_header.trim() {
+                "" => String::new(),
+                v => format!("Server: {v}\r\n"),
+            },
             default_route,
             database_url: url,
             registrar: RegistrarConfig {

@@ -1,6 +1,7 @@
 //! `sipsec serve`: opens the database, loads registrations, binds one socket per worker per
-//! listen address, runs the workers, and on SIGINT/SIGTERM stops them and flushes every
-//! queued registration to the database before exiting, so a restart loses nothing.
+//! listen address, runs the workers, logs its counters on SIGUSR1, and on SIGINT/SIGTERM
+//! stops them and flushes every queued registration to the database before exiting, so a
+//! restart loses nothing.
 
 use crate::config::{Config, Mode};
 use crate::engine::{stats, Engine};
@@ -10,7 +11,7 @@ use crate::store::{self, Store};
 use crate::streams::{self, Streams};
 use crate::transport::Transport;
 use crate::worker::{self, Worker};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -62,7 +63,7 @@ fn start_proxychain(
         return Ok(None);
     };
     let (Some(cert), Some(key), Some(ca)) = (&cfg.tls.cert, &cfg.tls.key, &cfg.tls.ca) else {
-        anyhow::bail!(
+        bail!(
             "auth: proxychain needs tls.cert and tls.key (this proxy's identity at the \
              authority) and tls.ca (to verify the authority)"
         );
@@ -97,6 +98,7 @@ pub fn run(cfg: Config) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the database runtime")?;
+    claim_addresses(&cfg.listen)?;
     let started = Instant::now();
     let epoch_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
     let (store, loaded) = runtime.block_on(async {
@@ -116,6 +118,14 @@ pub fn run(cfg: Config) -> Result<()> {
         signal_hook::flag::register(signal, shutdown.clone())
             .context("cannot install signal handlers")?;
     }
+    // SIGUSR1 logs the counters; SIGHUP (an operator's habit for "reload") is harmless until
+    // reloading exists. Unhandled, either would kill the server without flushing.
+    let report = Arc::new(AtomicBool::new(false));
+    let hangup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, report.clone())
+        .context("cannot install signal handlers")?;
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hangup.clone())
+        .context("cannot install signal handlers")?;
 
     let mut senders = Vec::new();
     let mut mailboxes = Vec::new();
@@ -233,24 +243,35 @@ pub fn run(cfg: Config) -> Result<()> {
         cfg.domains.join(", "),
         cfg.workers,
         if cfg.workers == 1 { "" } else { "s" },
-        cfg.database_url,
+        crate::store::redacted(&cfg.database_url),
         loaded.bindings.len(),
     );
     let _ = std::io::stdout().flush();
 
+    let totals = || -> Vec<String> {
+        stats::total(&all_stats)
+            .into_iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
+    };
     while !shutdown.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
+        if report.swap(false, Ordering::Relaxed) {
+            tracing::info!("counters; {}", totals().join(" "));
+        }
+        if hangup.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                "SIGHUP: reloading the configuration is not supported yet; nothing changed"
+            );
+        }
     }
     tracing::info!("shutting down");
     for h in handles {
         let _ = h.join();
     }
     store.flush_blocking();
-    let totals: Vec<String> = stats::total(&all_stats)
-        .into_iter()
-        .filter(|(_, v)| *v > 0)
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
+    let totals = totals();
     if let Some((shared, _)) = &proxychain {
         let c = &channel_stats;
         let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
@@ -268,4 +289,72 @@ pub fn run(cfg: Config) -> Result<()> {
         tracing::info!("stopped; {}", totals.join(" "));
     }
     Ok(())
+}
+
+/// Refuses to start on an address another process already serves. The workers' sockets use
+/// SO_REUSEPORT, which would otherwise let a second server silently share the port (and split
+/// traffic and registrations between two databases): a probe bound without it fails when the
+/// address is taken, whoever holds it.
+fn claim_addresses(listen: &[crate::config::Listen]) -> Result<()> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    for l in listen.iter().filter(|l| l.addr.port() != 0) {
+        let (kind, protocol) = match l.transport {
+            Transport::Udp => (Type::DGRAM, Protocol::UDP),
+            _ => (Type::STREAM, Protocol::TCP),
+        };
+        let probe = Socket::new(Domain::for_address(l.addr), kind, Some(protocol))
+            .context("cannot create a socket")?;
+        if l.transport.reliable() {
+            // Connections of an earlier run in TIME_WAIT do not hold the address.
+            probe.set_reuse_address(true)?;
+        }
+        if let Err(e) = probe.bind(&SockAddr::from(l.addr)) {
+            let holder = holder(l.transport, l.addr.port())
+                .map(|h| format!(" by {h}"))
+                .unwrap_or_default();
+            bail!("cannot listen on {l}: the address is already in use{holder} ({e})");
+        }
+    }
+    Ok(())
+}
+
+/// The process holding a socket on `port` (listening, for TCP), from /proc: "pid N (name)".
+/// Best effort: None when /proc does not say (another user's process, another namespace).
+fn holder(transport: Transport, port: u16) -> Option<String> {
+    let tables: &[&str] = match transport {
+        Transport::Udp => &["/proc/net/udp", "/proc/net/udp6"],
+        _ => &["/proc/net/tcp", "/proc/net/tcp6"],
+    };
+    let mut inodes = Vec::new();
+    for table in tables {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f
+                .get(1)
+                .and_then(|a| a.rsplit_once(':'))
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            let listening = transport == Transport::Udp || f.get(3) == Some(&"0A");
+            if local_port == Some(port) && listening {
+                inodes.extend(f.get(9).map(|i| format!("socket:[{i}]")));
+            }
+        }
+    }
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = entry.file_name().to_string_lossy().to_string();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let target = std::fs::read_link(fd.path()).unwrap_or_default();
+            if inodes.iter().any(|i| target.as_os_str() == i.as_str()) {
+                let name = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+                return Some(format!("pid {pid} ({})", name.trim()));
+            }
+        }
+    }
+    None
 }

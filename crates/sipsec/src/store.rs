@@ -16,6 +16,7 @@ use crate::location::{Binding, BindingChange, SharedChange};
 use anyhow::{Context, Result};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
+use std::path::Path;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
@@ -130,6 +131,56 @@ pub struct Loaded {
     pub known_aors: Vec<String>,
 }
 
+/// A database URL fit for logs and messages: the password in its user information, and any
+/// `password=` parameter, replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    let mut out = url.to_string();
+    if let Some(scheme_end) = out.find("://") {
+        let rest = scheme_end + 3;
+        let authority_end = out[rest..].find(['/', '?']).map_or(out.len(), |i| rest + i);
+        if let Some(at) = out[rest..authority_end].rfind('@') {
+            if let Some(colon) = out[rest..rest + at].find(':') {
+                out.replace_range(rest + colon + 1..rest + at, "***");
+            }
+        }
+    }
+    if let Some(q) = out.find('?') {
+        let (head, query) = out.split_at(q + 1);
+        let query: Vec<String> = query
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => kv.to_string(),
+            })
+            .collect();
+        out = format!("{head}{}", query.join("&"));
+    }
+    out
+}
+
+/// A SQLite URL with a relative file path taken from `base` (the directory of the config
+/// file that named it), so a command run from elsewhere opens the same database. Other URLs
+/// come back unchanged.
+pub fn resolve_relative(url: &str, base: &Path) -> String {
+    let Some(rest) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    else {
+        return url.to_string();
+    };
+    let (path, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
+    if path.is_empty() || path.starts_with('/') || path.starts_with(":memory:") {
+        return url.to_string();
+    }
+    let base = if base.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        base
+    };
+    let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
+    format!("sqlite://{}{query}", base.join(path).display())
+}
+
 fn normalise_url(url: &str) -> String {
     let url = url.replacen("mariadb://", "mysql://", 1);
     if url.starts_with("sqlite:") && !url.contains("mode=") && !url.contains(":memory:") {
@@ -159,7 +210,7 @@ impl Store {
             .acquire_timeout(Duration::from_secs(5))
             .connect(&normalise_url(url))
             .await
-            .with_context(|| format!("cannot open database {url}"))?;
+            .with_context(|| format!("cannot open database {}", redacted(url)))?;
         let store = Store { pool, dialect };
         store
             .migrate()
@@ -410,6 +461,41 @@ pub fn spawn_writer(store: Store, runtime: &tokio::runtime::Runtime) -> StoreHan
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn passwords_never_reach_a_log_line() {
+        assert_eq!(
+            redacted("postgres://sipsec:s3cret@db.example:5432/sip"),
+            "postgres://sipsec:***@db.example:5432/sip"
+        );
+        assert_eq!(
+            redacted("mysql://u:p@ss:w@host/db?password=again&ssl-mode=required"),
+            "mysql://u:***@host/db?password=***&ssl-mode=required"
+        );
+        assert_eq!(redacted("postgres://host/db"), "postgres://host/db");
+        assert_eq!(redacted("sqlite://sipsec.db"), "sqlite://sipsec.db");
+    }
+
+    #[test]
+    fn relative_sqlite_paths_are_taken_from_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        assert_eq!(
+            resolve_relative("sqlite://sipsec.db", dir.path()),
+            format!("sqlite://{}", base.join("sipsec.db").display())
+        );
+        assert_eq!(
+            resolve_relative("sqlite:data/x.db?mode=rwc", dir.path()),
+            format!("sqlite://{}?mode=rwc", base.join("data/x.db").display())
+        );
+        for unchanged in [
+            "sqlite:///var/lib/x.db",
+            "sqlite::memory:",
+            "postgres://h/db",
+        ] {
+            assert_eq!(resolve_relative(unchanged, dir.path()), unchanged);
+        }
+    }
     use super::*;
     use std::sync::Arc;
 
@@ -569,11 +655,7 @@ mod tests {
             );
             let mut known = loaded.known_aors;
             known.sort();
-            assert_eq!(
-                known,
-                vec!["a@x", "b@x"],
-                "expired b@x is still known (480, not 404)"
-            );
+            assert_eq!(known, vec!["a@x", "b@x"], "expired b@x is still known");
         });
     }
 }

@@ -55,6 +55,8 @@ pub fn run(args: UsersArgs) -> Result<()> {
         .build()?;
     runtime.block_on(async {
         let store = Store::connect(&cfg.database_url).await?;
+        // On stderr, so `list` stays a plain list.
+        eprintln!("database: {}", crate::store::redacted(&cfg.database_url));
         match args.action {
             UsersAction::Add { username, password } => {
                 if !userdb::valid_username(&username) {

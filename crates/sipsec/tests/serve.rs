@@ -390,3 +390,114 @@ Content-Length: 0\r\n\r\n",
     assert!(!answer.contains(top_via_line), "our Via was popped");
     server.stop();
 }
+
+#[test]
+fn a_second_server_on_a_taken_address_refuses_to_start_naming_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(24500);
+    let first = Server::start(dir.path(), &server_config(port, dir.path(), ""));
+    let other = tempfile::tempdir().unwrap();
+    for listen in [
+        format!("udp:127.0.0.1:{port}"),
+        format!("tcp:127.0.0.1:{}", port + 1),
+    ] {
+        // The TCP address is held by a plain listener here: whoever holds it, we refuse.
+        let _tcp = std::net::TcpListener::bind(format!("127.0.0.1:{}", port + 1)).unwrap();
+        let path = other.path().join("second.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[server]\nlisten = [\"{listen}\"]\n[database]\nurl = \"sqlite://second.db\"\n"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(["serve", "--config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{listen}: started beside the first");
+        assert!(err.contains("already in use"), "{listen}: {err}");
+        assert!(err.contains("pid "), "{listen}: names the holder: {err}");
+    }
+    assert!(first.stop().success());
+}
+
+#[test]
+fn hangup_and_usr1_do_not_stop_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(24600);
+    let server = Server::start_logged(dir.path(), &server_config(port, dir.path(), ""));
+    let ep = Endpoint::bind("127.0.0.1:0");
+    ep.send(
+        &format!("127.0.0.1:{port}"),
+        &register_text(port, &ep.addr, "z9hG4bKsig"),
+    );
+    assert!(ep.recv().starts_with("SIP/2.0 200"));
+    for signal in [libc::SIGHUP, libc::SIGUSR1] {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(server.child.id() as i32, signal) };
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let log = server.log();
+    assert!(
+        log.contains("reloading the configuration is not supported"),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("counters;") && l.contains("registrations=1")),
+        "{log}"
+    );
+    // Still serving, and it stops cleanly, with the registration written.
+    ep.send(
+        &format!("127.0.0.1:{port}"),
+        &register_text(port, &ep.addr, "z9hG4bKsig2").replace("CSeq: 1", "CSeq: 2"),
+    );
+    assert!(ep.recv().starts_with("SIP/2.0 200"));
+    let counters = server.stop_counters();
+    assert_eq!(counters.get("registrations"), 2);
+}
+
+#[test]
+fn relative_database_paths_follow_the_config_file_and_passwords_are_never_printed() {
+    let etc = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let config = etc.path().join("sipsec.toml");
+    std::fs::write(&config, "[database]\nurl = \"sqlite://users.db\"\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["users", "--config"])
+        .arg(&config)
+        .args(["add", "alice", "--password", "pw"])
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let resolved = etc.path().canonicalize().unwrap().join("users.db");
+    assert!(err.contains(&resolved.display().to_string()), "{err}");
+    assert!(resolved.exists() && !elsewhere.path().join("users.db").exists());
+
+    // A database URL with a password, unreachable: the error names it without the password.
+    std::fs::write(
+        &config,
+        "[database]\nurl = \"postgres://sipsec:hunter2@127.0.0.1:9/sip\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success());
+    assert!(
+        all.contains("postgres://sipsec:***@127.0.0.1:9/sip"),
+        "{all}"
+    );
+    assert!(!all.contains("hunter2"), "{all}");
+}

@@ -111,9 +111,16 @@ impl AuthdConfig {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("cannot read {}", p.display()))?;
-                toml::from_str::<File>(&text)
+                let mut cfg = toml::from_str::<File>(&text)
                     .with_context(|| format!("{}", p.display()))?
-                    .authd
+                    .authd;
+                // Relative paths in the file mean relative to the file.
+                let base = p.parent().unwrap_or(std::path::Path::new(""));
+                cfg.database = crate::store::resolve_relative(&cfg.database, base);
+                for p in [&mut cfg.cert, &mut cfg.key, &mut cfg.ca] {
+                    *p = base.join(&*p);
+                }
+                cfg
             }
             None => AuthdConfig::default(),
         };
@@ -257,7 +264,7 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
         cfg.realm,
         cfg.hash,
         cfg.chain_length,
-        cfg.database
+        crate::store::redacted(&cfg.database)
     );
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -268,11 +275,19 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
     let report = Arc::new(std::sync::atomic::AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGUSR1, report.clone())
         .context("cannot install signal handlers")?;
+    let hangup = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hangup.clone())
+        .context("cannot install signal handlers")?;
     let stats = authority.clone();
     let stopped = async {
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             if report.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 log_counters("counters", &stats.stats);
+            }
+            if hangup.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    "SIGHUP: reloading the configuration is not supported yet; nothing changed"
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
