@@ -39,7 +39,8 @@ pub enum BindingChange {
 pub enum Lookup<'a> {
     /// Live bindings, best `q` first.
     Found(Vec<&'a Binding>),
-    /// The AOR has registered before but has no live binding now (480).
+    /// The AOR has registered before but has no live binding now (answered 404 like an
+    /// unknown one, so probers cannot tell them apart).
     Unavailable,
     /// Never heard of it (404).
     Unknown,

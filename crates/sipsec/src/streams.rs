@@ -387,6 +387,12 @@ impl Streams {
         } else {
             c.pending_since.or(Some(now))
         };
+        if framed.too_large {
+            // Consumed above: the oversize message starts the buffer now.
+            if let Some(answer) = engine.oversize_response(now, peer, &c.io.inbuf) {
+                c.io.queue(&answer);
+            }
+        }
         let wants_flush = c.io.has_output() && !c.dirty;
         let invalid = framed.invalid;
         self.framed = framed;
@@ -394,7 +400,11 @@ impl Streams {
             self.mark_dirty(slot);
         }
         match (end, invalid) {
-            (_, Some(why)) => self.close(now, slot, Close::Framing(why)),
+            (_, Some(why)) => {
+                // Whatever was answered (a 513) goes out before the connection closes.
+                self.flush_one(slot);
+                self.close(now, slot, Close::Framing(why))
+            }
             (ReadEnd::Drained, None) => self.rearm_if_earlier(slot),
             (ReadEnd::Closed, None) => {
                 // Answers to what the peer sent before closing may still be queued: flush

@@ -336,6 +336,26 @@ fn hostile_peers_are_refused_or_timed_out_and_counted_while_calls_go_on() {
         .write_all(b"OPTIONS sip:x SIP/2.0\r\nVia: x\r\n\r\n")
         .unwrap();
     assert!(closed_within(&mut unframed, Duration::from_secs(2)).is_some());
+    // A message over max_message_size (a header of 20 kB, and a body too long) is answered
+    // 513, as over UDP, before the connection closes.
+    for (header, body_len) in [
+        ("X-Pad: ".to_string() + &"a".repeat(20_000), 0),
+        (String::new(), 40_000),
+    ] {
+        let mut big = TcpStream::connect(tcp_addr).unwrap();
+        let head = format!(
+            "OPTIONS sip:x@example.test SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:9;branch=z9hG4bKbig\r\n\
+From: <sip:a@example.test>;tag=1\r\nTo: <sip:x@example.test>\r\nCall-ID: big\r\nCSeq: 1 OPTIONS\r\n\
+Max-Forwards: 70\r\n{header}{}Content-Length: {body_len}\r\n\r\n",
+            if header.is_empty() { "" } else { "\r\n" }
+        );
+        let _ = big.write_all(head.as_bytes());
+        big.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(&big), &mut answer);
+        assert!(answer.starts_with("SIP/2.0 513"), "{answer:?}");
+        assert!(closed_within(&mut big, Duration::from_secs(2)).is_some());
+    }
 
     // Slowloris: half a message, and a TLS connection that never says hello. Both are closed
     // after message_timeout_ms, not after the idle timeout.

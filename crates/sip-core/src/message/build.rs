@@ -128,3 +128,60 @@ pub fn cancel_for(request: &Message<'_>, out: &mut Vec<u8>) {
     }
     out.extend_from_slice(b"Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n");
 }
+
+/// Builds an error response to a request the parser refused, copying its raw Via lines and
+/// whichever of From, To, Call-ID and CSeq it has (RFC 4475 §3.1.2.18 asks for a 400 even
+/// when they are missing), then `extra` (header lines, each ending in CRLF). Returns false,
+/// with nothing written, for responses, ACKs, and text without a Via to answer along.
+pub fn salvage_response(
+    data: &[u8],
+    code: u16,
+    reason: &str,
+    extra: &[u8],
+    out: &mut Vec<u8>,
+) -> bool {
+    let mut lines = data
+        .split(|b| *b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let Some(first) = lines.next() else {
+        return false;
+    };
+    if first.len() >= 4 && first[..4].eq_ignore_ascii_case(b"SIP/") || first.starts_with(b"ACK ") {
+        return false;
+    }
+    let mut wanted: [Option<&[u8]>; 4] = [None; 4];
+    let mut vias: Vec<&[u8]> = Vec::new();
+    for line in lines {
+        if line.is_empty() {
+            break;
+        }
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            continue;
+        };
+        let name = super::scan::trim(&line[..colon]);
+        let slot = match HeaderName::from_bytes(name) {
+            HeaderName::Via => {
+                vias.push(line);
+                continue;
+            }
+            HeaderName::From => 0,
+            HeaderName::To => 1,
+            HeaderName::CallId => 2,
+            HeaderName::CSeq => 3,
+            _ => continue,
+        };
+        wanted[slot].get_or_insert(line);
+    }
+    if vias.is_empty() {
+        return false;
+    }
+    let reason: String = reason.chars().filter(|c| !c.is_control()).collect();
+    let _ = write!(out, "SIP/2.0 {code} {reason}\r\n");
+    for line in vias.iter().copied().chain(wanted.iter().flatten().copied()) {
+        out.extend_from_slice(line);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(extra);
+    out.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+    true
+}

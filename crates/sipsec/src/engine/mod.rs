@@ -142,7 +142,6 @@ enum Decision {
 }
 
 const ALLOW: &str = "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER\r\n";
-const SERVER: &str = "Server: sipsec/0.1\r\n";
 
 /// The SIP engine of one worker.
 pub struct Engine {
@@ -272,7 +271,6 @@ impl Engine {
             Arc::new(self.cfg.auth.clone()),
             shared,
             self.worker,
-            self.cfg.workers,
         ));
     }
 
@@ -421,7 +419,7 @@ impl Engine {
                     self.tx.len()
                 );
             }
-            let busy = Self::local_response(msg, 503, "Service Unavailable", "Retry-After: 1\r\n");
+            let busy = self.local_response(msg, 503, "Service Unavailable", "Retry-After: 1\r\n");
             fx.transmits
                 .push((response_peer(msg.top_via(), source), busy));
             return;
@@ -570,10 +568,11 @@ impl Engine {
 
     /// A response generated here: `headers` (CRLF-terminated lines) plus our Server header,
     /// with a deterministic To tag.
-    fn local_response(msg: &Message<'_>, code: u16, reason: &str, headers: &str) -> Bytes {
-        let mut extra = String::with_capacity(headers.len() + SERVER.len());
+    fn local_response(&self, msg: &Message<'_>, code: u16, reason: &str, headers: &str) -> Bytes {
+        let server = &self.cfg.server_line;
+        let mut extra = String::with_capacity(headers.len() + server.len());
         extra.push_str(headers);
-        extra.push_str(SERVER);
+        extra.push_str(server);
         let tag = local_tag(msg);
         let mut out = Vec::with_capacity(msg.as_bytes().len() / 2 + extra.len() + 64);
         build::response(
@@ -601,7 +600,7 @@ impl Engine {
         headers: &str,
         fx: &mut Effects,
     ) {
-        let data = Self::local_response(msg, code, reason, headers);
+        let data = self.local_response(msg, code, reason, headers);
         inc(&self.stats.local_responses);
         let dest = response_peer(msg.top_via(), source);
         if self.cfg.stateful {

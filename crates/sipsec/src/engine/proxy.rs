@@ -4,9 +4,7 @@
 //! by Via.
 
 use super::stats::inc;
-use super::{
-    branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Target, SERVER,
-};
+use super::{branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Target};
 use crate::transport::{Peer, Transport};
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
@@ -89,7 +87,8 @@ impl Engine {
             );
             if method == Method::Invite {
                 let mut out = Vec::with_capacity(msg.as_bytes().len() / 2);
-                build::response(msg, 100, "Trying", None, SERVER.as_bytes(), b"", &mut out);
+                let server = self.cfg.server_line.as_bytes();
+                build::response(msg, 100, "Trying", None, server, b"", &mut out);
                 self.tx
                     .respond(now, id, 100, Bytes::from(out), &mut self.outputs);
             }
@@ -396,7 +395,7 @@ impl Engine {
             408,
             "Request Timeout",
             Some(&local_tag(&req)),
-            SERVER.as_bytes(),
+            self.cfg.server_line.as_bytes(),
             b"",
             &mut resp,
         );

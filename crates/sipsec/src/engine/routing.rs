@@ -201,11 +201,10 @@ impl Engine {
                     };
                 }
                 (_, Some(_)) => {}
-                (Lookup::Unavailable, None) => {
-                    inc(&self.stats.unroutable);
-                    return respond(480, "Temporarily Unavailable");
-                }
-                (Lookup::Unknown, None) => {
+                // A user whose bindings all expired gets the answer of a user who never
+                // registered (as Kamailio's default script does): a prober cannot tell who
+                // once had an account here. Challenge the method to hide more (README).
+                (Lookup::Unavailable | Lookup::Unknown, None) => {
                     inc(&self.stats.unroutable);
                     return respond(404, "Not Found");
                 }

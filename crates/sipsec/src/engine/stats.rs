@@ -36,7 +36,7 @@ counters! {
     loops: "requests answered 482, and registered contacts or routes pointing back at this server",
     breadth_limited: "forks cut to fewer branches, or refused 440, by Max-Breadth (RFC 5393)",
     too_many_hops: "requests answered 483",
-    unroutable: "requests with no route (404/480)",
+    unroutable: "requests with no route (404)",
     stray_responses: "responses matching no transaction, dropped",
     branch_timeouts: "client transactions that timed out",
     handoffs: "datagrams passed to the worker owning their transaction",

@@ -235,7 +235,19 @@ fn unknown_and_unregistered_users() {
         ALICE,
         &request("INVITE", "sip:carol@example.test", "z9hG4bKu2", ""),
     );
-    assert_eq!(sent.last().unwrap().status(), Some(480));
+    // A user who registered once looks like one who never did.
+    let unregistered = sent.last().unwrap();
+    assert_eq!(unregistered.status(), Some(404));
+    let nobody = request("INVITE", "sip:nobody@example.test", "z9hG4bKu3", "");
+    let (sent, _) = deliver(&mut e, 30, ALICE, &nobody);
+    let reason = |s: &Sent| s.text.lines().next().unwrap().to_string();
+    assert_eq!(reason(unregistered), reason(sent.last().unwrap()));
+    // And no response made here names our version.
+    assert!(
+        unregistered.text.contains("Server: sipsec\r\n"),
+        "{}",
+        unregistered.text
+    );
 }
 
 #[test]
@@ -267,7 +279,7 @@ fn registrations_expire() {
         ALICE,
         &request("OPTIONS", "sip:dave@example.test", "z9hG4bKe2", ""),
     );
-    assert_eq!(sent[0].status(), Some(480));
+    assert_eq!(sent[0].status(), Some(404));
 }
 
 #[test]
@@ -587,6 +599,14 @@ fn bad_requests_get_precise_answers() {
     assert!(sent.is_empty());
     let (sent, _) = deliver(&mut e, 0, ALICE, "SIP/2.0 200 OK\r\nVia: broken\r\n\r\n");
     assert!(sent.is_empty());
+    // RFC 4475 §3.1.2.18 (insuf): a Via but no From, To or Call-ID still gets its 400.
+    let insuf = "INVITE sip:user@example.com SIP/2.0\r\nCSeq: 193942 INVITE\r\n\
+Via: SIP/2.0/UDP 192.0.2.95;branch=z9hG4bKkdj.insuf\r\nContent-Type: application/sdp\r\n\
+l: 0\r\n\r\n";
+    let (sent, _) = deliver(&mut e, 0, ALICE, insuf);
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].text.starts_with("SIP/2.0 400 "), "{}", sent[0].text);
+    assert!(sent[0].text.contains("branch=z9hG4bKkdj.insuf"));
     let snapshot = e.stats().snapshot();
     let get = |k: &str| snapshot.iter().find(|(n, _)| *n == k).unwrap().1;
     assert_eq!(get("oversize"), 1);

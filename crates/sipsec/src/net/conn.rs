@@ -40,6 +40,8 @@ pub struct Framed {
     pub ping: bool,
     /// The stream cannot be framed (no Content-Length, oversize); close it.
     pub invalid: Option<&'static str>,
+    /// What made it invalid was a message over the size limit, starting at `consumed`.
+    pub too_large: bool,
 }
 
 impl StreamConn {
@@ -152,6 +154,7 @@ impl StreamConn {
         out.consumed = 0;
         out.ping = false;
         out.invalid = None;
+        out.too_large = false;
         loop {
             match next_frame(&self.inbuf[out.consumed..], max) {
                 Frame::Incomplete => break,
@@ -162,6 +165,11 @@ impl StreamConn {
                 Frame::Message(len) => {
                     out.messages.push((out.consumed, len));
                     out.consumed += len;
+                }
+                Frame::TooLarge => {
+                    out.invalid = Some("message too large");
+                    out.too_large = true;
+                    break;
                 }
                 Frame::Invalid(why) => {
                     out.invalid = Some(why);
