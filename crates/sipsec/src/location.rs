@@ -34,6 +34,23 @@ pub enum BindingChange {
     RemoveAll { aor: Box<str> },
 }
 
+impl BindingChange {
+    /// What the change is about, for a log line: the AOR and contact, cut to 80 bytes each.
+    pub fn describe(&self) -> String {
+        let cut = |s: &str| match s.char_indices().nth(80) {
+            Some((i, _)) => format!("{}…", &s[..i]),
+            None => s.to_string(),
+        };
+        match self {
+            BindingChange::Upsert { aor, binding } => {
+                format!("{} -> {}", cut(aor), cut(&binding.contact))
+            }
+            BindingChange::Remove { aor, contact } => format!("{} -/-> {}", cut(aor), cut(contact)),
+            BindingChange::RemoveAll { aor } => format!("{} (all)", cut(aor)),
+        }
+    }
+}
+
 /// What a lookup found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup<'a> {

@@ -109,7 +109,7 @@ pub fn run(cfg: Config) -> Result<()> {
             .context("cannot load registrations")?;
         anyhow::Ok((store, loaded))
     })?;
-    let store = store::spawn_writer(store, &runtime);
+    let store = store::spawn_writer(store, &cfg.database_url, &runtime);
     let auth = start_auth(&cfg, &runtime)?;
     let proxychain = start_proxychain(&cfg)?;
 

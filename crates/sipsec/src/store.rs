@@ -6,8 +6,11 @@
 //! thread of their own with a single-threaded tokio runtime: workers hand it
 //! [`BindingChange`]s over a channel, and it commits whatever has queued up in one
 //! transaction, so a burst of registrations costs one commit. On shutdown the server flushes
-//! the queue before exiting. If the database fails, the batch is kept and retried, the error
-//! is logged once per retry period, and registrations keep working from memory.
+//! the queue before exiting. If the database does not answer, the batch is kept and retried,
+//! the error is logged once per outage, and registrations keep working from memory; if it
+//! answers but refuses one change, that change alone is dropped and logged, so it cannot hold
+//! up the others. A SQLite file deleted or replaced under the server is noticed before the
+//! next write and opened anew.
 //!
 //! The schema is a list of migrations applied in order under a lock, so processes opening a
 //! fresh database at once (`serve` and `authd`) neither fail nor apply one twice.
@@ -318,6 +321,37 @@ impl Store {
         })
     }
 
+    /// Applies a batch in one transaction; if that fails while the database answers, applies
+    /// its changes one by one, so a change the database refuses (a value its columns cannot
+    /// hold) cannot hold up the others. Returns the refused changes with why, and fails only
+    /// when the database does not answer (the batch is then to be retried whole).
+    pub async fn write_isolating(
+        &self,
+        changes: &[SharedChange],
+    ) -> Result<Vec<(SharedChange, String)>> {
+        let Err(batch_error) = self.write(changes).await else {
+            return Ok(Vec::new());
+        };
+        if changes.len() == 1 && !self.answers().await {
+            return Err(batch_error);
+        }
+        let mut refused = Vec::new();
+        for change in changes {
+            if let Err(e) = self.write(std::slice::from_ref(change)).await {
+                if !self.answers().await {
+                    return Err(e);
+                }
+                refused.push((change.clone(), format!("{e:#}")));
+            }
+        }
+        Ok(refused)
+    }
+
+    /// Whether the database answers a trivial query.
+    async fn answers(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
     /// Applies a batch of changes in one transaction.
     pub async fn write(&self, changes: &[SharedChange]) -> Result<()> {
         let d = self.dialect;
@@ -404,9 +438,44 @@ impl StoreHandle {
     }
 }
 
-/// Starts the write-behind thread for a connected store, on the given runtime.
-pub fn spawn_writer(store: Store, runtime: &tokio::runtime::Runtime) -> StoreHandle {
+/// A SQLite database file and the inode it had when opened: SQLite goes on writing to a file
+/// that was deleted (or replaced) under it, so every write would be lost without a word.
+struct SqliteFile {
+    url: String,
+    path: std::path::PathBuf,
+    inode: (u64, u64),
+}
+
+impl SqliteFile {
+    fn of(url: &str) -> Option<SqliteFile> {
+        use std::os::unix::fs::MetadataExt;
+        let rest = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))?;
+        let path = rest.split('?').next()?;
+        if path.is_empty() || path.starts_with(":memory:") {
+            return None;
+        }
+        let meta = std::fs::metadata(path).ok()?;
+        Some(SqliteFile {
+            url: url.to_string(),
+            path: path.into(),
+            inode: (meta.dev(), meta.ino()),
+        })
+    }
+
+    fn still_there(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.inode)
+    }
+}
+
+/// Starts the write-behind thread for a connected store (opened from `url`), on the given
+/// runtime.
+pub fn spawn_writer(store: Store, url: &str, runtime: &tokio::runtime::Runtime) -> StoreHandle {
     let (tx, mut rx) = mpsc::unbounded_channel::<Command>();
+    let mut sqlite_file = SqliteFile::of(url);
+    let mut store = store;
     runtime.spawn(async move {
         let mut pending: Vec<SharedChange> = Vec::new();
         let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
@@ -427,11 +496,31 @@ pub fn spawn_writer(store: Store, runtime: &tokio::runtime::Runtime) -> StoreHan
             while let Ok(cmd) = rx.try_recv() {
                 queue(cmd, &mut pending, &mut waiters);
             }
+            if let Some(file) = sqlite_file.as_ref().filter(|f| !f.still_there()) {
+                tracing::error!(
+                    "the database file {} was deleted or replaced: registrations are saved to \
+                     a new file from now on (each earlier binding again at its next refresh)",
+                    file.path.display()
+                );
+                match Store::connect(&file.url).await {
+                    Ok(fresh) => {
+                        store = fresh;
+                        sqlite_file = SqliteFile::of(&file.url);
+                    }
+                    Err(e) => tracing::error!("{e:#}"),
+                }
+            }
             if !pending.is_empty() {
-                match store.write(&pending).await {
-                    Ok(()) => {
+                match store.write_isolating(&pending).await {
+                    Ok(refused) => {
                         if std::mem::take(&mut failing) {
                             tracing::info!("database writes recovered");
+                        }
+                        for (change, why) in refused {
+                            tracing::error!(
+                                "the database refused a registration change, dropped ({}): {why}",
+                                change.describe()
+                            );
                         }
                         pending.clear();
                     }
@@ -563,20 +652,22 @@ mod tests {
         drop: String,
     }
 
-    /// Runs [`concurrent_first_opens`] in a fresh namespace of the database `var` names.
-    /// Making one needs a right the test user may lack outside CI (`.ci/run` grants it):
-    /// then the test is skipped, as it is without the variable.
-    fn migrate_concurrently_in(var: &str, fresh: impl FnOnce(&str, &str) -> Fresh) {
+    /// Runs `test` on the URL of a fresh namespace of the database `var` names. Making one
+    /// needs a right the test user may lack outside CI (`.ci/run` grants it): then the test
+    /// is skipped, as it is without the variable.
+    fn in_fresh<F: std::future::Future<Output = ()>>(
+        var: &str,
+        what: &str,
+        fresh: impl FnOnce(&str, &str) -> Fresh,
+        test: impl FnOnce(String) -> F,
+    ) {
         let under_ci = std::env::var_os("CI").is_some();
         let Ok(base) = std::env::var(var) else {
             assert!(!under_ci, "{var} must name a database under CI");
             eprintln!("{var} not set: skipped");
             return;
         };
-        let f = fresh(
-            &base,
-            &format!("sipsec_test_migrate_{}", std::process::id()),
-        );
+        let f = fresh(&base, &format!("sipsec_test_{what}_{}", std::process::id()));
         multi_thread().block_on(async {
             sqlx::any::install_default_drivers();
             let admin = sqlx::AnyPool::connect(&base).await.unwrap();
@@ -588,33 +679,91 @@ mod tests {
                     return;
                 }
             }
-            concurrent_first_opens(&f.url).await;
+            test(f.url.clone()).await;
             sqlx::query(&f.drop).execute(&admin).await.unwrap();
         });
     }
 
+    fn postgres_schema(base: &str, name: &str) -> Fresh {
+        let sep = if base.contains('?') { '&' } else { '?' };
+        Fresh {
+            create: vec![format!("CREATE SCHEMA {name}")],
+            url: format!("{base}{sep}options=-c%20search_path%3D{name}"),
+            drop: format!("DROP SCHEMA IF EXISTS {name} CASCADE"),
+        }
+    }
+
+    fn mariadb_database(base: &str, name: &str) -> Fresh {
+        let (server, _) = base.rsplit_once('/').expect("a URL ending in /database");
+        Fresh {
+            create: vec![format!("CREATE DATABASE {name}")],
+            url: format!("{server}/{name}"),
+            drop: format!("DROP DATABASE IF EXISTS {name}"),
+        }
+    }
+
     #[test]
     fn a_fresh_postgres_schema_opened_at_once_from_several_places_is_migrated_once() {
-        migrate_concurrently_in("SIPSEC_TEST_POSTGRES", |base, name| {
-            let sep = if base.contains('?') { '&' } else { '?' };
-            Fresh {
-                create: vec![format!("CREATE SCHEMA {name}")],
-                url: format!("{base}{sep}options=-c%20search_path%3D{name}"),
-                drop: format!("DROP SCHEMA IF EXISTS {name} CASCADE"),
-            }
-        });
+        in_fresh(
+            "SIPSEC_TEST_POSTGRES",
+            "migrate",
+            postgres_schema,
+            |url| async move { concurrent_first_opens(&url).await },
+        );
     }
 
     #[test]
     fn a_fresh_mariadb_database_opened_at_once_from_several_places_is_migrated_once() {
-        migrate_concurrently_in("SIPSEC_TEST_MARIADB", |base, name| {
-            let (server, _) = base.rsplit_once('/').expect("a URL ending in /database");
-            Fresh {
-                create: vec![format!("CREATE DATABASE {name}")],
-                url: format!("{server}/{name}"),
-                drop: format!("DROP DATABASE IF EXISTS {name}"),
-            }
-        });
+        in_fresh(
+            "SIPSEC_TEST_MARIADB",
+            "migrate",
+            mariadb_database,
+            |url| async move { concurrent_first_opens(&url).await },
+        );
+    }
+
+    /// A batch with a change the database refuses (a Contact longer than its column, which
+    /// the registrar would have refused at the door): the others are written, and the
+    /// refused one is reported instead of blocking every later batch.
+    async fn one_refused_change_does_not_block_the_batch(url: String) {
+        let store = Store::connect(&url).await.unwrap();
+        let long = format!("sip:a@{}.example", "x".repeat(600));
+        let batch: Vec<SharedChange> = ["sip:a@1.2.3.4", &long, "sip:a@5.6.7.8"]
+            .iter()
+            .map(|c| {
+                Arc::new(BindingChange::Upsert {
+                    aor: "a@x".into(),
+                    binding: binding(c, 10_000),
+                })
+            })
+            .collect();
+        let refused = store.write_isolating(&batch).await.unwrap();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(refused[0].1.contains("too long"), "{}", refused[0].1);
+        let loaded = store.load(0).await.unwrap();
+        let mut contacts: Vec<_> = loaded.bindings.iter().map(|(_, b)| &*b.contact).collect();
+        contacts.sort();
+        assert_eq!(contacts, ["sip:a@1.2.3.4", "sip:a@5.6.7.8"]);
+    }
+
+    #[test]
+    fn postgres_writes_around_a_refused_change() {
+        in_fresh(
+            "SIPSEC_TEST_POSTGRES",
+            "isolate",
+            postgres_schema,
+            one_refused_change_does_not_block_the_batch,
+        );
+    }
+
+    #[test]
+    fn mariadb_writes_around_a_refused_change() {
+        in_fresh(
+            "SIPSEC_TEST_MARIADB",
+            "isolate",
+            mariadb_database,
+            one_refused_change_does_not_block_the_batch,
+        );
     }
 
     #[test]

@@ -501,3 +501,39 @@ fn relative_database_paths_follow_the_config_file_and_passwords_are_never_printe
     );
     assert!(!all.contains("hunter2"), "{all}");
 }
+
+#[test]
+fn a_deleted_database_file_is_noticed_and_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(24700);
+    let config = server_config(port, dir.path(), "");
+    let proxy = format!("127.0.0.1:{port}");
+    let server = Server::start_logged(dir.path(), &config);
+    let ep = Endpoint::bind("127.0.0.8:0");
+    ep.send(&proxy, &register_text(port, &ep.addr, "z9hG4bKdel1"));
+    assert!(ep.recv().starts_with("SIP/2.0 200"));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // An operator (or a clean-up job) deletes the database under the running server.
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("s.db{suffix}")));
+    }
+    // The next registrations are not lost into the deleted file.
+    for i in 0..2 {
+        let text = register_text(port, &ep.addr, &format!("z9hG4bKdel2{i}"))
+            .replace("carol", &format!("dave{i}"))
+            .replace(&format!("reg-{port}"), &format!("reg-{port}-{i}"));
+        ep.send(&proxy, &text);
+        assert!(ep.recv().starts_with("SIP/2.0 200"));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let log = server.log();
+    assert!(server.stop().success());
+    assert!(log.contains("was deleted or replaced"), "{log}");
+    let server = Server::start(dir.path(), &config);
+    // The two made after the deletion; carol's, from before, returns at her next refresh.
+    assert!(
+        server.banner.contains("2 registrations loaded"),
+        "{}",
+        server.banner
+    );
+}

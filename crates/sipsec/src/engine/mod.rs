@@ -454,6 +454,11 @@ impl Engine {
                 );
                 if outcome.code == 200 {
                     inc(&self.stats.registrations);
+                } else {
+                    inc(&self.stats.registrations_refused);
+                    if self.log.allow(now) {
+                        tracing::warn!(%source, "REGISTER refused: {} {}", outcome.code, outcome.reason);
+                    }
                 }
                 for change in outcome.changes {
                     self.location.apply(&change);

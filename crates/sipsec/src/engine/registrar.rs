@@ -32,6 +32,27 @@ impl Outcome {
     }
 }
 
+/// The longest address-of-record, Contact URI and Call-ID a binding may have, in bytes: what
+/// the store's columns hold in every database (PostgreSQL and MariaDB count characters, which
+/// are never more than bytes).
+pub const MAX_AOR: usize = 255;
+pub const MAX_CONTACT: usize = 512;
+pub const MAX_CALL_ID: usize = 255;
+
+/// RFC 3261 §25.1: `qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )`.
+fn valid_qvalue(q: &[u8]) -> bool {
+    let (int, frac) = match q.iter().position(|b| *b == b'.') {
+        Some(dot) => (&q[..dot], Some(&q[dot + 1..])),
+        None => (q, None),
+    };
+    let frac_ok = |digit: fn(&u8) -> bool| frac.is_none_or(|f| f.len() <= 3 && f.iter().all(digit));
+    match int {
+        b"0" => frac_ok(u8::is_ascii_digit),
+        b"1" => frac_ok(|d| *d == b'0'),
+        _ => false,
+    }
+}
+
 struct Requested<'a> {
     contact: NameAddr<'a>,
     expires: u32,
@@ -56,6 +77,14 @@ pub fn register(
     };
     let call_id = String::from_utf8_lossy(msg.call_id());
     let cseq = msg.cseq().seq;
+    // What the store's columns hold (location_bindings): refused here with a clear answer
+    // rather than accepted and then never written.
+    if aor.len() > MAX_AOR {
+        return Outcome::reject(400, "Address-of-Record Too Long");
+    }
+    if call_id.len() > MAX_CALL_ID {
+        return Outcome::reject(400, "Call-ID Too Long");
+    }
     let existing: Vec<&Binding> = location.bindings(aor, now_unix_ms).collect();
 
     if msg.contact_is_star() {
@@ -94,6 +123,16 @@ pub fn register(
     });
     if parsed.is_err() {
         return Outcome::reject(400, "Bad Contact header");
+    }
+    for r in &requested {
+        if r.contact.uri.raw.len() > MAX_CONTACT {
+            return Outcome::reject(400, "Contact Too Long");
+        }
+        if let Some(q) = r.contact.params.get(b"q") {
+            if !q.is_some_and(valid_qvalue) {
+                return Outcome::reject(400, "Bad q parameter");
+            }
+        }
     }
     if bad_expires {
         return Outcome::reject(400, "Bad expires parameter");
@@ -170,5 +209,20 @@ pub fn register(
         reason: "OK",
         headers,
         changes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_qvalue;
+
+    #[test]
+    fn qvalues_are_what_rfc_3261_allows() {
+        for ok in ["0", "1", "0.5", "0.123", "1.0", "1.000", "0."] {
+            assert!(valid_qvalue(ok.as_bytes()), "{ok}");
+        }
+        for bad in ["abc", "", "2", "1.5", "0.1234", "-1", "0,5", ".5", "1.001"] {
+            assert!(!valid_qvalue(bad.as_bytes()), "{bad}");
+        }
     }
 }

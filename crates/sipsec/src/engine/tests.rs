@@ -1043,3 +1043,70 @@ fn contacts_pointing_at_the_server_itself_are_refused_and_never_followed() {
     let statuses: Vec<_> = sent.iter().map(Sent::status).collect();
     assert_eq!(statuses, [Some(482)], "nothing sent to ourselves");
 }
+
+#[test]
+fn registrations_the_store_cannot_hold_are_refused_at_the_door() {
+    let mut e = engine("");
+    let long_host = "h".repeat(600);
+    let cases = [
+        (format!("<sip:bob@{long_host}>"), "Contact Too Long"),
+        (format!("<sip:bob@{BOB1}>;q=abc"), "Bad q parameter"),
+        (format!("<sip:bob@{BOB1}>;q=1.5"), "Bad q parameter"),
+    ];
+    for (i, (contact, reason)) in cases.iter().enumerate() {
+        let (sent, fx) = deliver(
+            &mut e,
+            0,
+            BOB1,
+            &register("bob", contact, "", &format!("z9hG4bKdoor1{i}"), 1),
+        );
+        assert_eq!(
+            sent[0].text.lines().next().unwrap(),
+            format!("SIP/2.0 400 {reason}")
+        );
+        assert!(fx.changes.is_empty(), "nothing reaches the store");
+    }
+    let long_user = "u".repeat(300);
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register(
+            &long_user,
+            &format!("<sip:x@{BOB1}>"),
+            "",
+            "z9hG4bKdoor2",
+            1,
+        ),
+    );
+    assert!(sent[0]
+        .text
+        .starts_with("SIP/2.0 400 Address-of-Record Too Long"));
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKdoor3", 1)
+            .replace("Call-ID: reg-bob", &format!("Call-ID: {}", "c".repeat(300))),
+    );
+    assert!(sent[0].text.starts_with("SIP/2.0 400 Call-ID Too Long"));
+    let refused = e
+        .stats
+        .registrations_refused
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(refused, 5);
+    // A good q is kept.
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register(
+            "bob",
+            &format!("<sip:bob@{BOB1}>;q=0.5"),
+            "",
+            "z9hG4bKdoor4",
+            1,
+        ),
+    );
+    assert!(sent[0].text.contains(";q=0.5"), "{}", sent[0].text);
+}
