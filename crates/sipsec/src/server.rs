@@ -200,9 +200,16 @@ pub fn run(cfg: Config) -> Result<()> {
                 binding: binding.clone(),
             });
         }
+        let udp_v6 = cfg
+            .listen
+            .iter()
+            .filter(|l| l.transport == Transport::Udp)
+            .map(|l| l.addr.is_ipv6())
+            .collect();
         let worker = Worker {
             engine,
             sockets,
+            udp_v6,
             streams,
             epoll,
             mailbox,

@@ -82,7 +82,10 @@ impl std::fmt::Display for Transport {
     }
 }
 
-/// A stream connection, by the worker that owns it and its slot there; 0 is "none".
+/// The local end of a message: for streams a connection, by the worker that owns it and its
+/// slot there; for UDP the listening socket, by its index among the UDP listen addresses, plus
+/// one. 0 is "none": the driver finds (or opens) a connection, or picks a UDP socket of the
+/// destination's address family.
 pub type ConnId = u32;
 
 /// Where a message came from or goes to.
@@ -90,12 +93,32 @@ pub type ConnId = u32;
 pub struct Peer {
     pub transport: Transport,
     pub addr: SocketAddr,
-    /// The connection to use when it is still open (streams); 0 lets the driver find or open
-    /// one to `addr`.
+    /// Streams: the connection to use while it is still open. UDP: the socket a request came
+    /// in on, so its responses leave from the address it was sent to (RFC 3581 §4). See
+    /// [`ConnId`].
     pub conn: ConnId,
 }
 
 impl Peer {
+    /// A UDP peer reached through our UDP socket number `socket`.
+    pub fn udp_via(addr: SocketAddr, socket: usize) -> Peer {
+        Peer {
+            transport: Transport::Udp,
+            addr,
+            conn: socket as ConnId + 1,
+        }
+    }
+
+    /// For UDP, the index of the socket to send from, if one is set.
+    pub fn udp_socket(&self) -> Option<usize> {
+        (self.transport == Transport::Udp && self.conn != 0).then(|| self.conn as usize - 1)
+    }
+
+    /// Whether `conn` names a stream connection.
+    pub fn stream_conn(&self) -> Option<ConnId> {
+        (self.transport.reliable() && self.conn != 0).then_some(self.conn)
+    }
+
     pub fn udp(addr: SocketAddr) -> Peer {
         Peer {
             transport: Transport::Udp,

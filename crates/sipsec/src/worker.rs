@@ -82,6 +82,8 @@ const MAILBOX: u64 = 0xffff_ffff;
 pub struct Worker {
     pub engine: Engine,
     pub sockets: Vec<Socket>,
+    /// Whether each UDP socket is IPv6, by index.
+    pub udp_v6: Vec<bool>,
     pub streams: Streams,
     pub epoll: Epoll,
     pub mailbox: Mailbox,
@@ -146,7 +148,7 @@ impl Worker {
                     self.streams
                         .on_event(now, ev, &mut self.engine, &mut fx, &self.epoll);
                 } else if let Some(&fd) = fds.get(token as usize) {
-                    self.receive_udp(fd, &mut batch, &mut fx);
+                    self.receive_udp(token as usize, fd, &mut batch, &mut fx);
                 }
             }
             let now = self.now();
@@ -180,8 +182,8 @@ impl Worker {
         }
     }
 
-    /// One `recvmmsg` batch from a UDP socket the wait found readable.
-    fn receive_udp(&mut self, fd: RawFd, batch: &mut RecvBatch, fx: &mut Effects) {
+    /// One `recvmmsg` batch from UDP socket number `socket`, which the wait found readable.
+    fn receive_udp(&mut self, socket: usize, fd: RawFd, batch: &mut RecvBatch, fx: &mut Effects) {
         match batch.recv(fd) {
             Ok(0) => {}
             Ok(n) => {
@@ -189,11 +191,49 @@ impl Worker {
                 self.coalescer.record(now, n);
                 for i in 0..n {
                     if let Some((source, data)) = batch.get(i) {
-                        self.engine.on_datagram(now, Peer::udp(source), data, fx);
+                        let source = Peer::udp_via(source, socket);
+                        self.engine.on_datagram(now, source, data, fx);
                     }
                 }
             }
             Err(e) => tracing::warn!("receive failed: {e}"),
+        }
+    }
+
+    /// Sends datagrams from the socket each names (`Peer::udp_socket`), or else the first of
+    /// the destination's address family, one `sendmmsg` run per socket. Returns how many
+    /// could not be sent.
+    fn send_udp(&self, fds: &[RawFd], sender: &mut SendBatch, out: &mut [(Peer, Bytes)]) -> usize {
+        let socket_for = |p: &Peer| {
+            p.udp_socket()
+                .filter(|&s| s < fds.len())
+                .or_else(|| self.udp_v6.iter().position(|&v6| v6 == p.addr.is_ipv6()))
+        };
+        match fds {
+            // No UDP listener to send from (a contact registered over UDP with a
+            // stream-only server).
+            [] => out.len(),
+            [fd] => sender.send(*fd, out, |p| p.addr),
+            _ => {
+                // Runs of one socket, in the order they were queued within each socket.
+                out.sort_by_key(|(p, _)| socket_for(p));
+                let mut failed = 0;
+                let mut start = 0;
+                while start < out.len() {
+                    let socket = socket_for(&out[start].0);
+                    let end = start
+                        + out[start..]
+                            .iter()
+                            .take_while(|(p, _)| socket_for(p) == socket)
+                            .count();
+                    failed += match socket {
+                        Some(s) => sender.send(fds[s], &out[start..end], |p| p.addr),
+                        None => end - start,
+                    };
+                    start = end;
+                }
+                failed
+            }
         }
     }
 
@@ -219,12 +259,7 @@ impl Worker {
                 }
             }
             if !udp_out.is_empty() {
-                let failed = match fds.first() {
-                    Some(&fd) => sender.send(fd, udp_out, |p| p.addr),
-                    // No UDP listener to send from (a contact registered over UDP with a
-                    // stream-only server).
-                    None => udp_out.len(),
-                };
+                let failed = self.send_udp(fds, sender, udp_out);
                 self.engine
                     .stats()
                     .send_errors

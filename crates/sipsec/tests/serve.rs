@@ -537,3 +537,78 @@ fn a_deleted_database_file_is_noticed_and_replaced() {
         server.banner
     );
 }
+
+/// Receives one datagram: its text and the address it came from.
+fn recv_from(ep: &Endpoint) -> (String, String) {
+    let mut buf = vec![0u8; 65_536];
+    let (n, from) = ep
+        .socket
+        .recv_from(&mut buf)
+        .expect("no datagram within 3 s");
+    (
+        String::from_utf8_lossy(&buf[..n]).into_owned(),
+        from.to_string(),
+    )
+}
+
+fn options(to: &str, from: &Endpoint, branch: &str) -> String {
+    format!(
+        "OPTIONS {to} SIP/2.0\r\nVia: SIP/2.0/UDP {};branch={branch}\r\nMax-Forwards: 70\r\n\
+From: <sip:a@example.test>;tag=1\r\nTo: <{to}>\r\nCall-ID: {branch}\r\nCSeq: 1 OPTIONS\r\n\
+Content-Length: 0\r\n\r\n",
+        from.addr
+    )
+}
+
+#[test]
+fn dual_stack_and_several_udp_listeners_answer_from_the_address_asked() {
+    let port = ports(26100);
+    let v4 = format!("127.0.0.1:{port}");
+    let v4b = format!("127.0.0.1:{}", port + 1);
+    let v6 = format!("[::1]:{}", port + 2);
+    for listen in [
+        [v4.clone(), v6.clone(), v4b.clone()],
+        [v6.clone(), v4b.clone(), v4.clone()],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let list: Vec<String> = listen.iter().map(|a| format!("\"udp:{a}\"")).collect();
+        let config = format!(
+            "[server]\nlisten = [{}]\ndomains = [\"example.test\"]\nworkers = 2\n\
+[database]\nurl = \"sqlite://{}\"\n",
+            list.join(", "),
+            dir.path().join("s.db").display()
+        );
+        let server = Server::start(dir.path(), &config);
+        let c4 = Endpoint::bind("127.0.0.1:0");
+        let c6 = Endpoint::bind("[::1]:0");
+        // Each listener answers from itself: connected clients (sipsak) see only that.
+        for (i, (ep, to)) in [(&c4, &v4), (&c4, &v4b), (&c6, &v6)]
+            .into_iter()
+            .enumerate()
+        {
+            ep.send(
+                to,
+                &options(&format!("sip:{to}"), ep, &format!("z9hG4bKds{i}")),
+            );
+            let (answer, from) = recv_from(ep);
+            assert!(
+                answer.starts_with("SIP/2.0 200"),
+                "{listen:?} {to}: {answer}"
+            );
+            assert_eq!(&from, to, "{listen:?}: answered from another address");
+        }
+        // Across families: an IPv4 caller reaches a callee registered over IPv6, and the
+        // request leaves from our IPv6 address with a Via of that family.
+        let callee = Endpoint::bind("[::1]:0");
+        callee.send(&v6, &register_text(port, &callee.addr, "z9hG4bKds6"));
+        assert!(callee.recv().starts_with("SIP/2.0 200"));
+        c4.send(&v4b, &options_to_carol(&c4, "z9hG4bKdsx"));
+        let (forwarded, from) = recv_from(&callee);
+        assert_eq!(from, v6, "{forwarded}");
+        assert!(
+            forwarded.contains(&format!("Via: SIP/2.0/UDP {v6};")),
+            "{forwarded}"
+        );
+        server.stop();
+    }
+}

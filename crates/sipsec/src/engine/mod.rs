@@ -143,12 +143,26 @@ enum Decision {
 
 const ALLOW: &str = "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER\r\n";
 
+/// Where we send from on one transport and address family: its first listen address, as we
+/// put it in Via and Record-Route.
+#[derive(Debug)]
+struct Side {
+    transport: Transport,
+    v6: bool,
+    /// `host:port` for Via.
+    via_host: String,
+    /// Our Record-Route URI on this side.
+    record_route: String,
+    /// For UDP, the index of its socket among the UDP listen addresses.
+    udp_socket: Option<usize>,
+}
+
 /// The SIP engine of one worker.
 pub struct Engine {
     cfg: Arc<Config>,
     worker: usize,
-    /// Per transport we listen on: the `host:port` we put in Via, and our Record-Route URI.
-    via_hosts: Vec<(Transport, String, String)>,
+    /// Per transport and address family we listen on, where we send from.
+    sides: Vec<Side>,
     local_addrs: Vec<SocketAddr>,
     epoch_unix_ms: u64,
     tx: Transactions<Peer, Link>,
@@ -196,7 +210,11 @@ fn response_peer(via: &Via<'_>, source: Peer) -> Peer {
     if source.transport.reliable() {
         source
     } else {
-        Peer::udp(response_dest(via, source.addr))
+        // From the socket the request came in on (RFC 3581 §4).
+        Peer {
+            addr: response_dest(via, source.addr),
+            ..source
+        }
     }
 }
 
@@ -214,19 +232,34 @@ impl Engine {
     /// A worker's engine. `epoch_unix_ms` is the Unix time at monotonic 0.
     pub fn new(cfg: Arc<Config>, worker: usize, epoch_unix_ms: u64, stats: Arc<Stats>) -> Engine {
         let local_addrs: Vec<SocketAddr> = cfg.listen.iter().map(|l| l.addr).collect();
-        let mut via_hosts: Vec<(Transport, String, String)> = Vec::new();
+        let mut sides: Vec<Side> = Vec::new();
+        let mut udp_sockets = 0;
         for l in &cfg.listen {
-            if via_hosts.iter().all(|(t, ..)| *t != l.transport) {
+            let udp_socket = (l.transport == Transport::Udp).then(|| {
+                udp_sockets += 1;
+                udp_sockets - 1
+            });
+            let v6 = l.addr.is_ipv6();
+            if sides
+                .iter()
+                .all(|s| (s.transport, s.v6) != (l.transport, v6))
+            {
                 let host = hostport(l.addr);
-                let rr = match l.transport {
+                let record_route = match l.transport {
                     Transport::Udp => format!("sip:{host};lr"),
                     t => format!("sip:{host};transport={t};lr"),
                 };
-                via_hosts.push((l.transport, host, rr));
+                sides.push(Side {
+                    transport: l.transport,
+                    v6,
+                    via_host: host,
+                    record_route,
+                    udp_socket,
+                });
             }
         }
         Engine {
-            via_hosts,
+            sides,
             local_addrs,
             worker,
             epoch_unix_ms,
@@ -359,8 +392,8 @@ impl Engine {
             self.on_request(now, source, &msg, fx);
         } else {
             inc(&self.stats.responses_in);
-            if source.conn != 0 && ends_call(&msg) {
-                fx.finished_calls.push(source.conn);
+            if let Some(conn) = source.stream_conn().filter(|_| ends_call(&msg)) {
+                fx.finished_calls.push(conn);
             }
             if let Some(owner) = msg.top_via().branch.and_then(branch::owner) {
                 if owner != self.worker && owner < self.cfg.workers {

@@ -4,7 +4,7 @@
 //! by Via.
 
 use super::stats::inc;
-use super::{branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Target};
+use super::{branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Side, Target};
 use crate::transport::{Peer, Transport};
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
@@ -37,11 +37,11 @@ impl Engine {
             if self.is_own_listener(&target.dest) {
                 own = true;
                 inc(&self.stats.loops);
-            } else if let Some(side) = via_index(&self.via_hosts, target.dest.transport) {
+            } else if let Some(side) = self.side(target.dest) {
                 usable.push((target, side));
             } else {
-                // Configuration decides which transports we have; a target on another one
-                // is unreachable from here.
+                // Configuration decides which transports and address families we have; a
+                // target on another one is unreachable from here.
                 inc(&self.stats.unroutable);
             }
         }
@@ -99,7 +99,12 @@ impl Engine {
         for (i, &(target, out_side)) in usable.iter().enumerate() {
             // Between two transports, record-route twice (RFC 5658): each side of the
             // dialog reaches us over its own.
-            let in_side = via_index(&self.via_hosts, source.transport).filter(|&i| i != out_side);
+            let in_side = self.side(source).filter(|&i| i != out_side);
+            // Over UDP, from the socket whose address is in our Via.
+            let dest = match self.sides[out_side].udp_socket {
+                Some(socket) => Peer::udp_via(target.dest.addr, socket),
+                None => target.dest,
+            };
             let branch = if stateful {
                 self.counter += 1;
                 branch::stateful(self.worker, hash, self.counter)
@@ -109,7 +114,11 @@ impl Engine {
             let mut out = Vec::new();
             {
                 let mut rw = Rewriter::new(msg, &mut self.splice);
-                let (_, via_host, rr_out) = &self.via_hosts[out_side];
+                let Side {
+                    via_host,
+                    record_route: rr_out,
+                    ..
+                } = &self.sides[out_side];
                 rw.stamp_top_via(source.addr, source.transport.reliable());
                 rw.push_via(target.dest.transport.via_token(), via_host, &branch);
                 rw.decrement_max_forwards();
@@ -121,7 +130,7 @@ impl Engine {
                     // Inserted in this order, the downstream side's entry ends up on top.
                     rw.push_record_route(rr_out);
                     if let Some(i) = in_side {
-                        rw.push_record_route(&self.via_hosts[i].2);
+                        rw.push_record_route(&self.sides[i].record_route);
                     }
                 }
                 if let Some(ruri) = &target.request_uri {
@@ -143,8 +152,8 @@ impl Engine {
                         data,
                         branch.as_bytes(),
                         msg.method_raw(),
-                        target.dest,
-                        target.dest.transport.reliable(),
+                        dest,
+                        dest.transport.reliable(),
                         link,
                         &mut self.outputs,
                     );
@@ -153,7 +162,7 @@ impl Engine {
                         ctx.pending += 1;
                     }
                 }
-                None => fx.transmits.push((target.dest, data)),
+                None => fx.transmits.push((dest, data)),
             }
         }
     }
@@ -423,9 +432,14 @@ pub(super) fn response_rank(code: u16) -> u16 {
     }
 }
 
-/// Which of our per-transport Via hosts serves `transport`.
-fn via_index(hosts: &[(Transport, String, String)], transport: Transport) -> Option<usize> {
-    hosts.iter().position(|(t, ..)| *t == transport)
+impl Engine {
+    /// Which of our sides reaches `peer`: the same transport and address family.
+    fn side(&self, peer: Peer) -> Option<usize> {
+        let v6 = peer.addr.is_ipv6();
+        self.sides
+            .iter()
+            .position(|s| s.transport == peer.transport && s.v6 == v6)
+    }
 }
 
 /// Where a response goes next when forwarded by Via (RFC 3261 §18.2.2): the received

@@ -1110,3 +1110,55 @@ fn registrations_the_store_cannot_hold_are_refused_at_the_door() {
     );
     assert!(sent[0].text.contains(";q=0.5"), "{}", sent[0].text);
 }
+
+#[test]
+fn each_address_family_is_sent_from_a_listener_of_its_own_or_refused_at_once() {
+    for order in [
+        ["tcp:127.0.0.1:5060", "tcp:[::1]:5062"],
+        ["tcp:[::1]:5062", "tcp:127.0.0.1:5060"],
+    ] {
+        let cfg = Config::from_toml(&format!(
+            "[server]\nlisten = [\"udp:{PROXY}\", \"{}\", \"{}\"]\ndomains = [\"example.test\"]\n",
+            order[0], order[1]
+        ))
+        .unwrap();
+        let mut e = Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()));
+        for (target, via) in [
+            (
+                "sip:x@[::1]:7000;transport=tcp",
+                "Via: SIP/2.0/TCP [::1]:5062;",
+            ),
+            (
+                "sip:x@127.0.0.9:7000;transport=tcp",
+                "Via: SIP/2.0/TCP 127.0.0.1:5060;",
+            ),
+        ] {
+            let (sent, _) = deliver(
+                &mut e,
+                0,
+                ALICE,
+                &request(
+                    "OPTIONS",
+                    target,
+                    &format!("z9hG4bKfam{}", target.len()),
+                    "",
+                ),
+            );
+            let fwd = sent
+                .iter()
+                .find(|s| s.status().is_none())
+                .expect("forwarded");
+            assert!(fwd.text.contains(via), "{order:?} {target}: {}", fwd.text);
+        }
+    }
+    // UDP to IPv6 with no IPv6 UDP listener: 503 at once, not a 32 s wait for 408.
+    let mut e = engine("");
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        ALICE,
+        &request("OPTIONS", "sip:x@[::1]:7000", "z9hG4bKnov6", ""),
+    );
+    let statuses: Vec<_> = sent.iter().map(Sent::status).collect();
+    assert_eq!(statuses, [Some(503)]);
+}
