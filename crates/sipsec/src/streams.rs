@@ -27,6 +27,7 @@ use crate::net::conn::{Framed, ReadEnd, StreamConn};
 use crate::net::epoll::{self, Epoll, Event};
 use crate::tls::{ClientTls, HandshakeKind, ServerTls, Session};
 use crate::transport::{ConnId, Peer, Transport};
+use bytes::Bytes;
 use sip_core::timer::{Millis, TimerHandle, TimerWheel};
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
@@ -41,6 +42,8 @@ const LISTENER: u64 = 1 << 32;
 const CONNECTION: u64 = 2 << 32;
 /// Connections accepted per listener per pass, so a flood of connects cannot starve the rest.
 const ACCEPT_BATCH: usize = 256;
+/// Requests remembered per connection while it comes up.
+const MAX_UNCONFIRMED: usize = 64;
 
 /// Binds a listening socket with SO_REUSEPORT, one per worker on the same address.
 pub fn listen_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -87,6 +90,10 @@ struct Conn {
     closing: bool,
     /// Queued output waits for this pass's flush.
     dirty: bool,
+    /// Requests queued on an outbound connection before it was up (connected, and for TLS
+    /// through its handshake): if it fails instead, each is handed back to the engine as a
+    /// transport error, which fails its branch at once (RFC 3261 §8.1.3.1).
+    unconfirmed: Vec<Bytes>,
 }
 
 impl Conn {
@@ -132,6 +139,9 @@ pub struct Streams {
     framed: Framed,
     stats: Arc<Stats>,
     log: LogLimiter,
+    /// Requests that could not be delivered (see `Conn::unconfirmed`), for the worker to hand
+    /// to the engine.
+    failed: Vec<(Peer, Bytes)>,
 }
 
 impl Streams {
@@ -168,6 +178,7 @@ impl Streams {
             tls_client,
             scratch: vec![0; 64 * 1024],
             framed: Framed::default(),
+            failed: Vec::new(),
             stats,
             log: LogLimiter::new(10),
         })
@@ -207,6 +218,7 @@ impl Streams {
                 if c.established {
                     // A TCP connect completed; TLS still has its handshake to finish.
                     c.pending_since = None;
+                    c.unconfirmed = Vec::new();
                 }
             }
             self.flush_one(index);
@@ -322,6 +334,7 @@ impl Streams {
             timer_at: 0,
             closing: false,
             dirty: false,
+            unconfirmed: Vec::new(),
         };
         let at = c.deadline(&self.cfg);
         c.timer = Some(self.timers.insert(at, slot));
@@ -357,6 +370,7 @@ impl Streams {
         if !c.established {
             if let Some(kind) = c.io.handshake_kind() {
                 c.established = true;
+                c.unconfirmed = Vec::new();
                 inc(if kind == HandshakeKind::Resumed {
                     &self.stats.tls_handshakes_resumed
                 } else {
@@ -431,20 +445,33 @@ impl Streams {
         }
     }
 
+    /// Moves the requests that could not be delivered since the last call into `out`.
+    pub fn take_failed(&mut self, out: &mut Vec<(Peer, Bytes)>) {
+        out.append(&mut self.failed);
+    }
+
     /// Queues `data` for `to`. Returns the worker to mail it to when another worker owns the
     /// connection named.
     pub fn send(&mut self, now: Millis, to: Peer, data: &[u8], epoll: &Epoll) -> Option<usize> {
+        let request = !data.starts_with(b"SIP/2.0 ");
         let slot = match self.find(now, to, data, epoll) {
             Ok(slot) => slot,
             Err(Some(owner)) => return Some(owner),
             Err(None) => {
                 inc(&self.stats.stream_transmit_failures);
+                if request {
+                    self.failed.push((to, Bytes::copy_from_slice(data)));
+                }
                 return None;
             }
         };
         if let Some(c) = self.conns[slot].as_mut() {
             c.io.queue(data);
             c.last_active = now;
+            let up = !c.connecting && c.established;
+            if request && !c.accepted && !up && c.unconfirmed.len() < MAX_UNCONFIRMED {
+                c.unconfirmed.push(Bytes::copy_from_slice(data));
+            }
         }
         self.mark_dirty(slot);
         None
@@ -658,6 +685,11 @@ impl Streams {
         }
         self.free.push(slot);
         self.open -= 1;
+        // Closed before it was up, whatever closed it (refused, reset, a failed or abandoned
+        // handshake): what was queued on it never left.
+        let to = Peer::new(c.transport, c.io.remote);
+        self.failed
+            .extend(c.unconfirmed.drain(..).map(|data| (to, data)));
         let counter = match why {
             Close::Peer | Close::CallOver => None,
             Close::Error => Some(&self.stats.connection_errors),

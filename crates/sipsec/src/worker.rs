@@ -121,6 +121,7 @@ impl Worker {
         let mut fx = Effects::default();
         let mut events = epoll::events(256);
         let fds: Vec<RawFd> = self.sockets.iter().map(udp::fd).collect();
+        let mut failed: Vec<(Peer, Bytes)> = Vec::new();
         while !self.shutdown.load(Ordering::Relaxed) {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
             // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
@@ -159,6 +160,15 @@ impl Worker {
                 self.streams.on_tick(now);
             }
             self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
+            // Requests a connection could not deliver fail their branches now (503).
+            self.streams.take_failed(&mut failed);
+            if !failed.is_empty() {
+                let now = self.now();
+                for (to, data) in failed.drain(..) {
+                    self.engine.on_transport_error(now, to, &data, &mut fx);
+                }
+                self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
+            }
         }
         // Let the last messages out before the thread ends.
         self.flush(&fds, &mut sender, &mut udp_out, &mut fx);

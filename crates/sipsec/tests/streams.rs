@@ -473,3 +473,66 @@ Max-Forwards: 70\r\n{header}{}Content-Length: {body_len}\r\n\r\n",
     let u = uas.finish();
     assert_eq!(n(&u, "uas_answered"), 200, "{u}");
 }
+
+#[test]
+fn a_next_hop_that_refuses_the_connection_or_the_handshake_fails_at_once_with_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let _ = make_certs(dir.path());
+    let port = ports(29600);
+    // Nothing listens at port+3 (refused); at port+4 a TCP listener that closes every
+    // connection at once (the TLS handshake fails).
+    let closer = std::net::TcpListener::bind(format!("127.0.0.1:{}", port + 4)).unwrap();
+    std::thread::spawn(move || {
+        for stream in closer.incoming() {
+            drop(stream);
+        }
+    });
+    for (route, what) in [
+        (
+            format!("sip:127.0.0.1:{};transport=tcp", port + 3),
+            "refused",
+        ),
+        (
+            format!("sip:127.0.0.1:{};transport=tls", port + 4),
+            "handshake",
+        ),
+    ] {
+        let listen = [
+            format!("udp:127.0.0.1:{port}"),
+            format!("tcp:127.0.0.1:{}", port + 1),
+            format!("tls:127.0.0.1:{}", port + 2),
+        ];
+        let server = Server::start_logged(
+            dir.path(),
+            &config(
+                dir.path(),
+                &listen,
+                "",
+                &route,
+                Some("verify_server = false"),
+            ),
+        );
+        let caller = Endpoint::bind("127.0.0.1:0");
+        let started = Instant::now();
+        caller.send(
+            &format!("127.0.0.1:{port}"),
+            &format!(
+                "INVITE sip:x@elsewhere.test SIP/2.0\r\nVia: SIP/2.0/UDP {};branch=z9hG4bKte{port}\r\n\
+Max-Forwards: 70\r\nFrom: <sip:a@example.test>;tag=1\r\nTo: <sip:x@elsewhere.test>\r\n\
+Call-ID: te-{what}\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n",
+                caller.addr
+            ),
+        );
+        let answer = caller.recv_until("SIP/2.0 5");
+        assert!(answer.starts_with("SIP/2.0 503"), "{what}: {answer}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{what}: answered after {:?}",
+            started.elapsed()
+        );
+        let log = server.log();
+        let c = server.stop_counters();
+        assert_eq!(c.get("transport_errors"), 1, "{what}: {c:?}");
+        assert!(log.contains("cannot deliver INVITE"), "{what}: {log}");
+    }
+}

@@ -167,6 +167,39 @@ impl Engine {
         }
     }
 
+    /// A request we sent could not be delivered to `dest` (connection refused, failed
+    /// handshake): per RFC 3261 §8.1.3.1 its branch ends as if `dest` had answered 503, so the
+    /// caller gets its final answer at once when no branch is left, not Timer B's 408.
+    pub fn on_transport_error(&mut self, now: Millis, dest: Peer, data: &[u8], fx: &mut Effects) {
+        let Ok(req) = Message::parse(data) else {
+            return;
+        };
+        if !req.is_request() || req.method() == Method::Ack {
+            return;
+        }
+        inc(&self.stats.transport_errors);
+        if self.log.allow(now) {
+            tracing::warn!(
+                "cannot deliver {} to {dest}: the branch fails with 503",
+                String::from_utf8_lossy(req.method_raw())
+            );
+        }
+        let mut resp = Vec::new();
+        let server = self.cfg.server_line.as_bytes();
+        build::response(
+            &req,
+            503,
+            "Service Unavailable",
+            None,
+            server,
+            b"",
+            &mut resp,
+        );
+        // As a response from `dest`: it reaches the worker owning the branch, and a stateless
+        // proxy forwards it upstream by Via.
+        self.on_datagram(now, Peer::new(dest.transport, dest.addr), &resp, fx);
+    }
+
     pub(super) fn on_cancel(
         &mut self,
         now: Millis,

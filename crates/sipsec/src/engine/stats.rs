@@ -40,6 +40,7 @@ counters! {
     unroutable: "requests with no route (404)",
     stray_responses: "responses matching no transaction, dropped",
     branch_timeouts: "client transactions that timed out",
+    transport_errors: "requests a connection could not deliver (refused, failed handshake): their branch fails with 503",
     handoffs: "datagrams passed to the worker owning their transaction",
     overload_rejected: "requests answered 503 because the transaction table was full",
     send_errors: "datagrams the kernel refused to send",
