@@ -703,6 +703,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(sipsec_skip_postgres, ignore = "SIPSEC_TEST_POSTGRES is not set")]
     fn a_fresh_postgres_schema_opened_at_once_from_several_places_is_migrated_once() {
         in_fresh(
             "SIPSEC_TEST_POSTGRES",
@@ -713,6 +714,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(sipsec_skip_mariadb, ignore = "SIPSEC_TEST_MARIADB is not set")]
     fn a_fresh_mariadb_database_opened_at_once_from_several_places_is_migrated_once() {
         in_fresh(
             "SIPSEC_TEST_MARIADB",
@@ -747,6 +749,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(sipsec_skip_postgres, ignore = "SIPSEC_TEST_POSTGRES is not set")]
     fn postgres_writes_around_a_refused_change() {
         in_fresh(
             "SIPSEC_TEST_POSTGRES",
@@ -757,6 +760,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(sipsec_skip_mariadb, ignore = "SIPSEC_TEST_MARIADB is not set")]
     fn mariadb_writes_around_a_refused_change() {
         in_fresh(
             "SIPSEC_TEST_MARIADB",

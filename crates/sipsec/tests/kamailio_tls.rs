@@ -155,6 +155,10 @@ fn calls_into(dir: &Path, first: u16, calls: u64) -> (i32, serde_json::Value, St
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_kamailio,
+    ignore = "Kamailio with TLS is not installed (kamailio, kamailio-tls-modules)"
+)]
 fn sipsec_and_kamailio_chained_over_tls_both_ways_with_and_without_client_certificates() {
     if !have_kamailio_tls() {
         return;
@@ -230,6 +234,10 @@ fn sipsec_and_kamailio_chained_over_tls_both_ways_with_and_without_client_certif
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_kamailio,
+    ignore = "Kamailio with TLS is not installed (kamailio, kamailio-tls-modules)"
+)]
 fn a_kamailio_without_a_client_certificate_is_refused_when_one_is_required() {
     if !have_kamailio_tls() {
         return;

@@ -35,6 +35,10 @@ default_route = \"sip:{uas};transport=udp\"\n[database]\nurl = \"sqlite://{}\"\n
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn load_calls_a_sipp_uas() {
     if !have_sipp() {
         return;
@@ -66,6 +70,10 @@ fn load_calls_a_sipp_uas() {
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn sipp_calls_the_load_uas() {
     if !have_sipp() {
         return;
@@ -246,6 +254,10 @@ fn options_to_the_server_itself() {
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn digest_answers_are_accepted_by_sipp_and_wrong_passwords_fail() {
     if !have_sipp() {
         return;
@@ -292,6 +304,10 @@ fn digest_answers_are_accepted_by_sipp_and_wrong_passwords_fail() {
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn failures_are_reported_by_reason() {
     if !have_sipp() {
         return;
@@ -376,6 +392,10 @@ fn bad_arguments_are_refused_with_a_clear_error() {
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn tcp_calls_both_ways_with_sipp_and_per_call_connections() {
     if !have_sipp() {
         return;

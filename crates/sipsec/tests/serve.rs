@@ -108,16 +108,28 @@ fn thousand_calls_through(stateful: bool) {
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn sipp_calls_through_the_stateful_proxy() {
     thousand_calls_through(true);
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn sipp_calls_through_the_stateless_proxy() {
     thousand_calls_through(false);
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn sipp_registers_then_calls_the_registered_user() {
     if !have_sipp() {
         return;
@@ -166,6 +178,10 @@ fn sipp_registers_then_calls_the_registered_user() {
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn sipp_is_redirected_to_the_registered_contact() {
     if !have_sipp() {
         return;

@@ -124,11 +124,19 @@ fn sipp_over_tcp(outbound: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn sipp_calls_over_tcp_with_reused_outbound_connections() {
     sipp_over_tcp("reuse");
 }
 
 #[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
 fn sipp_calls_over_tcp_with_a_connection_per_call() {
     sipp_over_tcp("per-call");
 }

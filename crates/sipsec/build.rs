@@ -1,0 +1,49 @@
+//! Marks the integration tests whose peers are missing here, so `cargo test` lists them as
+//! ignored, with the reason, in its summary instead of passing them silently. Under CI (`CI`
+//! set) nothing is marked: there a missing peer fails its test.
+//!
+//! Flags: `sipsec_skip_sipp` (no `sipp` on PATH), `sipsec_skip_kamailio` (no Kamailio with its
+//! TLS module), `sipsec_skip_postgres` and `sipsec_skip_mariadb` (no SIPSEC_TEST_POSTGRES or
+//! SIPSEC_TEST_MARIADB).
+
+use std::path::Path;
+
+/// Kamailio's TLS module as Debian installs it.
+const KAMAILIO_TLS: &str = "/usr/lib/x86_64-linux-gnu/kamailio/modules/tls.so";
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
+
+fn main() {
+    for var in ["CI", "PATH", "SIPSEC_TEST_POSTGRES", "SIPSEC_TEST_MARIADB"] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+    // Installing a peer does not change PATH; it does change dpkg's database.
+    if Path::new("/var/lib/dpkg/status").exists() {
+        println!("cargo::rerun-if-changed=/var/lib/dpkg/status");
+    }
+    let ci = std::env::var_os("CI").is_some();
+    let missing = [
+        ("sipsec_skip_sipp", !on_path("sipp")),
+        (
+            "sipsec_skip_kamailio",
+            !on_path("kamailio") || !Path::new(KAMAILIO_TLS).exists(),
+        ),
+        (
+            "sipsec_skip_postgres",
+            std::env::var_os("SIPSEC_TEST_POSTGRES").is_none(),
+        ),
+        (
+            "sipsec_skip_mariadb",
+            std::env::var_os("SIPSEC_TEST_MARIADB").is_none(),
+        ),
+    ];
+    for (flag, skip) in missing {
+        println!("cargo::rustc-check-cfg=cfg({flag})");
+        if skip && !ci {
+            println!("cargo::rustc-cfg={flag}");
+        }
+    }
+}
