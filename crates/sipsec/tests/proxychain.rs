@@ -476,12 +476,21 @@ fn a_revoked_proxy_is_cut_off() {
         .unwrap();
     assert!(out.status.success());
     std::thread::sleep(Duration::from_millis(2500));
+    // The proxy says what happened: revoked, not an outage.
+    let proxy_log = proxy.log();
+    assert!(
+        proxy_log.contains("closed the connection: this proxy is revoked"),
+        "{proxy_log}"
+    );
+    assert!(!proxy_log.contains("unreachable"), "{proxy_log}");
     drop(proxy);
     let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
     assert!(log.contains("proxy revoked"), "{log}");
-    // A new connection from it is refused.
+    // A new connection from it is refused, and told why.
     let proxy = lab.proxy("");
     std::thread::sleep(Duration::from_millis(1500));
+    let proxy_log = proxy.log();
+    assert!(proxy_log.contains("this proxy is revoked"), "{proxy_log}");
     drop(proxy);
     let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
     assert!(log.contains("proxy refused: revoked"), "{log}");

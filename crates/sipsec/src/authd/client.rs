@@ -55,16 +55,27 @@ async fn run(
         let result = session(&shared, &tls, &workers, &mut fetches, &mut pending, &stats).await;
         // Whatever ended the connection, the requests waiting on it are answered now.
         fail_all(&shared, &workers, &mut pending);
-        let e = match result {
+        let e = match &result {
             Ok(()) => return, // every worker is gone: the server is stopping
             Err(e) => format!("{e:#}"),
         };
         if e != last_error {
-            tracing::error!(
-                "authority {} unreachable ({e}): using backup credentials where there are \
-                 some, 503 otherwise; retrying every second",
-                shared.cfg.authority
-            );
+            let authority = shared.cfg.authority;
+            match result
+                .as_ref()
+                .err()
+                .and_then(|e| e.downcast_ref::<Goodbye>())
+            {
+                Some(bye) => tracing::error!(
+                    "authority {authority} closed the connection: {}; using backup credentials \
+                     where there are some, 503 otherwise; trying again every second",
+                    bye.0
+                ),
+                None => tracing::error!(
+                    "authority {authority} unreachable ({e}): using backup credentials where \
+                     there are some, 503 otherwise; retrying every second"
+                ),
+            }
             last_error = e;
         }
         // Fetches made while down are answered at once: the workers fall back.
@@ -75,6 +86,11 @@ async fn run(
         }
     }
 }
+
+/// The authority closed the connection on purpose, saying why.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Goodbye(String);
 
 /// One connection's life; returns Ok when the fetch channel closed.
 async fn session(
@@ -118,6 +134,9 @@ async fn session(
         }
         inbox.extend_from_slice(&chunk[..n]);
     };
+    if let Reply::Goodbye { reason } = welcome {
+        return Err(Goodbye(reason).into());
+    }
     let Reply::Welcome { proxy } = welcome else {
         bail!("the authority did not start with a welcome");
     };
@@ -160,6 +179,9 @@ async fn session(
                         Ok(r) => r,
                         Err(e) => return Err(e.context("bad message from the authority")),
                     };
+                    if let Reply::Goodbye { reason } = reply {
+                        return Err(Goodbye(reason).into());
+                    }
                     on_reply(shared, workers, pending, reply);
                 }
                 if inbox.len() > wire::MAX_LINE {
@@ -227,7 +249,7 @@ fn on_reply(
                 tracing::info!(%user, "chain revoked by the authority");
             }
         }
-        Reply::Welcome { .. } => {}
+        Reply::Welcome { .. } | Reply::Goodbye { .. } => {}
     }
 }
 

@@ -77,6 +77,10 @@ impl Registry {
         if let Ok(mut c) = self.conns.lock() {
             for p in &newly {
                 for conn in c.remove(p.as_str()).unwrap_or_default() {
+                    // Said before the cut, so the proxy logs what happened, not an outage.
+                    let _ = conn.lines.send(wire::line(&Reply::Goodbye {
+                        reason: REVOKED.into(),
+                    }));
                     conn.cut.notify_one();
                 }
             }
@@ -87,6 +91,9 @@ impl Registry {
         newly
     }
 }
+
+/// Why the authority closes a revoked proxy's connection.
+const REVOKED: &str = "this proxy is revoked (sipsec authd revoke-proxy)";
 
 /// The common name of the peer's certificate: the proxy's identifier P.
 fn peer_name(conn: &rustls::ServerConnection) -> Option<String> {
@@ -125,6 +132,12 @@ pub async fn run(
             };
             if registry.is_revoked(&name) {
                 tracing::warn!(%from, proxy = %name, "proxy refused: revoked");
+                let mut tls = tls;
+                let goodbye = wire::line(&Reply::Goodbye {
+                    reason: REVOKED.into(),
+                });
+                let _ = tls.write_all(goodbye.as_bytes()).await;
+                let _ = tls.shutdown().await;
                 return;
             }
             tracing::info!(%from, proxy = %name, "proxy connected");

@@ -49,6 +49,8 @@ pub enum Reply {
     Unavailable { id: u64, user: String },
     /// Drop any chain held for `user`: the user's key changed or the user was removed.
     Revoke { user: String },
+    /// The authority is closing this connection on purpose, and why (this proxy was revoked).
+    Goodbye { reason: String },
 }
 
 /// A credential as it travels: the five-tuple, and when it expires (never, for backups).

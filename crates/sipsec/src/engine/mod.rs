@@ -184,7 +184,12 @@ pub struct Engine {
     parked_total: usize,
     /// Running requests that already waited: they are not parked twice.
     rerunning: bool,
+    /// When "authentication unavailable" was last logged.
+    unavailable_logged: Option<Millis>,
 }
+
+/// How often an authentication outage is logged, per worker.
+const UNAVAILABLE_LOG_MS: Millis = 60_000;
 
 fn hostport(addr: SocketAddr) -> String {
     match addr.ip() {
@@ -276,6 +281,7 @@ impl Engine {
             parked: std::collections::HashMap::new(),
             parked_total: 0,
             rerunning: false,
+            unavailable_logged: None,
             cfg,
         }
     }
@@ -597,8 +603,24 @@ impl Engine {
         {
             tracing::warn!(%source, "authentication refused: {why:?} ({code} {reason})");
         }
-        if why == Why::Unavailable && self.log.allow(now) {
-            tracing::error!("user database unavailable: answering 503 with Retry-After");
+        if why == Why::Unavailable
+            && self
+                .unavailable_logged
+                .is_none_or(|at| now >= at + UNAVAILABLE_LOG_MS)
+        {
+            // Once a minute per worker: an outage is one event, not one per request.
+            self.unavailable_logged = Some(now);
+            if self.proxychain.is_some() {
+                tracing::error!(
+                    "no chain for a user and the Proxychain authority is not answering: \
+                     answering 503 with Retry-After (next notice in a minute)"
+                );
+            } else {
+                tracing::error!(
+                    "user database unavailable: answering 503 with Retry-After (next notice \
+                     in a minute)"
+                );
+            }
         }
         self.answer(now, source, msg, code, reason, &headers, fx);
         false
