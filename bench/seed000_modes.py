@@ -114,7 +114,7 @@ def main():
     binary = os.path.abspath(a.sipsec)
     work = tempfile.mkdtemp()
     certs, rsa = os.path.join(work, "certs"), os.path.join(work, "rsa")
-    for d, key in [(certs, "ecdsa-p256"), (rsa, "rsa2048")]:
+    for d, key in [(certs, "ecdsa-p256"), (rsa, "rsa-2048")]:
         subprocess.run([binary, "certs", "--out", d, "--key", key, "--name", "localhost",
                         "--name", "127.0.0.1", "--name", "127.0.0.2", "--name", "127.0.0.3"],
                        check=True, stdout=subprocess.DEVNULL)

@@ -57,10 +57,10 @@ sleep 0.5
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$server/stat"; }
 mix() { # calls/s, registrations/s, seconds, name
   taskset -c 1 "$BIN" load "127.0.0.1:$PORT" --users users.csv --domain elsewhere.test \
-    --rate "$1" --duration "$3" -q --json "$4-calls.json" >"$4-calls.log" 2>&1 &
+    --rate "$1" --duration "$3" --json "$4-calls.json" >"$4-calls.log" 2>&1 &
   local c=$!
   taskset -c 1 "$BIN" load "127.0.0.1:$PORT" --users users.csv --domain example.test \
-    --scenario register --rate "$2" --duration "$3" -q --json "$4-register.json" \
+    --scenario register --rate "$2" --duration "$3" --json "$4-register.json" \
     >"$4-register.log" 2>&1 &
   local r=$!
   pids+=("$c" "$r")

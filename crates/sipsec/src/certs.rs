@@ -15,8 +15,11 @@ use std::path::{Path, PathBuf};
 pub enum KeyKind {
     EcdsaP256,
     EcdsaP384,
+    #[value(name = "rsa-2048", alias = "rsa2048")]
     Rsa2048,
+    #[value(name = "rsa-3072", alias = "rsa3072")]
     Rsa3072,
+    #[value(name = "rsa-4096", alias = "rsa4096")]
     Rsa4096,
 }
 

@@ -28,13 +28,17 @@ pub struct UsersArgs {
 pub enum UsersAction {
     /// Add a user, or change an existing user's password.
     Add {
+        /// The user name (the user part of the user's SIP URI).
         username: String,
         /// The password (default: read one line from stdin, so it stays out of shell history).
         #[arg(long)]
         password: Option<String>,
     },
     /// Remove a user.
-    Remove { username: String },
+    Remove {
+        /// The user name.
+        username: String,
+    },
     /// List the realm's users.
     List,
     /// Add or replace users from a CSV file of `username,password` lines.

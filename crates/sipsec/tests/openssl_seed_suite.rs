@@ -15,7 +15,7 @@ const SUITE: &str = "TLS_RSA_WITH_AES_128_CBC_SHA";
 fn the_seed_suite_carries_calls_in_the_chain_and_local_modes() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
-        .args(["certs", "--key", "rsa2048", "--out"])
+        .args(["certs", "--key", "rsa-2048", "--out"])
         .arg(dir.path())
         .output()
         .unwrap();

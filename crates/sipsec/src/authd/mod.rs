@@ -51,6 +51,7 @@ pub enum AuthdCommand {
         /// Chain length: how many authentications each user gets through an outage.
         #[arg(long, default_value_t = 1000)]
         length: u32,
+        /// The file to write the credentials to (the proxy's `[auth] backup`).
         #[arg(long)]
         out: PathBuf,
     },

@@ -105,6 +105,7 @@ pub struct BenchArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// No progress lines from the load generator.
     #[arg(long, short)]
     pub quiet: bool,
     #[command(flatten)]

@@ -59,7 +59,7 @@ pub struct StreamArgs {
     pub tls_backend: crate::tls::Backend,
     /// The one cipher suite every side offers (default: the backend's set). Seed 000's:
     /// `--tls-backend openssl --tls-cipher-suite TLS_RSA_WITH_AES_128_CBC_SHA --tls-cert-type
-    /// rsa2048`.
+    /// rsa-2048`.
     #[arg(long)]
     pub tls_cipher_suite: Option<String>,
     /// The one TLS version every side offers, 1.2 or 1.3 (default: both).

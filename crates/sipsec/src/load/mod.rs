@@ -99,6 +99,7 @@ pub struct LoadArgs {
     /// server asks for one, and the UAS's server certificate.
     #[arg(long)]
     pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
     #[arg(long)]
     pub tls_key: Option<PathBuf>,
     /// CA certificates (PEM) the peer's certificate must chain to: the server's, and the
@@ -147,6 +148,7 @@ pub struct LoadArgs {
     /// Seconds per ramp step, and per trial of --find-peak.
     #[arg(long, default_value_t = 10.0)]
     pub step_s: f64,
+    /// The highest rate --ramp raises to, and the ceiling of --find-peak's search.
     #[arg(long)]
     pub max_rate: Option<f64>,
     /// Search for the highest rate at which at least 99% of operations succeed within 500 ms
@@ -194,6 +196,7 @@ pub struct LoadArgs {
     /// `sipsec users` stored them under; default: the run's domain).
     #[arg(long)]
     pub proxychain: bool,
+    /// The realm Proxychain keys are derived in (default: the run's domain).
     #[arg(long)]
     pub proxychain_realm: Option<String>,
     /// Write the summary as JSON here.
