@@ -601,6 +601,7 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
         uas_answered: ua.stats.uas_answered,
         uas_completed: ua.stats.uas_completed,
         stray_messages: ua.stats.stray,
+        extra_dialogs: ua.stats.extra_dialogs,
         send_failures: times.send_failures,
         interrupted: times.interrupted,
         connections: (plan.transport != Transport::Udp).then_some(times.links),

@@ -110,6 +110,8 @@ pub struct Summary {
     pub uas_answered: u64,
     pub uas_completed: u64,
     pub stray_messages: u64,
+    /// Dialogs beyond the first that a forked call set up (each ACKed and ended with BYE).
+    pub extra_dialogs: u64,
     pub send_failures: u64,
     pub interrupted: bool,
     /// Connections and TLS handshakes (stream transports only).

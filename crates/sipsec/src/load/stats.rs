@@ -68,6 +68,8 @@ pub struct Stats {
     pub uas_completed: u64,
     /// Messages that matched nothing or could not be parsed.
     pub stray: u64,
+    /// Dialogs a forked INVITE set up beyond the first, ACKed and ended with BYE.
+    pub extra_dialogs: u64,
 }
 
 impl Stats {

@@ -143,6 +143,9 @@ struct Call {
     latency_recorded: bool,
     hold: Option<TimerHandle>,
     branches: u32,
+    /// Dialogs other UASs set up when a proxy forked the INVITE (RFC 3261 §13.2.2.4): their
+    /// To header, and where their ACK went and what it was, to ACK their 2xx retransmissions.
+    extra_dialogs: Vec<(String, Peer, Bytes)>,
 }
 
 impl Call {
@@ -343,6 +346,7 @@ impl Ua {
             latency_recorded: false,
             hold: None,
             branches: 0,
+            extra_dialogs: Vec::new(),
         };
         self.calls.insert(number, call);
         self.send_request(now_us, number, None);
@@ -540,7 +544,7 @@ impl Ua {
             // A response to an earlier request of this call (e.g. a 2xx retransmission of
             // the INVITE while the BYE is out): the ACK must go again.
             if (200..300).contains(&code) && msg.cseq().method == b"INVITE" {
-                self.resend_ack(number);
+                self.on_later_invite_2xx(number, msg);
             }
             return;
         }
@@ -571,6 +575,10 @@ impl Ua {
     }
 
     fn reack_unmatched(&mut self, msg: &Message<'_>) {
+        let branch = msg.top_via().branch.unwrap_or_default();
+        if msg.cseq().method == b"BYE" && branch.windows(2).any(|w| w == b"-x") {
+            return; // the answer to the BYE that ended a forked call's extra dialog
+        }
         if !msg.status().is_some_and(|c| (200..300).contains(&c)) || msg.cseq().method != b"INVITE"
         {
             self.stats.stray += 1;
@@ -578,7 +586,7 @@ impl Ua {
         }
         let ours = call_number(msg.call_id())
             .filter(|&(_, epoch)| epoch == self.cfg.epoch)
-            .is_some_and(|(number, _)| self.resend_ack(number));
+            .is_some_and(|(number, _)| self.on_later_invite_2xx(number, msg));
         if !ours {
             self.stats.stray += 1;
         }
@@ -829,42 +837,60 @@ impl Ua {
         let Some(call) = self.calls.get_mut(&number) else {
             return;
         };
+        if call.dialog.is_some() {
+            self.on_later_invite_2xx(number, msg);
+            return;
+        }
         if !call.latency_recorded {
             call.latency_recorded = true;
             self.stats.latency(now_us - call.started_us);
         }
+        let dialog = match self.dialog_of(number, msg) {
+            Ok(d) => d,
+            Err(why) => {
+                self.finish(number, Some(why));
+                return;
+            }
+        };
+        self.outputs.push(Output::Transmit {
+            dest: dialog.next_hop,
+            data: dialog.ack.clone(),
+        });
+        let call = self.calls.get_mut(&number).expect("checked above");
+        call.dialog = Some(dialog);
+        if self.cfg.hold_ms == 0 {
+            self.hang_up(now_us, number);
+        } else {
+            let at = ms(now_us) + self.cfg.hold_ms;
+            call.hold = Some(self.wheel.insert(at, Event::HangUp(number)));
+        }
+    }
+
+    /// The dialog a 2xx to call `number`'s INVITE sets up, with the ACK for it.
+    fn dialog_of(&self, number: u64, msg: &Message<'_>) -> Result<Dialog, &'static str> {
+        let call = self.calls.get(&number).ok_or("call ended")?;
         let mut remote_target = None;
         let _ = msg.name_addrs(HeaderName::Contact, |_, na| {
             remote_target.get_or_insert_with(|| String::from_utf8_lossy(na.uri.raw).into_owned());
         });
         let mut routes = Vec::new();
-        let _ = msg.name_addrs(HeaderName::RecordRoute, |h, na| {
-            let _ = h;
+        let _ = msg.name_addrs(HeaderName::RecordRoute, |_, na| {
             routes.push(String::from_utf8_lossy(&msg.as_bytes()[na.start..na.end]).into_owned());
         });
         routes.reverse();
-        let to = msg
-            .header_value(HeaderName::To)
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default();
-        let Some(remote_target) = remote_target else {
-            self.finish(number, Some("2xx without Contact"));
-            return;
-        };
-        let hop_uri = routes
-            .first()
-            .cloned()
-            .unwrap_or_else(|| remote_target.clone());
-        let Some(hop) = next_hop_addr(&hop_uri) else {
-            self.finish(number, Some("unroutable remote target or route"));
-            return;
-        };
+        let to = to_of(msg);
+        let remote_target = remote_target.ok_or("2xx without Contact")?;
+        let hop_uri = routes.first().unwrap_or(&remote_target);
+        let hop = next_hop_addr(hop_uri).ok_or("unroutable remote target or route")?;
         let next_hop = Peer {
             link: self.cfg.target.link,
             addr: hop,
         };
-        let call = &self.calls[&number];
-        let branch = format!("z9hG4bK-{:x}-{number:x}-a", self.cfg.epoch);
+        let branch = format!(
+            "z9hG4bK-{:x}-{number:x}-a{}",
+            self.cfg.epoch,
+            call.extra_dialogs.len()
+        );
         let head = Head {
             method: "ACK",
             uri: &remote_target,
@@ -878,25 +904,71 @@ impl Ua {
         let mut m = Vec::with_capacity(512);
         self.write_head(&mut m, &head);
         m.extend_from_slice(b"Content-Length: 0\r\n\r\n");
-        let call = self.calls.get_mut(&number).expect("checked above");
-        let ack = Bytes::from(m);
-        self.outputs.push(Output::Transmit {
-            dest: next_hop,
-            data: ack.clone(),
-        });
-        call.dialog = Some(Dialog {
+        Ok(Dialog {
             remote_target,
             routes,
             to,
             next_hop,
-            ack,
-        });
-        if self.cfg.hold_ms == 0 {
-            self.hang_up(now_us, number);
-        } else {
-            let at = ms(now_us) + self.cfg.hold_ms;
-            call.hold = Some(self.wheel.insert(at, Event::HangUp(number)));
+            ack: Bytes::from(m),
+        })
+    }
+
+    /// A 2xx to call `number`'s INVITE after its dialog is set up: a retransmission from the
+    /// same UAS (ACKed again), or, when a proxy forked the INVITE, another UAS accepting too
+    /// (RFC 3261 §13.2.2.4): its 2xx is ACKed and its dialog ended with a BYE, once. False
+    /// when the call has no dialog.
+    fn on_later_invite_2xx(&mut self, number: u64, msg: &Message<'_>) -> bool {
+        let Some(call) = self.calls.get(&number) else {
+            return false;
+        };
+        let Some(first) = &call.dialog else {
+            return false;
+        };
+        let to = to_of(msg);
+        if first.to == to {
+            return self.resend_ack(number);
         }
+        if let Some((_, dest, ack)) = call.extra_dialogs.iter().find(|(t, ..)| *t == to) {
+            let (dest, ack) = (*dest, ack.clone());
+            self.outputs.push(Output::Transmit { dest, data: ack });
+            self.stats.retransmissions(1);
+            return true;
+        }
+        let Ok(extra) = self.dialog_of(number, msg) else {
+            self.stats.stray += 1;
+            return true;
+        };
+        let call = &self.calls[&number];
+        let branch = format!(
+            "z9hG4bK-{:x}-{number:x}-x{}",
+            self.cfg.epoch,
+            call.extra_dialogs.len()
+        );
+        let head = Head {
+            method: "BYE",
+            uri: &extra.remote_target,
+            branch: &branch,
+            number,
+            caller: call.caller,
+            to: &extra.to,
+            cseq: call.cseq + 1,
+            routes: &extra.routes,
+        };
+        let mut bye = Vec::with_capacity(512);
+        self.write_head(&mut bye, &head);
+        bye.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+        self.outputs.push(Output::Transmit {
+            dest: extra.next_hop,
+            data: extra.ack.clone(),
+        });
+        self.outputs.push(Output::Transmit {
+            dest: extra.next_hop,
+            data: Bytes::from(bye),
+        });
+        self.stats.extra_dialogs += 1;
+        let call = self.calls.get_mut(&number).expect("checked above");
+        call.extra_dialogs.push((to, extra.next_hop, extra.ack));
+        true
     }
 
     fn hang_up(&mut self, now_us: u64, number: u64) {
@@ -1209,3 +1281,10 @@ fn next_hop_addr(uri_or_route: &str) -> Option<SocketAddr> {
 #[cfg(test)]
 #[path = "ua_tests.rs"]
 mod tests;
+
+/// The To header of a message as written (with the tag that names the dialog).
+fn to_of(msg: &Message<'_>) -> String {
+    msg.header_value(HeaderName::To)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}

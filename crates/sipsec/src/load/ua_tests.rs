@@ -487,3 +487,50 @@ fn reused_nonces_skip_the_challenge_with_the_next_count() {
         t.failures_by_reason
     );
 }
+
+#[test]
+fn a_second_uas_answering_a_forked_call_is_acked_and_sent_bye() {
+    let mut w = Wire::new(Scenario::Call, Users::default());
+    w.uac.cfg.hold_ms = 1_000;
+    let oks = std::rc::Rc::new(std::cell::RefCell::new(Vec::<String>::new()));
+    let seen = oks.clone();
+    w.drop_to_uac = Box::new(move |m| {
+        if m.starts_with("SIP/2.0 200") && m.contains(" INVITE\r\n") {
+            seen.borrow_mut().push(m.to_string());
+        }
+        true
+    });
+    w.start();
+    w.run(100, 10);
+    // A proxy forked the INVITE: another UAS's 200 (its own To tag) arrives, twice.
+    let first = oks.borrow()[0].clone();
+    let tag = first
+        .lines()
+        .find(|l| l.starts_with("To:"))
+        .and_then(|l| l.split(";tag=").nth(1))
+        .unwrap()
+        .to_string();
+    let other = first.replace(&format!(";tag={tag}"), ";tag=second-uas");
+    for _ in 0..2 {
+        w.to_uac.push(Bytes::from(other.clone()));
+        w.run(200, 10);
+    }
+    let to_second: Vec<&str> = w
+        .seen_by_uas
+        .iter()
+        .filter(|m| m.contains(";tag=second-uas"))
+        .map(|m| method_of(m))
+        .collect();
+    assert_eq!(to_second, ["ACK", "BYE", "ACK"], "each 2xx ACKed, one BYE");
+    assert_eq!(w.uac.stats.extra_dialogs, 1);
+    // The first dialog goes on as before and ends with its own BYE.
+    w.run(2_000, 10);
+    let t = &w.uac.stats.total;
+    assert_eq!((t.succeeded, t.failed), (1, 0));
+    let byes = w
+        .seen_by_uas
+        .iter()
+        .filter(|m| m.starts_with("BYE") && m.contains(&format!(";tag={tag}")))
+        .count();
+    assert_eq!(byes, 1);
+}
