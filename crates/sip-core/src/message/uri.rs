@@ -282,7 +282,6 @@ impl<'a> Uri<'a> {
         param_lookup(self.params, b';', name)
     }
 
-    /// The host without IPv6 brackets.
     /// Whether `other` names the same resource, leniently: the same scheme, user and host (any
     /// case), and port (a missing one standing for the scheme's default), whatever the
     /// parameters and headers. Digest's `uri` check uses it (RFC 3261 §22.4).
@@ -297,6 +296,7 @@ impl<'a> Uri<'a> {
             && self.port.unwrap_or(default(self)) == other.port.unwrap_or(default(other))
     }
 
+    /// The host without IPv6 brackets.
     pub fn host_unbracketed(&self) -> &'a [u8] {
         unbracket(self.host)
     }

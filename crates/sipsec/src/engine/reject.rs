@@ -19,21 +19,8 @@ impl Engine {
         err: ParseError,
         fx: &mut Effects,
     ) {
-        if self.log.allow(now) {
-            tracing::warn!(%source, "rejected message: {err}");
-        }
-        let mut out = Vec::new();
-        if build::salvage_response(
-            data,
-            err.status(),
-            &err.reason(),
-            self.cfg.server_line.as_bytes(),
-            &mut out,
-        ) {
-            inc(&self.stats.local_responses);
-            fx.transmits.push((source, Bytes::from(out)));
-        } else {
-            inc(&self.stats.malformed_dropped);
+        if let Some(answer) = self.salvage(now, source, data, err) {
+            fx.transmits.push((source, answer));
         }
     }
 
@@ -42,13 +29,24 @@ impl Engine {
     /// addressed. Counted like an oversize datagram.
     pub fn oversize_response(&mut self, now: Millis, source: Peer, head: &[u8]) -> Option<Bytes> {
         inc(&self.stats.oversize);
+        self.salvage(now, source, head, ParseError::TooLarge)
+    }
+
+    /// Logs (rate-limited) a refused message and builds its answer, counting it as a local
+    /// response, or as dropped when it cannot be addressed.
+    fn salvage(
+        &mut self,
+        now: Millis,
+        source: Peer,
+        data: &[u8],
+        err: ParseError,
+    ) -> Option<Bytes> {
         if self.log.allow(now) {
-            tracing::warn!(%source, "rejected message: {}", ParseError::TooLarge);
+            tracing::warn!(%source, "rejected message: {err}");
         }
-        let err = ParseError::TooLarge;
         let mut out = Vec::new();
         let extra = self.cfg.server_line.as_bytes();
-        if build::salvage_response(head, err.status(), &err.reason(), extra, &mut out) {
+        if build::salvage_response(data, err.status(), &err.reason(), extra, &mut out) {
             inc(&self.stats.local_responses);
             Some(Bytes::from(out))
         } else {
