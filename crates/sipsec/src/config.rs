@@ -290,7 +290,7 @@ impl RawAuth {
             max_failures_per_user: self.max_failures_per_user,
             failure_window_ms: self.failure_window_s.max(1) * 1000,
             max_tracked_nonces: self.max_tracked_nonces.max(1000),
-            server: crate::auth::ServerNames {
+            server: ServerNames {
                 domains: domains.to_vec(),
                 addrs: listen.iter().map(|l| l.addr).collect(),
             },
@@ -420,6 +420,43 @@ pub struct RegistrarConfig {
     pub max_contacts: usize,
 }
 
+/// The names this server answers to: its domains and listen addresses. The engine's routing
+/// ("is this for us?") and digest's `uri` check both ask it.
+#[derive(Debug, Clone, Default)]
+pub struct ServerNames {
+    /// Lower case.
+    pub domains: Vec<String>,
+    pub addrs: Vec<SocketAddr>,
+}
+
+impl ServerNames {
+    /// Whether `uri`'s host (and port, if given) is this server: one of its domains, or one
+    /// of its listen addresses.
+    pub fn names(&self, uri: &sip_core::message::Uri<'_>) -> bool {
+        let host = uri.host_unbracketed();
+        let port = uri.port.unwrap_or(5060);
+        (self.is_domain(host)
+            && (uri.port.is_none() || self.addrs.iter().any(|a| a.port() == port)))
+            || self.is_addr(host, port)
+    }
+
+    /// Whether `host` is one of our domains.
+    pub fn is_domain(&self, host: &[u8]) -> bool {
+        self.domains
+            .iter()
+            .any(|d| d.as_bytes().eq_ignore_ascii_case(host))
+    }
+
+    /// True when `host:port` is one of our listen addresses; `host` may be an IPv6 reference
+    /// in brackets, as Via sent-by and URI hosts write it.
+    pub fn is_addr(&self, host: &[u8], port: u16) -> bool {
+        std::str::from_utf8(sip_core::message::uri::unbracket(host))
+            .ok()
+            .and_then(|h| h.parse::<std::net::IpAddr>().ok())
+            .is_some_and(|ip| self.addrs.iter().any(|a| a.ip() == ip && a.port() == port))
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -443,6 +480,8 @@ pub struct Config {
     /// The `Server` header line of responses made here ("" when none is sent); the version is
     /// left out by default, so a prober learns less.
     pub server_line: String,
+    /// Our domains and listen addresses, as routing and authentication ask about them.
+    pub names: ServerNames,
     /// The default route: its URI text and where it sends.
     pub default_route: Option<(String, crate::transport::Peer)>,
     pub database_url: String,
@@ -645,6 +684,7 @@ impl Config {
                 "" => String::new(),
                 v => format!("Server: {v}\r\n"),
             },
+            names: auth.server.clone(),
             default_route,
             database_url: url,
             registrar: RegistrarConfig {

@@ -124,33 +124,7 @@ pub struct AuthConfig {
     /// authentication (false: how the seeds' servers worked, kept to measure it).
     pub credential_cache: bool,
     /// The names this server answers to, for digest's `uri` check.
-    pub server: ServerNames,
-}
-
-/// The domains and listen addresses of this server.
-#[derive(Debug, Clone, Default)]
-pub struct ServerNames {
-    pub domains: Vec<String>,
-    pub addrs: Vec<std::net::SocketAddr>,
-}
-
-impl ServerNames {
-    /// Whether `uri`'s host (and port, if given) is this server: one of its domains, or one
-    /// of its listen addresses.
-    pub fn names(&self, uri: &sip_core::message::Uri<'_>) -> bool {
-        let host = uri.host_unbracketed();
-        let port = uri.port.unwrap_or(5060);
-        let domain = self
-            .domains
-            .iter()
-            .any(|d| d.as_bytes().eq_ignore_ascii_case(host))
-            && (uri.port.is_none() || self.addrs.iter().any(|a| a.port() == port));
-        let addr = std::str::from_utf8(host)
-            .ok()
-            .and_then(|h| h.parse::<IpAddr>().ok())
-            .is_some_and(|ip| self.addrs.iter().any(|a| a.ip() == ip && a.port() == port));
-        domain || addr
-    }
+    pub server: crate::config::ServerNames,
 }
 
 /// Entries the failure throttle holds per table (sources, users, known sources).
@@ -517,7 +491,11 @@ impl Authenticator {
 /// parameters). A `uri` naming this server itself (its address or domain, no user) is also
 /// accepted, whatever the Request-URI: SIPp puts the address of the proxy it sends to there
 /// by default, binding its credentials to the proxy rather than to one destination.
-fn digest_uri_matches(server: &ServerNames, msg: &Message<'_>, digest_uri: &[u8]) -> bool {
+fn digest_uri_matches(
+    server: &crate::config::ServerNames,
+    msg: &Message<'_>,
+    digest_uri: &[u8],
+) -> bool {
     let (Some(ruri), Ok(uri)) = (msg.request_uri(), sip_core::message::Uri::parse(digest_uri))
     else {
         return false;

@@ -163,7 +163,6 @@ pub struct Engine {
     worker: usize,
     /// Per transport and address family we listen on, where we send from.
     sides: Vec<Side>,
-    local_addrs: Vec<SocketAddr>,
     epoch_unix_ms: u64,
     tx: Transactions<Peer, Link>,
     location: Location,
@@ -236,7 +235,6 @@ fn ends_call(msg: &Message<'_>) -> bool {
 impl Engine {
     /// A worker's engine. `epoch_unix_ms` is the Unix time at monotonic 0.
     pub fn new(cfg: Arc<Config>, worker: usize, epoch_unix_ms: u64, stats: Arc<Stats>) -> Engine {
-        let local_addrs: Vec<SocketAddr> = cfg.listen.iter().map(|l| l.addr).collect();
         let mut sides: Vec<Side> = Vec::new();
         let mut udp_sockets = 0;
         for l in &cfg.listen {
@@ -265,7 +263,6 @@ impl Engine {
         }
         Engine {
             sides,
-            local_addrs,
             worker,
             epoch_unix_ms,
             tx: Transactions::new(0, Timers::default()),

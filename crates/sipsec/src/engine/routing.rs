@@ -7,37 +7,20 @@ use super::{branch, Decision, Engine, Target, ALLOW};
 use crate::config::Mode;
 use crate::location::Lookup;
 use crate::transport::{uri_peer, Peer};
-use sip_core::message::uri::unbracket;
 use sip_core::message::{HeaderField, HeaderName, Message, Method, Scheme, Uri};
 use sip_core::timer::Millis;
 use smallvec::SmallVec;
 use std::fmt::Write as _;
-use std::net::IpAddr;
 
 impl Engine {
     pub(super) fn is_local_host(&self, uri: &Uri<'_>) -> bool {
-        let host = uri.host_unbracketed();
-        let port = uri.port.unwrap_or(5060);
-        if self.is_our_domain(host)
-            && (uri.port.is_none() || self.local_addrs.iter().any(|a| a.port() == port))
-        {
-            return true;
-        }
-        self.is_local_addr(host, port)
+        self.cfg.names.names(uri)
     }
 
     /// True when `host:port` is one of our listen addresses; `host` may be an IPv6 reference
     /// in brackets, as Via sent-by and URI hosts write it.
     pub(super) fn is_local_addr(&self, host: &[u8], port: u16) -> bool {
-        let Some(ip) = std::str::from_utf8(unbracket(host))
-            .ok()
-            .and_then(|h| h.parse::<IpAddr>().ok())
-        else {
-            return false;
-        };
-        self.local_addrs
-            .iter()
-            .any(|a| a.ip() == ip && a.port() == port)
+        self.cfg.names.is_addr(host, port)
     }
 
     /// True when `peer` is one of our own listeners: sending there would hand the request
@@ -55,9 +38,7 @@ impl Engine {
     }
 
     pub(super) fn is_our_domain(&self, host: &[u8]) -> bool {
-        std::str::from_utf8(host)
-            .map(|h| self.cfg.domains.iter().any(|d| d.eq_ignore_ascii_case(h)))
-            .unwrap_or(false)
+        self.cfg.names.is_domain(host)
     }
 
     /// The address-of-record key of a user at a host we serve: domain hosts as written
@@ -221,7 +202,7 @@ impl Engine {
                 }
                 Some(*addr)
             }
-            _ => uri_peer(&uri).filter(|p| !self.local_addrs.contains(&p.addr)),
+            _ => uri_peer(&uri).filter(|p| !self.cfg.names.addrs.contains(&p.addr)),
         };
         match dest {
             Some(dest) if self.cfg.mode == Mode::Proxy || in_dialog => Decision::Forward {
