@@ -19,6 +19,7 @@ pub mod load;
 pub mod location;
 pub mod net;
 pub mod server;
+pub mod signals;
 pub mod store;
 pub mod streams;
 pub mod tls;

@@ -13,7 +13,7 @@ use crate::transport::Transport;
 use crate::worker::{self, Worker};
 use anyhow::{bail, Context, Result};
 use std::io::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -113,19 +113,7 @@ pub fn run(cfg: Config) -> Result<()> {
     let auth = start_auth(&cfg, &runtime)?;
     let proxychain = start_proxychain(&cfg)?;
 
-    let shutdown = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, shutdown.clone())
-            .context("cannot install signal handlers")?;
-    }
-    // SIGUSR1 logs the counters; SIGHUP (an operator's habit for "reload") is harmless until
-    // reloading exists. Unhandled, either would kill the server without flushing.
-    let report = Arc::new(AtomicBool::new(false));
-    let hangup = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGUSR1, report.clone())
-        .context("cannot install signal handlers")?;
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, hangup.clone())
-        .context("cannot install signal handlers")?;
+    let signals = crate::signals::Signals::install()?;
 
     let mut senders = Vec::new();
     let mut mailboxes = Vec::new();
@@ -215,7 +203,7 @@ pub fn run(cfg: Config) -> Result<()> {
             mailbox,
             peers: senders.clone(),
             store: Some(store.clone()),
-            shutdown: shutdown.clone(),
+            shutdown: signals.stop.clone(),
             started,
             index,
             coalescer: crate::coalesce::Coalescer::new(Duration::from_micros(
@@ -262,16 +250,9 @@ pub fn run(cfg: Config) -> Result<()> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect()
     };
-    while !shutdown.load(Ordering::Relaxed) {
+    while !signals.stopping() {
         std::thread::sleep(Duration::from_millis(50));
-        if report.swap(false, Ordering::Relaxed) {
-            tracing::info!("counters; {}", totals().join(" "));
-        }
-        if hangup.swap(false, Ordering::Relaxed) {
-            tracing::warn!(
-                "SIGHUP: reloading the configuration is not supported yet; nothing changed"
-            );
-        }
+        signals.poll(|| tracing::info!("counters; {}", totals().join(" ")));
     }
     tracing::info!("shutting down");
     for h in handles {

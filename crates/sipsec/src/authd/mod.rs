@@ -267,29 +267,12 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
         cfg.chain_length,
         crate::store::redacted(&cfg.database)
     );
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, stop.clone())
-            .context("cannot install signal handlers")?;
-    }
     // SIGUSR1 logs the counters without stopping, so a lab can difference two readings.
-    let report = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGUSR1, report.clone())
-        .context("cannot install signal handlers")?;
-    let hangup = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, hangup.clone())
-        .context("cannot install signal handlers")?;
+    let signals = crate::signals::Signals::install()?;
     let stats = authority.clone();
     let stopped = async {
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            if report.swap(false, std::sync::atomic::Ordering::Relaxed) {
-                log_counters("counters", &stats.stats);
-            }
-            if hangup.swap(false, std::sync::atomic::Ordering::Relaxed) {
-                tracing::warn!(
-                    "SIGHUP: reloading the configuration is not supported yet; nothing changed"
-                );
-            }
+        while !signals.stopping() {
+            signals.poll(|| log_counters("counters", &stats.stats));
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };

@@ -1,0 +1,57 @@
+//! The signals an operator may send `sipsec serve` and `sipsec authd`, the same for both:
+//! SIGINT and SIGTERM stop cleanly, SIGUSR1 asks for the counters, SIGHUP (the habit for
+//! "reload") is logged and otherwise ignored until reloading exists. Unhandled, USR1 and HUP
+//! would kill the process without its clean shutdown. Handlers only set flags; the process's
+//! main loop polls them.
+
+use anyhow::{Context, Result};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// The flags the handlers set.
+pub struct Signals {
+    /// Set by SIGINT and SIGTERM; shared with whatever must stop.
+    pub stop: Arc<AtomicBool>,
+    report: Arc<AtomicBool>,
+    hangup: Arc<AtomicBool>,
+}
+
+impl Signals {
+    /// Installs the handlers.
+    pub fn install() -> Result<Signals> {
+        let signals = Signals {
+            stop: Arc::default(),
+            report: Arc::default(),
+            hangup: Arc::default(),
+        };
+        for (signal, flag) in [
+            (SIGINT, &signals.stop),
+            (SIGTERM, &signals.stop),
+            (SIGUSR1, &signals.report),
+            (SIGHUP, &signals.hangup),
+        ] {
+            signal_hook::flag::register(signal, flag.clone())
+                .context("cannot install signal handlers")?;
+        }
+        Ok(signals)
+    }
+
+    /// Whether a stop was asked for.
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Handles what arrived since the last call: `report` runs once per SIGUSR1 (at least
+    /// once for several), SIGHUP is logged.
+    pub fn poll(&self, report: impl FnOnce()) {
+        if self.report.swap(false, Ordering::Relaxed) {
+            report();
+        }
+        if self.hangup.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                "SIGHUP: reloading the configuration is not supported yet; nothing changed"
+            );
+        }
+    }
+}
