@@ -161,20 +161,22 @@ pub fn redacted(url: &str) -> String {
     out
 }
 
+/// The file path and the `?…` rest of a SQLite URL naming a file (not `:memory:`).
+fn sqlite_file_path(url: &str) -> Option<(&str, &str)> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let (path, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
+    (!path.is_empty() && !path.starts_with(":memory:")).then_some((path, query))
+}
+
 /// A SQLite URL with a relative file path taken from `base` (the directory of the config
 /// file that named it), so a command run from elsewhere opens the same database. Other URLs
 /// come back unchanged.
 pub fn resolve_relative(url: &str, base: &Path) -> String {
-    let Some(rest) = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-    else {
+    let Some((path, query)) = sqlite_file_path(url).filter(|(p, _)| !p.starts_with('/')) else {
         return url.to_string();
     };
-    let (path, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
-    if path.is_empty() || path.starts_with('/') || path.starts_with(":memory:") {
-        return url.to_string();
-    }
     let base = if base.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -332,14 +334,11 @@ impl Store {
         let Err(batch_error) = self.write(changes).await else {
             return Ok(Vec::new());
         };
-        if changes.len() == 1 && !self.answers().await {
-            return Err(batch_error);
-        }
         let mut refused = Vec::new();
         for change in changes {
             if let Err(e) = self.write(std::slice::from_ref(change)).await {
                 if !self.answers().await {
-                    return Err(e);
+                    return Err(batch_error);
                 }
                 refused.push((change.clone(), format!("{e:#}")));
             }
@@ -449,13 +448,7 @@ struct SqliteFile {
 impl SqliteFile {
     fn of(url: &str) -> Option<SqliteFile> {
         use std::os::unix::fs::MetadataExt;
-        let rest = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))?;
-        let path = rest.split('?').next()?;
-        if path.is_empty() || path.starts_with(":memory:") {
-            return None;
-        }
+        let (path, _) = sqlite_file_path(url)?;
         let meta = std::fs::metadata(path).ok()?;
         Some(SqliteFile {
             url: url.to_string(),
