@@ -143,9 +143,9 @@ struct Call {
     latency_recorded: bool,
     hold: Option<TimerHandle>,
     branches: u32,
-    /// Dialogs other UASs set up when a proxy forked the INVITE (RFC 3261 §13.2.2.4): their
-    /// To header, and where their ACK went and what it was, to ACK their 2xx retransmissions.
-    extra_dialogs: Vec<(String, Peer, Bytes)>,
+    /// Dialogs other UASs set up when a proxy forked the INVITE (RFC 3261 §13.2.2.4), ended
+    /// with BYE at once and kept to ACK their 2xx retransmissions.
+    extra_dialogs: Vec<Dialog>,
 }
 
 impl Call {
@@ -484,19 +484,6 @@ impl Ua {
         for r in h.routes {
             let _ = write!(m, "Route: {r}\r\n");
         }
-    }
-
-    /// Re-sends the ACK of a call's 2xx (the 2xx came again); false when there is none.
-    fn resend_ack(&mut self, number: u64) -> bool {
-        let Some(d) = self.calls.get(&number).and_then(|c| c.dialog.as_ref()) else {
-            return false;
-        };
-        self.outputs.push(Output::Transmit {
-            dest: d.next_hop,
-            data: d.ack.clone(),
-        });
-        self.stats.retransmissions(1);
-        true
     }
 
     /// Handles one message from `from`.
@@ -901,15 +888,13 @@ impl Ua {
             cseq: call.cseq,
             routes: &routes,
         };
-        let mut m = Vec::with_capacity(512);
-        self.write_head(&mut m, &head);
-        m.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+        let ack = self.bodiless(&head);
         Ok(Dialog {
             remote_target,
             routes,
             to,
             next_hop,
-            ack: Bytes::from(m),
+            ack,
         })
     }
 
@@ -918,19 +903,19 @@ impl Ua {
     /// (RFC 3261 §13.2.2.4): its 2xx is ACKed and its dialog ended with a BYE, once. False
     /// when the call has no dialog.
     fn on_later_invite_2xx(&mut self, number: u64, msg: &Message<'_>) -> bool {
-        let Some(call) = self.calls.get(&number) else {
-            return false;
-        };
-        let Some(first) = &call.dialog else {
+        let Some(call) = self.calls.get(&number).filter(|c| c.dialog.is_some()) else {
             return false;
         };
         let to = to_of(msg);
-        if first.to == to {
-            return self.resend_ack(number);
-        }
-        if let Some((_, dest, ack)) = call.extra_dialogs.iter().find(|(t, ..)| *t == to) {
-            let (dest, ack) = (*dest, ack.clone());
-            self.outputs.push(Output::Transmit { dest, data: ack });
+        if let Some(d) = call
+            .dialog
+            .iter()
+            .chain(&call.extra_dialogs)
+            .find(|d| d.to == to)
+        {
+            // A retransmission: its dialog's ACK again.
+            let (dest, data) = (d.next_hop, d.ack.clone());
+            self.outputs.push(Output::Transmit { dest, data });
             self.stats.retransmissions(1);
             return true;
         }
@@ -938,13 +923,12 @@ impl Ua {
             self.stats.stray += 1;
             return true;
         };
-        let call = &self.calls[&number];
         let branch = format!(
             "z9hG4bK-{:x}-{number:x}-x{}",
             self.cfg.epoch,
             call.extra_dialogs.len()
         );
-        let head = Head {
+        let bye = self.bodiless(&Head {
             method: "BYE",
             uri: &extra.remote_target,
             branch: &branch,
@@ -953,22 +937,25 @@ impl Ua {
             to: &extra.to,
             cseq: call.cseq + 1,
             routes: &extra.routes,
-        };
-        let mut bye = Vec::with_capacity(512);
-        self.write_head(&mut bye, &head);
-        bye.extend_from_slice(b"Content-Length: 0\r\n\r\n");
-        self.outputs.push(Output::Transmit {
-            dest: extra.next_hop,
-            data: extra.ack.clone(),
         });
-        self.outputs.push(Output::Transmit {
-            dest: extra.next_hop,
-            data: Bytes::from(bye),
-        });
+        for data in [extra.ack.clone(), bye] {
+            self.outputs.push(Output::Transmit {
+                dest: extra.next_hop,
+                data,
+            });
+        }
         self.stats.extra_dialogs += 1;
         let call = self.calls.get_mut(&number).expect("checked above");
-        call.extra_dialogs.push((to, extra.next_hop, extra.ack));
+        call.extra_dialogs.push(extra);
         true
+    }
+
+    /// An in-dialog request without a body (ACK, BYE): `head` and `Content-Length: 0`.
+    fn bodiless(&self, head: &Head<'_>) -> Bytes {
+        let mut m = Vec::with_capacity(512);
+        self.write_head(&mut m, head);
+        m.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+        Bytes::from(m)
     }
 
     fn hang_up(&mut self, now_us: u64, number: u64) {
