@@ -228,19 +228,11 @@ impl Worker {
                 // Runs of one socket, in the order they were queued within each socket.
                 out.sort_by_key(|(p, _)| socket_for(p));
                 let mut failed = 0;
-                let mut start = 0;
-                while start < out.len() {
-                    let socket = socket_for(&out[start].0);
-                    let end = start
-                        + out[start..]
-                            .iter()
-                            .take_while(|(p, _)| socket_for(p) == socket)
-                            .count();
-                    failed += match socket {
-                        Some(s) => sender.send(fds[s], &out[start..end], |p| p.addr),
-                        None => end - start,
+                for run in out.chunk_by(|(a, _), (b, _)| socket_for(a) == socket_for(b)) {
+                    failed += match socket_for(&run[0].0) {
+                        Some(s) => sender.send(fds[s], run, |p| p.addr),
+                        None => run.len(),
                     };
-                    start = end;
                 }
                 failed
             }
