@@ -116,6 +116,7 @@ struct RawRegistrar {
     max_expires: u32,
     default_expires: u32,
     max_contacts: usize,
+    durable: bool,
 }
 
 impl Default for RawRegistrar {
@@ -125,6 +126,7 @@ impl Default for RawRegistrar {
             max_expires: 86_400,
             default_expires: 3_600,
             max_contacts: 16,
+            durable: false,
         }
     }
 }
@@ -418,6 +420,9 @@ pub struct RegistrarConfig {
     pub max_expires: u32,
     pub default_expires: u32,
     pub max_contacts: usize,
+    /// Answer a REGISTER only once its binding is committed to the database (group commit),
+    /// instead of writing behind.
+    pub durable: bool,
 }
 
 /// The names this server answers to: its domains and listen addresses. The engine's routing
@@ -692,6 +697,7 @@ impl Config {
                 max_expires: reg.max_expires,
                 default_expires: reg.default_expires,
                 max_contacts: reg.max_contacts,
+                durable: reg.durable,
             },
             streams,
             tls,

@@ -4,7 +4,7 @@
 //! restart loses nothing.
 
 use crate::config::{Config, Mode};
-use crate::engine::{stats, Engine};
+use crate::engine::{stats, Engine, Mail};
 use crate::location::BindingChange;
 use crate::net::epoll::Epoll;
 use crate::store::{self, Store};
@@ -109,12 +109,6 @@ pub fn run(cfg: Config) -> Result<()> {
             .context("cannot load registrations")?;
         anyhow::Ok((store, loaded))
     })?;
-    let store = store::spawn_writer(store, &cfg.database_url, &runtime);
-    let auth = start_auth(&cfg, &runtime)?;
-    let proxychain = start_proxychain(&cfg)?;
-
-    let signals = crate::signals::Signals::install()?;
-
     let mut senders = Vec::new();
     let mut mailboxes = Vec::new();
     for _ in 0..cfg.workers {
@@ -122,6 +116,20 @@ pub fn run(cfg: Config) -> Result<()> {
         senders.push(tx);
         mailboxes.push(rx);
     }
+    // Durable registration: each commit releases the 200s waiting for it.
+    let on_saved = cfg.registrar.durable.then(|| {
+        let workers = senders.clone();
+        Box::new(move |worker: usize, count| {
+            if let Some(w) = workers.get(worker) {
+                w.send(Mail::Saved { count });
+            }
+        }) as store::OnSaved
+    });
+    let store = store::spawn_writer(store, &cfg.database_url, &runtime, on_saved);
+    let auth = start_auth(&cfg, &runtime)?;
+    let proxychain = start_proxychain(&cfg)?;
+
+    let signals = crate::signals::Signals::install()?;
     let channel_stats = Arc::new(crate::authd::client::ChannelStats::default());
     let fetcher = match (&proxychain, &auth) {
         (Some((shared, tls)), _) => Some(crate::authd::client::spawn(

@@ -5,7 +5,9 @@
 //! (sqlx's `Any` driver) with a small dialect switch for placeholders. Writes run on one
 //! thread of their own with a single-threaded tokio runtime: workers hand it
 //! [`BindingChange`]s over a channel, and it commits whatever has queued up in one
-//! transaction, so a burst of registrations costs one commit. On shutdown the server flushes
+//! transaction, so a burst of registrations costs one commit. After each commit it reports
+//! how far each worker's changes are committed, which durable registration waits for
+//! (`engine::durable`). On shutdown the server flushes
 //! the queue before exiting. If the database does not answer, the batch is kept and retried,
 //! the error is logged once per outage, and registrations keep working from memory; if it
 //! answers but refuses one change, that change alone is dropped and logged, so it cannot hold
@@ -212,6 +214,19 @@ impl Store {
         let dialect = Dialect::of(url);
         let pool = AnyPoolOptions::new()
             .max_connections(if dialect == Dialect::Sqlite { 1 } else { 4 })
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if dialect == Dialect::Sqlite {
+                        // A commit is on disk when it returns (WAL fsynced), as PostgreSQL's
+                        // and InnoDB's defaults are: what a durable 200 OK promises. Set per
+                        // connection, so also on any the pool opens later.
+                        sqlx::query("PRAGMA synchronous=FULL")
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
             .acquire_timeout(Duration::from_secs(5))
             .connect(&normalise_url(url))
             .await
@@ -229,9 +244,6 @@ impl Store {
         if self.dialect == Dialect::Sqlite {
             // Outside any transaction: SQLite cannot change the journal mode inside one.
             sqlx::query("PRAGMA journal_mode=WAL")
-                .execute(&mut *conn)
-                .await?;
-            sqlx::query("PRAGMA synchronous=NORMAL")
                 .execute(&mut *conn)
                 .await?;
         }
@@ -413,7 +425,11 @@ impl Store {
 }
 
 enum Command {
-    Change(SharedChange),
+    /// A change from worker `from`.
+    Change {
+        from: usize,
+        change: SharedChange,
+    },
     Flush(oneshot::Sender<()>),
 }
 
@@ -423,9 +439,15 @@ pub struct StoreHandle {
     tx: mpsc::UnboundedSender<Command>,
 }
 
+/// Called after each commit with a worker and how many of its changes are committed so far
+/// (for durable registration).
+pub type OnSaved = Box<dyn Fn(usize, u64) + Send>;
+
 impl StoreHandle {
-    pub fn send(&self, change: SharedChange) {
-        let _ = self.tx.send(Command::Change(change));
+    /// Queues a change worker `from` made; each worker's changes are committed in the order
+    /// sent.
+    pub fn send(&self, from: usize, change: SharedChange) {
+        let _ = self.tx.send(Command::Change { from, change });
     }
 
     /// Waits until everything queued so far is committed (or the writer gave up).
@@ -463,31 +485,72 @@ impl SqliteFile {
     }
 }
 
+/// Per worker, changes committed so far and changes in the batch being written.
+#[derive(Default)]
+struct Progress {
+    committed: Vec<u64>,
+    in_batch: Vec<u64>,
+}
+
+impl Progress {
+    fn queued(&mut self, from: usize) {
+        if self.in_batch.len() <= from {
+            self.in_batch.resize(from + 1, 0);
+            self.committed.resize(from + 1, 0);
+        }
+        self.in_batch[from] += 1;
+    }
+
+    /// The batch is committed: tells `on_saved` about each worker it held changes of.
+    fn committed(&mut self, on_saved: Option<&OnSaved>) {
+        for (worker, n) in self.in_batch.iter_mut().enumerate() {
+            if *n > 0 {
+                self.committed[worker] += std::mem::take(n);
+                if let Some(f) = on_saved {
+                    f(worker, self.committed[worker]);
+                }
+            }
+        }
+    }
+}
+
 /// Starts the write-behind thread for a connected store (opened from `url`), on the given
-/// runtime.
-pub fn spawn_writer(store: Store, url: &str, runtime: &tokio::runtime::Runtime) -> StoreHandle {
+/// runtime. `on_saved`, if given, hears after every commit how far each worker's changes
+/// are committed.
+pub fn spawn_writer(
+    store: Store,
+    url: &str,
+    runtime: &tokio::runtime::Runtime,
+    on_saved: Option<OnSaved>,
+) -> StoreHandle {
     let (tx, mut rx) = mpsc::unbounded_channel::<Command>();
     let mut sqlite_file = SqliteFile::of(url);
     let mut store = store;
     runtime.spawn(async move {
         let mut pending: Vec<SharedChange> = Vec::new();
+        let mut progress = Progress::default();
         let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
         let mut failing = false;
-        let queue = |cmd, pending: &mut Vec<_>, waiters: &mut Vec<_>| match cmd {
-            Command::Change(c) => pending.push(c),
-            Command::Flush(w) => waiters.push(w),
+        let queue = |cmd, pending: &mut Vec<_>, progress: &mut Progress, waiters: &mut Vec<_>| {
+            match cmd {
+                Command::Change { from, change } => {
+                    progress.queued(from);
+                    pending.push(change)
+                }
+                Command::Flush(w) => waiters.push(w),
+            }
         };
         loop {
             // Block only when nothing is left to retry; then take whatever else has queued up,
             // so a burst of registrations costs one commit.
             if pending.is_empty() {
                 match rx.recv().await {
-                    Some(cmd) => queue(cmd, &mut pending, &mut waiters),
+                    Some(cmd) => queue(cmd, &mut pending, &mut progress, &mut waiters),
                     None => break,
                 }
             }
             while let Ok(cmd) = rx.try_recv() {
-                queue(cmd, &mut pending, &mut waiters);
+                queue(cmd, &mut pending, &mut progress, &mut waiters);
             }
             if let Some(file) = sqlite_file.as_ref().filter(|f| !f.still_there()) {
                 tracing::error!(
@@ -516,6 +579,7 @@ pub fn spawn_writer(store: Store, url: &str, runtime: &tokio::runtime::Runtime) 
                             );
                         }
                         pending.clear();
+                        progress.committed(on_saved.as_ref());
                     }
                     Err(e) => {
                         if !std::mem::replace(&mut failing, true) {

@@ -283,7 +283,7 @@ impl Worker {
                 }
             }
             if let Some(store) = &self.store {
-                store.send(change);
+                store.send(self.index, change);
             }
         }
         for (user, prefetch) in fx.fetches.drain(..) {

@@ -16,6 +16,7 @@
 //! and `branch` makes and reads our Via branches.
 
 mod branch;
+mod durable;
 mod proxy;
 mod registrar;
 mod reject;
@@ -51,6 +52,9 @@ pub enum Mail {
     /// The user's credentials came (or their fetch gave up): requests waiting for them run
     /// now.
     Credential { user: Arc<str> },
+    /// From the store: it has committed the first `count` binding changes this worker sent
+    /// (durable registration only).
+    Saved { count: u64 },
 }
 
 /// What the engine asks its driver to do.
@@ -185,6 +189,12 @@ pub struct Engine {
     rerunning: bool,
     /// When "authentication unavailable" was last logged.
     unavailable_logged: Option<Millis>,
+    /// Binding changes handed to the store, and how many of them it has committed
+    /// (`durable`).
+    changes_sent: u64,
+    changes_saved: u64,
+    /// REGISTER answers waiting for the store, oldest first (`durable`).
+    held: std::collections::VecDeque<durable::Held>,
 }
 
 /// How often an authentication outage is logged, per worker.
@@ -279,6 +289,9 @@ impl Engine {
             parked_total: 0,
             rerunning: false,
             unavailable_logged: None,
+            changes_sent: 0,
+            changes_saved: 0,
+            held: std::collections::VecDeque::new(),
             cfg,
         }
     }
@@ -335,10 +348,10 @@ impl Engine {
             .location
             .next_expiry()
             .map(|u| u.saturating_sub(self.epoch_unix_ms));
-        match (self.tx.next_deadline(), loc) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.tx.next_deadline(), loc, self.next_held_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn unix_ms(&self, now: Millis) -> u64 {
@@ -352,6 +365,7 @@ impl Engine {
     pub fn on_tick(&mut self, now: Millis, fx: &mut Effects) {
         self.tx.advance(now, &mut self.outputs);
         self.location.expire(self.unix_ms(now));
+        self.expire_held(now, fx);
         self.drain_outputs(now, fx);
     }
 
@@ -362,6 +376,7 @@ impl Engine {
             Mail::Binding(change) => self.location.apply(&change),
             Mail::Transmit { to, data } => fx.transmits.push((to, data)),
             Mail::Credential { user } => self.on_credential(now, &user, fx),
+            Mail::Saved { count } => self.on_saved(now, count, fx),
         }
     }
 
@@ -496,19 +511,26 @@ impl Engine {
                         tracing::warn!(%source, "REGISTER refused: {} {}", outcome.code, outcome.reason);
                     }
                 }
+                self.note_changes_sent(outcome.changes.len());
                 for change in outcome.changes {
                     self.location.apply(&change);
                     fx.changes.push(Arc::new(change));
                 }
-                self.answer(
-                    now,
-                    source,
-                    msg,
-                    outcome.code,
-                    outcome.reason,
-                    &outcome.headers,
-                    fx,
-                );
+                if outcome.code == 200 && self.cfg.registrar.durable {
+                    inc(&self.stats.local_responses);
+                    let ok = self.local_response(msg, 200, outcome.reason, &outcome.headers);
+                    self.answer_durably(now, source, msg, ok, fx);
+                } else {
+                    self.answer(
+                        now,
+                        source,
+                        msg,
+                        outcome.code,
+                        outcome.reason,
+                        &outcome.headers,
+                        fx,
+                    );
+                }
             }
             Decision::Forward {
                 targets,
@@ -660,14 +682,7 @@ impl Engine {
         let data = self.local_response(msg, code, reason, headers);
         inc(&self.stats.local_responses);
         let dest = response_peer(msg.top_via(), source);
-        if self.cfg.stateful {
-            let id = self
-                .tx
-                .create_server(msg, dest, dest.transport.reliable(), Link::Local);
-            self.tx.respond(now, id, code, data, &mut self.outputs);
-        } else {
-            fx.transmits.push((dest, data));
-        }
+        self.send_local(now, msg, dest, code, data, fx);
     }
 
     fn drain_outputs(&mut self, now: Millis, fx: &mut Effects) {

@@ -32,6 +32,7 @@ counters! {
     forwarded_responses: "responses forwarded",
     local_responses: "responses generated here",
     registrations: "REGISTER requests accepted",
+    registrations_unsaved: "REGISTERs answered 500 because the database did not confirm them in time (durable)",
     registrations_refused: "REGISTER requests refused (bad or over-long values, too many contacts, a contact at this server)",
     not_allowed: "requests answered 405 or 501",
     loops: "requests answered 482, and registered contacts or routes pointing back at this server",

@@ -1162,3 +1162,82 @@ fn each_address_family_is_sent_from_a_listener_of_its_own_or_refused_at_once() {
     let statuses: Vec<_> = sent.iter().map(Sent::status).collect();
     assert_eq!(statuses, [Some(503)]);
 }
+
+#[test]
+fn a_durable_registrar_answers_once_the_store_has_committed() {
+    for stateful in [true, false] {
+        let mut e = engine(&format!(
+            "stateful = {stateful}\n[registrar]\ndurable = true"
+        ));
+        let reg = register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKd1", 1);
+        let (sent, fx) = deliver(&mut e, 0, BOB1, &reg);
+        assert!(sent.is_empty(), "no 200 before the commit");
+        assert_eq!(fx.changes.len(), 1);
+        // The binding works from memory at once; the client's retransmission gets nothing
+        // while it waits (stateful: the transaction absorbs it; stateless: it waits too).
+        let (sent, fx) = deliver(&mut e, 100, BOB1, &reg);
+        assert!(sent.is_empty());
+        assert!(fx.changes.is_empty(), "a retransmission changes nothing");
+        let mut fx = Effects::default();
+        e.on_saved(200, 1, &mut fx);
+        // Stateless, the retransmission was answered too (its own 200, also held).
+        let expected = if stateful { 1 } else { 2 };
+        assert_eq!(fx.transmits.len(), expected, "stateful {stateful}");
+        for (to, data) in &fx.transmits {
+            // The source address with the Via's port (RFC 3261 §18.2.2).
+            assert_eq!(to.addr, addr("127.0.0.3:5070"));
+            assert!(data.starts_with(b"SIP/2.0 200 OK"));
+        }
+        // A refresh changes the binding (new CSeq), so it waits for its own commit.
+        let (sent, _) = deliver(
+            &mut e,
+            300,
+            BOB1,
+            &register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKd2", 2),
+        );
+        assert!(sent.is_empty());
+        let mut fx = Effects::default();
+        e.on_saved(400, 2, &mut fx);
+        assert_eq!(fx.transmits.len(), 1);
+        // A REGISTER that changes nothing, once everything is committed, needs no wait.
+        let same = register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKd3", 2);
+        let (sent, _) = deliver(&mut e, 500, BOB1, &same);
+        assert_eq!(sent.len(), 1, "nothing uncommitted: answered at once");
+        assert_eq!(sent[0].status(), Some(200));
+
+        // The database does not confirm: after DURABLE_WAIT_MS the REGISTER gets 500 with
+        // Retry-After, not a 200 the client would trust.
+        let (sent, _) = deliver(
+            &mut e,
+            1_000,
+            BOB1,
+            &register("carol", &format!("<sip:carol@{BOB2}>"), "", "z9hG4bKd4", 1),
+        );
+        assert!(sent.is_empty());
+        assert!(tick(&mut e, 1_000 + durable::DURABLE_WAIT_MS - 1).is_empty());
+        let sent = tick(&mut e, 1_000 + durable::DURABLE_WAIT_MS);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].status(), Some(500));
+        assert!(sent[0].text.contains("Retry-After: 5\r\n"));
+        assert_eq!(
+            e.stats
+                .registrations_unsaved
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        // A late commit finds nothing to release twice.
+        let mut fx = Effects::default();
+        e.on_saved(7_000, 3, &mut fx);
+        assert!(fx.transmits.is_empty());
+    }
+}
+
+#[test]
+fn without_durable_the_registrar_answers_at_once() {
+    let mut e = engine("");
+    let reg = register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKw1", 1);
+    let (sent, fx) = deliver(&mut e, 0, BOB1, &reg);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].status(), Some(200));
+    assert_eq!(fx.changes.len(), 1);
+}
