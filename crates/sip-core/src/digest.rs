@@ -82,6 +82,31 @@ pub enum DigestError {
 
 /// Splits `Digest a=b, c="d"` into its parameters, unquoting quoted strings (escapes kept
 /// verbatim except the backslash itself is dropped before the escaped character).
+/// A value written as a quoted-string (RFC 3261 §25.1): in double quotes, with `"` and `\`
+/// escaped, so a value read from the network cannot end the string early and smuggle in
+/// parameters. [`parse_scheme_params`] refuses values with CR, LF or NUL, which a
+/// quoted-string cannot carry, so whatever it read can be written back.
+#[derive(Debug, Clone, Copy)]
+pub struct Quoted<'a>(pub &'a str);
+
+impl std::fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        f.write_char('"')?;
+        for part in self.0.split_inclusive(['"', '\\']) {
+            match part.char_indices().last() {
+                Some((i, c @ ('"' | '\\'))) => {
+                    f.write_str(&part[..i])?;
+                    f.write_char('\\')?;
+                    f.write_char(c)?;
+                }
+                _ => f.write_str(part)?,
+            }
+        }
+        f.write_char('"')
+    }
+}
+
 pub fn parse_params(value: &[u8]) -> Result<Vec<AuthParam<'_>>, DigestError> {
     parse_scheme_params(value, b"Digest")
 }
@@ -156,16 +181,20 @@ pub fn parse_scheme_params<'v>(
             } else {
                 Cow::Borrowed(body)
             };
+            if v.iter().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
+                return Err(DigestError::Malformed);
+            }
             out.push((name, v));
         } else {
             let v_start = i;
             while i < value.len() && !is_ws(value[i]) && value[i] != b',' {
                 i += 1;
             }
-            if i == v_start {
+            let v = &value[v_start..i];
+            if v.is_empty() || v.iter().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
                 return Err(DigestError::Malformed);
             }
-            out.push((name, Cow::Borrowed(&value[v_start..i])));
+            out.push((name, Cow::Borrowed(v)));
         }
     }
 }
@@ -252,17 +281,19 @@ impl Challenge {
         let ha1 = self.algorithm.ha1(username, &self.realm, password);
         let response = self.response(&ha1, method, uri, nc, cnonce);
         let mut v = format!(
-            "Digest username=\"{username}\", realm=\"{}\", nonce=\"{}\", uri=\"{uri}\", \
-             response=\"{response}\", algorithm={}",
-            self.realm,
-            self.nonce,
+            "Digest username={}, realm={}, nonce={}, uri={}, response=\"{response}\", \
+             algorithm={}",
+            Quoted(username),
+            Quoted(&self.realm),
+            Quoted(&self.nonce),
+            Quoted(uri),
             self.algorithm.token()
         );
         if self.qop_auth {
-            let _ = write!(v, ", cnonce=\"{cnonce}\", qop=auth, nc={nc:08x}");
+            let _ = write!(v, ", cnonce={}, qop=auth, nc={nc:08x}", Quoted(cnonce));
         }
         if let Some(o) = &self.opaque {
-            let _ = write!(v, ", opaque=\"{o}\"");
+            let _ = write!(v, ", opaque={}", Quoted(o));
         }
         v
     }
@@ -536,5 +567,29 @@ mod tests {
             Some(Algorithm::Sha512_256)
         );
         assert_eq!(Algorithm::Sha512_256.hex(&[b"x"]).len(), 64);
+    }
+
+    #[test]
+    fn values_from_the_network_cannot_inject_parameters_into_our_answer() {
+        // Found by the `digest` fuzz target: a quote inside a quoted realm or nonce used to end
+        // the string early in our Authorization header.
+        let ch = Challenge::parse(br#"Digest realm="a\"b\\", nonce="n\", uri=\"x", opaque="o""#)
+            .unwrap();
+        assert_eq!(ch.realm, r#"a"b\"#);
+        assert_eq!(ch.nonce, r#"n", uri="x"#);
+        let header = ch.authorization("al\"ice", "pw", "REGISTER", "sip:h", 1, "c");
+        let back = Credentials::parse(header.as_bytes()).unwrap();
+        assert_eq!(&*back.realm, ch.realm.as_bytes());
+        assert_eq!(&*back.nonce, ch.nonce.as_bytes());
+        assert_eq!(&*back.uri, b"sip:h");
+        assert_eq!(&*back.username, b"al\"ice");
+        assert_eq!(Quoted("plain").to_string(), "\"plain\"");
+        // What a quoted-string cannot carry is refused, not passed on.
+        for bad in [
+            &b"Digest realm=\"a\rb\", nonce=n"[..],
+            b"Digest realm=a\nb, nonce=n",
+        ] {
+            assert_eq!(Challenge::parse(bad), Err(DigestError::Malformed));
+        }
     }
 }

@@ -20,7 +20,7 @@
 //!
 //! Sans-IO: no clock, no randomness. Nonces come from the caller.
 
-use crate::digest::{parse_scheme_params, DigestError};
+use crate::digest::{parse_scheme_params, DigestError, Quoted};
 use crate::hex;
 use crate::message::scan::eq_ic;
 use hmac::{Hmac, Mac};
@@ -476,8 +476,8 @@ impl Challenge {
     /// The header value.
     pub fn render(&self) -> String {
         format!(
-            "PC realm=\"{}\", i=\"{}\", nda=\"{}\", ndp=\"{}\", hmac=\"{}\", algorithm={}",
-            self.realm,
+            "PC realm={}, i=\"{}\", nda=\"{}\", ndp=\"{}\", hmac=\"{}\", algorithm={}",
+            Quoted(&self.realm),
             self.counter,
             hex::encode(&self.n_da),
             hex::encode(&self.n_dp),
@@ -533,7 +533,7 @@ impl Authenticate {
     /// The header value.
     pub fn render(&self) -> String {
         match self {
-            Authenticate::Hello { realm } => format!("PC realm=\"{realm}\""),
+            Authenticate::Hello { realm } => format!("PC realm={}", Quoted(realm)),
             Authenticate::Challenge(c) => c.render(),
         }
     }
@@ -556,10 +556,9 @@ pub struct Response {
 impl Response {
     pub fn render(&self) -> String {
         format!(
-            "PC username=\"{}\", realm=\"{}\", i=\"{}\", response=\"{}\", hmac=\"{}\", \
-             algorithm={}",
-            self.username,
-            self.realm,
+            "PC username={}, realm={}, i=\"{}\", response=\"{}\", hmac=\"{}\", algorithm={}",
+            Quoted(&self.username),
+            Quoted(&self.realm),
             self.counter,
             self.value.hex(),
             self.proof.hex(),
@@ -579,8 +578,8 @@ pub struct Hello {
 impl Hello {
     pub fn render(&self) -> String {
         format!(
-            "PC username=\"{}\", nap=\"{}\"",
-            self.username,
+            "PC username={}, nap=\"{}\"",
+            Quoted(&self.username),
             hex::encode(&self.n_ap)
         )
     }
