@@ -2,7 +2,8 @@
 //! ignored, with the reason, in its summary instead of passing them silently. Under CI (`CI`
 //! set) nothing is marked: there a missing peer fails its test.
 //!
-//! Flags: `sipsec_skip_sipp` (no `sipp` on PATH), `sipsec_skip_kamailio` (no Kamailio with its
+//! Flags: `sipsec_skip_sipp` (no `sipp` on PATH), `sipsec_skip_baresip` (no `baresip`),
+//! `sipsec_skip_kamailio` (no Kamailio with its
 //! TLS module), `sipsec_skip_postgres` and `sipsec_skip_mariadb` (no SIPSEC_TEST_POSTGRES or
 //! SIPSEC_TEST_MARIADB).
 
@@ -27,6 +28,7 @@ fn main() {
     let ci = std::env::var_os("CI").is_some();
     let missing = [
         ("sipsec_skip_sipp", !on_path("sipp")),
+        ("sipsec_skip_baresip", !on_path("baresip")),
         (
             "sipsec_skip_kamailio",
             !on_path("kamailio") || !Path::new(KAMAILIO_TLS).exists(),

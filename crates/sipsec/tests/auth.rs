@@ -618,3 +618,213 @@ fn without_the_credential_cache_every_authentication_queries_the_database() {
     );
     assert!(c.get("auth_passed") >= 2 && c.get("auth_failed") >= 2);
 }
+
+/// One baresip softphone: `(user, password)`, on `ip`, registering through `outbound`,
+/// answering calls by itself; `extra` config lines (TLS files). Runs `commands` at start and
+/// quits after `seconds`; its output (with a SIP trace) goes to `dir/user.log`.
+fn baresip(
+    dir: &Path,
+    (user, password): (&str, &str),
+    ip: &str,
+    outbound: &str,
+    extra: &str,
+    commands: &[&str],
+    seconds: u32,
+) -> std::process::Child {
+    let home = dir.join(user);
+    std::fs::create_dir_all(&home).unwrap();
+    // Opus at 48 kHz because the sine source (no sound card here) only makes 48 kHz.
+    std::fs::write(
+        home.join("config"),
+        format!(
+            "sip_listen {ip}:5060\nnet_interface {ip}\nmodule_path /usr/lib/baresip/modules\n\
+             module opus.so\nmodule ausine.so\nmodule aufile.so\nmodule_app account.so\n\
+             module_app menu.so\naudio_source ausine,440\naudio_player aufile,/dev/null\n\
+             audio_alert aufile,/dev/null\n{extra}"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        home.join("accounts"),
+        format!(
+            "<sip:{user}@example.test>;auth_pass={password};outbound=\"{outbound}\";\
+             regint=600;answermode=auto\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new("baresip");
+    cmd.arg("-f")
+        .arg(&home)
+        .args(["-s", "-t", &seconds.to_string()]);
+    for c in commands {
+        cmd.args(["-e", c]);
+    }
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(dir.join(format!("{user}.log"))).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start baresip")
+}
+
+/// Softphones, killed when the test ends however it ends.
+struct Phones(Vec<std::process::Child>);
+
+impl Drop for Phones {
+    fn drop(&mut self) {
+        for p in &mut self.0 {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+}
+
+fn wait_for_line(log: &Path, text: &str, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if std::fs::read_to_string(log).is_ok_and(|l| l.contains(text)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// baresip, a real softphone, against the server's default digest settings (MD5 offered
+/// alone: README, "MD5 by default"), over UDP, TCP and TLS at once: per transport a callee
+/// and a caller register, the caller calls the callee, who answers, and hangs up after a few
+/// seconds of audio. Every REGISTER and INVITE is challenged and answered, the call is
+/// record-routed, and no answer is refused.
+#[test]
+#[cfg_attr(
+    sipsec_skip_baresip,
+    ignore = "baresip is not installed (apt-get install baresip-core)"
+)]
+fn baresip_registers_and_calls_on_the_default_digest_settings() {
+    assert!(
+        Command::new("baresip").arg("-h").output().is_ok(),
+        "baresip (Debian package baresip-core) is required under CI"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(23950);
+    let f = make_certs(dir.path());
+    let (cert, key, ca) = (f("server.pem"), f("server-key.pem"), f("ca.pem"));
+    // The TLS callee is a server too: the proxy connects to its contact address and checks
+    // its certificate, made by the same CA for that address; baresip reads certificate and
+    // key from one file.
+    let phone_certs = dir.path().join("phone");
+    std::fs::create_dir_all(&phone_certs).unwrap();
+    for file in ["ca.pem", "ca-key.pem"] {
+        std::fs::copy(dir.path().join(file), phone_certs.join(file)).unwrap();
+    }
+    let made = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["certs", "--name", "127.0.33.2", "--out"])
+        .arg(&phone_certs)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let both = dir.path().join("baresip.pem");
+    std::fs::write(
+        &both,
+        std::fs::read_to_string(phone_certs.join("server.pem")).unwrap()
+            + &std::fs::read_to_string(phone_certs.join("server-key.pem")).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("sipsec.toml"),
+        format!(
+            "[server]\nlisten = [\"udp:127.0.0.1:{port}\", \"tcp:127.0.0.1:{port}\", \
+             \"tls:127.0.0.1:{}\"]\ndomains = [\"example.test\"]\nrecord_route = true\n\
+             [tls]\ncert = \"{cert}\"\nkey = \"{key}\"\nca = \"{ca}\"\n\
+             [database]\nurl = \"sqlite://users.db\"\n[auth]\nscheme = \"digest\"\n",
+            port + 1
+        ),
+    )
+    .unwrap();
+    let transports = [
+        ("udp", format!("sip:127.0.0.1:{port}"), 31),
+        ("tcp", format!("sip:127.0.0.1:{port};transport=tcp"), 32),
+        (
+            "tls",
+            format!("sip:127.0.0.1:{};transport=tls", port + 1),
+            33,
+        ),
+    ];
+    for (t, _, _) in &transports {
+        for who in ["caller", "callee"] {
+            let (ok, _, err) = users(
+                dir.path(),
+                &[
+                    "add",
+                    &format!("{who}-{t}"),
+                    "--password",
+                    &format!("pw-{t}"),
+                ],
+                "",
+            );
+            assert!(ok, "{err}");
+        }
+    }
+    let config = std::fs::read_to_string(dir.path().join("sipsec.toml")).unwrap();
+    let server = Server::start_logged(dir.path(), &config);
+    let tls_files = format!("sip_cafile {ca}\nsip_certificate {}\n", both.display());
+    let mut phones = Phones(Vec::new());
+    for (t, outbound, net) in &transports {
+        let extra = if *t == "tls" { tls_files.as_str() } else { "" };
+        let callee = format!("callee-{t}");
+        phones.0.push(baresip(
+            dir.path(),
+            (&callee, &format!("pw-{t}")),
+            &format!("127.0.{net}.2"),
+            outbound,
+            extra,
+            &[],
+            30,
+        ));
+        assert!(
+            wait_for_line(
+                &dir.path().join(format!("{callee}.log")),
+                "200 OK (sipsec)",
+                Duration::from_secs(10)
+            ),
+            "{callee} did not register: {}",
+            std::fs::read_to_string(dir.path().join(format!("{callee}.log"))).unwrap()
+        );
+        phones.0.push(baresip(
+            dir.path(),
+            (&format!("caller-{t}"), &format!("pw-{t}")),
+            &format!("127.0.{net}.1"),
+            outbound,
+            extra,
+            &[&format!("/dial callee-{t}@example.test")],
+            8,
+        ));
+    }
+    for (t, _, _) in &transports {
+        let log =
+            |who: &str| std::fs::read_to_string(dir.path().join(format!("{who}-{t}.log"))).unwrap();
+        assert!(
+            wait_for_line(
+                &dir.path().join(format!("caller-{t}.log")),
+                "terminated (duration",
+                Duration::from_secs(20)
+            ),
+            "{t}: the call did not end: {}",
+            log("caller")
+        );
+        let (caller, callee) = (log("caller"), log("callee"));
+        assert!(caller.contains("Call established"), "{t}: {caller}");
+        assert!(callee.contains("Call established"), "{t}: {callee}");
+        // The callee saw the INVITE record-routed by the proxy.
+        assert!(
+            callee.contains("Record-Route: <sip:127.0.0.1:"),
+            "{t}: {callee}"
+        );
+    }
+    drop(phones);
+    let c = server.stop_counters();
+    // Per transport: two REGISTERs and one INVITE, each challenged once and then let in.
+    assert!(c.get("auth_challenged") >= 9, "{c:?}");
+    assert!(c.get("auth_passed") >= 9, "{c:?}");
+    assert_eq!(c.get("auth_failed"), 0, "{c:?}");
+    assert!(c.get("registrations") >= 6, "{c:?}");
+}
