@@ -110,7 +110,8 @@ fn take_to(fx: &mut Effects, to: Peer) -> Option<Bytes> {
     fx.transmits
         .iter()
         .rev()
-        .find(|(dest, _)| *dest == to)
+        // By address: the engine marks UDP destinations with the socket to send from.
+        .find(|(dest, _)| (dest.transport, dest.addr) == (to.transport, to.addr))
         .map(|(_, d)| d.clone())
 }
 
