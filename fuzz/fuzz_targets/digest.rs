@@ -19,7 +19,11 @@ fuzz_target!(|data: &[u8]| {
             .unwrap_or_else(|e| panic!("our own Authorization does not parse ({e:?}): {header}"));
         assert_eq!(&*back.realm, ch.realm.as_bytes(), "{header}");
         assert_eq!(&*back.nonce, ch.nonce.as_bytes(), "{header}");
-        assert_eq!(back.opaque.as_deref(), ch.opaque.as_ref().map(|o| o.as_bytes()), "{header}");
+        assert_eq!(
+            back.opaque.as_deref(),
+            ch.opaque.as_ref().map(|o| o.as_bytes()),
+            "{header}"
+        );
         assert_eq!(&*back.username, b"alice", "{header}");
     }
 });

@@ -41,14 +41,31 @@ enum Role {
 enum Step {
     Request(Req),
     /// A response to the `nth` most recent request the engine sent.
-    Respond { nth: u8, code: u16, to_tag: bool },
+    Respond {
+        nth: u8,
+        code: u16,
+        to_tag: bool,
+    },
     /// A recent message (sent or received) again, with one byte changed.
-    Mutate { nth: u8, at: u16, byte: u8 },
-    Raw { from: u8, data: Vec<u8> },
-    Tick { ms: u16 },
-    Saved { count: u8 },
+    Mutate {
+        nth: u8,
+        at: u16,
+        byte: u8,
+    },
+    Raw {
+        from: u8,
+        data: Vec<u8>,
+    },
+    Tick {
+        ms: u16,
+    },
+    Saved {
+        count: u8,
+    },
     /// The connection for the `nth` most recent transmission failed.
-    TransportError { nth: u8 },
+    TransportError {
+        nth: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -67,7 +84,9 @@ struct Req {
     route_me: bool,
 }
 
-const METHODS: &[&str] = &["INVITE", "REGISTER", "OPTIONS", "BYE", "ACK", "CANCEL", "MESSAGE", "FOO"];
+const METHODS: &[&str] = &[
+    "INVITE", "REGISTER", "OPTIONS", "BYE", "ACK", "CANCEL", "MESSAGE", "FOO",
+];
 const TARGETS: &[&str] = &[
     "sip:bob@example.test",
     "sip:alice@example.test",
@@ -126,7 +145,10 @@ fn request(r: &Req) -> String {
     }
     for c in r.contacts.iter().take(20) {
         let n = (*c as usize / CONTACTS.len()).to_string();
-        s += &format!("Contact: {}\r\n", CONTACTS[*c as usize % CONTACTS.len()].replace('#', &n));
+        s += &format!(
+            "Contact: {}\r\n",
+            CONTACTS[*c as usize % CONTACTS.len()].replace('#', &n)
+        );
     }
     if let Some(e) = r.expires {
         s += &format!("Expires: {e}\r\n");
@@ -159,7 +181,11 @@ impl Net {
         let mut cascade = 0;
         loop {
             if bounded {
-                assert!(fx.transmits.len() <= STEP_BOUND, "{} datagrams at once", fx.transmits.len());
+                assert!(
+                    fx.transmits.len() <= STEP_BOUND,
+                    "{} datagrams at once",
+                    fx.transmits.len()
+                );
             }
             let out: Vec<_> = fx.transmits.drain(..).collect();
             fx = Effects::default();
@@ -174,7 +200,10 @@ impl Net {
                 return;
             }
             cascade += back.len();
-            assert!(cascade <= CASCADE_BOUND, "one message set off {cascade} messages to the server itself");
+            assert!(
+                cascade <= CASCADE_BOUND,
+                "one message set off {cascade} messages to the server itself"
+            );
             for (to, data) in back {
                 // It arrives from the server's own address, on the transport it was sent on.
                 let from = Peer::new(to.transport, to.addr);
@@ -210,7 +239,10 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                 let text = request(&r);
                 let from = peer(r.from);
                 net.remember(from, Bytes::from(text.clone()));
-                net.run(|e, now, fx| e.on_datagram(now, from, text.as_bytes(), fx), true);
+                net.run(
+                    |e, now, fx| e.on_datagram(now, from, text.as_bytes(), fx),
+                    true,
+                );
             }
             Step::Respond { nth, code, to_tag } => {
                 let requests: Vec<_> = net
@@ -222,14 +254,25 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                     continue;
                 };
                 let (to, data) = (*to, data.clone());
-                let Ok(req) = Message::parse(&data) else { continue };
+                let Ok(req) = Message::parse(&data) else {
+                    continue;
+                };
                 let mut out = Vec::new();
                 let code = 100 + code % 600;
-                build::response(&req, code, "X", to_tag.then_some("uas1"), b"", b"", &mut out);
+                build::response(
+                    &req,
+                    code,
+                    "X",
+                    to_tag.then_some("uas1"),
+                    b"",
+                    b"",
+                    &mut out,
+                );
                 net.run(|e, now, fx| e.on_datagram(now, to, &out, fx), true);
             }
             Step::Mutate { nth, at, byte } => {
-                let Some((to, data)) = net.recent.get(nth as usize % net.recent.len().max(1)) else {
+                let Some((to, data)) = net.recent.get(nth as usize % net.recent.len().max(1))
+                else {
                     continue;
                 };
                 let to = *to;
@@ -253,7 +296,8 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                 net.run(|e, now, fx| e.on_saved(now, saved, fx), false);
             }
             Step::TransportError { nth } => {
-                let Some((to, data)) = net.recent.get(nth as usize % net.recent.len().max(1)) else {
+                let Some((to, data)) = net.recent.get(nth as usize % net.recent.len().max(1))
+                else {
                     continue;
                 };
                 let (to, data) = (*to, data.clone());

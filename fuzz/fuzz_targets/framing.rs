@@ -39,7 +39,10 @@ fn frames(chunks: &[&[u8]]) -> (Vec<(usize, bool)>, Option<Frame>) {
 fuzz_target!(|input: (Vec<u8>, Vec<u16>)| {
     let (data, cuts) = input;
     let whole = frames(&[&data]);
-    let mut points: Vec<usize> = cuts.iter().map(|c| *c as usize % (data.len() + 1)).collect();
+    let mut points: Vec<usize> = cuts
+        .iter()
+        .map(|c| *c as usize % (data.len() + 1))
+        .collect();
     points.sort_unstable();
     let mut chunks = Vec::new();
     let mut at = 0;

@@ -19,18 +19,44 @@ fuzz_target!(|data: &[u8]| {
                 assert!(out.starts_with(b"SIP/2.0 400 Bad Request\r\n"));
                 assert!(out.ends_with(b"\r\nContent-Length: 0\r\n\r\n"));
                 let lines = data.iter().filter(|b| **b == b'\n').count();
-                assert!(out.len() <= data.len() + lines + 64, "{} from {}", out.len(), data.len());
+                assert!(
+                    out.len() <= data.len() + lines + 64,
+                    "{} from {}",
+                    out.len(),
+                    data.len()
+                );
             }
             return;
         }
     };
-    let _ = (msg.method(), msg.status(), msg.request_uri(), msg.max_forwards());
-    let _ = (msg.from(), msg.to(), msg.second_via(), msg.expires(), msg.max_breadth());
+    let _ = (
+        msg.method(),
+        msg.status(),
+        msg.request_uri(),
+        msg.max_forwards(),
+    );
+    let _ = (
+        msg.from(),
+        msg.to(),
+        msg.second_via(),
+        msg.expires(),
+        msg.max_breadth(),
+    );
     let _ = msg.vias(|v| {
-        let _ = (v.received(), v.rport(), v.maddr(), v.is_rfc3261(), v.host_unbracketed());
+        let _ = (
+            v.received(),
+            v.rport(),
+            v.maddr(),
+            v.is_rfc3261(),
+            v.host_unbracketed(),
+        );
     });
     let _ = msg.name_addrs(HeaderName::Contact, |_, na| {
-        let _ = (na.uri.host_unbracketed(), na.uri.transport(), na.params.get(b"q"));
+        let _ = (
+            na.uri.host_unbracketed(),
+            na.uri.transport(),
+            na.params.get(b"q"),
+        );
     });
     let _ = msg.name_addrs(HeaderName::RecordRoute, |_, _| {});
     let _ = msg.name_addrs(HeaderName::Route, |_, _| {});
