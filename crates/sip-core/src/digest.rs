@@ -151,7 +151,7 @@ pub fn parse_scheme_params<'v>(
         while i < value.len() && is_ws(value[i]) {
             i += 1;
         }
-        if value.get(i) == Some(&b'"') {
+        let v = if value.get(i) == Some(&b'"') {
             i += 1;
             let body_start = i;
             let mut escaped = false;
@@ -167,7 +167,7 @@ pub fn parse_scheme_params<'v>(
             }
             let body = &value[body_start..i];
             i += 1;
-            let v = if escaped {
+            if escaped {
                 let mut owned = Vec::with_capacity(body.len());
                 let mut j = 0;
                 while j < body.len() {
@@ -180,22 +180,22 @@ pub fn parse_scheme_params<'v>(
                 Cow::Owned(owned)
             } else {
                 Cow::Borrowed(body)
-            };
-            if v.iter().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
-                return Err(DigestError::Malformed);
             }
-            out.push((name, v));
         } else {
             let v_start = i;
             while i < value.len() && !is_ws(value[i]) && value[i] != b',' {
                 i += 1;
             }
-            let v = &value[v_start..i];
-            if v.is_empty() || v.iter().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
+            if i == v_start {
                 return Err(DigestError::Malformed);
             }
-            out.push((name, Cow::Borrowed(v)));
+            Cow::Borrowed(&value[v_start..i])
+        };
+        // What a quoted-string cannot carry (see `Quoted`).
+        if v.iter().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
+            return Err(DigestError::Malformed);
         }
+        out.push((name, v));
     }
 }
 
