@@ -12,11 +12,10 @@
 //! saved that is not (it still works from memory, and is written when the database
 //! recovers).
 
-use super::{response_peer, Effects, Engine, Link};
+use super::{response_peer, Effects, Engine, LocalReply};
 use bytes::Bytes;
 use sip_core::message::Message;
 use sip_core::timer::Millis;
-use sip_core::transaction::TxId;
 
 /// How long a 200 OK waits for the database before the REGISTER is answered 500: well inside
 /// the client's 32 s transaction timeout, so the client hears why.
@@ -28,17 +27,10 @@ pub(super) struct Held {
     /// Released once the store has committed this many of our changes.
     ticket: u64,
     deadline: Millis,
-    /// The server transaction (stateful), or where to send (stateless).
-    to: HeldTo,
+    to: LocalReply,
     ok: Bytes,
     /// The REGISTER, to answer 500 from if the database does not confirm in time.
     request: Bytes,
-}
-
-#[derive(Debug)]
-enum HeldTo {
-    Transaction(TxId),
-    Peer(crate::transport::Peer),
 }
 
 impl Engine {
@@ -47,29 +39,24 @@ impl Engine {
         self.changes_sent += n as u64;
     }
 
-    /// Answers a REGISTER with `ok` (a 200) now if nothing this worker sent is still
-    /// uncommitted, or holds it until the store says so.
+    /// Answers a REGISTER 200 OK with `headers` now if nothing this worker sent is still
+    /// uncommitted, or holds the answer until the store says so.
     pub(super) fn answer_durably(
         &mut self,
         now: Millis,
         source: crate::transport::Peer,
         msg: &Message<'_>,
-        ok: Bytes,
+        headers: &str,
         fx: &mut Effects,
     ) {
+        let ok = self.local_response(msg, 200, "OK", headers);
+        super::stats::inc(&self.stats.local_responses);
         let dest = response_peer(msg.top_via(), source);
+        let to = self.local_reply(msg, dest);
         if self.changes_saved >= self.changes_sent {
-            self.send_local(now, msg, dest, 200, ok, fx);
+            self.release(now, to, 200, ok, fx);
             return;
         }
-        let to = if self.cfg.stateful {
-            let id = self
-                .tx
-                .create_server(msg, dest, dest.transport.reliable(), Link::Local);
-            HeldTo::Transaction(id)
-        } else {
-            HeldTo::Peer(dest)
-        };
         self.held.push_back(Held {
             ticket: self.changes_sent,
             deadline: now + DURABLE_WAIT_MS,
@@ -117,34 +104,5 @@ impl Engine {
     /// When the oldest held answer gives up waiting.
     pub(super) fn next_held_deadline(&self) -> Option<Millis> {
         self.held.front().map(|h| h.deadline)
-    }
-
-    fn release(&mut self, now: Millis, to: HeldTo, code: u16, data: Bytes, fx: &mut Effects) {
-        match to {
-            HeldTo::Transaction(id) => {
-                self.tx.respond(now, id, code, data, &mut self.outputs);
-            }
-            HeldTo::Peer(dest) => fx.transmits.push((dest, data)),
-        }
-    }
-
-    /// Sends a response generated here, through a new server transaction when stateful.
-    pub(super) fn send_local(
-        &mut self,
-        now: Millis,
-        msg: &Message<'_>,
-        dest: crate::transport::Peer,
-        code: u16,
-        data: Bytes,
-        fx: &mut Effects,
-    ) {
-        if self.cfg.stateful {
-            let id = self
-                .tx
-                .create_server(msg, dest, dest.transport.reliable(), Link::Local);
-            self.tx.respond(now, id, code, data, &mut self.outputs);
-        } else {
-            fx.transmits.push((dest, data));
-        }
     }
 }

@@ -517,9 +517,7 @@ impl Engine {
                     fx.changes.push(Arc::new(change));
                 }
                 if outcome.code == 200 && self.cfg.registrar.durable {
-                    inc(&self.stats.local_responses);
-                    let ok = self.local_response(msg, 200, outcome.reason, &outcome.headers);
-                    self.answer_durably(now, source, msg, ok, fx);
+                    self.answer_durably(now, source, msg, &outcome.headers, fx);
                 } else {
                     self.answer(
                         now,
@@ -681,8 +679,31 @@ impl Engine {
     ) {
         let data = self.local_response(msg, code, reason, headers);
         inc(&self.stats.local_responses);
-        let dest = response_peer(msg.top_via(), source);
-        self.send_local(now, msg, dest, code, data, fx);
+        let to = self.local_reply(msg, response_peer(msg.top_via(), source));
+        self.release(now, to, code, data, fx);
+    }
+
+    /// Opens the server transaction for an answer generated here (stateful), or names the
+    /// peer to send it to (stateless).
+    fn local_reply(&mut self, msg: &Message<'_>, dest: Peer) -> LocalReply {
+        if self.cfg.stateful {
+            let id = self
+                .tx
+                .create_server(msg, dest, dest.transport.reliable(), Link::Local);
+            LocalReply::Transaction(id)
+        } else {
+            LocalReply::Peer(dest)
+        }
+    }
+
+    /// Sends an answer generated here where `local_reply` said.
+    fn release(&mut self, now: Millis, to: LocalReply, code: u16, data: Bytes, fx: &mut Effects) {
+        match to {
+            LocalReply::Transaction(id) => {
+                self.tx.respond(now, id, code, data, &mut self.outputs);
+            }
+            LocalReply::Peer(dest) => fx.transmits.push((dest, data)),
+        }
     }
 
     fn drain_outputs(&mut self, now: Millis, fx: &mut Effects) {
@@ -715,6 +736,14 @@ impl Engine {
             self.spare_outputs = outputs;
         }
     }
+}
+
+/// Where an answer generated here goes: through its server transaction (stateful, which
+/// then answers retransmissions from it), or straight to the peer (stateless).
+#[derive(Debug)]
+enum LocalReply {
+    Transaction(TxId),
+    Peer(Peer),
 }
 
 /// A deterministic To tag for responses generated here: a retransmitted request gets the
