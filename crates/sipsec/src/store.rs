@@ -485,25 +485,30 @@ impl SqliteFile {
     }
 }
 
-/// Per worker, changes committed so far and changes in the batch being written.
+/// The changes waiting to be written, and per worker how many of them it sent and how many
+/// of its changes are committed so far.
 #[derive(Default)]
-struct Progress {
+struct Batch {
+    changes: Vec<SharedChange>,
+    from: Vec<u64>,
     committed: Vec<u64>,
-    in_batch: Vec<u64>,
 }
 
-impl Progress {
-    fn queued(&mut self, from: usize) {
-        if self.in_batch.len() <= from {
-            self.in_batch.resize(from + 1, 0);
+impl Batch {
+    fn push(&mut self, from: usize, change: SharedChange) {
+        if self.from.len() <= from {
+            self.from.resize(from + 1, 0);
             self.committed.resize(from + 1, 0);
         }
-        self.in_batch[from] += 1;
+        self.from[from] += 1;
+        self.changes.push(change);
     }
 
-    /// The batch is committed: tells `on_saved` about each worker it held changes of.
+    /// The batch is committed: empties it and tells `on_saved` about each worker it held
+    /// changes of.
     fn committed(&mut self, on_saved: Option<&OnSaved>) {
-        for (worker, n) in self.in_batch.iter_mut().enumerate() {
+        self.changes.clear();
+        for (worker, n) in self.from.iter_mut().enumerate() {
             if *n > 0 {
                 self.committed[worker] += std::mem::take(n);
                 if let Some(f) = on_saved {
@@ -527,30 +532,24 @@ pub fn spawn_writer(
     let mut sqlite_file = SqliteFile::of(url);
     let mut store = store;
     runtime.spawn(async move {
-        let mut pending: Vec<SharedChange> = Vec::new();
-        let mut progress = Progress::default();
+        let mut pending = Batch::default();
         let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
         let mut failing = false;
-        let queue = |cmd, pending: &mut Vec<_>, progress: &mut Progress, waiters: &mut Vec<_>| {
-            match cmd {
-                Command::Change { from, change } => {
-                    progress.queued(from);
-                    pending.push(change)
-                }
-                Command::Flush(w) => waiters.push(w),
-            }
+        let queue = |cmd, pending: &mut Batch, waiters: &mut Vec<_>| match cmd {
+            Command::Change { from, change } => pending.push(from, change),
+            Command::Flush(w) => waiters.push(w),
         };
         loop {
             // Block only when nothing is left to retry; then take whatever else has queued up,
             // so a burst of registrations costs one commit.
-            if pending.is_empty() {
+            if pending.changes.is_empty() {
                 match rx.recv().await {
-                    Some(cmd) => queue(cmd, &mut pending, &mut progress, &mut waiters),
+                    Some(cmd) => queue(cmd, &mut pending, &mut waiters),
                     None => break,
                 }
             }
             while let Ok(cmd) = rx.try_recv() {
-                queue(cmd, &mut pending, &mut progress, &mut waiters);
+                queue(cmd, &mut pending, &mut waiters);
             }
             if let Some(file) = sqlite_file.as_ref().filter(|f| !f.still_there()) {
                 tracing::error!(
@@ -566,8 +565,8 @@ pub fn spawn_writer(
                     Err(e) => tracing::error!("{e:#}"),
                 }
             }
-            if !pending.is_empty() {
-                match store.write_isolating(&pending).await {
+            if !pending.changes.is_empty() {
+                match store.write_isolating(&pending.changes).await {
                     Ok(refused) => {
                         if std::mem::take(&mut failing) {
                             tracing::info!("database writes recovered");
@@ -578,8 +577,7 @@ pub fn spawn_writer(
                                 change.describe()
                             );
                         }
-                        pending.clear();
-                        progress.committed(on_saved.as_ref());
+                        pending.committed(on_saved.as_ref());
                     }
                     Err(e) => {
                         if !std::mem::replace(&mut failing, true) {
