@@ -186,6 +186,12 @@ impl Worker {
                 8,
             )
         };
+        self.take_mail(fx);
+    }
+
+    /// Handles the mail already in the channel, without touching the eventfd (its next wait
+    /// then returns at once and finds the channel empty).
+    fn take_mail(&mut self, fx: &mut Effects) {
         while let Ok(mail) = self.mailbox.rx.try_recv() {
             let now = self.now();
             self.engine.on_mail(now, mail, fx);
@@ -197,6 +203,10 @@ impl Worker {
         match batch.recv(fd) {
             Ok(0) => {}
             Ok(n) => {
+                // A binding posted before this batch was read must be applied before it: the
+                // other worker posts it before its 200 OK leaves, so a request the client sent
+                // on seeing that 200 cannot find the binding missing here.
+                self.take_mail(fx);
                 let now = self.now();
                 self.coalescer.record(now, n);
                 for i in 0..n {
@@ -249,6 +259,18 @@ impl Worker {
         if fx.is_empty() {
             return;
         }
+        // Bindings first: another worker must have a registration before the REGISTER's 200 OK
+        // leaves, or a request the client sends on seeing it may meet a worker without it.
+        for change in fx.changes.drain(..) {
+            for (i, peer) in self.peers.iter().enumerate() {
+                if i != self.index {
+                    peer.send(Mail::Binding(change.clone()));
+                }
+            }
+            if let Some(store) = &self.store {
+                store.send(self.index, change);
+            }
+        }
         if !fx.transmits.is_empty() {
             let now = self.now();
             for (to, data) in fx.transmits.drain(..) {
@@ -274,16 +296,6 @@ impl Worker {
         for (to, mail) in fx.mail.drain(..) {
             if let Some(peer) = self.peers.get(to) {
                 peer.send(mail);
-            }
-        }
-        for change in fx.changes.drain(..) {
-            for (i, peer) in self.peers.iter().enumerate() {
-                if i != self.index {
-                    peer.send(Mail::Binding(change.clone()));
-                }
-            }
-            if let Some(store) = &self.store {
-                store.send(self.index, change);
             }
         }
         for (user, prefetch) in fx.fetches.drain(..) {
