@@ -199,6 +199,11 @@ fn normalise_url(url: &str) -> String {
     }
 }
 
+/// Whether SQLite refused for a lock another connection holds (`SQLITE_BUSY`, code 5).
+fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("5"))
+}
+
 impl Store {
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
@@ -243,9 +248,22 @@ impl Store {
         let mut conn = self.pool.acquire().await?;
         if self.dialect == Dialect::Sqlite {
             // Outside any transaction: SQLite cannot change the journal mode inside one.
-            sqlx::query("PRAGMA journal_mode=WAL")
-                .execute(&mut *conn)
-                .await?;
+            // The switch needs the file to itself and SQLite answers "database is locked"
+            // at once, without its busy timeout, while another opener is using it: so
+            // wait and retry here, as that timeout would (the mode sticks once set).
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                match sqlx::query("PRAGMA journal_mode=WAL")
+                    .execute(&mut *conn)
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
         }
         // `serve` and `authd` are often started together on a fresh database: whoever comes
         // first migrates it while the others wait, then they find it done. SQLite and
