@@ -16,7 +16,7 @@ use sip_core::message::{build, Message};
 use sipsec::config::Config;
 use sipsec::engine::stats::Stats;
 use sipsec::engine::{Effects, Engine};
-use sipsec::transport::{Peer, Transport};
+use sipsec::net::transport::{Peer, Transport};
 use std::net::SocketAddr;
 use std::sync::Arc;
 

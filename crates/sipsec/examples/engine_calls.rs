@@ -12,7 +12,7 @@ use sip_core::message::build;
 use sip_core::message::Message;
 use sipsec::config::Config;
 use sipsec::engine::{stats::Stats, Effects, Engine};
-use sipsec::transport::Peer;
+use sipsec::net::transport::Peer;
 use std::sync::Arc;
 
 fn main() {

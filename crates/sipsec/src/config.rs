@@ -17,7 +17,7 @@ pub struct Listen {
     pub addr: SocketAddr,
 }
 
-pub use crate::transport::Transport;
+pub use crate::net::transport::Transport;
 
 impl std::fmt::Display for Listen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -195,8 +195,8 @@ impl RawAuth {
             .authority
             .as_deref()
             .context("auth.authority: proxychain needs the authority's \"tls:host:port\"")?;
-        let peer = crate::transport::Peer::parse(authority)
-            .filter(|p| p.transport == crate::transport::Transport::Tls)
+        let peer = crate::net::transport::Peer::parse(authority)
+            .filter(|p| p.transport == crate::net::transport::Transport::Tls)
             .with_context(|| format!("auth.authority: {authority:?} is not \"tls:ip:port\""))?;
         let hash = HashKind::from_token(self.hash.as_bytes())
             .with_context(|| format!("auth.hash: {:?} is not MD5 or SHA-256", self.hash))?;
@@ -488,7 +488,7 @@ pub struct Config {
     /// Our domains and listen addresses, as routing and authentication ask about them.
     pub names: ServerNames,
     /// The default route: its URI text and where it sends.
-    pub default_route: Option<(String, crate::transport::Peer)>,
+    pub default_route: Option<(String, crate::net::transport::Peer)>,
     pub database_url: String,
     pub registrar: RegistrarConfig,
     pub streams: StreamConfig,
@@ -511,7 +511,7 @@ impl Config {
             .with_context(|| format!("invalid config file {}", path.display()))?;
         // Relative paths in the file mean relative to the file, wherever the command runs.
         let base = path.parent().unwrap_or(Path::new(""));
-        cfg.database_url = crate::store::resolve_relative(&cfg.database_url, base);
+        cfg.database_url = crate::db::store::resolve_relative(&cfg.database_url, base);
         for p in [&mut cfg.tls.cert, &mut cfg.tls.key, &mut cfg.tls.ca]
             .into_iter()
             .flatten()
@@ -581,14 +581,14 @@ impl Config {
                     bail!("routing.default_route: '{r}' must be a sip: or sips: URI");
                 }
                 if let Some(t) = uri.transport() {
-                    if crate::transport::Transport::parse(t).is_none() {
+                    if crate::net::transport::Transport::parse(t).is_none() {
                         bail!(
                             "routing.default_route: unknown transport '{}' (udp, tcp or tls)",
                             String::from_utf8_lossy(t)
                         );
                     }
                 }
-                let peer = crate::transport::uri_peer(&uri).ok_or_else(|| {
+                let peer = crate::net::transport::uri_peer(&uri).ok_or_else(|| {
                     anyhow::anyhow!(
                         "routing.default_route: host of '{r}' must be an IP address (no DNS yet)"
                     )
@@ -745,7 +745,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.default_route.unwrap().1,
-            crate::transport::Peer::udp("127.0.0.1:5080".parse().unwrap())
+            crate::net::transport::Peer::udp("127.0.0.1:5080".parse().unwrap())
         );
     }
 

@@ -1,6 +1,7 @@
 //! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-use sipsec::{authd, bench, certs, config, load, server, users_cmd};
+use sipsec::cmd::{certs, users};
+use sipsec::{authd, bench, config, load, serve};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -36,12 +37,12 @@ enum Command {
     Certs(certs::CertsArgs),
     /// Manage the users digest and Proxychain authentication check: add, remove, list,
     /// import a CSV.
-    Users(users_cmd::UsersArgs),
+    Users(users::UsersArgs),
     /// Run Proxychain's central authentication service (or write backup credentials, or
     /// revoke a proxy).
     Authd(authd::AuthdArgs),
     /// Lab helper: a TCP relay that adds a fixed round-trip time (the proxy-authority WAN).
-    DelayRelay(authd::relay::RelayArgs),
+    DelayRelay(bench::relay::RelayArgs),
     /// Bench helper: holds idle TCP connections open in a process of their own (so they do
     /// not count against the bench's own file limit) until stdin closes.
     #[command(hide = true)]
@@ -65,9 +66,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(*args).map(|_| ()),
         Command::Certs(args) => certs::run(&args),
         Command::Authd(args) => authd::run(args),
-        Command::DelayRelay(args) => authd::relay::run(args),
-        Command::Users(args) => users_cmd::run(args),
-        Command::HoldConnections { to, count } => bench::streams::hold_idle(to, count),
+        Command::DelayRelay(args) => bench::relay::run(args),
+        Command::Users(args) => users::run(args),
+        Command::HoldConnections { to, count } => bench::modes::hold_idle(to, count),
         Command::Load(args) => {
             let peak = args.find_peak;
             return match load::run(*args) {
@@ -85,7 +86,7 @@ fn main() -> ExitCode {
                 || Ok(config::Config::default()),
                 |p| config::Config::load(&p),
             )
-            .and_then(server::run),
+            .and_then(serve::run),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,8 +3,8 @@
 //! issuing does no query), the chain length under load, and which proxies hold a chain for
 //! which user, so a key change is pushed only to them.
 
-use super::wire::{Credential, Reply};
 use crate::auth::credentials::{Credentials, Lookup};
+use crate::auth::proxychain::wire::{Credential, Reply};
 use anyhow::Result;
 use sip_core::proxychain::{self, HashKind, Issued};
 use std::collections::{HashMap, HashSet};

@@ -13,14 +13,11 @@
 //!   the authority on one machine (`tc netem` is not available here).
 
 pub mod authority;
-pub mod backup;
-pub mod client;
-pub mod relay;
 pub mod server;
-pub mod wire;
 
 use crate::auth::credentials::Credentials;
-use crate::store::Store;
+use crate::auth::proxychain::{backup, wire};
+use crate::db::store::Store;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use sip_core::proxychain::HashKind;
@@ -117,7 +114,7 @@ impl AuthdConfig {
                     .authd;
                 // Relative paths in the file mean relative to the file.
                 let base = p.parent().unwrap_or(std::path::Path::new(""));
-                cfg.database = crate::store::resolve_relative(&cfg.database, base);
+                cfg.database = crate::db::store::resolve_relative(&cfg.database, base);
                 for p in [&mut cfg.cert, &mut cfg.key, &mut cfg.ca] {
                     *p = base.join(&*p);
                 }
@@ -182,7 +179,10 @@ pub fn run(args: AuthdArgs) -> Result<()> {
                 let store = Store::connect(&cfg.database).await?;
                 let keys = store.user_keys(&cfg.realm).await?;
                 let n = tokio::task::spawn_blocking(move || {
-                    backup::write(&out, &proxy, policy.hash, length, &keys).map(|n| (n, out, proxy))
+                    backup::write(&out, &proxy, &keys, |key| {
+                        authority::issue_fresh(policy.hash, key, &proxy, length)
+                    })
+                    .map(|n| (n, out, proxy))
                 })
                 .await??;
                 println!(
@@ -216,7 +216,7 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
     registry.set_revoked(store.revoked_proxies().await?);
 
     let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<String>();
-    tokio::spawn(crate::userdb::sync_notifying(
+    tokio::spawn(crate::db::users::sync_notifying(
         cfg.database.clone(),
         users.clone(),
         Duration::from_secs(1),
@@ -224,7 +224,7 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
     ));
     // Proxies are served only once the users are in: a chain asked for earlier would be
     // refused as unavailable.
-    crate::userdb::wait_loaded(&users, Duration::from_secs(30)).await;
+    crate::db::users::wait_loaded(&users, Duration::from_secs(30)).await;
     // Key changes: void every chain issued for the user.
     let (a, r) = (authority.clone(), registry.clone());
     tokio::spawn(async move {
@@ -265,7 +265,7 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
         cfg.realm,
         cfg.hash,
         cfg.chain_length,
-        crate::store::redacted(&cfg.database)
+        crate::db::store::redacted(&cfg.database)
     );
     // SIGUSR1 logs the counters without stopping, so a lab can difference two readings.
     let signals = crate::signals::Signals::install()?;

@@ -5,7 +5,7 @@
 //! refused and cut off.
 
 use super::authority::Authority;
-use super::wire::{self, Reply, Request};
+use crate::auth::proxychain::wire::{self, Reply, Request};
 use anyhow::{Context, Result};
 use sip_core::proxychain::HashKind;
 use std::collections::{HashMap, HashSet};

@@ -8,10 +8,11 @@
 //! figures come from the same load and the same arithmetic.
 
 pub mod cpu;
-pub mod streams;
+pub mod modes;
+pub mod relay;
 
 use crate::load::{self, report::Summary, LoadArgs};
-use crate::transport::Transport;
+use crate::net::transport::Transport;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde::Serialize;
@@ -109,7 +110,7 @@ pub struct BenchArgs {
     #[arg(long, short)]
     pub quiet: bool,
     #[command(flatten)]
-    pub streams: streams::StreamArgs,
+    pub streams: modes::StreamArgs,
 }
 
 /// The bench report (`--json`).
@@ -161,7 +162,7 @@ impl Drop for Started {
 
 /// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
 /// 35061 for TLS runs), routing calls to the UAS over the bench's transport.
-fn default_config(dir: &Path, stateless: bool, s: &streams::StreamArgs, tls_dir: &Path) -> String {
+fn default_config(dir: &Path, stateless: bool, s: &modes::StreamArgs, tls_dir: &Path) -> String {
     let tls_listen = if s.transport == Transport::Tls {
         format!(", \"tls:{SERVER_TLS}\"")
     } else {
@@ -247,7 +248,7 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         Some(d) => d.clone(),
         None => {
             if s.transport == Transport::Tls {
-                streams::make_certs(certs_dir.path(), s.tls_cert_type)?;
+                modes::make_certs(certs_dir.path(), s.tls_cert_type)?;
             }
             certs_dir.path().to_path_buf()
         }
@@ -263,7 +264,7 @@ pub fn run(a: BenchArgs) -> Result<Report> {
             .clone()
             .context("--server-pid needs --target ip:port (where that server listens)")?;
         if s.idle_connections > 0 {
-            let t = crate::transport::Peer::parse(&target)
+            let t = crate::net::transport::Peer::parse(&target)
                 .filter(|p| p.transport == Transport::Tcp)
                 .context("--idle-connections with --server-pid needs a tcp: --target")?;
             idle_to = Some(t.addr);
@@ -377,7 +378,7 @@ pub fn run(a: BenchArgs) -> Result<Report> {
     }
     let idle = match idle_to {
         Some(to) => {
-            let held = streams::IdleConnections::open(to, s.idle_connections)?;
+            let held = modes::IdleConnections::open(to, s.idle_connections)?;
             // Let the server accept them all before measuring.
             std::thread::sleep(std::time::Duration::from_secs(2));
             Some(held)

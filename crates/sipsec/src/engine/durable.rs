@@ -44,7 +44,7 @@ impl Engine {
     pub(super) fn answer_durably(
         &mut self,
         now: Millis,
-        source: crate::transport::Peer,
+        source: crate::net::transport::Peer,
         msg: &Message<'_>,
         headers: &str,
         fx: &mut Effects,

@@ -17,6 +17,7 @@
 
 mod branch;
 mod durable;
+pub mod location;
 mod proxy;
 mod registrar;
 mod reject;
@@ -28,8 +29,8 @@ use routing::respond;
 mod tests;
 
 use crate::config::Config;
-use crate::location::{BindingChange, Location, SharedChange};
-use crate::transport::{ConnId, Peer, Transport};
+use crate::engine::location::{BindingChange, Location, SharedChange};
+use crate::net::transport::{ConnId, Peer, Transport};
 use bytes::Bytes;
 use sip_core::message::rewrite::Splice;
 use sip_core::message::{build, HeaderField, Message, Method, ParseError, Via};

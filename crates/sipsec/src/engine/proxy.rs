@@ -5,7 +5,7 @@
 
 use super::stats::inc;
 use super::{branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Side, Target};
-use crate::transport::{Peer, Transport};
+use crate::net::transport::{Peer, Transport};
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
 use sip_core::message::uri::unbracket;

@@ -5,8 +5,8 @@
 //! [`BindingChange`]s to apply everywhere; the engine applies and distributes them.
 
 use crate::config::RegistrarConfig;
-use crate::location::{Binding, BindingChange, Location};
-use crate::transport::{uri_peer, Peer};
+use crate::engine::location::{Binding, BindingChange, Location};
+use crate::net::transport::{uri_peer, Peer};
 use sip_core::message::values::parse_delta_seconds;
 use sip_core::message::{HeaderName, Message, NameAddr};
 use std::fmt::Write as _;

@@ -3,7 +3,7 @@
 
 use super::stats::inc;
 use super::{Effects, Engine};
-use crate::transport::Peer;
+use crate::net::transport::Peer;
 use bytes::Bytes;
 use sip_core::message::{build, ParseError};
 use sip_core::timer::Millis;

@@ -5,8 +5,8 @@
 use super::stats::inc;
 use super::{branch, Decision, Engine, Target, ALLOW};
 use crate::config::Mode;
-use crate::location::Lookup;
-use crate::transport::{uri_peer, Peer};
+use crate::engine::location::Lookup;
+use crate::net::transport::{uri_peer, Peer};
 use sip_core::message::{HeaderField, HeaderName, Message, Method, Scheme, Uri};
 use sip_core::timer::Millis;
 use smallvec::SmallVec;

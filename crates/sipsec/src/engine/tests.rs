@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::config::Config;
-use crate::transport::{Peer, Transport};
+use crate::net::transport::{Peer, Transport};
 
 const PROXY: &str = "127.0.0.1:5060";
 const ALICE: &str = "127.0.0.2:5070";
@@ -1025,7 +1025,7 @@ fn contacts_pointing_at_the_server_itself_are_refused_and_never_followed() {
     // A binding stored before this rule (or by another registrar) is not followed either.
     e.preload(&BindingChange::Upsert {
         aor: "bob@example.test".into(),
-        binding: crate::location::Binding {
+        binding: crate::engine::location::Binding {
             contact: format!("sip:bob@{PROXY};x=1").into(),
             target: Peer::udp(addr(PROXY)),
             expires_at: 2_000_000_000,

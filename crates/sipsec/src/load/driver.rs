@@ -10,7 +10,7 @@
 use super::report::Progress;
 use super::schedule::Pacer;
 use super::ua::{Peer, Transmit, Ua};
-use crate::udp::{self, RecvBatch, SendBatch};
+use crate::net::udp::{self, RecvBatch, SendBatch};
 use socket2::Socket;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;

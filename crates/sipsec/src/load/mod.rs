@@ -9,17 +9,17 @@
 //! - [`stats`] and [`report`]: counting, the live line, the summary and its JSON;
 //! - [`users`]: the CSV of users and credentials.
 
+pub mod connections;
 pub mod driver;
 pub mod peak;
 pub mod report;
 pub mod schedule;
 pub mod stats;
-pub mod stream;
 pub mod ua;
 pub mod users;
 
+use crate::net::transport::Transport;
 use crate::tls;
-use crate::transport::Transport;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use driver::{Links, RunOptions, UdpLinks};
@@ -239,7 +239,7 @@ fn route_source(target: SocketAddr) -> Result<IpAddr> {
 }
 
 /// The TLS configurations of a run: a client side for the caller, a server side for the UAS.
-fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<stream::StreamTls> {
+fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<connections::StreamTls> {
     let protocol = tls::Protocol {
         backend: args.tls_backend,
         versions: args.tls_versions.clone(),
@@ -248,7 +248,7 @@ fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<stream::Str
         session_resumption: args.tls_resumption == OnOff::On,
     };
     let identity = args.tls_cert.clone().zip(args.tls_key.clone());
-    let mut out = stream::StreamTls::default();
+    let mut out = connections::StreamTls::default();
     if caller {
         if args.tls_ca.is_none() && !args.tls_no_verify {
             bail!(
@@ -291,7 +291,7 @@ pub struct Plan {
     /// The transport, resolved from --transport or the addresses.
     pub transport: Transport,
     /// TLS configurations (built while planning, so a bad certificate is a usage error).
-    pub tls: stream::StreamTls,
+    pub tls: connections::StreamTls,
     pub target: Option<SocketAddr>,
     pub uas: Option<SocketAddr>,
     pub users: Arc<Users>,
@@ -353,7 +353,7 @@ impl Plan {
         let tls = if transport == Transport::Tls {
             stream_tls(&args, originate, uas.is_some())?
         } else {
-            stream::StreamTls::default()
+            connections::StreamTls::default()
         };
         if originate {
             if !(args.rate > 0.0 && args.rate.is_finite()) {
@@ -445,14 +445,14 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
     let mut sockets = Vec::new();
     let mut uac_local = None;
     if let Some(ip) = uac_ip(plan)? {
-        let s = crate::udp::bind_reuseport(SocketAddr::new(ip, 0))
+        let s = crate::net::udp::bind_reuseport(SocketAddr::new(ip, 0))
             .with_context(|| format!("cannot bind a UDP socket on {ip}"))?;
         uac_local = s.local_addr()?.as_socket();
         sockets.push(s);
     }
     let mut uas_local = None;
     if let Some(addr) = plan.uas {
-        let s = crate::udp::bind_reuseport(addr)
+        let s = crate::net::udp::bind_reuseport(addr)
             .with_context(|| format!("cannot bind the UAS on {addr}"))?;
         uas_local = s.local_addr()?.as_socket();
         sockets.push(s);
@@ -474,14 +474,14 @@ fn bind_stream(plan: &Plan) -> Result<Bound> {
     let mut listener = None;
     let mut uas_local = None;
     if let Some(addr) = plan.uas {
-        let l = stream::TcpLinks::listen(addr)
+        let l = connections::TcpLinks::listen(addr)
             .with_context(|| format!("cannot listen for the UAS on tcp:{addr}"))?;
         uas_local = Some(l.local_addr()?);
         listener = Some(l);
     }
     let per_call = plan.args.connection == ConnectionArg::PerCall;
     Ok(Bound {
-        links: Box::new(stream::TcpLinks::new(
+        links: Box::new(connections::TcpLinks::new(
             listener,
             per_call,
             local_ip,

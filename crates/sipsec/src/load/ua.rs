@@ -20,7 +20,7 @@
 use super::stats::Stats;
 use super::users::Users;
 use crate::engine::response_dest;
-use crate::transport::Transport;
+use crate::net::transport::Transport;
 use bytes::Bytes;
 use sip_core::digest::Challenge;
 use sip_core::message::{build, HeaderName, Message, Method, Uri};
@@ -1262,7 +1262,7 @@ fn next_hop_addr(uri_or_route: &str) -> Option<SocketAddr> {
         _ => s,
     };
     let uri = Uri::parse(inner.as_bytes()).ok()?;
-    crate::transport::uri_peer(&uri).map(|p| p.addr)
+    crate::net::transport::uri_peer(&uri).map(|p| p.addr)
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 
 pub mod conn;
 pub mod epoll;
+pub mod transport;
+pub mod udp;
 
 /// Lifts the open-file limit: every TCP or TLS connection is a descriptor, and the usual soft
 /// limit of 1024 would cap a server (or a bench holding idle connections) at about that many.

@@ -11,7 +11,7 @@
 //! visible in order and a poll never skips one.
 
 use crate::auth::credentials::{CacheState, Credentials, Secrets};
-use crate::store::{Dialect, Store};
+use crate::db::store::{Dialect, Store};
 use anyhow::{bail, Context, Result};
 use sqlx::Row;
 use std::path::Path;
@@ -272,7 +272,7 @@ pub fn spawn_fetcher(
     url: String,
     realm: String,
     fetched: Arc<crate::auth::Shared>,
-    workers: Vec<crate::worker::MailboxSender>,
+    workers: Vec<crate::serve::worker::MailboxSender>,
 ) -> crate::auth::FetchHandle {
     let (handle, mut rx) = crate::auth::FetchHandle::new();
     runtime.spawn(async move {
@@ -297,7 +297,7 @@ pub fn spawn_fetcher(
                     Ok(answer) => shared.fetched.deliver(&f.user, answer),
                     Err(e) => tracing::warn!(user = %f.user, "user query failed: {e:#}"),
                 }
-                crate::worker::credentials_ready(&workers, &f.user);
+                crate::serve::worker::credentials_ready(&workers, &f.user);
             });
         }
     });

@@ -17,7 +17,7 @@
 //! The schema is a list of migrations applied in order under a lock, so processes opening a
 //! fresh database at once (`serve` and `authd`) neither fail nor apply one twice.
 
-use crate::location::{Binding, BindingChange, SharedChange};
+use crate::engine::location::{Binding, BindingChange, SharedChange};
 use anyhow::{Context, Result};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
@@ -325,7 +325,7 @@ impl Store {
         let mut bindings = Vec::with_capacity(rows.len());
         for r in rows {
             let target: String = r.try_get(2)?;
-            let Some(target) = crate::transport::Peer::parse(&target) else {
+            let Some(target) = crate::net::transport::Peer::parse(&target) else {
                 continue;
             };
             let q: Option<String> = r.try_get(4)?;
@@ -664,7 +664,7 @@ mod tests {
     fn binding(contact: &str, expires_at: u64) -> Binding {
         Binding {
             contact: contact.into(),
-            target: crate::transport::Peer::udp("127.0.0.1:5070".parse().unwrap()),
+            target: crate::net::transport::Peer::udp("127.0.0.1:5070".parse().unwrap()),
             expires_at,
             q: Some("0.7".into()),
             call_id: "call".into(),

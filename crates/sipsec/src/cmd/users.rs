@@ -5,8 +5,8 @@
 
 use crate::auth::credentials::Secrets;
 use crate::config::Config;
-use crate::store::Store;
-use crate::userdb;
+use crate::db::store::Store;
+use crate::db::users;
 use anyhow::{bail, Context, Result};
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -60,10 +60,10 @@ pub fn run(args: UsersArgs) -> Result<()> {
     runtime.block_on(async {
         let store = Store::connect(&cfg.database_url).await?;
         // On stderr, so `list` stays a plain list.
-        eprintln!("database: {}", crate::store::redacted(&cfg.database_url));
+        eprintln!("database: {}", crate::db::store::redacted(&cfg.database_url));
         match args.action {
             UsersAction::Add { username, password } => {
-                if !userdb::valid_username(&username) {
+                if !users::valid_username(&username) {
                     bail!("{username:?} is not a valid user name (letters, digits and -_.!~*'()&=+$;?/)");
                 }
                 let password = match password {
@@ -97,7 +97,7 @@ pub fn run(args: UsersArgs) -> Result<()> {
             }
             UsersAction::Import { file } => {
                 let started = std::time::Instant::now();
-                let n = userdb::import_csv(&store, &realm, &file).await?;
+                let n = users::import_csv(&store, &realm, &file).await?;
                 println!(
                     "{n} users of realm {realm} imported in {:.1} s",
                     started.elapsed().as_secs_f64()

@@ -6,7 +6,7 @@
 //! receive batch, so a REGISTER's 200 OK never overtakes its binding) and to the write-behind
 //! store. Expiry sits on a timing wheel: no sweep over all bindings, ever.
 
-use crate::transport::Peer;
+use crate::net::transport::Peer;
 use sip_core::timer::{Millis, TimerHandle, TimerWheel};
 use std::collections::HashMap;
 use std::sync::Arc;

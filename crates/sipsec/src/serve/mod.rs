@@ -3,19 +3,24 @@
 //! stops them and flushes every queued registration to the database before exiting, so a
 //! restart loses nothing.
 
+pub mod authority;
+pub mod coalesce;
+pub mod connections;
+pub mod worker;
+
 use crate::config::{Config, Mode};
+use crate::db::store::{self, Store};
+use crate::engine::location::BindingChange;
 use crate::engine::{stats, Engine, Mail};
-use crate::location::BindingChange;
 use crate::net::epoll::Epoll;
-use crate::store::{self, Store};
-use crate::streams::{self, Streams};
-use crate::transport::Transport;
-use crate::worker::{self, Worker};
+use crate::net::transport::Transport;
 use anyhow::{bail, Context, Result};
+use connections::Streams;
 use std::io::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use worker::Worker;
 
 /// With digest authentication: the credential cache, kept in step with the user database by
 /// a task on the database runtime. Waits for the first load (up to 30 s) so a server that
@@ -35,12 +40,12 @@ fn start_auth(
             .context("cannot make a nonce secret")?;
         return Ok(Some(Arc::new(shared)));
     }
-    runtime.spawn(crate::userdb::sync(
+    runtime.spawn(crate::db::users::sync(
         cfg.database_url.clone(),
         credentials.clone(),
         Duration::from_secs(1),
     ));
-    runtime.block_on(crate::userdb::wait_loaded(
+    runtime.block_on(crate::db::users::wait_loaded(
         &credentials,
         Duration::from_secs(30),
     ));
@@ -130,22 +135,24 @@ pub fn run(cfg: Config) -> Result<()> {
     let proxychain = start_proxychain(&cfg)?;
 
     let signals = crate::signals::Signals::install()?;
-    let channel_stats = Arc::new(crate::authd::client::ChannelStats::default());
+    let channel_stats = Arc::new(crate::serve::authority::ChannelStats::default());
     let fetcher = match (&proxychain, &auth) {
-        (Some((shared, tls)), _) => Some(crate::authd::client::spawn(
+        (Some((shared, tls)), _) => Some(crate::serve::authority::spawn(
             &runtime,
             shared.clone(),
             tls.clone(),
             senders.clone(),
             channel_stats.clone(),
         )),
-        (None, Some(shared)) if !cfg.auth.credential_cache => Some(crate::userdb::spawn_fetcher(
-            &runtime,
-            cfg.database_url.clone(),
-            cfg.auth.scope.realm.clone(),
-            shared.clone(),
-            senders.clone(),
-        )),
+        (None, Some(shared)) if !cfg.auth.credential_cache => {
+            Some(crate::db::users::spawn_fetcher(
+                &runtime,
+                cfg.database_url.clone(),
+                cfg.auth.scope.realm.clone(),
+                shared.clone(),
+                senders.clone(),
+            ))
+        }
         _ => None,
     };
     let mut all_stats = Vec::new();
@@ -156,12 +163,12 @@ pub fn run(cfg: Config) -> Result<()> {
         for l in &cfg.listen {
             match l.transport {
                 Transport::Udp => sockets.push(
-                    crate::udp::bind_reuseport(l.addr)
+                    crate::net::udp::bind_reuseport(l.addr)
                         .with_context(|| format!("cannot listen on {l}"))?,
                 ),
                 t => listeners.push((
                     t,
-                    streams::listen_reuseport(l.addr)
+                    connections::listen_reuseport(l.addr)
                         .with_context(|| format!("cannot listen on {l}"))?,
                 )),
             }
@@ -214,7 +221,7 @@ pub fn run(cfg: Config) -> Result<()> {
             shutdown: signals.stop.clone(),
             started,
             index,
-            coalescer: crate::coalesce::Coalescer::new(Duration::from_micros(
+            coalescer: crate::serve::coalesce::Coalescer::new(Duration::from_micros(
                 cfg.max_batch_delay_us,
             )),
             fetcher: fetcher.clone(),
@@ -246,7 +253,7 @@ pub fn run(cfg: Config) -> Result<()> {
         cfg.domains.join(", "),
         cfg.workers,
         if cfg.workers == 1 { "" } else { "s" },
-        crate::store::redacted(&cfg.database_url),
+        crate::db::store::redacted(&cfg.database_url),
         loaded.bindings.len(),
     );
     let _ = std::io::stdout().flush();

@@ -9,13 +9,13 @@
 //! can only answer "nothing". Under load it also lets datagrams accumulate briefly after
 //! waking ([`Coalescer`]).
 
-use crate::coalesce::Coalescer;
+use super::connections::{self, Streams};
+use crate::db::store::StoreHandle;
 use crate::engine::{Effects, Engine, Mail};
 use crate::net::epoll::{self, Epoll};
-use crate::store::StoreHandle;
-use crate::streams::{self, Streams};
-use crate::transport::{Peer, Transport};
-use crate::udp::{self, RecvBatch, SendBatch};
+use crate::net::transport::{Peer, Transport};
+use crate::net::udp::{self, RecvBatch, SendBatch};
+use crate::serve::coalesce::Coalescer;
 use bytes::Bytes;
 use socket2::Socket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -144,7 +144,7 @@ impl Worker {
             }
             for ev in &events[..n] {
                 let token = ev.u64;
-                if streams::owns(token) {
+                if connections::owns(token) {
                     let now = self.now();
                     self.streams
                         .on_event(now, ev, &mut self.engine, &mut fx, &self.epoll);

@@ -8,10 +8,10 @@
 //! Every fetch gets an answer to its worker within the configured wait, whatever happens to
 //! the connection, so no request waits forever.
 
-use super::wire::{self, Reply, Request};
+use crate::auth::proxychain::wire::{self, Reply, Request};
 use crate::auth::proxychain::PcShared;
 use crate::auth::{Fetch, FetchHandle};
-use crate::worker::{credentials_ready, MailboxSender};
+use crate::serve::worker::{credentials_ready, MailboxSender};
 use anyhow::{bail, Context, Result};
 use rustls::pki_types::ServerName;
 use std::collections::HashMap;
@@ -205,7 +205,9 @@ async fn session(
 }
 
 fn now_s() -> u64 {
-    super::server::unix_s()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn on_reply(

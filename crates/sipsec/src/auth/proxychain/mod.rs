@@ -149,7 +149,7 @@ impl PcShared {
             return false;
         };
         if guard.is_none() {
-            match crate::authd::backup::read(path) {
+            match crate::auth::proxychain::backup::read(path) {
                 Ok((proxy, chains)) => {
                     tracing::warn!(
                         "authority unreachable: {} backup credentials loaded from {}",
@@ -375,3 +375,6 @@ impl PcAuthenticator {
 
 #[cfg(test)]
 mod tests;
+
+pub mod backup;
+pub mod wire;

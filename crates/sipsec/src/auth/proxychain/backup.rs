@@ -10,7 +10,7 @@
 use super::wire::{self, Credential};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use sip_core::proxychain::{Chain, HashKind};
+use sip_core::proxychain::{Chain, Issued};
 use std::collections::HashMap;
 use std::io::{BufRead, BufWriter, Write};
 use std::path::Path;
@@ -31,14 +31,13 @@ struct Line {
     credential: Credential,
 }
 
-/// Writes a backup file for `proxy`: one chain of `length` per user with a key, with fresh
-/// nonces. Returns how many users it holds.
+/// Writes a backup file for `proxy`: one chain per user with a key, made by `issue` (the
+/// authority's, with fresh nonces). Returns how many users it holds.
 pub fn write(
     path: &Path,
     proxy: &str,
-    hash: HashKind,
-    length: u32,
     users: &[(String, [u8; 32])],
+    issue: impl Fn(&[u8; 32]) -> Result<Issued>,
 ) -> Result<usize> {
     let file =
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
@@ -55,7 +54,7 @@ pub fn write(
         .as_bytes(),
     )?;
     for (user, key) in users {
-        let issued = super::authority::issue_fresh(hash, key, proxy, length)?;
+        let issued = issue(key)?;
         out.write_all(
             wire::line(&Line {
                 user: user.clone(),
@@ -93,7 +92,7 @@ pub fn read(path: &Path) -> Result<(String, HashMap<Box<str>, Chain>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sip_core::proxychain::{answer, user_key};
+    use sip_core::proxychain::{answer, issue, user_key, HashKind};
 
     #[test]
     fn a_backup_file_round_trips_and_its_chains_authenticate() {
@@ -105,7 +104,15 @@ mod tests {
             ("bob".to_string(), user_key("bob", "example.com", "pw2")),
         ];
         assert_eq!(
-            write(&path, "p1", HashKind::Sha256, 100, &users).unwrap(),
+            write(&path, "p1", &users, |key| Ok(issue(
+                HashKind::Sha256,
+                key,
+                "p1",
+                100,
+                [1; 16],
+                [2; 16]
+            )))
+            .unwrap(),
             2
         );
         let (proxy, mut chains) = read(&path).unwrap();
