@@ -14,9 +14,9 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use sip_core::message::{build, Message};
 use sipsec::config::Config;
-use sipsec::engine::stats::Stats;
 use sipsec::engine::{Effects, Engine};
 use sipsec::net::transport::{Peer, Transport};
+use sipsec::stats::Stats;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -207,7 +207,7 @@ impl Net {
             for (to, data) in back {
                 // It arrives from the server's own address, on the transport it was sent on.
                 let from = Peer::new(to.transport, to.addr);
-                self.engine.on_datagram(self.now, from, &data, &mut fx);
+                self.engine.on_message(self.now, from, &data, &mut fx);
             }
         }
     }
@@ -240,7 +240,7 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                 let from = peer(r.from);
                 net.remember(from, Bytes::from(text.clone()));
                 net.run(
-                    |e, now, fx| e.on_datagram(now, from, text.as_bytes(), fx),
+                    |e, now, fx| e.on_message(now, from, text.as_bytes(), fx),
                     true,
                 );
             }
@@ -268,7 +268,7 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                     b"",
                     &mut out,
                 );
-                net.run(|e, now, fx| e.on_datagram(now, to, &out, fx), true);
+                net.run(|e, now, fx| e.on_message(now, to, &out, fx), true);
             }
             Step::Mutate { nth, at, byte } => {
                 let Some((to, data)) = net.recent.get(nth as usize % net.recent.len().max(1))
@@ -281,11 +281,11 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                     let i = at as usize % data.len();
                     data[i] = byte;
                 }
-                net.run(|e, now, fx| e.on_datagram(now, to, &data, fx), true);
+                net.run(|e, now, fx| e.on_message(now, to, &data, fx), true);
             }
             Step::Raw { from, data } => {
                 let from = peer(from);
-                net.run(|e, now, fx| e.on_datagram(now, from, &data, fx), true);
+                net.run(|e, now, fx| e.on_message(now, from, &data, fx), true);
             }
             Step::Tick { ms } => {
                 net.now += u64::from(ms) * 4;

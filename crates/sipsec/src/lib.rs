@@ -15,4 +15,5 @@ pub mod load;
 pub mod net;
 pub mod serve;
 pub mod signals;
+pub mod stats;
 pub mod tls;

@@ -237,33 +237,6 @@ pub(crate) fn refuse(code: u16, reason: &'static str, headers: String, why: Why)
     }
 }
 
-/// A request for a user's credentials from somewhere slow (the Proxychain authority, or the
-/// user database when digest runs without its cache), made by a worker's authenticator.
-#[derive(Debug)]
-pub struct Fetch {
-    pub user: String,
-    /// Ahead of need: no request waits for it.
-    pub prefetch: bool,
-}
-
-/// Where the workers send fetches; whoever serves them tells every worker when a user's
-/// answer is in (`engine::Mail::Credential`), so the requests that waited run.
-#[derive(Clone)]
-pub struct FetchHandle {
-    tx: tokio::sync::mpsc::UnboundedSender<Fetch>,
-}
-
-impl FetchHandle {
-    pub fn new() -> (FetchHandle, tokio::sync::mpsc::UnboundedReceiver<Fetch>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        (FetchHandle { tx }, rx)
-    }
-
-    pub fn fetch(&self, user: String, prefetch: bool) {
-        let _ = self.tx.send(Fetch { user, prefetch });
-    }
-}
-
 /// The answer when what authentication needs (the user database, the authority) is not
 /// there: 503, to try again shortly.
 pub(crate) fn unavailable() -> Verdict {

@@ -263,47 +263,6 @@ pub async fn import_csv(store: &Store, realm: &str, path: &Path) -> Result<usize
     Ok(hashed.len())
 }
 
-/// Digest without the credential cache: answers each fetch with its own query to the
-/// database at `url` (several in flight at once, up to the pool's connections), delivers the
-/// answer to `fetched` and tells every worker. A failed query delivers nothing, so the request
-/// that waited is answered 503.
-pub fn spawn_fetcher(
-    runtime: &tokio::runtime::Runtime,
-    url: String,
-    realm: String,
-    fetched: Arc<crate::auth::Shared>,
-    workers: Vec<crate::serve::worker::MailboxSender>,
-) -> crate::auth::FetchHandle {
-    let (handle, mut rx) = crate::auth::FetchHandle::new();
-    runtime.spawn(async move {
-        let store = loop {
-            match Store::connect(&url).await {
-                Ok(s) => break Arc::new(s),
-                Err(e) => {
-                    tracing::error!("user database unavailable ({e:#}); retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        };
-        while let Some(f) = rx.recv().await {
-            let (store, realm, shared, workers) = (
-                store.clone(),
-                realm.clone(),
-                fetched.clone(),
-                workers.clone(),
-            );
-            tokio::spawn(async move {
-                match store.user_secrets(&realm, &f.user).await {
-                    Ok(answer) => shared.fetched.deliver(&f.user, answer),
-                    Err(e) => tracing::warn!(user = %f.user, "user query failed: {e:#}"),
-                }
-                crate::serve::worker::credentials_ready(&workers, &f.user);
-            });
-        }
-    });
-    handle
-}
-
 /// Waits, up to `limit`, for the first load of the user database into `credentials`, so a
 /// server or authority does not start answering with users it has not read yet; warns if it
 /// is still loading then (authentication answers 503 until it is done).

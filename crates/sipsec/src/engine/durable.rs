@@ -50,7 +50,7 @@ impl Engine {
         fx: &mut Effects,
     ) {
         let ok = self.local_response(msg, 200, "OK", headers);
-        super::stats::inc(&self.stats.local_responses);
+        crate::stats::inc(&self.stats.local_responses);
         let dest = response_peer(msg.top_via(), source);
         let to = self.local_reply(msg, dest);
         if self.changes_saved >= self.changes_sent {
@@ -85,7 +85,7 @@ impl Engine {
     pub(super) fn expire_held(&mut self, now: Millis, fx: &mut Effects) {
         while self.held.front().is_some_and(|h| h.deadline <= now) {
             let h = self.held.pop_front().expect("front checked");
-            super::stats::inc(&self.stats.registrations_unsaved);
+            crate::stats::inc(&self.stats.registrations_unsaved);
             if self.log.allow(now) {
                 tracing::error!(
                     "the database did not confirm a registration within {} ms: answering 500",

@@ -22,7 +22,6 @@ mod proxy;
 mod registrar;
 mod reject;
 mod routing;
-pub mod stats;
 
 use routing::respond;
 #[cfg(test)]
@@ -31,25 +30,23 @@ mod tests;
 use crate::config::Config;
 use crate::engine::location::{BindingChange, Location, SharedChange};
 use crate::net::transport::{ConnId, Peer, Transport};
+use crate::stats::{inc, LogLimiter, Stats};
 use bytes::Bytes;
 use sip_core::message::rewrite::Splice;
 use sip_core::message::{build, HeaderField, Message, Method, ParseError, Via};
 use sip_core::timer::Millis;
 use sip_core::transaction::{Kind, Output, RequestMatch, State, Timers, Transactions, TxId};
 use smallvec::SmallVec;
-use stats::{inc, LogLimiter, Stats};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 /// Mail between workers.
 #[derive(Debug, Clone)]
 pub enum Mail {
-    /// A datagram that belongs to the receiving worker's transactions.
-    Datagram { source: Peer, data: Bytes },
+    /// A message that belongs to the receiving worker's transactions.
+    Message { source: Peer, data: Bytes },
     /// A registration change made by another worker.
     Binding(SharedChange),
-    /// Bytes for a connection the receiving worker owns.
-    Transmit { to: Peer, data: Bytes },
     /// The user's credentials came (or their fetch gave up): requests waiting for them run
     /// now.
     Credential { user: Arc<str> },
@@ -310,7 +307,7 @@ impl Engine {
         self.parked_total -= waiting.len();
         self.rerunning = true;
         for (source, data) in waiting {
-            self.on_datagram(now, source, &data, fx);
+            self.on_message(now, source, &data, fx);
         }
         self.rerunning = false;
     }
@@ -373,9 +370,8 @@ impl Engine {
     /// Handles mail from another worker.
     pub fn on_mail(&mut self, now: Millis, mail: Mail, fx: &mut Effects) {
         match mail {
-            Mail::Datagram { source, data } => self.on_datagram(now, source, &data, fx),
+            Mail::Message { source, data } => self.on_message(now, source, &data, fx),
             Mail::Binding(change) => self.location.apply(&change),
-            Mail::Transmit { to, data } => fx.transmits.push((to, data)),
             Mail::Credential { user } => self.on_credential(now, &user, fx),
             Mail::Saved { count } => self.on_saved(now, count, fx),
         }
@@ -384,7 +380,7 @@ impl Engine {
     /// Handles one received datagram.
     // Never inlined, for the same reason as `on_tick`.
     #[inline(never)]
-    pub fn on_datagram(&mut self, now: Millis, source: Peer, data: &[u8], fx: &mut Effects) {
+    pub fn on_message(&mut self, now: Millis, source: Peer, data: &[u8], fx: &mut Effects) {
         inc(&self.stats.datagrams_in);
         if data
             .iter()
@@ -419,7 +415,7 @@ impl Engine {
                     inc(&self.stats.handoffs);
                     fx.mail.push((
                         owner,
-                        Mail::Datagram {
+                        Mail::Message {
                             source,
                             data: Bytes::copy_from_slice(data),
                         },

@@ -3,9 +3,9 @@
 //! Timer C and branch timeouts as 408), CANCEL from upstream, and stateless response forwarding
 //! by Via.
 
-use super::stats::inc;
 use super::{branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Side, Target};
 use crate::net::transport::{Peer, Transport};
+use crate::stats::inc;
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
 use sip_core::message::uri::unbracket;
@@ -197,7 +197,7 @@ impl Engine {
         );
         // As a response from `dest`: it reaches the worker owning the branch, and a stateless
         // proxy forwards it upstream by Via.
-        self.on_datagram(now, Peer::new(dest.transport, dest.addr), &resp, fx);
+        self.on_message(now, Peer::new(dest.transport, dest.addr), &resp, fx);
     }
 
     pub(super) fn on_cancel(

@@ -1,9 +1,9 @@
 //! Messages the parser refused: answered with the status and reason the fault calls for when
 //! enough of the raw text can be salvaged to address a response, dropped and counted otherwise.
 
-use super::stats::inc;
 use super::{Effects, Engine};
 use crate::net::transport::Peer;
+use crate::stats::inc;
 use bytes::Bytes;
 use sip_core::message::{build, ParseError};
 use sip_core::timer::Millis;
@@ -27,9 +27,11 @@ impl Engine {
     /// The 513 for a message on a stream that is over `max_message_size` (the stream closes
     /// after it: the rest of the message cannot be skipped reliably), if the head of it can be
     /// addressed. Counted like an oversize datagram.
-    pub fn oversize_response(&mut self, now: Millis, source: Peer, head: &[u8]) -> Option<Bytes> {
+    pub fn on_oversize(&mut self, now: Millis, source: Peer, head: &[u8], fx: &mut Effects) {
         inc(&self.stats.oversize);
-        self.salvage(now, source, head, ParseError::TooLarge)
+        if let Some(answer) = self.salvage(now, source, head, ParseError::TooLarge) {
+            fx.transmits.push((source, answer));
+        }
     }
 
     /// Logs (rate-limited) a refused message and builds its answer, counting it as a local

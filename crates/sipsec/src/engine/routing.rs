@@ -2,11 +2,11 @@
 //! §16.3–16.5): answer it here (errors, OPTIONS, REGISTER, 405/501), redirect it, or forward it
 //! to registered contacts, the next Route, the default route or its Request-URI.
 
-use super::stats::inc;
 use super::{branch, Decision, Engine, Target, ALLOW};
 use crate::config::Mode;
 use crate::engine::location::Lookup;
 use crate::net::transport::{uri_peer, Peer};
+use crate::stats::inc;
 use sip_core::message::{HeaderField, HeaderName, Message, Method, Scheme, Uri};
 use sip_core::timer::Millis;
 use smallvec::SmallVec;

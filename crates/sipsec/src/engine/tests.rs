@@ -42,7 +42,7 @@ impl Sent {
 
 fn deliver(e: &mut Engine, now: Millis, from: &str, text: &str) -> (Vec<Sent>, Effects) {
     let mut fx = Effects::default();
-    e.on_datagram(now, Peer::udp(addr(from)), text.as_bytes(), &mut fx);
+    e.on_message(now, Peer::udp(addr(from)), text.as_bytes(), &mut fx);
     let sent = fx
         .transmits
         .drain(..)
@@ -636,7 +636,7 @@ fn never_panics_on_torture_messages_or_mutations() {
     for entry in std::fs::read_dir(dir).unwrap() {
         let buf = std::fs::read(entry.unwrap().path()).unwrap();
         let mut fx = Effects::default();
-        e.on_datagram(now, Peer::udp(addr(ALICE)), &buf, &mut fx);
+        e.on_message(now, Peer::udp(addr(ALICE)), &buf, &mut fx);
         for _ in 0..300 {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -645,7 +645,7 @@ fn never_panics_on_torture_messages_or_mutations() {
             let i = (seed as usize) % b.len().max(1);
             b[i] = (seed >> 32) as u8;
             b.truncate(((seed >> 40) as usize % (buf.len() + 1)).max(i));
-            e.on_datagram(now, Peer::udp(addr(ALICE)), &b, &mut fx);
+            e.on_message(now, Peer::udp(addr(ALICE)), &b, &mut fx);
             now += 7;
             e.on_tick(now, &mut fx);
         }
@@ -888,7 +888,7 @@ fn between_transports_the_proxy_record_routes_twice_and_pops_both_routes() {
         addr: addr(BOB1),
         conn: 7,
     };
-    e.on_datagram(10, from, bye.as_bytes(), &mut fx);
+    e.on_message(10, from, bye.as_bytes(), &mut fx);
     let out: Vec<_> = fx.transmits.drain(..).collect();
     let (to, data) = out
         .iter()
@@ -906,7 +906,7 @@ fn between_transports_the_proxy_record_routes_twice_and_pops_both_routes() {
     let bye_out = Message::parse(data).unwrap();
     let mut resp = Vec::new();
     build::response(&bye_out, 200, "OK", None, b"", b"", &mut resp);
-    e.on_datagram(11, Peer::udp(addr(ALICE)), &resp, &mut fx);
+    e.on_message(11, Peer::udp(addr(ALICE)), &resp, &mut fx);
     let (to, _) = fx
         .transmits
         .iter()

@@ -8,10 +8,10 @@
 //! Every fetch gets an answer to its worker within the configured wait, whatever happens to
 //! the connection, so no request waits forever.
 
+use super::fetch::{Fetch, FetchHandle};
+use super::mailbox::{credentials_ready, MailboxSender};
 use crate::auth::proxychain::wire::{self, Reply, Request};
 use crate::auth::proxychain::PcShared;
-use crate::auth::{Fetch, FetchHandle};
-use crate::serve::worker::{credentials_ready, MailboxSender};
 use anyhow::{bail, Context, Result};
 use rustls::pki_types::ServerName;
 use std::collections::HashMap;

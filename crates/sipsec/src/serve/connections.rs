@@ -9,6 +9,13 @@
 //! fires it either closes the connection or moves it to its real deadline — so a tick touches
 //! only the connections whose time is up.
 //!
+//! Like a UDP batch, the table hands what it read back to the worker: [`Connections::on_event`]
+//! reads and frames, [`Connections::received`] lists the framed messages (still in their
+//! connections' buffers, not copied), the worker gives them to the engine, and
+//! [`Connections::release`] then consumes them. A connection that ends (the peer closed, or
+//! sent bytes that are not SIP) is drained first: answers to what it sent still go out on
+//! it, then it closes.
+//!
 //! Connection ids ([`ConnId`]) carry the owning worker, so a message for another worker's
 //! connection is mailed to it. Outbound connections are found by remote address and reused
 //! (`outbound_connections = "reuse"`), or opened per call and closed when the engine says the
@@ -20,12 +27,12 @@
 //! connection; bytes that are not SIP framing close it; TLS failures close it. Each is counted
 //! and logged at a bounded rate.
 
+use super::token::Token;
 use crate::config::{OutboundConnections, StreamConfig};
-use crate::engine::stats::{inc, LogLimiter, Stats};
-use crate::engine::{Effects, Engine};
 use crate::net::conn::{Framed, ReadEnd, StreamConn};
 use crate::net::epoll::{self, Epoll, Event};
 use crate::net::transport::{ConnId, Peer, Transport};
+use crate::stats::{inc, LogLimiter, Stats};
 use crate::tls::{ClientTls, HandshakeKind, ServerTls, Session};
 use bytes::Bytes;
 use sip_core::timer::{Millis, TimerHandle, TimerWheel};
@@ -37,9 +44,6 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-/// Epoll token kinds (the high 32 bits); the worker uses kind 0 for its own descriptors.
-const LISTENER: u64 = 1 << 32;
-const CONNECTION: u64 = 2 << 32;
 /// Connections accepted per listener per pass, so a flood of connects cannot starve the rest.
 const ACCEPT_BATCH: usize = 256;
 /// Requests remembered per connection while it comes up.
@@ -54,11 +58,6 @@ pub fn listen_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.bind(&SockAddr::from(addr))?;
     socket.listen(4096)?;
     Ok(socket.into())
-}
-
-/// Whether an epoll token belongs to [`Streams`].
-pub fn owns(token: u64) -> bool {
-    token >= LISTENER
 }
 
 fn conn_id(worker: usize, slot: usize) -> ConnId {
@@ -86,8 +85,11 @@ struct Conn {
     pending_since: Option<Millis>,
     timer: Option<TimerHandle>,
     timer_at: Millis,
-    /// Close once the queued output is written.
+    /// Close once the queued output is written: the call it was opened for ended.
     closing: bool,
+    /// Close, for this reason, once the answers to what it sent are written: the peer
+    /// closed, or sent bytes that are not SIP.
+    drain: Option<Close>,
     /// Queued output waits for this pass's flush.
     dirty: bool,
     /// Requests queued on an outbound connection before it was up (connected, and for TLS
@@ -118,7 +120,35 @@ enum Close {
     CallOver,
 }
 
-pub struct Streams {
+/// A message framed on a connection this pass, for the worker to hand to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received<'a> {
+    /// A whole message.
+    Message(Peer, &'a [u8]),
+    /// The start of a message over `max_message_size`: the engine may answer it (513), and
+    /// the connection then closes (the rest cannot be skipped reliably).
+    Oversize(Peer, &'a [u8]),
+}
+
+/// One message framed this pass: where it is in its connection's input buffer.
+struct Frame {
+    slot: usize,
+    start: usize,
+    len: usize,
+    oversize: bool,
+}
+
+/// One connection read this pass, and what is left to do once its messages are handled.
+struct Read {
+    slot: usize,
+    consumed: usize,
+    ping: bool,
+    invalid: Option<&'static str>,
+    end: ReadEnd,
+}
+
+/// A worker's TCP and TLS connections and listeners.
+pub struct Connections {
     worker: usize,
     cfg: StreamConfig,
     max_message: usize,
@@ -142,9 +172,14 @@ pub struct Streams {
     /// Requests that could not be delivered (see `Conn::unconfirmed`), for the worker to hand
     /// to the engine.
     failed: Vec<(Peer, Bytes)>,
+    /// What this pass read, until [`Connections::release`].
+    frames: Vec<Frame>,
+    reads: Vec<Read>,
+    /// The time of the last call that told it, for closes made while flushing.
+    now: Millis,
 }
 
-impl Streams {
+impl Connections {
     /// A worker's connection table. `listeners` are registered with `epoll` here.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -156,11 +191,11 @@ impl Streams {
         tls_client: Option<ClientTls>,
         stats: Arc<Stats>,
         epoll: &Epoll,
-    ) -> io::Result<Streams> {
+    ) -> io::Result<Connections> {
         for (i, (_, l)) in listeners.iter().enumerate() {
-            epoll.add(l.as_raw_fd(), epoll::READ, LISTENER | i as u64)?;
+            epoll.add(l.as_raw_fd(), epoll::READ, Token::Listener(i).encode())?;
         }
-        Ok(Streams {
+        Ok(Connections {
             worker,
             cfg,
             max_message,
@@ -179,35 +214,36 @@ impl Streams {
             scratch: vec![0; 64 * 1024],
             framed: Framed::default(),
             failed: Vec::new(),
+            frames: Vec::new(),
+            reads: Vec::new(),
+            now: 0,
             stats,
             log: LogLimiter::new(10),
         })
     }
 
-    /// The next time [`Streams::on_tick`] has work.
+    /// The next time [`Connections::on_tick`] has work.
     pub fn next_deadline(&self) -> Option<Millis> {
         self.timers.next_deadline()
     }
 
-    /// Handles one epoll event carrying one of our tokens.
-    pub fn on_event(
-        &mut self,
-        now: Millis,
-        ev: &Event,
-        engine: &mut Engine,
-        fx: &mut Effects,
-        epoll: &Epoll,
-    ) {
-        let token = ev.u64;
-        let index = (token & 0xffff_ffff) as usize;
-        if token & !0xffff_ffff == LISTENER {
-            self.accept(now, index, epoll);
-            return;
-        }
+    /// Handles one epoll event for `token`, a listener or connection of ours: accepts, or
+    /// reads and frames (the messages wait in [`Connections::received`]), or writes what
+    /// was waiting for the socket.
+    pub fn on_event(&mut self, now: Millis, token: Token, ev: &Event, epoll: &Epoll) {
+        self.now = now;
+        let index = match token {
+            Token::Listener(i) => {
+                self.accept(now, i, epoll);
+                return;
+            }
+            Token::Connection(i) => i,
+            Token::Udp(_) | Token::Mailbox => return,
+        };
         let flags = ev.events;
         let hangup = (libc::EPOLLHUP | libc::EPOLLERR) as u32;
         if flags & (libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32 | hangup) != 0 {
-            self.read(now, index, engine, fx);
+            self.read(now, index);
         }
         if flags & libc::EPOLLOUT as u32 != 0 {
             let Some(c) = self.conns.get_mut(index).and_then(Option::as_mut) else {
@@ -317,7 +353,8 @@ impl Streams {
                 self.conns.len() - 1
             }
         };
-        if let Err(e) = epoll.add(stream.as_raw_fd(), epoll::STREAM, CONNECTION | slot as u64) {
+        let token = Token::Connection(slot).encode();
+        if let Err(e) = epoll.add(stream.as_raw_fd(), epoll::STREAM, token) {
             self.free.push(slot);
             return Err(e);
         }
@@ -333,6 +370,7 @@ impl Streams {
             timer: None,
             timer_at: 0,
             closing: false,
+            drain: None,
             dirty: false,
             unconfirmed: Vec::new(),
         };
@@ -361,10 +399,16 @@ impl Streams {
         c.timer_at = at;
     }
 
-    fn read(&mut self, now: Millis, slot: usize, engine: &mut Engine, fx: &mut Effects) {
+    /// Reads what the connection has, and frames it; the messages stay in its buffer until
+    /// [`Connections::release`].
+    fn read(&mut self, now: Millis, slot: usize) {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
+        if c.drain.is_some() {
+            // Ended: nothing more is read, only the answers written.
+            return;
+        }
         c.last_active = now;
         let end = c.io.read(&mut self.scratch);
         if !c.established {
@@ -378,62 +422,113 @@ impl Streams {
                 });
             }
         }
-        let mut framed = std::mem::take(&mut self.framed);
-        c.io.frame(self.max_message, &mut framed);
+        let framed = &mut self.framed;
+        c.io.frame(self.max_message, framed);
+        for &(start, len) in &framed.messages {
+            self.frames.push(Frame {
+                slot,
+                start,
+                len,
+                oversize: false,
+            });
+        }
+        if framed.too_large {
+            // The oversize message starts where the framed ones end.
+            self.frames.push(Frame {
+                slot,
+                start: framed.consumed,
+                len: c.io.inbuf.len() - framed.consumed,
+                oversize: true,
+            });
+        }
+        self.reads.push(Read {
+            slot,
+            consumed: framed.consumed,
+            ping: framed.ping,
+            invalid: framed.invalid,
+            end,
+        });
+    }
+
+    /// Whether this pass read any connection, so [`Connections::release`] has work.
+    pub fn read_any(&self) -> bool {
+        !self.reads.is_empty()
+    }
+
+    /// How many messages this pass framed (see [`Connections::received`]).
+    pub fn received_len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Message `i` of those framed this pass, with the connection it came on.
+    pub fn received(&self, i: usize) -> Option<Received<'_>> {
+        let f = self.frames.get(i)?;
+        let c = self.conns.get(f.slot)?.as_ref()?;
         let peer = Peer {
             transport: c.transport,
             addr: c.io.remote,
-            conn: conn_id(self.worker, slot),
+            conn: conn_id(self.worker, f.slot),
         };
-        for &(start, len) in &framed.messages {
-            engine.on_datagram(now, peer, &c.io.inbuf[start..start + len], fx);
-        }
-        if framed.ping {
-            c.io.queue(b"\r\n");
-        }
-        c.io.consume(framed.consumed);
-        c.pending_since = if !c.established {
-            c.pending_since.or(Some(now))
-        } else if c.io.inbuf.is_empty() {
-            None
-        } else if framed.consumed > 0 {
-            Some(now)
+        let data = c.io.inbuf.get(f.start..f.start + f.len)?;
+        Some(if f.oversize {
+            Received::Oversize(peer, data)
         } else {
-            c.pending_since.or(Some(now))
-        };
-        if framed.too_large {
-            // Consumed above: the oversize message starts the buffer now.
-            if let Some(answer) = engine.oversize_response(now, peer, &c.io.inbuf) {
-                c.io.queue(&answer);
+            Received::Message(peer, data)
+        })
+    }
+
+    /// Consumes what this pass read, once the worker has handed it to the engine: answers
+    /// keep-alive pings, re-arms timeouts, and ends the connections that ended.
+    pub fn release(&mut self, now: Millis) {
+        self.now = now;
+        self.frames.clear();
+        let mut reads = std::mem::take(&mut self.reads);
+        for r in reads.drain(..) {
+            let Some(c) = self.conns.get_mut(r.slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            if r.ping {
+                c.io.queue(b"\r\n");
             }
-        }
-        let wants_flush = c.io.has_output() && !c.dirty;
-        let invalid = framed.invalid;
-        self.framed = framed;
-        if wants_flush {
-            self.mark_dirty(slot);
-        }
-        match (end, invalid) {
-            (_, Some(why)) => {
-                // Whatever was answered (a 513) goes out before the connection closes.
-                self.flush_one(slot);
-                self.close(now, slot, Close::Framing(why))
+            c.io.consume(r.consumed);
+            c.pending_since = if !c.established {
+                c.pending_since.or(Some(now))
+            } else if c.io.inbuf.is_empty() {
+                None
+            } else if r.consumed > 0 {
+                Some(now)
+            } else {
+                c.pending_since.or(Some(now))
+            };
+            if c.io.has_output() {
+                self.mark_dirty(r.slot);
             }
-            (ReadEnd::Drained, None) => self.rearm_if_earlier(slot),
-            (ReadEnd::Closed, None) => {
-                // Answers to what the peer sent before closing may still be queued: flush
-                // what the socket takes (a half-closed peer still reads), then let go.
-                self.flush_one(slot);
-                self.close(now, slot, Close::Peer)
-            }
-            (ReadEnd::TlsError(why), None) => {
-                if self.log.allow(now) {
-                    let remote = self.conns[slot].as_ref().map(|c| c.io.remote);
-                    tracing::warn!("TLS with {} failed: {why}", fmt_remote(remote));
+            match (r.end, r.invalid) {
+                (_, Some(why)) => self.drain(now, r.slot, Close::Framing(why)),
+                (ReadEnd::Drained, None) => self.rearm_if_earlier(r.slot),
+                (ReadEnd::Closed, None) => self.drain(now, r.slot, Close::Peer),
+                (ReadEnd::TlsError(why), None) => {
+                    if self.log.allow(now) {
+                        let remote = self.conns[r.slot].as_ref().map(|c| c.io.remote);
+                        tracing::warn!("TLS with {} failed: {why}", fmt_remote(remote));
+                    }
+                    self.close(now, r.slot, Close::Tls)
                 }
-                self.close(now, slot, Close::Tls)
             }
         }
+        self.reads = reads;
+    }
+
+    /// Ends a connection once the answers to what it sent are written (by this pass's
+    /// flush, or within `message_timeout_ms` if the peer does not take them).
+    fn drain(&mut self, now: Millis, slot: usize, why: Close) {
+        if let Some(c) = self.conns[slot].as_mut() {
+            c.drain = Some(why);
+            c.pending_since = Some(now);
+        }
+        self.rearm_if_earlier(slot);
+        // Marked dirty even with nothing queued, so the flush closes it.
+        self.mark_dirty(slot);
     }
 
     fn mark_dirty(&mut self, slot: usize) {
@@ -453,6 +548,7 @@ impl Streams {
     /// Queues `data` for `to`. Returns the worker to mail it to when another worker owns the
     /// connection named.
     pub fn send(&mut self, now: Millis, to: Peer, data: &[u8], epoll: &Epoll) -> Option<usize> {
+        self.now = now;
         let request = !data.starts_with(b"SIP/2.0 ");
         let slot = match self.find(now, to, data, epoll) {
             Ok(slot) => slot,
@@ -512,7 +608,9 @@ impl Streams {
             None => self.by_remote.get(&(to.transport, to.addr)),
         };
         if let Some(&slot) = existing {
-            return Ok(slot);
+            if self.conns[slot].as_ref().is_some_and(|c| c.drain.is_none()) {
+                return Ok(slot);
+            }
         }
         match self.connect(now, to, call, epoll) {
             Ok(slot) => {
@@ -606,8 +704,13 @@ impl Streams {
         }
     }
 
+    /// Whether [`Connections::flush`] has anything to write or close.
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
     /// Writes every connection that has queued output this pass (one write per connection,
-    /// however many messages it got).
+    /// however many messages it got), and closes those that are done.
     pub fn flush(&mut self) {
         let dirty = std::mem::take(&mut self.dirty);
         for &slot in &dirty {
@@ -627,15 +730,21 @@ impl Streams {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
+        let now = self.now;
         if !c.io.flush() {
-            self.close(0, slot, Close::Error);
-        } else if c.closing && !c.io.has_output() {
-            self.close(0, slot, Close::CallOver);
+            self.close(now, slot, Close::Error);
+        } else if c.io.has_output() {
+            // The rest goes when the socket is writable again.
+        } else if let Some(why) = c.drain {
+            self.close(now, slot, why);
+        } else if c.closing {
+            self.close(now, slot, Close::CallOver);
         }
     }
 
     /// Runs the connection timers due at `now`.
     pub fn on_tick(&mut self, now: Millis) {
+        self.now = now;
         let mut expired = std::mem::take(&mut self.expired);
         self.timers.advance(now, &mut expired);
         for &slot in &expired {

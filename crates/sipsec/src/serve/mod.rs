@@ -6,21 +6,25 @@
 pub mod authority;
 pub mod coalesce;
 pub mod connections;
+pub mod fetch;
+pub mod mailbox;
+pub mod token;
 pub mod worker;
 
 use crate::config::{Config, Mode};
 use crate::db::store::{self, Store};
 use crate::engine::location::BindingChange;
-use crate::engine::{stats, Engine, Mail};
+use crate::engine::{Engine, Mail};
 use crate::net::epoll::Epoll;
 use crate::net::transport::Transport;
+use crate::stats;
 use anyhow::{bail, Context, Result};
-use connections::Streams;
+use connections::Connections;
 use std::io::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use worker::Worker;
+use worker::{Parts, Worker};
 
 /// With digest authentication: the credential cache, kept in step with the user database by
 /// a task on the database runtime. Waits for the first load (up to 30 s) so a server that
@@ -117,7 +121,7 @@ pub fn run(cfg: Config) -> Result<()> {
     let mut senders = Vec::new();
     let mut mailboxes = Vec::new();
     for _ in 0..cfg.workers {
-        let (tx, rx) = worker::mailbox().context("cannot create a worker mailbox")?;
+        let (tx, rx) = mailbox::mailbox().context("cannot create a worker mailbox")?;
         senders.push(tx);
         mailboxes.push(rx);
     }
@@ -144,15 +148,13 @@ pub fn run(cfg: Config) -> Result<()> {
             senders.clone(),
             channel_stats.clone(),
         )),
-        (None, Some(shared)) if !cfg.auth.credential_cache => {
-            Some(crate::db::users::spawn_fetcher(
-                &runtime,
-                cfg.database_url.clone(),
-                cfg.auth.scope.realm.clone(),
-                shared.clone(),
-                senders.clone(),
-            ))
-        }
+        (None, Some(shared)) if !cfg.auth.credential_cache => Some(fetch::spawn_user_fetcher(
+            &runtime,
+            cfg.database_url.clone(),
+            cfg.auth.scope.realm.clone(),
+            shared.clone(),
+            senders.clone(),
+        )),
         _ => None,
     };
     let mut all_stats = Vec::new();
@@ -175,7 +177,7 @@ pub fn run(cfg: Config) -> Result<()> {
         }
         let worker_stats = Arc::new(stats::Stats::default());
         let epoll = Epoll::new().context("cannot create an epoll set")?;
-        let streams = Streams::new(
+        let connections = Connections::new(
             index,
             cfg.streams.clone(),
             cfg.max_message_size,
@@ -203,39 +205,28 @@ pub fn run(cfg: Config) -> Result<()> {
                 binding: binding.clone(),
             });
         }
-        let udp_v6 = cfg
-            .listen
-            .iter()
-            .filter(|l| l.transport == Transport::Udp)
-            .map(|l| l.addr.is_ipv6())
-            .collect();
-        let worker = Worker {
+        let worker = Worker::new(Parts {
+            index,
             engine,
             sockets,
-            udp_v6,
-            streams,
+            connections,
             epoll,
             mailbox,
-            peers: senders.clone(),
+            workers: senders.clone(),
             store: Some(store.clone()),
+            fetcher: fetcher.clone(),
+            coalescer: coalesce::Coalescer::new(Duration::from_micros(cfg.max_batch_delay_us)),
             shutdown: signals.stop.clone(),
             started,
-            index,
-            coalescer: crate::serve::coalesce::Coalescer::new(Duration::from_micros(
-                cfg.max_batch_delay_us,
-            )),
-            fetcher: fetcher.clone(),
-        };
-        worker
-            .register()
-            .context("cannot watch the worker's sockets")?;
+        })
+        .context("cannot watch the worker's sockets")?;
         workers.push(worker);
     }
     let handles: Vec<_> = workers
         .into_iter()
         .map(|w| {
             std::thread::Builder::new()
-                .name(format!("sipsec-worker-{}", w.index))
+                .name(format!("sipsec-worker-{}", w.index()))
                 .spawn(move || w.run())
         })
         .collect::<Result<_, _>>()

@@ -1,116 +1,116 @@
 //! A worker thread: the I/O driver around one [`Engine`].
 //!
-//! The loop: one `epoll_wait` on the worker's UDP sockets, mailbox, listeners and connections
-//! (returning at once while anything is ready, sleeping until the next deadline otherwise);
-//! for what is ready, take the mail, a `recvmmsg` batch per UDP socket, or the connection's
-//! bytes ([`Streams`]), and let the engine handle each message; fire due timers; then send
-//! everything queued — datagrams with one `sendmmsg`, one write per connection — and post
-//! mail. A busy worker does not sleep between passes, and no pass makes a system call that
-//! can only answer "nothing". Under load it also lets datagrams accumulate briefly after
-//! waking ([`Coalescer`]).
+//! The loop, one pass at a time:
+//! 1. one `epoll_wait` on the worker's UDP sockets, mailbox, listeners and connections
+//!    (returning at once while anything is ready, sleeping until the next deadline otherwise);
+//! 2. mail first (bindings other workers made must be in place before any message that may
+//!    depend on them), then a `recvmmsg` batch per readable UDP socket and the bytes of each
+//!    readable connection ([`Connections`]), every message handed to the engine by the same
+//!    call, [`Engine::on_message`], after the mail that arrived meanwhile;
+//! 3. the engine's and the connections' due timers;
+//! 4. everything the engine asked for ([`Effects`]): binding changes posted to the other
+//!    workers and the store before any answer leaves, datagrams with one `sendmmsg` per
+//!    socket, one write per connection, mail, credential fetches.
+//!
+//! A busy worker does not sleep between passes, and no pass makes a system call that can
+//! only answer "nothing". Under load it also lets datagrams accumulate briefly after waking
+//! ([`Coalescer`]).
 
-use super::connections::{self, Streams};
+use super::coalesce::Coalescer;
+use super::connections::{Connections, Received};
+use super::fetch::FetchHandle;
+use super::mailbox::{Letter, Mailbox, MailboxSender};
+use super::token::Token;
 use crate::db::store::StoreHandle;
 use crate::engine::{Effects, Engine, Mail};
 use crate::net::epoll::{self, Epoll};
 use crate::net::transport::{Peer, Transport};
 use crate::net::udp::{self, RecvBatch, SendBatch};
-use crate::serve::coalesce::Coalescer;
 use bytes::Bytes;
 use socket2::Socket;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The sending side of a worker's mailbox.
-#[derive(Clone)]
-pub struct MailboxSender {
-    tx: Sender<Mail>,
-    wake: Arc<OwnedFd>,
-}
-
-impl MailboxSender {
-    pub fn send(&self, mail: Mail) {
-        if self.tx.send(mail).is_ok() {
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
-            unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        }
-    }
-}
-
-/// Tells every worker that `user`'s credentials came (or their fetch gave up), so the
-/// requests parked for them run.
-pub fn credentials_ready(workers: &[MailboxSender], user: &str) {
-    let user: Arc<str> = user.into();
-    for w in workers {
-        w.send(Mail::Credential { user: user.clone() });
-    }
-}
-
-/// The receiving side of a worker's mailbox.
-pub struct Mailbox {
-    rx: Receiver<Mail>,
-    wake: Arc<OwnedFd>,
-}
-
-/// A mailbox: a channel plus an eventfd that wakes the owner from `poll`.
-pub fn mailbox() -> std::io::Result<(MailboxSender, Mailbox)> {
-    // SAFETY: eventfd returns a new descriptor or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor owned by nobody else.
-    let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-    let (tx, rx) = std::sync::mpsc::channel();
-    Ok((
-        MailboxSender {
-            tx,
-            wake: wake.clone(),
-        },
-        Mailbox { rx, wake },
-    ))
-}
-
-/// The epoll token of the mailbox; UDP socket `i` has token `i`.
-const MAILBOX: u64 = 0xffff_ffff;
-
-/// Everything a worker thread needs.
-pub struct Worker {
+/// What a worker is made of; [`Worker::new`] registers its descriptors.
+pub struct Parts {
+    pub index: usize,
     pub engine: Engine,
+    /// UDP sockets, in listen order.
     pub sockets: Vec<Socket>,
-    /// Whether each UDP socket is IPv6, by index.
-    pub udp_v6: Vec<bool>,
-    pub streams: Streams,
+    pub connections: Connections,
+    /// The epoll set the connection table registered its listeners with.
     pub epoll: Epoll,
     pub mailbox: Mailbox,
-    pub peers: Vec<MailboxSender>,
+    /// Every worker's mailbox, by index (this one's included).
+    pub workers: Vec<MailboxSender>,
     pub store: Option<StoreHandle>,
-    pub shutdown: Arc<AtomicBool>,
-    pub started: Instant,
-    pub index: usize,
-    pub coalescer: Coalescer,
-    /// Where credential fetches go: the Proxychain authority channel, or the user database
+    /// Where credential fetches go: the Proxychain authority's channel, or the user database
     /// for digest without the cache.
-    pub fetcher: Option<crate::auth::FetchHandle>,
+    pub fetcher: Option<FetchHandle>,
+    pub coalescer: Coalescer,
+    pub shutdown: Arc<AtomicBool>,
+    /// Monotonic time 0 of every worker's clock.
+    pub started: Instant,
+}
+
+/// A worker thread's state: see the module doc for its loop.
+pub struct Worker {
+    index: usize,
+    engine: Engine,
+    sockets: Vec<Socket>,
+    /// Whether each UDP socket is IPv6, by index.
+    udp_v6: Vec<bool>,
+    connections: Connections,
+    epoll: Epoll,
+    mailbox: Mailbox,
+    workers: Vec<MailboxSender>,
+    store: Option<StoreHandle>,
+    fetcher: Option<FetchHandle>,
+    coalescer: Coalescer,
+    shutdown: Arc<AtomicBool>,
+    started: Instant,
 }
 
 impl Worker {
-    fn now(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+    /// A worker, its UDP sockets and mailbox registered with its epoll set.
+    pub fn new(p: Parts) -> std::io::Result<Worker> {
+        for (i, s) in p.sockets.iter().enumerate() {
+            p.epoll
+                .add(udp::fd(s), epoll::READ, Token::Udp(i).encode())?;
+        }
+        p.epoll
+            .add(p.mailbox.fd(), epoll::READ, Token::Mailbox.encode())?;
+        let udp_v6 = p
+            .sockets
+            .iter()
+            .map(|s| s.local_addr().ok().and_then(|a| a.as_socket()))
+            .map(|a| a.is_some_and(|a| a.is_ipv6()))
+            .collect();
+        Ok(Worker {
+            index: p.index,
+            engine: p.engine,
+            sockets: p.sockets,
+            udp_v6,
+            connections: p.connections,
+            epoll: p.epoll,
+            mailbox: p.mailbox,
+            workers: p.workers,
+            store: p.store,
+            fetcher: p.fetcher,
+            coalescer: p.coalescer,
+            shutdown: p.shutdown,
+            started: p.started,
+        })
     }
 
-    /// Registers the worker's own descriptors (UDP sockets, mailbox) with its epoll set;
-    /// [`Streams::new`] registers the listeners.
-    pub fn register(&self) -> std::io::Result<()> {
-        for (i, s) in self.sockets.iter().enumerate() {
-            self.epoll.add(udp::fd(s), epoll::READ, i as u64)?;
-        }
-        self.epoll
-            .add(self.mailbox.wake.as_raw_fd(), epoll::READ, MAILBOX)
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 
     /// Runs until `shutdown` is set.
@@ -126,42 +126,48 @@ impl Worker {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
             // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
             let now = self.now();
-            let timeout = [self.engine.next_deadline(), self.streams.next_deadline()]
-                .into_iter()
-                .flatten()
-                .min()
-                .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
+            let timeout = [
+                self.engine.next_deadline(),
+                self.connections.next_deadline(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
             let n = self.epoll.wait(&mut events, timeout);
             let delay = self.coalescer.delay(self.now());
             if n > 0 && !delay.is_zero() {
                 // Under load, let datagrams accumulate briefly so one batch takes them.
                 std::thread::sleep(delay);
             }
-            // Mail first: bindings registered on other workers must be seen before any
-            // message that may depend on them.
-            if events[..n].iter().any(|ev| ev.u64 == MAILBOX) {
-                self.drain_mailbox(&mut fx);
+            let tokens = || events[..n].iter().map(|ev| (Token::decode(ev.u64), ev));
+            if tokens().any(|(t, _)| t == Some(Token::Mailbox)) {
+                self.mailbox.reset();
+                self.take_mail(&mut fx);
             }
-            for ev in &events[..n] {
-                let token = ev.u64;
-                if connections::owns(token) {
-                    let now = self.now();
-                    self.streams
-                        .on_event(now, ev, &mut self.engine, &mut fx, &self.epoll);
-                } else if let Some(&fd) = fds.get(token as usize) {
-                    self.receive_udp(token as usize, fd, &mut batch, &mut fx);
+            for (token, ev) in tokens() {
+                match token {
+                    Some(Token::Udp(i)) if i < fds.len() => {
+                        self.receive_udp(i, fds[i], &mut batch, &mut fx)
+                    }
+                    Some(t @ (Token::Listener(_) | Token::Connection(_))) => {
+                        let now = self.now();
+                        self.connections.on_event(now, t, ev, &self.epoll);
+                    }
+                    _ => {}
                 }
             }
+            self.receive_streams(&mut fx);
             let now = self.now();
             if self.engine.next_deadline().is_some_and(|d| d <= now) {
                 self.engine.on_tick(now, &mut fx);
             }
-            if self.streams.next_deadline().is_some_and(|d| d <= now) {
-                self.streams.on_tick(now);
+            if self.connections.next_deadline().is_some_and(|d| d <= now) {
+                self.connections.on_tick(now);
             }
             self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
             // Requests a connection could not deliver fail their branches now (503).
-            self.streams.take_failed(&mut failed);
+            self.connections.take_failed(&mut failed);
             if !failed.is_empty() {
                 let now = self.now();
                 for (to, data) in failed.drain(..) {
@@ -174,27 +180,17 @@ impl Worker {
         self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
     }
 
-    /// Takes mail from other workers. The eventfd is reset first, so mail sent while the
-    /// channel drains wakes the next wait.
-    fn drain_mailbox(&mut self, fx: &mut Effects) {
-        let mut counter = [0u8; 8];
-        // SAFETY: reading 8 bytes into a live buffer from our eventfd.
-        unsafe {
-            libc::read(
-                self.mailbox.wake.as_raw_fd(),
-                counter.as_mut_ptr().cast(),
-                8,
-            )
-        };
-        self.take_mail(fx);
-    }
-
-    /// Handles the mail already in the channel, without touching the eventfd (its next wait
-    /// then returns at once and finds the channel empty).
+    /// Handles the mail already in the channel. Engine mail goes to the engine; bytes for
+    /// one of our connections join this pass's output.
     fn take_mail(&mut self, fx: &mut Effects) {
-        while let Ok(mail) = self.mailbox.rx.try_recv() {
-            let now = self.now();
-            self.engine.on_mail(now, mail, fx);
+        while let Some(letter) = self.mailbox.try_recv() {
+            match letter {
+                Letter::Engine(mail) => {
+                    let now = self.now();
+                    self.engine.on_mail(now, mail, fx);
+                }
+                Letter::Transmit { to, data } => fx.transmits.push((to, data)),
+            }
         }
     }
 
@@ -212,12 +208,37 @@ impl Worker {
                 for i in 0..n {
                     if let Some((source, data)) = batch.get(i) {
                         let source = Peer::udp_via(source, socket);
-                        self.engine.on_datagram(now, source, data, fx);
+                        self.engine.on_message(now, source, data, fx);
                     }
                 }
             }
             Err(e) => tracing::warn!("receive failed: {e}"),
         }
+    }
+
+    /// Hands the messages the connections framed this pass to the engine, after the mail
+    /// that came meanwhile (as for a UDP batch), then lets the connections consume them.
+    fn receive_streams(&mut self, fx: &mut Effects) {
+        if !self.connections.read_any() {
+            return;
+        }
+        let count = self.connections.received_len();
+        if count > 0 {
+            self.take_mail(fx);
+        }
+        let now = self.now();
+        for i in 0..count {
+            match self.connections.received(i) {
+                Some(Received::Message(source, data)) => {
+                    self.engine.on_message(now, source, data, fx)
+                }
+                Some(Received::Oversize(source, head)) => {
+                    self.engine.on_oversize(now, source, head, fx)
+                }
+                None => {}
+            }
+        }
+        self.connections.release(now);
     }
 
     /// Sends datagrams from the socket each names (`Peer::udp_socket`), or else the first of
@@ -257,14 +278,18 @@ impl Worker {
         fx: &mut Effects,
     ) {
         if fx.is_empty() {
+            if self.connections.has_dirty() {
+                // Keep-alive answers and connections that ended.
+                self.connections.flush();
+            }
             return;
         }
         // Bindings first: another worker must have a registration before the REGISTER's 200 OK
         // leaves, or a request the client sends on seeing it may meet a worker without it.
         for change in fx.changes.drain(..) {
-            for (i, peer) in self.peers.iter().enumerate() {
+            for (i, worker) in self.workers.iter().enumerate() {
                 if i != self.index {
-                    peer.send(Mail::Binding(change.clone()));
+                    worker.send(Mail::Binding(change.clone()));
                 }
             }
             if let Some(store) = &self.store {
@@ -276,9 +301,9 @@ impl Worker {
             for (to, data) in fx.transmits.drain(..) {
                 if to.transport == Transport::Udp {
                     udp_out.push((to, data));
-                } else if let Some(owner) = self.streams.send(now, to, &data, &self.epoll) {
-                    if let Some(peer) = self.peers.get(owner) {
-                        peer.send(Mail::Transmit { to, data });
+                } else if let Some(owner) = self.connections.send(now, to, &data, &self.epoll) {
+                    if let Some(worker) = self.workers.get(owner) {
+                        worker.send(Letter::Transmit { to, data });
                     }
                 }
             }
@@ -291,11 +316,11 @@ impl Worker {
                 udp_out.clear();
             }
         }
-        self.streams.finish_calls(&mut fx.finished_calls);
-        self.streams.flush();
+        self.connections.finish_calls(&mut fx.finished_calls);
+        self.connections.flush();
         for (to, mail) in fx.mail.drain(..) {
-            if let Some(peer) = self.peers.get(to) {
-                peer.send(mail);
+            if let Some(worker) = self.workers.get(to) {
+                worker.send(mail);
             }
         }
         for (user, prefetch) in fx.fetches.drain(..) {

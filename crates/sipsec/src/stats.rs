@@ -1,5 +1,6 @@
-//! Per-worker counters. Each worker writes only its own (relaxed atomics on its own cache
-//! lines, so no contention); the server sums them for its reports.
+//! A worker's counters, written by its engine and its I/O driver alike. Each worker writes
+//! only its own (relaxed atomics on its own cache lines, so no contention); the server sums
+//! them for its reports. Also the log-line rate limiter of the network path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,0 +1,78 @@
+//! Fetching credentials off the workers' threads: the channel a worker's engine asks through
+//! (`Effects::fetches`), and the fetcher that answers from the user database when digest runs
+//! without its cache ([`spawn_user_fetcher`]; the Proxychain authority's is
+//! [`super::authority`]). Either tells every worker when an answer is in, so the requests
+//! parked for it run.
+
+use super::mailbox::{credentials_ready, MailboxSender};
+use crate::db::store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A request for a user's credentials from somewhere slow (the Proxychain authority, or the
+/// user database when digest runs without its cache), made by a worker's authenticator.
+#[derive(Debug)]
+pub struct Fetch {
+    pub user: String,
+    /// Ahead of need: no request waits for it.
+    pub prefetch: bool,
+}
+
+/// Where the workers send fetches; whoever serves them tells every worker when a user's
+/// answer is in (`engine::Mail::Credential`), so the requests that waited run.
+#[derive(Clone)]
+pub struct FetchHandle {
+    tx: tokio::sync::mpsc::UnboundedSender<Fetch>,
+}
+
+impl FetchHandle {
+    pub fn new() -> (FetchHandle, tokio::sync::mpsc::UnboundedReceiver<Fetch>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (FetchHandle { tx }, rx)
+    }
+
+    pub fn fetch(&self, user: String, prefetch: bool) {
+        let _ = self.tx.send(Fetch { user, prefetch });
+    }
+}
+
+/// Digest without the credential cache: answers each fetch with its own query to the
+/// database at `url` (several in flight at once, up to the pool's connections), delivers the
+/// answer to `fetched` and tells every worker. A failed query delivers nothing, so the request
+/// that waited is answered 503.
+pub fn spawn_user_fetcher(
+    runtime: &tokio::runtime::Runtime,
+    url: String,
+    realm: String,
+    fetched: Arc<crate::auth::Shared>,
+    workers: Vec<MailboxSender>,
+) -> FetchHandle {
+    let (handle, mut rx) = FetchHandle::new();
+    runtime.spawn(async move {
+        let store = loop {
+            match Store::connect(&url).await {
+                Ok(s) => break Arc::new(s),
+                Err(e) => {
+                    tracing::error!("user database unavailable ({e:#}); retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        while let Some(f) = rx.recv().await {
+            let (store, realm, shared, workers) = (
+                store.clone(),
+                realm.clone(),
+                fetched.clone(),
+                workers.clone(),
+            );
+            tokio::spawn(async move {
+                match store.user_secrets(&realm, &f.user).await {
+                    Ok(answer) => shared.fetched.deliver(&f.user, answer),
+                    Err(e) => tracing::warn!(user = %f.user, "user query failed: {e:#}"),
+                }
+                credentials_ready(&workers, &f.user);
+            });
+        }
+    });
+    handle
+}
