@@ -6,6 +6,7 @@
 //! server's authenticator verifies with the same arithmetic, so the two cannot disagree.
 
 use crate::message::scan::{eq_ic, is_token, is_ws};
+use crate::message::HeaderName;
 use md5::Md5;
 use sha2::{Sha256, Sha512_256};
 use std::borrow::Cow;
@@ -399,6 +400,27 @@ impl<'a> Credentials<'a> {
                 .algorithm
                 .hex(&[ha1.as_bytes(), &self.nonce, ha2.as_bytes()]),
         }
+    }
+}
+
+/// The header that answers a challenge of this status (RFC 3261 §22.2, §22.3):
+/// `Authorization` for a 401 (a registrar's or user agent's `WWW-Authenticate`),
+/// `Proxy-Authorization` for a 407 (a proxy's `Proxy-Authenticate`).
+pub fn credentials_header(status: u16) -> HeaderName {
+    if status == 401 {
+        HeaderName::Authorization
+    } else {
+        HeaderName::ProxyAuthorization
+    }
+}
+
+/// The status a server that is registrar and proxy in one challenges with: 401 for REGISTER
+/// (the registrar is the request's destination), 407 for what it proxies.
+pub fn challenge_status(register: bool) -> u16 {
+    if register {
+        401
+    } else {
+        407
     }
 }
 

@@ -511,7 +511,7 @@ impl Config {
             .with_context(|| format!("invalid config file {}", path.display()))?;
         // Relative paths in the file mean relative to the file, wherever the command runs.
         let base = path.parent().unwrap_or(Path::new(""));
-        cfg.database_url = crate::db::store::resolve_relative(&cfg.database_url, base);
+        cfg.database_url = resolve_relative(&cfg.database_url, base);
         for p in [&mut cfg.tls.cert, &mut cfg.tls.key, &mut cfg.tls.ca]
             .into_iter()
             .flatten()
@@ -704,6 +704,31 @@ impl Config {
             auth,
         })
     }
+}
+
+/// The file path and the `?…` rest of a SQLite URL naming a file (not `:memory:`).
+pub fn sqlite_file_path(url: &str) -> Option<(&str, &str)> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let (path, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
+    (!path.is_empty() && !path.starts_with(":memory:")).then_some((path, query))
+}
+
+/// A SQLite URL with a relative file path taken from `base` (the directory of the config
+/// file that named it), so a command run from elsewhere opens the same database. Other URLs
+/// come back unchanged.
+pub fn resolve_relative(url: &str, base: &Path) -> String {
+    let Some((path, query)) = sqlite_file_path(url).filter(|(p, _)| !p.starts_with('/')) else {
+        return url.to_string();
+    };
+    let base = if base.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        base
+    };
+    let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
+    format!("sqlite://{}{query}", base.join(path).display())
 }
 
 #[cfg(test)]

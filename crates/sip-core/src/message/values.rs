@@ -57,6 +57,17 @@ pub struct Via<'a> {
 }
 
 impl<'a> Via<'a> {
+    /// Where responses to a request that arrived from `source` with this top Via go over an
+    /// unreliable transport (RFC 3261 §18.2.2, RFC 3581): the source address, at the Via's
+    /// port (5060 if none) unless `rport` asked for the source port.
+    pub fn response_addr(&self, source: std::net::SocketAddr) -> std::net::SocketAddr {
+        if self.rport().is_some() {
+            source
+        } else {
+            std::net::SocketAddr::new(source.ip(), self.port.unwrap_or(5060))
+        }
+    }
+
     /// The sent-by host without IPv6 brackets.
     pub fn host_unbracketed(&self) -> &'a [u8] {
         super::uri::unbracket(self.host)

@@ -248,14 +248,10 @@ pub(crate) fn unavailable() -> Verdict {
     )
 }
 
-/// The header carrying a request's credentials: `Authorization` for the registrar (answering
-/// a 401), `Proxy-Authorization` otherwise (answering a 407).
+/// The header carrying a request's credentials: the one answering the challenge we send it
+/// (401 for REGISTER, 407 otherwise).
 pub fn credentials_header(msg: &Message<'_>) -> HeaderName {
-    if msg.method() == Method::Register {
-        HeaderName::Authorization
-    } else {
-        HeaderName::ProxyAuthorization
-    }
+    digest::credentials_header(digest::challenge_status(msg.method() == Method::Register))
 }
 
 /// The user part of a From or To header.

@@ -21,7 +21,6 @@ use crate::db::store::Store;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use sip_core::proxychain::HashKind;
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -114,7 +113,7 @@ impl AuthdConfig {
                     .authd;
                 // Relative paths in the file mean relative to the file.
                 let base = p.parent().unwrap_or(std::path::Path::new(""));
-                cfg.database = crate::db::store::resolve_relative(&cfg.database, base);
+                cfg.database = crate::config::resolve_relative(&cfg.database, base);
                 for p in [&mut cfg.cert, &mut cfg.key, &mut cfg.ca] {
                     *p = base.join(&*p);
                 }
@@ -295,35 +294,4 @@ fn log_counters(event: &str, s: &authority::AuthorityStats) {
         load(&s.bytes_in),
         load(&s.bytes_out)
     );
-}
-
-impl Store {
-    /// Marks a proxy revoked, or allowed again.
-    pub async fn set_proxy_revoked(&self, name: &str, revoked: bool) -> Result<()> {
-        let d = self.dialect();
-        sqlx::query(&d.sql("DELETE FROM sipsec_revoked_proxies WHERE name = ?"))
-            .bind(name.to_string())
-            .execute(self.pool())
-            .await?;
-        if revoked {
-            sqlx::query(
-                &d.sql("INSERT INTO sipsec_revoked_proxies (name, revoked_at) VALUES (?, ?)"),
-            )
-            .bind(name.to_string())
-            .bind(server::unix_s() as i64)
-            .execute(self.pool())
-            .await?;
-        }
-        Ok(())
-    }
-
-    pub async fn revoked_proxies(&self) -> Result<HashSet<String>> {
-        use sqlx::Row;
-        let rows = sqlx::query("SELECT name FROM sipsec_revoked_proxies")
-            .fetch_all(self.pool())
-            .await?;
-        rows.iter()
-            .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
-            .collect()
-    }
 }

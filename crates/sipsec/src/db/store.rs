@@ -21,7 +21,6 @@ use crate::engine::location::{Binding, BindingChange, SharedChange};
 use anyhow::{Context, Result};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
-use std::path::Path;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
@@ -161,31 +160,6 @@ pub fn redacted(url: &str) -> String {
         out = format!("{head}{}", query.join("&"));
     }
     out
-}
-
-/// The file path and the `?…` rest of a SQLite URL naming a file (not `:memory:`).
-fn sqlite_file_path(url: &str) -> Option<(&str, &str)> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))?;
-    let (path, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
-    (!path.is_empty() && !path.starts_with(":memory:")).then_some((path, query))
-}
-
-/// A SQLite URL with a relative file path taken from `base` (the directory of the config
-/// file that named it), so a command run from elsewhere opens the same database. Other URLs
-/// come back unchanged.
-pub fn resolve_relative(url: &str, base: &Path) -> String {
-    let Some((path, query)) = sqlite_file_path(url).filter(|(p, _)| !p.starts_with('/')) else {
-        return url.to_string();
-    };
-    let base = if base.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        base
-    };
-    let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
-    format!("sqlite://{}{query}", base.join(path).display())
 }
 
 fn normalise_url(url: &str) -> String {
@@ -488,7 +462,7 @@ struct SqliteFile {
 impl SqliteFile {
     fn of(url: &str) -> Option<SqliteFile> {
         use std::os::unix::fs::MetadataExt;
-        let (path, _) = sqlite_file_path(url)?;
+        let (path, _) = crate::config::sqlite_file_path(url)?;
         let meta = std::fs::metadata(path).ok()?;
         Some(SqliteFile {
             url: url.to_string(),
@@ -643,11 +617,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().canonicalize().unwrap();
         assert_eq!(
-            resolve_relative("sqlite://sipsec.db", dir.path()),
+            crate::config::resolve_relative("sqlite://sipsec.db", dir.path()),
             format!("sqlite://{}", base.join("sipsec.db").display())
         );
         assert_eq!(
-            resolve_relative("sqlite:data/x.db?mode=rwc", dir.path()),
+            crate::config::resolve_relative("sqlite:data/x.db?mode=rwc", dir.path()),
             format!("sqlite://{}?mode=rwc", base.join("data/x.db").display())
         );
         for unchanged in [
@@ -655,7 +629,10 @@ mod tests {
             "sqlite::memory:",
             "postgres://h/db",
         ] {
-            assert_eq!(resolve_relative(unchanged, dir.path()), unchanged);
+            assert_eq!(
+                crate::config::resolve_relative(unchanged, dir.path()),
+                unchanged
+            );
         }
     }
     use super::*;

@@ -205,26 +205,16 @@ fn hostport(addr: SocketAddr) -> String {
     }
 }
 
-/// Where responses to a request go (RFC 3261 §18.2.2, RFC 3581): the source address, at the
-/// Via's port unless rport asked for the source port. The load generator's UAS uses it too.
-pub(crate) fn response_dest(via: &Via<'_>, source: SocketAddr) -> SocketAddr {
-    if via.rport().is_some() {
-        source
-    } else {
-        SocketAddr::new(source.ip(), via.port.unwrap_or(5060))
-    }
-}
-
 /// The peer responses to a request go to: back on the connection it came on for streams
 /// (§18.2.2; the driver falls back to the address if that connection has closed), by
-/// [`response_dest`] for UDP.
+/// [`Via::response_addr`] for UDP.
 fn response_peer(via: &Via<'_>, source: Peer) -> Peer {
     if source.transport.reliable() {
         source
     } else {
         // From the socket the request came in on (RFC 3581 §4).
         Peer {
-            addr: response_dest(via, source.addr),
+            addr: via.response_addr(source.addr),
             ..source
         }
     }

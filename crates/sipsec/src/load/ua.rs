@@ -19,10 +19,9 @@
 
 use super::stats::Stats;
 use super::users::Users;
-use crate::engine::response_dest;
 use crate::net::transport::Transport;
 use bytes::Bytes;
-use sip_core::digest::Challenge;
+use sip_core::digest::{self, Challenge};
 use sip_core::message::{build, HeaderName, Message, Method, Uri};
 use sip_core::timer::{TimerHandle, TimerWheel};
 use sip_core::transaction::{Output, RequestMatch, ResponseMatch, Timers, Transactions, TxId};
@@ -188,16 +187,6 @@ enum Event {
     HangUp(u64),
     /// Retransmit the UAS's 2xx (or give up waiting for its ACK).
     Resend2xx { slot: u32, generation: u32 },
-}
-
-/// The header credentials go in: `Authorization` for a registrar (which challenges with
-/// 401), `Proxy-Authorization` for a proxy (407).
-fn credentials_header(register: bool) -> &'static str {
-    if register {
-        "Authorization"
-    } else {
-        "Proxy-Authorization"
-    }
 }
 
 /// `PC` challenges a call answers before giving up: the first response, then up to a few
@@ -610,7 +599,7 @@ impl Ua {
         let cnonce = format!("{:x}{number:x}r", self.cfg.epoch);
         let value =
             challenge.authorization(&user.username, &user.password, method, uri, *nc, &cnonce);
-        let name = credentials_header(register);
+        let name = digest::credentials_header(digest::challenge_status(register)).as_str();
         Some((name, value))
     }
 
@@ -663,7 +652,8 @@ impl Ua {
             .pc_chains
             .get_mut(&caller)?
             .next(username, from.as_bytes(), to.as_bytes())?;
-        let name = credentials_header(method == "REGISTER");
+        let name =
+            digest::credentials_header(digest::challenge_status(method == "REGISTER")).as_str();
         Some((name, r.render()))
     }
 
@@ -678,7 +668,8 @@ impl Ua {
         let n_ap = self.pc_nonce();
         self.calls.get_mut(&number)?.pc_nonce = n_ap;
         let hello = sip_core::proxychain::Hello { username, n_ap };
-        let name = credentials_header(method == "REGISTER");
+        let name =
+            digest::credentials_header(digest::challenge_status(method == "REGISTER")).as_str();
         Some((name, hello.render()))
     }
 
@@ -754,7 +745,7 @@ impl Ua {
                 if self.cfg.auth_reuse {
                     self.pc_chains.insert(caller, chain);
                 }
-                let name = credentials_header(code == 401);
+                let name = digest::credentials_header(code).as_str();
                 self.send_request(now_us, number, Some((name, r.render())));
             }
             Err(e) => {
@@ -807,7 +798,7 @@ impl Ua {
                     1,
                     &cnonce,
                 );
-                let name = credentials_header(code == 401);
+                let name = digest::credentials_header(code).as_str();
                 if self.cfg.auth_reuse {
                     self.nonces.insert((call.caller, code == 401), (c, 1));
                 }
@@ -1022,7 +1013,7 @@ impl Ua {
         }
         let source = Peer {
             link: from.link,
-            addr: response_dest(msg.top_via(), from.addr),
+            addr: msg.top_via().response_addr(from.addr),
         };
         let reliable = self.cfg.transport.reliable();
         let id = self.txs.create_server(msg, source, reliable, TxUser::Uas);
