@@ -177,7 +177,7 @@ pub struct Engine {
     stats: Arc<Stats>,
     log: LogLimiter,
     /// Digest authentication, when `[auth] scheme = "digest"`.
-    auth: Option<crate::auth::Authenticator>,
+    auth: Option<crate::auth::digest::DigestAuthenticator>,
     /// Proxychain, when `[auth] scheme = "proxychain"`.
     proxychain: Option<crate::auth::proxychain::PcAuthenticator>,
     /// Requests waiting for a user's chain from the authority.
@@ -303,8 +303,8 @@ impl Engine {
     }
 
     /// Turns digest authentication on, with what the workers share.
-    pub fn enable_auth(&mut self, shared: Arc<crate::auth::Shared>) {
-        self.auth = Some(crate::auth::Authenticator::new(
+    pub fn enable_auth(&mut self, shared: Arc<crate::auth::digest::DigestShared>) {
+        self.auth = Some(crate::auth::digest::DigestAuthenticator::new(
             Arc::new(self.cfg.auth.clone()),
             shared,
             self.worker,

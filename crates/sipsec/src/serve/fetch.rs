@@ -44,7 +44,7 @@ pub fn spawn_user_fetcher(
     runtime: &tokio::runtime::Runtime,
     url: String,
     realm: String,
-    fetched: Arc<crate::auth::Shared>,
+    fetched: Arc<crate::auth::digest::DigestShared>,
     workers: Vec<MailboxSender>,
 ) -> FetchHandle {
     let (handle, mut rx) = FetchHandle::new();

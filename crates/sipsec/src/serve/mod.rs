@@ -32,7 +32,7 @@ use worker::{Parts, Worker};
 fn start_auth(
     cfg: &Config,
     runtime: &tokio::runtime::Runtime,
-) -> Result<Option<Arc<crate::auth::Shared>>> {
+) -> Result<Option<Arc<crate::auth::digest::DigestShared>>> {
     use crate::auth::credentials::Credentials;
     if cfg.auth.scheme != crate::auth::Scheme::Digest {
         return Ok(None);
@@ -40,7 +40,7 @@ fn start_auth(
     let credentials = Arc::new(Credentials::new(&cfg.auth.scope.realm));
     if !cfg.auth.credential_cache {
         // Every authentication queries the database (userdb::spawn_fetcher).
-        let shared = crate::auth::Shared::new(&cfg.auth, credentials)
+        let shared = crate::auth::digest::DigestShared::new(&cfg.auth, credentials)
             .context("cannot make a nonce secret")?;
         return Ok(Some(Arc::new(shared)));
     }
@@ -53,8 +53,8 @@ fn start_auth(
         &credentials,
         Duration::from_secs(30),
     ));
-    let shared =
-        crate::auth::Shared::new(&cfg.auth, credentials).context("cannot make a nonce secret")?;
+    let shared = crate::auth::digest::DigestShared::new(&cfg.auth, credentials)
+        .context("cannot make a nonce secret")?;
     Ok(Some(Arc::new(shared)))
 }
 

@@ -3,8 +3,9 @@
 
 use super::credentials::{CacheState, Credentials, Secrets};
 use super::*;
+use crate::auth::{Network, Scheme, Scope};
 use crate::config::ServerNames;
-use sip_core::digest::Challenge;
+use sip_core::digest::{Algorithm, Challenge};
 
 const REALM: &str = "example.test";
 const NOW: u64 = 1_700_000_000_000;
@@ -32,7 +33,7 @@ fn config(trusted: &[&str]) -> AuthConfig {
     }
 }
 
-fn setup(trusted: &[&str]) -> (Authenticator, Arc<Credentials>) {
+fn setup(trusted: &[&str]) -> (DigestAuthenticator, Arc<Credentials>) {
     let cfg = config(trusted);
     let creds = Arc::new(Credentials::new(REALM));
     creds.apply([(
@@ -40,8 +41,8 @@ fn setup(trusted: &[&str]) -> (Authenticator, Arc<Credentials>) {
         Some(Secrets::from_password("alice", REALM, "wonderland")),
     )]);
     creds.set_state(CacheState::Current);
-    let shared = Arc::new(Shared::new(&cfg, creds.clone()).unwrap());
-    (Authenticator::new(Arc::new(cfg), shared, 0), creds)
+    let shared = Arc::new(DigestShared::new(&cfg, creds.clone()).unwrap());
+    (DigestAuthenticator::new(Arc::new(cfg), shared, 0), creds)
 }
 
 /// A request from `from_user`, with an extra header line (credentials) if given.
@@ -61,7 +62,7 @@ fn request(method: &str, from_user: &str, extra: &str) -> String {
     )
 }
 
-fn check(a: &mut Authenticator, text: &str, now: u64) -> Verdict {
+fn check(a: &mut DigestAuthenticator, text: &str, now: u64) -> Verdict {
     let msg = Message::parse(text.as_bytes()).unwrap();
     a.check(&msg, "10.0.0.1".parse().unwrap(), now)
 }
@@ -384,7 +385,7 @@ fn networks_contain_what_they_should() {
     assert!(Network::parse("example.com").is_err());
 }
 
-fn check_from(a: &mut Authenticator, text: &str, source: &str, now: u64) -> Verdict {
+fn check_from(a: &mut DigestAuthenticator, text: &str, source: &str, now: u64) -> Verdict {
     let msg = Message::parse(text.as_bytes()).unwrap();
     a.check(&msg, source.parse().unwrap(), now)
 }
@@ -484,11 +485,11 @@ fn failure_limits_are_shared_by_the_workers() {
     let cfg = config(&[]);
     let creds = Arc::new(Credentials::new(REALM));
     creds.set_state(CacheState::Current);
-    let shared = Arc::new(Shared::new(&cfg, creds).unwrap());
+    let shared = Arc::new(DigestShared::new(&cfg, creds).unwrap());
     let cfg = Arc::new(cfg);
     let mut workers = [
-        Authenticator::new(cfg.clone(), shared.clone(), 0),
-        Authenticator::new(cfg, shared, 1),
+        DigestAuthenticator::new(cfg.clone(), shared.clone(), 0),
+        DigestAuthenticator::new(cfg, shared, 1),
     ];
     // Four failures for mallory (the per-user limit), alternating between two workers.
     for i in 0..4 {
