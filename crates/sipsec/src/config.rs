@@ -80,7 +80,7 @@ impl Default for RawServer {
             max_transactions: 500_000,
             max_breadth: 60,
             server_header: "sipsec".into(),
-            outbound_connections: OutboundConnections::Reuse,
+            outbound_connections: OutboundConnections::Persistent,
             idle_timeout_s: 120,
             message_timeout_ms: 10_000,
             max_connections: 100_000,
@@ -305,8 +305,9 @@ impl RawAuth {
 #[serde(rename_all = "kebab-case")]
 pub enum OutboundConnections {
     /// One connection per target (and worker), kept open and shared by every call: seed 000's
-    /// proxy chain.
-    Reuse,
+    /// persistent connections, its proxy chain. `"reuse"`, its first name, is still read.
+    #[serde(alias = "reuse")]
+    Persistent,
     /// A connection per call, closed when the call ends: seed 000's inbound and local modes.
     PerCall,
 }

@@ -45,7 +45,7 @@ fn the_seed_suite_carries_calls_in_the_chain_and_local_modes() {
     uas_args.extend(seed);
     let uas = LoadUas::start(dir.path(), &uas_addr, &uas_args);
     let calls = 60u64;
-    for (i, (caller, outbound)) in [("persistent", "reuse"), ("per-call", "per-call")]
+    for (i, (caller, outbound)) in [("persistent", "persistent"), ("per-call", "per-call")]
         .into_iter()
         .enumerate()
     {

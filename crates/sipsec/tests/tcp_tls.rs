@@ -70,7 +70,7 @@ fn sipp_over_tcp(outbound: &str) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(29000) + if outbound == "reuse" { 0 } else { 5 };
+    let port = ports(29000) + if outbound == "persistent" { 0 } else { 5 };
     let uas_port = port + 1;
     let _uas = sipp_uas_with(
         "127.0.0.3",
@@ -110,7 +110,7 @@ fn sipp_over_tcp(outbound: &str) {
     // One connection from SIPp in t1 mode, then one per call in tn mode.
     assert_eq!(c.get("connections_accepted"), 1 + 200, "{c:?}");
     let opened = c.get("connections_opened");
-    if outbound == "reuse" {
+    if outbound == "persistent" {
         assert!((1..=2).contains(&opened), "one per worker at most: {c:?}");
     } else {
         assert_eq!(opened, 400, "one per call: {c:?}");
@@ -129,7 +129,7 @@ fn sipp_over_tcp(outbound: &str) {
     ignore = "SIPp is not installed (apt-get install sip-tester)"
 )]
 fn sipp_calls_over_tcp_with_reused_outbound_connections() {
-    sipp_over_tcp("reuse");
+    sipp_over_tcp("persistent");
 }
 
 #[test]
@@ -175,13 +175,13 @@ fn the_four_seed_000_modes_over_tls_with_sipsec_load() {
         Mode {
             name: "chain",
             caller: "persistent",
-            outbound: "reuse",
+            outbound: "persistent",
             mutual: false,
         },
         Mode {
             name: "outbound",
             caller: "per-call",
-            outbound: "reuse",
+            outbound: "persistent",
             mutual: false,
         },
         Mode {
@@ -247,7 +247,7 @@ fn the_four_seed_000_modes_over_tls_with_sipsec_load() {
             _ => assert_eq!(accepted, calls, "{}: {c:?}", m.name),
         }
         match m.outbound {
-            "reuse" => assert!((1..=2).contains(&opened), "{}: {c:?}", m.name),
+            "persistent" => assert!((1..=2).contains(&opened), "{}: {c:?}", m.name),
             _ => assert_eq!(opened, calls, "{}: {c:?}", m.name),
         }
         let (full, resumed) = (

@@ -30,7 +30,7 @@ impl SeedMode {
     pub fn outbound(self) -> OutboundConnections {
         match self {
             SeedMode::Inbound | SeedMode::Local => OutboundConnections::PerCall,
-            _ => OutboundConnections::Reuse,
+            _ => OutboundConnections::Persistent,
         }
     }
 }
@@ -95,7 +95,7 @@ impl StreamArgs {
     /// The `[server]` keys of this mode for the started server.
     pub fn server_keys(&self) -> String {
         let outbound = match self.mode.outbound() {
-            OutboundConnections::Reuse => "reuse",
+            OutboundConnections::Persistent => "persistent",
             OutboundConnections::PerCall => "per-call",
         };
         // The idle connections and the calls all come from this host.

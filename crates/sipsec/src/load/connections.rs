@@ -13,7 +13,7 @@
 //! request arrived on.
 
 use super::driver::{pollfd, LinkCounters, Links};
-use super::ua::{self, Peer, Transmit, Ua};
+use super::ua::{self, Endpoint, Transmit, Ua};
 use crate::net::conn::{Framed, ReadEnd, StreamConn};
 use crate::tls::{ClientTls, HandshakeKind, ServerTls, Session};
 use socket2::{Domain, SockAddr, Socket, Type};
@@ -152,7 +152,7 @@ impl TcpLinks {
     }
 
     /// The connection a transmission goes on, opening one when needed.
-    fn conn_for(&mut self, peer: Peer, data: &[u8]) -> Option<usize> {
+    fn conn_for(&mut self, peer: Endpoint, data: &[u8]) -> Option<usize> {
         if peer.link > 0 {
             let i = peer.link as usize - 1;
             return self.conns.get(i)?.as_ref().map(|_| i);
@@ -305,7 +305,7 @@ impl Links for TcpLinks {
                 if framed.ping {
                     c.io.queue(b"\r\n");
                 }
-                let from = Peer {
+                let from = Endpoint {
                     link: i as u32 + 1,
                     addr: c.io.remote,
                 };

@@ -9,7 +9,7 @@
 
 use super::report::Progress;
 use super::schedule::Pacer;
-use super::ua::{Peer, Transmit, Ua};
+use super::ua::{Endpoint, Transmit, Ua};
 use crate::net::udp::{self, RecvBatch, SendBatch};
 use socket2::Socket;
 use std::net::SocketAddr;
@@ -120,7 +120,7 @@ impl Links for UdpLinks {
                 };
                 for i in 0..n {
                     if let Some((addr, data)) = self.batch.get(i) {
-                        let from = Peer {
+                        let from = Endpoint {
                             link: link as u32,
                             addr,
                         };

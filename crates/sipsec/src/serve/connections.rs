@@ -18,7 +18,7 @@
 //!
 //! Connection ids ([`ConnId`]) carry the owning worker, so a message for another worker's
 //! connection is mailed to it. Outbound connections are found by remote address and reused
-//! (`outbound_connections = "reuse"`), or opened per call and closed when the engine says the
+//! (`outbound_connections = "persistent"`), or opened per call and closed when the engine says the
 //! call is over (`"per-call"`, keyed by Call-ID).
 //!
 //! Hostile peers: a connection past `max_connections`, or past `max_connections_per_ip` from

@@ -12,7 +12,7 @@ const UAS: &str = "127.0.0.1:5070";
 fn config(scenario: Scenario, users: Users) -> UaConfig {
     UaConfig {
         scenario,
-        target: Peer {
+        target: Endpoint {
             link: 0,
             addr: UAS.parse().unwrap(),
         },
@@ -105,7 +105,7 @@ impl Wire {
                     self.seen_by_uas
                         .push(String::from_utf8_lossy(&data).into_owned());
                     let mut out = Vec::new();
-                    let from = Peer {
+                    let from = Endpoint {
                         link: 0,
                         addr: UAC.parse().unwrap(),
                     };
@@ -114,7 +114,7 @@ impl Wire {
                 }
                 for data in std::mem::take(&mut self.to_uac) {
                     let mut out = Vec::new();
-                    let from = Peer {
+                    let from = Endpoint {
                         link: 0,
                         addr: UAS.parse().unwrap(),
                     };
@@ -311,7 +311,7 @@ fn challenging_uas(w: &mut Wire, code: u16, password: &'static str) -> usize {
             if method == Method::Ack || good || method == Method::Bye {
                 verified += usize::from(good);
                 let mut out = Vec::new();
-                let from = Peer {
+                let from = Endpoint {
                     link: 0,
                     addr: UAC.parse().unwrap(),
                 };
@@ -336,7 +336,7 @@ fn challenging_uas(w: &mut Wire, code: u16, password: &'static str) -> usize {
         }
         for data in inbox.drain(..) {
             let mut out = Vec::new();
-            let from = Peer {
+            let from = Endpoint {
                 link: 0,
                 addr: UAS.parse().unwrap(),
             };
@@ -434,7 +434,7 @@ fn a_hold_time_delays_the_bye() {
 #[test]
 fn garbage_and_strays_are_counted_not_fatal() {
     let mut ua = Ua::new(config(Scenario::Call, Users::default()), 0);
-    let from = Peer {
+    let from = Endpoint {
         link: 0,
         addr: UAS.parse().unwrap(),
     };

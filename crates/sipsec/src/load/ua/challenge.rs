@@ -1,0 +1,240 @@
+//! Answering challenges: digest (401/407, with nonces reused and counted across calls when
+//! asked) and Proxychain (`PC`: the hello, the answer, and starting over when a concurrent
+//! call of the same user spent the chain value first).
+
+use super::*;
+
+impl Ua {
+    /// Credentials from `caller`'s last challenge with the next nonce count, if there is one.
+    pub(super) fn reused_credentials(
+        &mut self,
+        caller: usize,
+        method: &str,
+        uri: &str,
+        number: u64,
+    ) -> Option<(&'static str, String)> {
+        let register = method == "REGISTER";
+        let user = self.cfg.users.get(caller)?;
+        let (challenge, nc) = self.nonces.get_mut(&(caller, register))?;
+        *nc += 1;
+        let cnonce = format!("{:x}{number:x}r", self.cfg.epoch);
+        let value =
+            challenge.authorization(&user.username, &user.password, method, uri, *nc, &cnonce);
+        let name = digest::credentials_header(digest::challenge_status(register)).as_str();
+        Some((name, value))
+    }
+
+    /// A fresh n_AP: unpredictable (keyed by a random seed), never repeated in this run.
+    pub(super) fn pc_nonce(&mut self) -> sip_core::proxychain::Nonce {
+        use sha2::Digest as _;
+        self.pc_counter += 1;
+        let mut h = sha2::Sha256::new();
+        h.update(self.pc_seed);
+        h.update(self.pc_counter.to_be_bytes());
+        let mut n = [0; 16];
+        n.copy_from_slice(&h.finalize()[..16]);
+        n
+    }
+
+    /// A and B of a call as the proxy reads them: user@host of its From and To URIs.
+    pub(super) fn pc_parties(&self, caller: usize, number: u64) -> Option<(String, String)> {
+        let username = &self.cfg.users.get(caller)?.username;
+        let from = format!("{username}@{}", self.domain_of(caller));
+        let mut to = self
+            .calls
+            .get(&number)?
+            .to
+            .trim_start_matches('<')
+            .trim_start_matches("sip:")
+            .split(['>', ';'])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if !to.contains('@') {
+            to.insert(0, '@');
+        }
+        Some((from, to))
+    }
+
+    /// Under `auth_reuse`, the response for the next counter of the user's verified chain,
+    /// sent without waiting to be challenged.
+    pub(super) fn pc_reused(
+        &mut self,
+        caller: usize,
+        method: &'static str,
+        number: u64,
+    ) -> Option<(&'static str, String)> {
+        if !self.cfg.auth_reuse || !self.pc_methods.contains(&method) {
+            return None;
+        }
+        let (from, to) = self.pc_parties(caller, number)?;
+        let username = &self.cfg.users.get(caller)?.username;
+        let r = self
+            .pc_chains
+            .get_mut(&caller)?
+            .next(username, from.as_bytes(), to.as_bytes())?;
+        let name =
+            digest::credentials_header(digest::challenge_status(method == "REGISTER")).as_str();
+        Some((name, r.render()))
+    }
+
+    /// The Proxychain hello for a new request: the user and a fresh nonce.
+    pub(super) fn pc_hello(
+        &mut self,
+        caller: usize,
+        method: &str,
+        number: u64,
+    ) -> Option<(&'static str, String)> {
+        let username = self.cfg.users.get(caller)?.username.clone();
+        let n_ap = self.pc_nonce();
+        self.calls.get_mut(&number)?.pc_nonce = n_ap;
+        let hello = sip_core::proxychain::Hello { username, n_ap };
+        let name =
+            digest::credentials_header(digest::challenge_status(method == "REGISTER")).as_str();
+        Some((name, hello.render()))
+    }
+
+    /// Answers a `PC` challenge: checks the network's proof, then reveals the next chain
+    /// value (or starts over with a hello when the proxy asks for one).
+    pub(super) fn answer_pc(&mut self, now_us: u64, number: u64, code: u16, value: &[u8]) {
+        use sip_core::proxychain::{Authenticate, ClientChain};
+        let Some(call) = self.calls.get_mut(&number) else {
+            return;
+        };
+        let (caller, tries) = (call.caller, call.auth_tries);
+        let method = call.stage.method();
+        if !self.pc_methods.contains(&method) {
+            self.pc_methods.push(method);
+        }
+        let (Some(user), Some(realm)) = (self.cfg.users.get(caller), &self.cfg.proxychain) else {
+            self.finish(
+                number,
+                Some(&format!("{code} (no credentials: give --users)")),
+            );
+            return;
+        };
+        let username = user.username.clone();
+        let challenge = match Authenticate::parse(value) {
+            Ok(Authenticate::Challenge(c)) => Some(c),
+            Ok(Authenticate::Hello { .. }) => None,
+            Err(e) => {
+                self.finish(
+                    number,
+                    Some(&format!("{code} with a bad PC challenge: {e}")),
+                );
+                return;
+            }
+        };
+        // After a response, the hello challenge again means another call of the same user
+        // spent the chain value first: start over, a few times.
+        if tries >= PC_MAX_TRIES {
+            self.finish(
+                number,
+                Some(&format!("{code} (Proxychain credentials refused)")),
+            );
+            return;
+        }
+        call.auth_tries += 1;
+        call.cseq += 1;
+        let Some(challenge) = challenge else {
+            // The hello challenge: start over with a fresh nonce (and, if an answer given
+            // ahead was refused, without the chain it came from).
+            self.pc_chains.remove(&caller);
+            self.send_request(now_us, number, None);
+            return;
+        };
+        let password = user.password.clone();
+        let key = *self
+            .pc_keys
+            .entry(caller)
+            .or_insert_with(|| sip_core::proxychain::user_key(&username, realm, &password));
+        let (Some((from, to)), Some(call)) =
+            (self.pc_parties(caller, number), self.calls.get(&number))
+        else {
+            return;
+        };
+        let answered = ClientChain::answer(
+            &key,
+            &challenge,
+            &call.pc_nonce,
+            &username,
+            from.as_bytes(),
+            to.as_bytes(),
+        );
+        match answered {
+            Ok((chain, r)) => {
+                if self.cfg.auth_reuse {
+                    self.pc_chains.insert(caller, chain);
+                }
+                let name = digest::credentials_header(code).as_str();
+                self.send_request(now_us, number, Some((name, r.render())));
+            }
+            Err(e) => {
+                // The network did not prove itself: never answer it.
+                self.finish(number, Some(&format!("{code} refused: {e}")));
+            }
+        }
+    }
+
+    pub(super) fn answer_challenge(
+        &mut self,
+        now_us: u64,
+        number: u64,
+        code: u16,
+        msg: &Message<'_>,
+    ) {
+        let Some(call) = self.calls.get_mut(&number) else {
+            return;
+        };
+        let header = if code == 401 {
+            HeaderName::WwwAuthenticate
+        } else {
+            HeaderName::ProxyAuthenticate
+        };
+        if self.cfg.proxychain.is_some() {
+            if let Some(v) = msg
+                .headers_named(header)
+                .map(|h| msg.value(h))
+                .find(|v| v.trim_ascii_start().starts_with(b"PC"))
+            {
+                let v = v.to_vec();
+                self.answer_pc(now_us, number, code, &v);
+                return;
+            }
+        }
+        let challenge = msg.header_value(header).map(Challenge::parse);
+        let reason = match (challenge, self.cfg.users.get(call.caller)) {
+            (None, _) => Some(format!("{code} without a challenge")),
+            (Some(Err(e)), _) => Some(format!("{code} with a bad challenge: {e}")),
+            (Some(Ok(_)), None) => Some(format!("{code} (no credentials: give --users)")),
+            (Some(Ok(c)), Some(_)) if call.auth_tries >= 1 && !(c.stale && call.auth_tries < 2) => {
+                Some(format!(
+                    "{code} {} (credentials refused)",
+                    build::reason_phrase(code)
+                ))
+            }
+            (Some(Ok(c)), Some(user)) => {
+                call.auth_tries += 1;
+                call.cseq += 1;
+                let cnonce = format!("{:x}{number:x}{}", self.cfg.epoch, call.auth_tries);
+                let value = c.authorization(
+                    &user.username,
+                    &user.password,
+                    call.stage.method(),
+                    call.current_uri(),
+                    1,
+                    &cnonce,
+                );
+                let name = digest::credentials_header(code).as_str();
+                if self.cfg.auth_reuse {
+                    self.nonces.insert((call.caller, code == 401), (c, 1));
+                }
+                self.send_request(now_us, number, Some((name, value)));
+                None
+            }
+        };
+        if let Some(reason) = reason {
+            self.finish(number, Some(&reason));
+        }
+    }
+}
