@@ -19,14 +19,14 @@ pub struct StreamConn {
 }
 
 /// How reading a connection ended.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum ReadEnd {
     /// Nothing more to read for now.
     Drained,
     /// The peer closed or reset the connection.
     Closed,
-    /// TLS failed (bad record, alert, certificate refused); the reason is given.
-    TlsError(String),
+    /// TLS failed (bad record, alert, certificate refused).
+    TlsError(crate::tls::Error),
 }
 
 /// What framing found in the received bytes.
@@ -126,9 +126,7 @@ impl StreamConn {
             };
             if n == 0 {
                 if tls.is_handshaking() {
-                    return ReadEnd::TlsError(
-                        "the peer closed the connection during the handshake".into(),
-                    );
+                    return ReadEnd::TlsError(crate::tls::Error::ClosedInHandshake);
                 }
                 return ReadEnd::Closed;
             }

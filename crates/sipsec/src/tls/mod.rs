@@ -261,6 +261,32 @@ pub fn server_config(s: &ServerSide) -> Result<Arc<ServerConfig>> {
     Ok(Arc::new(cfg))
 }
 
+/// Why a TLS session could not start, or ended in error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// rustls refused: a bad record, an alert from the peer, a certificate it would not
+    /// accept.
+    #[error(transparent)]
+    Rustls(#[from] rustls::Error),
+    /// OpenSSL refused, during the handshake or on a record.
+    #[cfg(feature = "openssl")]
+    #[error(transparent)]
+    Openssl(#[from] ::openssl::ssl::Error),
+    /// OpenSSL could not set a session up.
+    #[cfg(feature = "openssl")]
+    #[error(transparent)]
+    OpensslSetup(#[from] ::openssl::error::ErrorStack),
+    /// The stream of records broke, or ended without `close_notify`.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The peer closed the connection before the handshake finished.
+    #[error("the peer closed the connection during the handshake")]
+    ClosedInHandshake,
+    /// A server name the backend cannot check a certificate against.
+    #[error("unsupported server name {0}")]
+    UnsupportedName(String),
+}
+
 /// A server-side configuration from either backend, shared by every connection it accepts.
 #[derive(Clone)]
 pub enum ServerTls {
@@ -271,11 +297,11 @@ pub enum ServerTls {
 
 impl ServerTls {
     /// A session for a connection just accepted.
-    pub fn accept(&self) -> Result<Session, String> {
+    pub fn accept(&self) -> Result<Session, Error> {
         match self {
             ServerTls::Rustls(cfg) => rustls::ServerConnection::new(cfg.clone())
                 .map(|c| Session::rustls(c.into()))
-                .map_err(|e| e.to_string()),
+                .map_err(Error::from),
             #[cfg(feature = "openssl")]
             ServerTls::Openssl(s) => s.accept().map(Session::Openssl),
         }
@@ -292,11 +318,11 @@ pub enum ClientTls {
 
 impl ClientTls {
     /// A session for a connection to `name`; its first flight is queued.
-    pub fn connect(&self, name: ServerName<'static>) -> Result<Session, String> {
+    pub fn connect(&self, name: ServerName<'static>) -> Result<Session, Error> {
         match self {
             ClientTls::Rustls(cfg) => rustls::ClientConnection::new(cfg.clone(), name)
                 .map(|c| Session::rustls(c.into()))
-                .map_err(|e| e.to_string()),
+                .map_err(Error::from),
             #[cfg(feature = "openssl")]
             ClientTls::Openssl(c) => c.connect(&name).map(Session::Openssl),
         }

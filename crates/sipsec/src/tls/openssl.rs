@@ -9,7 +9,7 @@
 //! how Debian's OpenSSL 3.0 is made to accept RSA-1024 keys.
 
 use super::session::{HandshakeKind, Received};
-use super::{ClientAuth, ClientSide, Protocol, ServerSide};
+use super::{ClientAuth, ClientSide, Error, Protocol, ServerSide};
 use anyhow::{bail, Context, Result};
 use openssl::ssl::{
     ErrorCode, ShutdownState, Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod,
@@ -167,8 +167,8 @@ pub fn server(s: &ServerSide) -> Result<Server> {
 }
 
 impl Server {
-    pub fn accept(&self) -> Result<Session, String> {
-        let mut ssl = Ssl::new(&self.ctx).map_err(|e| e.to_string())?;
+    pub fn accept(&self) -> Result<Session, Error> {
+        let mut ssl = Ssl::new(&self.ctx)?;
         ssl.set_accept_state();
         Session::new(ssl, true)
     }
@@ -235,34 +235,34 @@ pub fn client(c: &ClientSide) -> Result<Client> {
 }
 
 impl Client {
-    pub fn connect(&self, name: &ServerName<'static>) -> Result<Session, String> {
-        let mut ssl = Ssl::new(&self.ctx).map_err(|e| e.to_string())?;
+    pub fn connect(&self, name: &ServerName<'static>) -> Result<Session, Error> {
+        let mut ssl = Ssl::new(&self.ctx)?;
         ssl.set_connect_state();
         let key = match name {
             ServerName::IpAddress(ip) => {
                 let ip = std::net::IpAddr::from(*ip);
-                ssl.param_mut().set_ip(ip).map_err(|e| e.to_string())?;
+                ssl.param_mut().set_ip(ip)?;
                 ip.to_string()
             }
             ServerName::DnsName(host) => {
                 let host = host.as_ref();
-                ssl.set_hostname(host).map_err(|e| e.to_string())?;
-                ssl.param_mut().set_host(host).map_err(|e| e.to_string())?;
+                ssl.set_hostname(host)?;
+                ssl.param_mut().set_host(host)?;
                 host.to_string()
             }
-            _ => return Err(format!("unsupported server name {name:?}")),
+            _ => return Err(Error::UnsupportedName(format!("{name:?}"))),
         };
         if let Some(cache) = &self.sessions {
             let held = cache.lock().ok().and_then(|c| c.get(&key).cloned());
             if let Some(session) = held {
                 // SAFETY: the session came from this context's own callback.
-                unsafe { ssl.set_session(&session) }.map_err(|e| e.to_string())?;
+                unsafe { ssl.set_session(&session) }?;
             }
             ssl.set_ex_data(self.name_index, key);
         }
         let mut session = Session::new(ssl, false)?;
         // The ClientHello, queued for the socket.
-        session.handshake().map_err(|e| e.to_string())?;
+        session.handshake()?;
         Ok(session)
     }
 }
@@ -332,8 +332,8 @@ fn would_block(e: &openssl::ssl::Error) -> bool {
 }
 
 impl Session {
-    fn new(ssl: Ssl, server: bool) -> Result<Session, String> {
-        let stream = SslStream::new(ssl, Pipe::default()).map_err(|e| e.to_string())?;
+    fn new(ssl: Ssl, server: bool) -> Result<Session, Error> {
+        let stream = SslStream::new(ssl, Pipe::default())?;
         Ok(Session {
             stream,
             handshaking: true,
@@ -357,16 +357,16 @@ impl Session {
         }
     }
 
-    pub fn receive(&mut self, wire: &[u8], plain: &mut Vec<u8>) -> Result<Received, String> {
+    pub fn receive(&mut self, wire: &[u8], plain: &mut Vec<u8>) -> Result<Received, Error> {
         let got = self.receive_inner(wire, plain);
         self.failed |= got.is_err();
         got
     }
 
-    fn receive_inner(&mut self, wire: &[u8], plain: &mut Vec<u8>) -> Result<Received, String> {
+    fn receive_inner(&mut self, wire: &[u8], plain: &mut Vec<u8>) -> Result<Received, Error> {
         self.stream.get_mut().input.extend_from_slice(wire);
         if self.handshaking {
-            self.handshake().map_err(|e| e.to_string())?;
+            self.handshake()?;
             if self.handshaking {
                 return Ok(Received::Open);
             }
@@ -377,7 +377,7 @@ impl Session {
                 Ok(n) => plain.extend_from_slice(&buf[..n]),
                 Err(e) if would_block(&e) => return Ok(Received::Open),
                 Err(e) if e.code() == ErrorCode::ZERO_RETURN => return Ok(Received::Closed),
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.into()),
             }
         }
     }

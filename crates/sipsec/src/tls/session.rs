@@ -2,6 +2,7 @@
 //! `openssl` feature, for seed 000's 2008 suite). Both are driven the same way, bytes in from
 //! the socket and bytes out to it, so `net::conn` runs TCP and either TLS with one loop.
 
+use super::Error;
 use std::io::{self, Read, Write};
 
 /// How a handshake went, as the counters report it.
@@ -38,17 +39,17 @@ impl Session {
     /// Feeds bytes read from the socket; plaintext they complete is appended to `plain`. An
     /// error means the session is over (a bad record, an alert, a refused certificate); the
     /// alert telling the peer why, if any, is queued to be written.
-    pub fn receive(&mut self, mut wire: &[u8], plain: &mut Vec<u8>) -> Result<Received, String> {
+    pub fn receive(&mut self, mut wire: &[u8], plain: &mut Vec<u8>) -> Result<Received, Error> {
         match self {
             Session::Rustls(tls) => {
                 while !wire.is_empty() {
-                    tls.read_tls(&mut wire).map_err(|e| e.to_string())?;
-                    tls.process_new_packets().map_err(|e| e.to_string())?;
+                    tls.read_tls(&mut wire)?;
+                    tls.process_new_packets()?;
                     match tls.reader().read_to_end(plain) {
                         Ok(_) => return Ok(Received::Closed),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         // Closed without close_notify, or a broken record: either way, gone.
-                        Err(e) => return Err(e.to_string()),
+                        Err(e) => return Err(e.into()),
                     }
                 }
                 Ok(Received::Open)
