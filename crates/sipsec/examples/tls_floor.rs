@@ -18,7 +18,7 @@
 //!
 //! The bars compare the TLS cost per call above TCP with this floor.
 
-use sipsec::cmd::certs::{self, CertsArgs, KeyKind};
+use sipsec::tls::certs::{self, CertsArgs, KeyKind};
 use sipsec::tls::{
     self, Backend, ClientAuth, ClientSide, ClientTls, Protocol, ServerSide, ServerTls, Session,
 };

@@ -4,6 +4,7 @@
 //! The keys documented in README.md are public; unknown keys are rejected so a typo fails at
 //! start instead of being silently ignored.
 
+use crate::net::names::ServerNames;
 use crate::tls::ClientAuth;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -424,43 +425,6 @@ pub struct RegistrarConfig {
     /// Answer a REGISTER only once its binding is committed to the database (group commit),
     /// instead of writing behind.
     pub durable: bool,
-}
-
-/// The names this server answers to: its domains and listen addresses. The engine's routing
-/// ("is this for us?") and digest's `uri` check both ask it.
-#[derive(Debug, Clone, Default)]
-pub struct ServerNames {
-    /// Lower case.
-    pub domains: Vec<String>,
-    pub addrs: Vec<SocketAddr>,
-}
-
-impl ServerNames {
-    /// Whether `uri`'s host (and port, if given) is this server: one of its domains, or one
-    /// of its listen addresses.
-    pub fn names(&self, uri: &sip_core::message::Uri<'_>) -> bool {
-        let host = uri.host_unbracketed();
-        let port = uri.port.unwrap_or(5060);
-        (self.is_domain(host)
-            && (uri.port.is_none() || self.addrs.iter().any(|a| a.port() == port)))
-            || self.is_addr(host, port)
-    }
-
-    /// Whether `host` is one of our domains.
-    pub fn is_domain(&self, host: &[u8]) -> bool {
-        self.domains
-            .iter()
-            .any(|d| d.as_bytes().eq_ignore_ascii_case(host))
-    }
-
-    /// True when `host:port` is one of our listen addresses; `host` may be an IPv6 reference
-    /// in brackets, as Via sent-by and URI hosts write it.
-    pub fn is_addr(&self, host: &[u8], port: u16) -> bool {
-        std::str::from_utf8(sip_core::message::uri::unbracket(host))
-            .ok()
-            .and_then(|h| h.parse::<std::net::IpAddr>().ok())
-            .is_some_and(|ip| self.addrs.iter().any(|a| a.ip() == ip && a.port() == port))
-    }
 }
 
 /// The validated configuration.

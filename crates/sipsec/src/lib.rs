@@ -1,8 +1,28 @@
-//! sipsec: a secure, high-performance SIP server.
+//! sipsec: a secure, high-performance SIP server, its Proxychain authority, its load generator
+//! and its bench.
 //!
 //! The protocol itself (parser, transactions, timers, digest and hash-chain arithmetic) is the
-//! `sip-core` crate, with no I/O. Modules here, lowest layer first; a module imports only from
-//! the ones above it in this list:
+//! `sip-core` crate, with no I/O. The modules here, lowest layer first; each imports only from
+//! `sip-core` and the modules before it in this list:
+//!
+//! - [`tls`]: TLS for both backends (rustls, OpenSSL) — configurations, sessions, tickets,
+//!   typed errors — and `sipsec certs`.
+//! - [`net`]: sockets and connections: `Peer` and `Transport`, UDP batches, epoll, one
+//!   stream's buffers and framing, the names a server answers to.
+//! - [`auth`]: the checks of a request's credentials, digest and Proxychain side by side.
+//! - [`config`]: `sipsec.toml`, the configuration contract, validated at start.
+//! - [`stats`]: a worker's counters, written by its engine and its I/O driver alike.
+//! - [`engine`]: the per-worker SIP engine, sans-IO: proxy, registrar and location service,
+//!   redirect, the auth gate.
+//! - [`db`]: the databases: registrations written behind the engine, users, revoked proxies.
+//! - [`signals`]: SIGINT, SIGTERM and SIGUSR1 for the two daemons (`serve`, `authd`).
+//! - [`serve`]: `sipsec serve`, the I/O driver: start-up, workers, mailboxes, connections,
+//!   credential fetchers.
+//! - [`authd`]: `sipsec authd`, Proxychain's authority.
+//! - [`load`]: `sipsec load`, the load generator: a sans-IO user agent and its driver.
+//! - [`cmd`]: the small subcommands that manage state: `sipsec users`.
+//! - [`bench`](mod@bench): `sipsec bench`, a server and `load` run side by side and measured; the lab's
+//!   delay relay.
 
 pub mod auth;
 pub mod authd;

@@ -1,6 +1,7 @@
 //! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-use sipsec::cmd::{certs, users};
+use sipsec::cmd::users;
+use sipsec::tls::certs;
 use sipsec::{authd, bench, config, load, serve};
 
 use clap::{Parser, Subcommand};

@@ -118,7 +118,7 @@ pub struct AuthConfig {
     /// authentication (false: how the seeds' servers worked, kept to measure it).
     pub credential_cache: bool,
     /// The names this server answers to, for digest's `uri` check.
-    pub server: crate::config::ServerNames,
+    pub server: crate::net::names::ServerNames,
 }
 
 /// What to do with a request.

@@ -4,13 +4,13 @@
 //! over mutually authenticated TLS, pushes revocations when a user's key changes, refuses
 //! revoked proxies, and writes backup credentials for outages.
 //!
-//! - [`wire`]: the channel's messages (also the backup file's records);
 //! - [`authority`]: issuing, chain length under load, who holds what;
-//! - [`server`]: the TLS listener and the per-proxy connections;
-//! - [`client`]: the proxy's end of the channel;
-//! - [`backup`]: backup-credential files;
-//! - [`relay`]: a TCP relay that delays each direction, to put a WAN RTT between a proxy and
-//!   the authority on one machine (`tc netem` is not available here).
+//! - [`server`]: the TLS listener and the per-proxy connections.
+//!
+//! What the proxy shares with it lives with the proxy's side of Proxychain:
+//! [`crate::auth::proxychain::wire`] (the channel's messages, also the backup file's records)
+//! and [`crate::auth::proxychain::backup`] (backup-credential files). The proxy's end of the
+//! channel is [`crate::serve::authority`]; the lab's delay relay is `bench::relay`.
 
 pub mod authority;
 pub mod server;

@@ -67,7 +67,7 @@ pub struct StreamArgs {
     pub tls_version: Option<String>,
     /// Key type of the certificates made for the run.
     #[arg(long, value_enum, default_value = "ecdsa-p256")]
-    pub tls_cert_type: crate::cmd::certs::KeyKind,
+    pub tls_cert_type: crate::tls::certs::KeyKind,
     /// Certificates made by `sipsec certs` (server.pem valid for 127.0.0.1 to 127.0.0.3);
     /// default: made here for the run.
     #[arg(long)]
@@ -78,8 +78,8 @@ pub struct StreamArgs {
 }
 
 /// Makes certificates for the bench topology (server, caller and UAS addresses) in `dir`.
-pub fn make_certs(dir: &Path, key: crate::cmd::certs::KeyKind) -> Result<()> {
-    crate::cmd::certs::run(&crate::cmd::certs::CertsArgs {
+pub fn make_certs(dir: &Path, key: crate::tls::certs::KeyKind) -> Result<()> {
+    crate::tls::certs::run(&crate::tls::certs::CertsArgs {
         out: dir.to_path_buf(),
         key,
         names: ["localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3"]
@@ -114,9 +114,9 @@ impl StreamArgs {
             text += &format!(
                 "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nclient_auth = \"{}\"\n\
                  session_resumption = {}\nkey_exchange = [\"{}\"]\n",
-                p(crate::cmd::certs::SERVER),
-                p(crate::cmd::certs::SERVER_KEY),
-                p(crate::cmd::certs::CA),
+                p(crate::tls::certs::SERVER),
+                p(crate::tls::certs::SERVER_KEY),
+                p(crate::tls::certs::CA),
                 if self.mutual { "required" } else { "none" },
                 self.tls_resumption == "on",
                 self.tls_key_exchange
@@ -149,11 +149,11 @@ impl StreamArgs {
             let p = |f: &str| tls_dir.join(f).display().to_string();
             w.extend([
                 "--tls-ca".to_string(),
-                p(crate::cmd::certs::CA),
+                p(crate::tls::certs::CA),
                 "--tls-cert".to_string(),
-                p(crate::cmd::certs::SERVER),
+                p(crate::tls::certs::SERVER),
                 "--tls-key".to_string(),
-                p(crate::cmd::certs::SERVER_KEY),
+                p(crate::tls::certs::SERVER_KEY),
                 "--tls-resumption".to_string(),
                 self.tls_resumption.clone(),
                 "--tls-key-exchange".to_string(),

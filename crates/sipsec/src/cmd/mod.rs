@@ -1,5 +1,4 @@
-//! The small subcommands: `sipsec certs` (a test CA and certificates) and `sipsec users`
-//! (the user database).
+//! The small subcommands that only manage state: `sipsec users` (the user database).
+//! (`sipsec certs` lives with TLS, in [`crate::tls::certs`].)
 
-pub mod certs;
 pub mod users;

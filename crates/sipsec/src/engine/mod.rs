@@ -1,19 +1,40 @@
 //! The per-worker SIP engine: everything `sipsec serve` decides, with no I/O.
 //!
-//! A worker's driver hands the engine datagrams, mail from other workers and the time; the
-//! engine returns [`Effects`]: datagrams to send, mail for other workers, and binding changes
-//! to store. It owns the worker's transaction table, its location replica and its timers, so
-//! nothing on the per-message path is shared between workers. Tests drive it directly with
-//! simulated time and no sockets.
+//! It owns the worker's transaction table, its location replica and its timers, so nothing
+//! on the per-message path is shared between workers. Its driver (`serve::worker`, or a test
+//! with a simulated clock and no sockets) feeds it and carries out what it asks; times are
+//! monotonic milliseconds ([`Millis`]) from the driver's clock.
+//!
+//! # What to call when
+//!
+//! Inputs, each given the time and an [`Effects`] to fill:
+//! - [`Engine::on_message`]: a message arrived — a datagram, or one framed on a connection
+//!   (the [`Peer`] says which, and names the connection);
+//! - [`Engine::on_oversize`]: the start of a stream message over `max_message_size`;
+//! - [`Engine::on_mail`]: [`Mail`] from another worker (a handed-off message, a binding
+//!   change), from the store (commits) or from a credential fetcher (an answer is in);
+//! - [`Engine::on_transport_error`]: a request the driver could not deliver;
+//! - [`Engine::on_tick`]: when [`Engine::next_deadline`] has passed.
+//!
+//! Outputs, all in [`Effects`], which the driver carries out after each input (or after a
+//! batch of them) and then clears: messages to send, mail for other workers, binding changes
+//! for the other workers and the store (before any message of the same batch leaves: a 200 OK
+//! to REGISTER must not overtake its binding), calls whose per-call connections may close,
+//! and credentials to fetch.
+//!
+//! Timers: after any input, [`Engine::next_deadline`] may have moved; the driver must call
+//! [`Engine::on_tick`] no later than it says. Nothing else advances the engine's time.
 //!
 //! Roles (RFC 3261): a transaction-stateful proxy (§16, with parallel forking and best
 //! response selection per §16.7), a stateless proxy (§16.11), a redirect server (§8.3), and a
 //! registrar (§10.3) for requests addressed to our domains.
 //!
-//! This module holds the engine's state and its entry points (datagrams, mail, timers) and
-//! answers requests locally; `routing` decides what a request needs, `proxy` forwards and
-//! tracks branches, `registrar` handles REGISTER, `reject` answers what the parser refused,
-//! and `branch` makes and reads our Via branches.
+//! One `impl Engine` spread over files by concern: this module holds the state, the inputs
+//! and the auth gate (digest or Proxychain, and requests parked for credentials); `routing`
+//! decides what a request needs, `proxy` forwards and tracks branches, `registrar` handles
+//! REGISTER against the [`location`] service, `durable` holds its 200s until the store
+//! commits, `reject` answers what the parser refused, and `branch` makes and reads our Via
+//! branches.
 
 mod branch;
 mod durable;
@@ -55,9 +76,11 @@ pub enum Mail {
     Saved { count: u64 },
 }
 
-/// What the engine asks its driver to do.
+/// What the engine asks its driver to do: five kinds of output (see the module doc for the
+/// order they must be carried out in).
 #[derive(Debug, Default)]
 pub struct Effects {
+    /// Messages to send, to a UDP address or on (or to open) a connection.
     pub transmits: Vec<(Peer, Bytes)>,
     /// Mail for one worker, by index.
     pub mail: Vec<(usize, Mail)>,

@@ -3,6 +3,7 @@
 
 pub mod conn;
 pub mod epoll;
+pub mod names;
 pub mod transport;
 pub mod udp;
 

@@ -2,9 +2,12 @@
 //! configurations built from PEM files, with the knobs seed 000 varies — protocol versions,
 //! cipher suites, client certificates and session resumption — each switchable.
 //!
+//! `sipsec certs` ([`certs`]) makes a test CA and certificates for both sides.
+//!
 //! The crypto provider is aws-lc-rs, rustls's default: its P-256 and RSA code is the faster of
 //! the two rustls ships with, and the handshake is what a TLS call costs (seed 000).
 
+pub mod certs;
 #[cfg(feature = "openssl")]
 mod openssl;
 mod session;

@@ -2,7 +2,7 @@
 //! client certificates, resumption on and off, and the configuration errors.
 
 use super::*;
-use crate::cmd::certs::{self, CertsArgs, KeyKind};
+use crate::tls::certs::{self, CertsArgs, KeyKind};
 use rustls::{ClientConnection, HandshakeKind, ServerConnection};
 
 fn make_certs(dir: &Path, key: KeyKind, new_ca: bool) {

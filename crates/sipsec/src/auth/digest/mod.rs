@@ -274,7 +274,7 @@ impl DigestAuthenticator {
 /// accepted, whatever the Request-URI: SIPp puts the address of the proxy it sends to there
 /// by default, binding its credentials to the proxy rather than to one destination.
 fn digest_uri_matches(
-    server: &crate::config::ServerNames,
+    server: &crate::net::names::ServerNames,
     msg: &Message<'_>,
     digest_uri: &[u8],
 ) -> bool {

@@ -4,7 +4,7 @@
 use super::credentials::{CacheState, Credentials, Secrets};
 use super::*;
 use crate::auth::{Network, Scheme, Scope};
-use crate::config::ServerNames;
+use crate::net::names::ServerNames;
 use sip_core::digest::{Algorithm, Challenge};
 
 const REALM: &str = "example.test";

@@ -13,7 +13,7 @@
 //! - dialogs: the route set from Record-Route (reversed at the UAC), the remote target from
 //!   Contact, tags, CSeq;
 //! - 401/407 answered once per challenge (twice when the server says `stale=true`); `PC`
-//!   challenges up to [`PC_MAX_TRIES`] times, since a user's concurrent calls race for one
+//!   challenges up to `PC_MAX_TRIES` times, since a user's concurrent calls race for one
 //!   chain and the loser is told to start over;
 //! - 3xx followed to the first Contact when the redirect scenario asks for it.
 
