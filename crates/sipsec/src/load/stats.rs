@@ -60,7 +60,7 @@ impl Tally {
 
 /// The run total and the window since the last progress line.
 #[derive(Default)]
-pub struct Stats {
+pub struct RunTally {
     pub total: Tally,
     pub window: Tally,
     /// Calls the UAS side answered and saw end.
@@ -72,7 +72,7 @@ pub struct Stats {
     pub extra_dialogs: u64,
 }
 
-impl Stats {
+impl RunTally {
     pub fn attempt(&mut self) {
         self.total.attempted += 1;
         self.window.attempted += 1;

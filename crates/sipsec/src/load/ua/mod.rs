@@ -21,7 +21,7 @@ mod callee;
 mod caller;
 mod challenge;
 
-use super::stats::Stats;
+use super::stats::RunTally;
 use super::users::Users;
 use crate::net::transport::Transport;
 use bytes::Bytes;
@@ -216,7 +216,7 @@ pub struct Ua {
     outputs: Vec<Output<Endpoint, TxUser>>,
     fired: Vec<Event>,
     scratch: Vec<u8>,
-    pub stats: Stats,
+    pub stats: RunTally,
     /// Numbers of the operations that ended, when `UaConfig::report_ended` asks for them
     /// (per-call connections close on them); the driver drains it.
     pub ended: Vec<u64>,
@@ -256,7 +256,7 @@ impl Ua {
             outputs: Vec::new(),
             fired: Vec::new(),
             scratch: Vec::with_capacity(2048),
-            stats: Stats::default(),
+            stats: RunTally::default(),
             ended: Vec::new(),
             nonces: HashMap::new(),
             pc_keys: HashMap::new(),
