@@ -28,20 +28,20 @@ const MAX_MESSAGE: usize = 65_535;
 struct Conn {
     io: StreamConn,
     /// The TLS handshake finished and was counted.
-    handshake_done: bool,
+    established: bool,
     /// The call this connection was opened for (per-call mode).
     call: Option<u64>,
     /// The call ended with bytes still queued: close once they are written.
-    close_when_flushed: bool,
+    closing: bool,
 }
 
 impl Conn {
     fn new(stream: TcpStream, remote: SocketAddr, tls: Option<Session>) -> Conn {
         Conn {
             io: StreamConn::new(stream, remote, tls),
-            handshake_done: false,
+            established: false,
             call: None,
-            close_when_flushed: false,
+            closing: false,
         }
     }
 }
@@ -54,8 +54,9 @@ pub struct StreamTls {
     pub server: Option<ServerTls>,
 }
 
-/// TCP links: a listener for the UAS, connections both ways.
-pub struct TcpLinks {
+/// TCP and TLS links: a listener for the UAS, connections both ways (the fields named as in
+/// the server's connection table).
+pub struct StreamLinks {
     listener: Option<TcpListener>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
@@ -70,14 +71,14 @@ pub struct TcpLinks {
     tls_failure_logged: bool,
 }
 
-impl TcpLinks {
+impl StreamLinks {
     pub fn new(
         listener: Option<TcpListener>,
         per_call: bool,
         local_ip: Option<std::net::IpAddr>,
         tls: StreamTls,
-    ) -> TcpLinks {
-        TcpLinks {
+    ) -> StreamLinks {
+        StreamLinks {
             listener,
             conns: Vec::new(),
             free: Vec::new(),
@@ -242,7 +243,7 @@ fn call_number(data: &[u8]) -> Option<u64> {
     ua::call_number(&data[at..at + end]).map(|(number, _)| number)
 }
 
-impl TcpLinks {
+impl StreamLinks {
     /// Counts a handshake the moment it completes: the caller's by kind, the UAS's in all.
     fn note_handshake(&mut self, i: usize) {
         let Some(c) = self.conns[i].as_mut() else {
@@ -251,10 +252,10 @@ impl TcpLinks {
         let Some(tls) = &c.io.tls else {
             return;
         };
-        if c.handshake_done || tls.is_handshaking() {
+        if c.established || tls.is_handshaking() {
             return;
         }
-        c.handshake_done = true;
+        c.established = true;
         let n = &mut self.counters;
         match (tls.is_server(), tls.handshake_kind()) {
             (true, _) => n.tls_accepted_handshakes += 1,
@@ -264,7 +265,7 @@ impl TcpLinks {
     }
 }
 
-impl Links for TcpLinks {
+impl Links for StreamLinks {
     fn poll_set(&self, out: &mut Vec<libc::pollfd>) {
         out.extend(self.listener.iter().map(|l| pollfd(l.as_raw_fd(), false)));
         out.extend(
@@ -316,7 +317,7 @@ impl Links for TcpLinks {
                 c.io.consume(framed.consumed);
                 // Handshake replies (and pongs) go out now, not on the next send.
                 failed |= !c.io.flush();
-                failed |= c.close_when_flushed && !c.io.has_output();
+                failed |= c.closing && !c.io.has_output();
             }
             self.note_handshake(i);
             if let Some((remote, why)) = tls_error {
@@ -371,7 +372,7 @@ impl Links for TcpLinks {
                 } else if let Some(c) = self.conns[i].as_mut() {
                     // Let the last bytes go first; the connection closes when they have.
                     c.call = None;
-                    c.close_when_flushed = true;
+                    c.closing = true;
                     self.by_call.remove(&call);
                 }
             }

@@ -284,14 +284,14 @@ fn bind_stream(plan: &Plan) -> Result<Bound> {
     let mut listener = None;
     let mut uas_local = None;
     if let Some(addr) = plan.uas {
-        let l = connections::TcpLinks::listen(addr)
+        let l = connections::StreamLinks::listen(addr)
             .with_context(|| format!("cannot listen for the UAS on tcp:{addr}"))?;
         uas_local = Some(l.local_addr()?);
         listener = Some(l);
     }
     let per_call = plan.args.connection == ConnectionArg::PerCall;
     Ok(Bound {
-        links: Box::new(connections::TcpLinks::new(
+        links: Box::new(connections::StreamLinks::new(
             listener,
             per_call,
             local_ip,

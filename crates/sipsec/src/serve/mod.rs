@@ -1,7 +1,15 @@
-//! `sipsec serve`: opens the database, loads registrations, binds one socket per worker per
-//! listen address, runs the workers, logs its counters on SIGUSR1, and on SIGINT/SIGTERM
-//! stops them and flushes every queued registration to the database before exiting, so a
-//! restart loses nothing.
+//! `sipsec serve`, the I/O driver around the engine: it opens the database, loads
+//! registrations, binds one socket per worker per listen address, runs the workers, logs its
+//! counters on SIGUSR1, and on SIGINT/SIGTERM stops them and flushes every queued
+//! registration to the database before exiting, so a restart loses nothing.
+//!
+//! - [`worker`]: one thread per core, its loop around one `Engine` (one path for every
+//!   message, UDP or stream);
+//! - [`connections`]: a worker's TCP and TLS listeners and connections;
+//! - [`mailbox`]: how other threads reach a worker; [`token`]: its epoll tokens;
+//! - [`coalesce`]: letting datagrams accumulate briefly under load;
+//! - [`fetch`]: credential fetches off the workers' threads, and the user-database fetcher;
+//!   [`authority`]: the Proxychain authority's channel.
 
 pub mod authority;
 pub mod coalesce;
@@ -157,70 +165,26 @@ pub fn run(cfg: Config) -> Result<()> {
         )),
         _ => None,
     };
+    let common = Common {
+        cfg: &cfg,
+        tls_server: &tls_server,
+        tls_client: &tls_client,
+        digest: &auth,
+        proxychain: proxychain.as_ref().map(|(shared, _)| shared),
+        loaded: &loaded,
+        epoch_unix_ms,
+        started,
+        mailboxes: &senders,
+        store: &store,
+        fetcher: &fetcher,
+        shutdown: &signals.stop,
+    };
     let mut all_stats = Vec::new();
     let mut workers = Vec::new();
     for (index, mailbox) in mailboxes.into_iter().enumerate() {
-        let mut sockets = Vec::new();
-        let mut listeners = Vec::new();
-        for l in &cfg.listen {
-            match l.transport {
-                Transport::Udp => sockets.push(
-                    crate::net::udp::bind_reuseport(l.addr)
-                        .with_context(|| format!("cannot listen on {l}"))?,
-                ),
-                t => listeners.push((
-                    t,
-                    connections::listen_reuseport(l.addr)
-                        .with_context(|| format!("cannot listen on {l}"))?,
-                )),
-            }
-        }
-        let worker_stats = Arc::new(stats::Stats::default());
-        let epoll = Epoll::new().context("cannot create an epoll set")?;
-        let connections = Connections::new(
-            index,
-            cfg.streams.clone(),
-            cfg.max_message_size,
-            listeners,
-            tls_server.clone(),
-            tls_client.clone(),
-            worker_stats.clone(),
-            &epoll,
-        )
-        .context("cannot watch the stream listeners")?;
-        all_stats.push(worker_stats.clone());
-        let mut engine = Engine::new(cfg.clone(), index, epoch_unix_ms, worker_stats);
-        if let Some(shared) = &auth {
-            engine.enable_auth(shared.clone());
-        }
-        if let Some((shared, _)) = &proxychain {
-            engine.enable_proxychain(shared.clone());
-        }
-        for aor in &loaded.known_aors {
-            engine.know_aor(aor);
-        }
-        for (aor, binding) in &loaded.bindings {
-            engine.preload(&BindingChange::Upsert {
-                aor: aor.as_str().into(),
-                binding: binding.clone(),
-            });
-        }
-        let worker = Worker::new(Parts {
-            index,
-            engine,
-            sockets,
-            connections,
-            epoll,
-            mailbox,
-            workers: senders.clone(),
-            store: Some(store.clone()),
-            fetcher: fetcher.clone(),
-            coalescer: coalesce::Coalescer::new(Duration::from_micros(cfg.max_batch_delay_us)),
-            shutdown: signals.stop.clone(),
-            started,
-        })
-        .context("cannot watch the worker's sockets")?;
-        workers.push(worker);
+        let stats = Arc::new(stats::Stats::default());
+        all_stats.push(stats.clone());
+        workers.push(common.worker(index, mailbox, stats)?);
     }
     let handles: Vec<_> = workers
         .into_iter()
@@ -283,6 +247,93 @@ pub fn run(cfg: Config) -> Result<()> {
         tracing::info!("stopped; {}", totals.join(" "));
     }
     Ok(())
+}
+
+/// What every worker is made with.
+struct Common<'a> {
+    cfg: &'a Arc<Config>,
+    tls_server: &'a Option<crate::tls::ServerTls>,
+    tls_client: &'a Option<crate::tls::ClientTls>,
+    digest: &'a Option<Arc<crate::auth::digest::DigestShared>>,
+    proxychain: Option<&'a Arc<crate::auth::proxychain::PcShared>>,
+    loaded: &'a store::Loaded,
+    epoch_unix_ms: u64,
+    started: Instant,
+    mailboxes: &'a [mailbox::MailboxSender],
+    store: &'a store::StoreHandle,
+    fetcher: &'a Option<fetch::FetchHandle>,
+    shutdown: &'a Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Common<'_> {
+    /// Worker `index`: its sockets bound (SO_REUSEPORT, one per worker per address), its
+    /// connection table, and its engine with authentication on and the registrations loaded.
+    fn worker(
+        &self,
+        index: usize,
+        mailbox: mailbox::Mailbox,
+        stats: Arc<stats::Stats>,
+    ) -> Result<Worker> {
+        let cfg = self.cfg;
+        let mut sockets = Vec::new();
+        let mut listeners = Vec::new();
+        for l in &cfg.listen {
+            match l.transport {
+                Transport::Udp => sockets.push(
+                    crate::net::udp::bind_reuseport(l.addr)
+                        .with_context(|| format!("cannot listen on {l}"))?,
+                ),
+                t => listeners.push((
+                    t,
+                    connections::listen_reuseport(l.addr)
+                        .with_context(|| format!("cannot listen on {l}"))?,
+                )),
+            }
+        }
+        let epoll = Epoll::new().context("cannot create an epoll set")?;
+        let connections = Connections::new(
+            index,
+            cfg.streams.clone(),
+            cfg.max_message_size,
+            listeners,
+            self.tls_server.clone(),
+            self.tls_client.clone(),
+            stats.clone(),
+            &epoll,
+        )
+        .context("cannot watch the stream listeners")?;
+        let mut engine = Engine::new(cfg.clone(), index, self.epoch_unix_ms, stats);
+        if let Some(shared) = self.digest {
+            engine.enable_auth(shared.clone());
+        }
+        if let Some(shared) = self.proxychain {
+            engine.enable_proxychain(shared.clone());
+        }
+        for aor in &self.loaded.known_aors {
+            engine.know_aor(aor);
+        }
+        for (aor, binding) in &self.loaded.bindings {
+            engine.preload(&BindingChange::Upsert {
+                aor: aor.as_str().into(),
+                binding: binding.clone(),
+            });
+        }
+        Worker::new(Parts {
+            index,
+            engine,
+            sockets,
+            connections,
+            epoll,
+            mailbox,
+            workers: self.mailboxes.to_vec(),
+            store: Some(self.store.clone()),
+            fetcher: self.fetcher.clone(),
+            coalescer: coalesce::Coalescer::new(Duration::from_micros(cfg.max_batch_delay_us)),
+            shutdown: self.shutdown.clone(),
+            started: self.started,
+        })
+        .context("cannot watch the worker's sockets")
+    }
 }
 
 /// Refuses to start on an address another process already serves. The workers' sockets use
