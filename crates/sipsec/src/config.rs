@@ -786,4 +786,16 @@ mod tests {
         let c = Config::from_toml("[tls]\nbackend = \"openssl\"").unwrap();
         assert_eq!(c.tls.protocol.backend, crate::tls::Backend::Openssl);
     }
+
+    #[test]
+    fn persistent_outbound_connections_are_the_default_and_reuse_is_still_read() {
+        assert_eq!(
+            Config::default().streams.outbound,
+            OutboundConnections::Persistent
+        );
+        for name in ["persistent", "reuse"] {
+            let c = Config::from_toml(&format!("[server]\noutbound_connections = \"{name}\""));
+            assert_eq!(c.unwrap().streams.outbound, OutboundConnections::Persistent);
+        }
+    }
 }
