@@ -223,10 +223,14 @@ impl Worker {
             return;
         }
         let count = self.connections.received_len();
+        let now = self.now();
         if count > 0 {
             self.take_mail(fx);
+            // Stream messages count toward the rate that sets how long a wake-up may wait
+            // for more, as datagrams do: at the same rate, a TCP or TLS worker is woken as
+            // rarely as a UDP one.
+            self.coalescer.record(now, count);
         }
-        let now = self.now();
         for i in 0..count {
             match self.connections.received(i) {
                 Some(Received::Message(source, data)) => {
