@@ -175,8 +175,6 @@ pub struct Connections {
     /// What this pass read, until [`Connections::release`].
     frames: Vec<Frame>,
     reads: Vec<Read>,
-    /// The time of the last call that told it, for closes made while flushing.
-    now: Millis,
 }
 
 impl Connections {
@@ -216,7 +214,6 @@ impl Connections {
             failed: Vec::new(),
             frames: Vec::new(),
             reads: Vec::new(),
-            now: 0,
             stats,
             log: LogLimiter::new(10),
         })
@@ -231,7 +228,6 @@ impl Connections {
     /// reads and frames (the messages wait in [`Connections::received`]), or writes what
     /// was waiting for the socket.
     pub fn on_event(&mut self, now: Millis, token: Token, ev: &Event, epoll: &Epoll) {
-        self.now = now;
         let index = match token {
             Token::Listener(i) => {
                 self.accept(now, i, epoll);
@@ -257,7 +253,7 @@ impl Connections {
                     c.unconfirmed = Vec::new();
                 }
             }
-            self.flush_one(index);
+            self.flush_one(now, index);
         }
     }
 
@@ -480,7 +476,6 @@ impl Connections {
     /// Consumes what this pass read, once the worker has handed it to the engine: answers
     /// keep-alive pings, re-arms timeouts, and ends the connections that ended.
     pub fn release(&mut self, now: Millis) {
-        self.now = now;
         self.frames.clear();
         let mut reads = std::mem::take(&mut self.reads);
         for r in reads.drain(..) {
@@ -548,7 +543,6 @@ impl Connections {
     /// Queues `data` for `to`. Returns the worker to mail it to when another worker owns the
     /// connection named.
     pub fn send(&mut self, now: Millis, to: Peer, data: &[u8], epoll: &Epoll) -> Option<usize> {
-        self.now = now;
         let request = !data.starts_with(b"SIP/2.0 ");
         let slot = match self.find(now, to, data, epoll) {
             Ok(slot) => slot,
@@ -711,13 +705,13 @@ impl Connections {
 
     /// Writes every connection that has queued output this pass (one write per connection,
     /// however many messages it got), and closes those that are done.
-    pub fn flush(&mut self) {
+    pub fn flush(&mut self, now: Millis) {
         let dirty = std::mem::take(&mut self.dirty);
         for &slot in &dirty {
             if let Some(c) = self.conns[slot].as_mut() {
                 c.dirty = false;
             }
-            self.flush_one(slot);
+            self.flush_one(now, slot);
         }
         let mut dirty = dirty;
         dirty.clear();
@@ -726,11 +720,10 @@ impl Connections {
         }
     }
 
-    fn flush_one(&mut self, slot: usize) {
+    fn flush_one(&mut self, now: Millis, slot: usize) {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        let now = self.now;
         if !c.io.flush() {
             self.close(now, slot, Close::Error);
         } else if c.io.has_output() {
@@ -744,7 +737,6 @@ impl Connections {
 
     /// Runs the connection timers due at `now`.
     pub fn on_tick(&mut self, now: Millis) {
-        self.now = now;
         let mut expired = std::mem::take(&mut self.expired);
         self.timers.advance(now, &mut expired);
         for &slot in &expired {

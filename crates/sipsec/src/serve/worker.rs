@@ -284,10 +284,12 @@ impl Worker {
         if fx.is_empty() {
             if self.connections.has_dirty() {
                 // Keep-alive answers and connections that ended.
-                self.connections.flush();
+                let now = self.now();
+                self.connections.flush(now);
             }
             return;
         }
+        let now = self.now();
         // Bindings first: another worker must have a registration before the REGISTER's 200 OK
         // leaves, or a request the client sends on seeing it may meet a worker without it.
         for change in fx.changes.drain(..) {
@@ -301,7 +303,6 @@ impl Worker {
             }
         }
         if !fx.transmits.is_empty() {
-            let now = self.now();
             for (to, data) in fx.transmits.drain(..) {
                 if to.transport == Transport::Udp {
                     udp_out.push((to, data));
@@ -321,7 +322,7 @@ impl Worker {
             }
         }
         self.connections.finish_calls(&mut fx.finished_calls);
-        self.connections.flush();
+        self.connections.flush(now);
         for (to, mail) in fx.mail.drain(..) {
             if let Some(worker) = self.workers.get(to) {
                 worker.send(mail);
