@@ -224,7 +224,7 @@ async fn serve(
                         length,
                         hash: hash.and_then(|h| HashKind::from_token(h.as_bytes())),
                     };
-                    authority.issue(&proxy, id, &user, ask, unix_s())
+                    authority.issue(&proxy, id, &user, ask, wire::unix_s())
                 }
                 Err(e) => {
                     tracing::warn!(proxy = %proxy, "bad request, connection closed: {e:#}");
@@ -255,10 +255,4 @@ impl Registry {
             .and_then(|v| v.iter().find(|conn| conn.n == n))
             .is_some_and(|conn| conn.lines.send(line).is_ok())
     }
-}
-
-pub fn unix_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

@@ -19,11 +19,7 @@ impl Store {
                 &d.sql("INSERT INTO sipsec_revoked_proxies (name, revoked_at) VALUES (?, ?)"),
             )
             .bind(name.to_string())
-            .bind(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs()) as i64,
-            )
+            .bind(crate::auth::proxychain::wire::unix_s() as i64)
             .execute(self.pool())
             .await?;
         }

@@ -204,12 +204,6 @@ async fn session(
     }
 }
 
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 fn on_reply(
     shared: &PcShared,
     workers: &[MailboxSender],
@@ -228,7 +222,7 @@ fn on_reply(
                     &user,
                     issued.into(),
                     credential.expires_unix_s.unwrap_or(0),
-                    now_s(),
+                    wire::unix_s(),
                 ),
                 Err(e) => tracing::warn!(%user, "unusable credential from the authority: {e:#}"),
             }
@@ -237,7 +231,7 @@ fn on_reply(
         }
         Reply::Unknown { id, user } => {
             pending.remove(&id);
-            shared.set_unknown(&user, now_s());
+            shared.set_unknown(&user, wire::unix_s());
             shared.end_fetch(&user);
             credentials_ready(workers, &user);
         }

@@ -42,9 +42,7 @@ pub fn write(
     let file =
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut out = BufWriter::new(file);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = wire::unix_s();
     out.write_all(
         wire::line(&Header {
             proxy: proxy.to_string(),

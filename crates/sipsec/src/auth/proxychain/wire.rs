@@ -123,6 +123,14 @@ pub fn parse<'a, T: Deserialize<'a>>(line: &'a str) -> Result<T> {
     serde_json::from_str(line.trim_end()).context("malformed message")
 }
 
+/// Now in Unix seconds: the clock credential expiry (`expires_unix_s`), revocations and
+/// backup files are stated in, on the authority and the proxy alike.
+pub fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
