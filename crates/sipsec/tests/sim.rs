@@ -204,6 +204,17 @@ impl Sim {
         }
     }
 
+    /// The user agent listening at `at`, and its address.
+    fn ua_at(&mut self, at: SocketAddr) -> (&mut Ua, &'static str) {
+        if at == addr(CALLER) {
+            (&mut self.caller, CALLER)
+        } else if at == addr(CALLEE) {
+            (&mut self.callee, CALLEE)
+        } else {
+            panic!("a message for {at}, where no one listens");
+        }
+    }
+
     /// Delivers everything in flight (and what that provokes) at the current time.
     fn deliver(&mut self) {
         while !self.in_flight.is_empty() {
@@ -219,22 +230,14 @@ impl Sim {
                     self.engine
                         .on_message(self.now_ms, source, &f.data, &mut fx);
                     self.apply(fx);
-                } else if f.to == addr(CALLER) {
-                    let from = Endpoint {
-                        link: 0,
-                        addr: f.from,
-                    };
-                    self.caller.on_message(now_us, from, &f.data, &mut out);
-                    self.send_from(CALLER, out);
-                } else if f.to == addr(CALLEE) {
-                    let from = Endpoint {
-                        link: 0,
-                        addr: f.from,
-                    };
-                    self.callee.on_message(now_us, from, &f.data, &mut out);
-                    self.send_from(CALLEE, out);
                 } else {
-                    panic!("a message for {} no one listens on", f.to);
+                    let (ua, local) = self.ua_at(f.to);
+                    let from = Endpoint {
+                        link: 0,
+                        addr: f.from,
+                    };
+                    ua.on_message(now_us, from, &f.data, &mut out);
+                    self.send_from(local, out);
                 }
             }
         }
@@ -260,12 +263,12 @@ impl Sim {
         let mut fx = Effects::default();
         self.engine.on_tick(self.now_ms, &mut fx);
         self.apply(fx);
-        let mut out = Vec::new();
-        self.caller.on_tick(self.now_ms * 1000, &mut out);
-        self.send_from(CALLER, out);
-        let mut out = Vec::new();
-        self.callee.on_tick(self.now_ms * 1000, &mut out);
-        self.send_from(CALLEE, out);
+        let now_us = self.now_ms * 1000;
+        for local in [CALLER, CALLEE] {
+            let mut out = Vec::new();
+            self.ua_at(addr(local)).0.on_tick(now_us, &mut out);
+            self.send_from(local, out);
+        }
         true
     }
 
