@@ -365,6 +365,24 @@ Max-Forwards: 70\r\n{header}{}Content-Length: {body_len}\r\n\r\n",
         assert!(closed_within(&mut big, Duration::from_secs(2)).is_some());
     }
 
+    // A request followed in the same segment by bytes that are not SIP framing: the request
+    // is answered on that connection before it closes for the bytes after it.
+    let mut last_words = TcpStream::connect(tcp_addr).unwrap();
+    last_words
+        .write_all(
+            b"OPTIONS sip:example.test SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:9;branch=z9hG4bKlast\r\n\
+From: <sip:a@example.test>;tag=1\r\nTo: <sip:example.test>\r\nCall-ID: last\r\nCSeq: 1 OPTIONS\r\n\
+Max-Forwards: 70\r\nContent-Length: 0\r\n\r\nOPTIONS sip:x SIP/2.0\r\nVia: x\r\n\r\n",
+        )
+        .unwrap();
+    last_words
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut answer = String::new();
+    let closed = last_words.read_to_string(&mut answer);
+    assert!(answer.starts_with("SIP/2.0 200"), "{answer:?}");
+    assert!(closed.is_ok(), "not closed after the answer: {closed:?}");
+
     // Slowloris: half a message, and a TLS connection that never says hello. Both are closed
     // after message_timeout_ms, not after the idle timeout.
     let mut half = TcpStream::connect(tcp_addr).unwrap();
