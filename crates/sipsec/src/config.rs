@@ -438,7 +438,8 @@ pub struct Config {
     /// Resolved worker count (never 0).
     pub workers: usize,
     pub max_message_size: usize,
-    /// Cap on how long a loaded worker lets datagrams accumulate after waking (0: never).
+    /// Cap on how long a loaded worker lets messages accumulate after waking, while it
+    /// measures that waiting costs less CPU than not (0: never; `serve::coalesce`).
     pub max_batch_delay_us: u64,
     /// Transactions per worker at which the oldest finished (lingering) one is ended early to
     /// admit a new request, or, with none finished, the request is answered 503.
