@@ -12,6 +12,8 @@ the tables show medians.
     python3 bench/seed000_modes.py [--rate 500] [--calls 4000] [--rounds 5] [--kamailio]
     python3 bench/seed000_modes.py --idle 19950     # UDP and TCP chain with idle TCP conns
     python3 bench/seed000_modes.py --only 'tcp$|tls$|no resumption'   # rows matching (and UDP)
+    python3 bench/seed000_modes.py --kamailio --only '^(kamailio )?chain (tcp|tls)$' --rate 1000
+        # the persistent paths beside Kamailio's, and each server's stream overhead above UDP
 
 The per-call bar compares the TLS cost per call above TCP in the same mode with the crypto
 floor of the handshakes the proxy performs per call, from `target/release/examples/tls_floor`
@@ -21,7 +23,8 @@ reported unavailable, as the seed's 3DES suite always is (OpenSSL 3.0 cannot neg
 
 Kamailio opens one connection per destination and reuses it, so it runs the modes whose
 outbound side is persistent (chain, outbound); it needs Debian's kamailio and
-kamailio-tls-modules. Kamailio's TLS client does not verify the UAS here.
+kamailio-tls-modules. Kamailio's TLS client does not verify the UAS here. Kamailio's UDP row
+gives its stream overhead (chain minus UDP) to set beside sipsec's.
 """
 import argparse, json, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -60,9 +63,9 @@ def kamailio(work, transport, certs):
         f"private_key = {certs}/server-key.pem\ncertificate = {certs}/server.pem\n"
         f"ca_list = {certs}/ca.pem\n\n[client:default]\nmethod = TLSv1.2+\n"
         f"verify_certificate = no\nrequire_certificate = no\n")
-    define = {"tcp": "WITH_TCP", "tls": "WITH_TLS"}[transport]
+    define = {"udp": [], "tcp": ["-A", "WITH_TCP"], "tls": ["-A", "WITH_TLS"]}[transport]
     cmd = ["taskset", "-c", "0", "kamailio", "-DD", "-E", "-f", path, "-m", "512", "-M", "32",
-           "-Y", work, "-w", work, "-A", define, "-A", f'TLS_CFG="{tls_cfg}"',
+           "-Y", work, "-w", work] + define + ["-A", f'TLS_CFG="{tls_cfg}"',
            "-A", f'UAS_URI="sip:127.0.0.3:35080;transport={transport}"']
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(2)
@@ -147,8 +150,11 @@ def main():
             unavailable[f"chain tls 3DES suite ({SEED_3DES})"] = str(e)
     kam_rows = []
     if a.kamailio and not a.idle:
-        kam_rows = [(f"kamailio {mode} {t}", mode, t) for mode in ["chain", "outbound"]
-                    for t in ["tcp", "tls"]]
+        kam_rows = [("kamailio udp", "chain", "udp")]
+        kam_rows += [(f"kamailio {mode} {t}", mode, t) for mode in ["chain", "outbound"]
+                     for t in ["tcp", "tls"]]
+        if a.only:
+            kam_rows = [r for r in kam_rows if r[0] == "kamailio udp" or re.search(a.only, r[0])]
     res = {name: [] for name, _ in rows}
     res.update({name: [] for name, _, _ in kam_rows})
     for r in range(a.rounds):
@@ -164,7 +170,8 @@ def main():
         for name, mode, t in kam_rows:
             k = kamailio(work, t, certs)
             try:
-                target = {"tcp": "tcp:127.0.0.1:5060", "tls": "tls:127.0.0.1:5061"}[t]
+                target = {"udp": "127.0.0.1:5060", "tcp": "tcp:127.0.0.1:5060",
+                          "tls": "tls:127.0.0.1:5061"}[t]
                 args = ["--server-pid", str(k.pid), "--target", target, "--transport", t,
                         "--mode", mode, "--tls-dir", certs]
                 res[name].append(bench(binary, args, a.rate, a.calls))
@@ -208,8 +215,17 @@ def main():
         for mode in ["chain", "outbound"]:
             for t in ["tcp", "tls"]:
                 k = f"kamailio {mode} {t}"
-                if k in med:
+                if k in med and f"{mode} {t}" in med:
                     print(f"  {mode} {t}: {med[f'{mode} {t}'] / med[k]:.2f}")
+        if "kamailio udp" in med:
+            print("\nstream overhead, chain minus UDP, µs per call (sipsec's ÷ Kamailio's; "
+                  "bar for TLS: <= 0.5)")
+            for t in ["tcp", "tls"]:
+                if f"chain {t}" in med and f"kamailio chain {t}" in med:
+                    ours = med[f"chain {t}"] - base
+                    theirs = med[f"kamailio chain {t}"] - med["kamailio udp"]
+                    ratio = f"{ours / theirs:.2f}" if theirs > 0 else "n/a (Kamailio's is not positive)"
+                    print(f"  {t}: sipsec {ours:.1f}, Kamailio {theirs:.1f}: {ratio}")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -516,9 +516,21 @@ impl<'a> Message<'a> {
         Some(values::parse_via(&mut c))
     }
 
-    /// Visits every Via value top to bottom.
+    /// Visits every Via value top to bottom. The top one was parsed with the message and is
+    /// not parsed again.
     pub fn vias(&self, mut each: impl FnMut(Via<'a>)) -> Result<(), ParseError> {
-        for h in self.headers_named(HeaderName::Via) {
+        each(self.top_via);
+        let top = &self.headers[self.top_via_field];
+        // `parse` checked that the top value ends its line or is followed by a comma.
+        let mut c = Cursor::new(self.buf, self.top_via.end, top.value_end as usize);
+        c.skip_ws();
+        if c.eat(b',') {
+            values::parse_via_list(self.buf, c.pos, c.end, &mut each)?;
+        }
+        for h in self.headers[self.top_via_field + 1..]
+            .iter()
+            .filter(|h| h.name == HeaderName::Via)
+        {
             values::parse_via_list(
                 self.buf,
                 h.value_start as usize,

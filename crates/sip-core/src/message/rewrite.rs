@@ -6,6 +6,7 @@
 //! the result in one pass. Replacement text is appended to one scratch buffer, so a whole
 //! forward costs the output buffer and no per-edit allocation.
 
+use super::build::{push_all, push_int};
 use super::{HeaderField, HeaderName, Message};
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -97,7 +98,18 @@ impl<'m, 'a> Rewriter<'m, 'a> {
     pub fn push_via(&mut self, transport: &str, sent_by: &str, branch: &str) {
         let at = self.first_line_of(HeaderName::Via);
         self.splice.replace_with(at, at, |t| {
-            let _ = write!(t, "Via: SIP/2.0/{transport} {sent_by};branch={branch}\r\n");
+            push_all(
+                t,
+                &[
+                    b"Via: SIP/2.0/",
+                    transport.as_bytes(),
+                    b" ",
+                    sent_by.as_bytes(),
+                    b";branch=",
+                    branch.as_bytes(),
+                    b"\r\n",
+                ],
+            );
         });
     }
 
@@ -119,7 +131,8 @@ impl<'m, 'a> Rewriter<'m, 'a> {
                 let start =
                     via.params.0.as_ptr() as usize - self.msg.as_bytes().as_ptr() as usize + pos;
                 self.splice.replace_with(start, start + 5, |t| {
-                    let _ = write!(t, "rport={source_port}");
+                    t.extend_from_slice(b"rport=");
+                    push_int(t, source_port);
                 });
             }
         }
@@ -129,7 +142,8 @@ impl<'m, 'a> Rewriter<'m, 'a> {
                     let _ = write!(t, ";received={source_ip}");
                 }
                 if add_rport {
-                    let _ = write!(t, ";rport={source_port}");
+                    t.extend_from_slice(b";rport=");
+                    push_int(t, source_port);
                 }
             });
         }
@@ -171,7 +185,7 @@ impl<'m, 'a> Rewriter<'m, 'a> {
             (Some(h), Some(mf)) => {
                 let (s, e) = (h.value_start as usize, h.value_end as usize);
                 self.splice.replace_with(s, e, |t| {
-                    let _ = write!(t, "{}", mf.saturating_sub(1));
+                    push_int(t, mf.saturating_sub(1));
                 });
             }
             _ => {
@@ -188,13 +202,15 @@ impl<'m, 'a> Rewriter<'m, 'a> {
             Some(h) => {
                 let (s, e) = (h.value_start as usize, h.value_end as usize);
                 self.splice.replace_with(s, e, |t| {
-                    let _ = write!(t, "{breadth}");
+                    push_int(t, breadth);
                 });
             }
             None => {
                 let at = self.msg.headers_end();
                 self.splice.replace_with(at, at, |t| {
-                    let _ = write!(t, "Max-Breadth: {breadth}\r\n");
+                    t.extend_from_slice(b"Max-Breadth: ");
+                    push_int(t, breadth);
+                    t.extend_from_slice(b"\r\n");
                 });
             }
         }
@@ -207,7 +223,7 @@ impl<'m, 'a> Rewriter<'m, 'a> {
             .header(HeaderName::RecordRoute)
             .map_or(self.msg.headers_end(), |h| h.line_start as usize);
         self.splice.replace_with(at, at, |t| {
-            let _ = write!(t, "Record-Route: <{uri}>\r\n");
+            push_all(t, &[b"Record-Route: <", uri.as_bytes(), b">\r\n"]);
         });
     }
 

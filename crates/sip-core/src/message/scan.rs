@@ -4,26 +4,109 @@
 //! Header values are indexed in place, so a folded value still contains its CRLF. Inside an
 //! indexed value a CR or LF can only be part of a fold, which makes it plain whitespace here.
 
+/// Character classes of the RFC 3261 ABNF, one bit each in [`CLASS`].
+pub mod class {
+    /// `token`.
+    pub const TOKEN: u8 = 1;
+    /// `unreserved`.
+    pub const UNRESERVED: u8 = 1 << 1;
+    /// Whitespace inside an indexed header value (folds included).
+    pub const WS: u8 = 1 << 2;
+    /// Characters of a hostname or IPv4 address: alphanumerics, `-`, `.`.
+    pub const HOSTNAME: u8 = 1 << 3;
+    /// Unescaped in a URI's user part: `unreserved` and `user-unreserved`.
+    pub const USER: u8 = 1 << 4;
+    /// Unescaped in a URI's password: `unreserved` and `&=+$,`.
+    pub const PASSWORD: u8 = 1 << 5;
+    /// Unescaped in a URI parameter: `unreserved` and `param-unreserved`.
+    pub const PARAM: u8 = 1 << 6;
+    /// Unescaped in a URI header: `unreserved` and `hnv-unreserved`.
+    pub const HEADER: u8 = 1 << 7;
+}
+
+const fn class_of(b: u8) -> u8 {
+    const fn among(b: u8, set: &[u8]) -> bool {
+        let mut i = 0;
+        while i < set.len() {
+            if set[i] == b {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+    let alnum = b.is_ascii_alphanumeric();
+    let unreserved = alnum || among(b, b"-_.!~*'()");
+    let mut c = 0;
+    if alnum || among(b, b"-.!%*_+`'~") {
+        c |= class::TOKEN;
+    }
+    if unreserved {
+        c |= class::UNRESERVED;
+    }
+    if among(b, b" \t\r\n") {
+        c |= class::WS;
+    }
+    if alnum || b == b'-' || b == b'.' {
+        c |= class::HOSTNAME;
+    }
+    if unreserved || among(b, b"&=+$,;?/") {
+        c |= class::USER;
+    }
+    if unreserved || among(b, b"&=+$,") {
+        c |= class::PASSWORD;
+    }
+    if unreserved || among(b, b"[]/:&+$") {
+        c |= class::PARAM;
+    }
+    if unreserved || among(b, b"[]/?:+$") {
+        c |= class::HEADER;
+    }
+    c
+}
+
+/// The classes of every byte: the parser asks this for every byte of every message, and one
+/// table load is cheaper than a chain of comparisons.
+pub static CLASS: [u8; 256] = {
+    let mut t = [0; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = class_of(b as u8);
+        b += 1;
+    }
+    t
+};
+
+/// Whether `b` is in all of `classes`.
+#[inline]
+pub fn is(b: u8, classes: u8) -> bool {
+    CLASS[b as usize] & classes == classes
+}
+
 /// RFC 3261 `token` characters.
+#[inline]
 pub fn is_token(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-.!%*_+`'~".contains(&b)
+    is(b, class::TOKEN)
 }
 
 /// RFC 3261 `unreserved`.
+#[inline]
 pub fn is_unreserved(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-_.!~*'()".contains(&b)
+    is(b, class::UNRESERVED)
 }
 
 /// Whitespace inside an indexed header value (folds included).
+#[inline]
 pub fn is_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\r' | b'\n')
+    is(b, class::WS)
 }
 
-/// Validates `%HH` escapes and a character class over `s`.
-pub fn check_escaped(s: &[u8], allowed: impl Fn(u8) -> bool) -> bool {
+/// Validates `%HH` escapes and a character class (bits of [`CLASS`]) over `s`.
+pub fn check_escaped(s: &[u8], allowed: u8) -> bool {
     let mut i = 0;
     while i < s.len() {
         match s[i] {
+            b if is(b, allowed) => i += 1,
             b'%' => {
                 if !(s.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
                     && s.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
@@ -32,7 +115,6 @@ pub fn check_escaped(s: &[u8], allowed: impl Fn(u8) -> bool) -> bool {
                 }
                 i += 3;
             }
-            b if allowed(b) => i += 1,
             _ => return false,
         }
     }
@@ -55,25 +137,48 @@ pub fn parse_u64(s: &[u8]) -> Option<u64> {
 }
 
 /// Case-insensitive ASCII equality. Header names and parameter names are compared on every
-/// message, so this works eight bytes at a time.
+/// message, so this works eight bytes at a time, and a name shorter than eight bytes takes one
+/// comparison of two overlapping loads.
+#[inline]
 pub fn eq_ic(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
+    let n = a.len();
+    if n != b.len() {
         return false;
     }
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        let x = u64::from_le_bytes(x.try_into().expect("chunks of 8"));
-        let y = u64::from_le_bytes(y.try_into().expect("chunks of 8"));
-        if lower8(x) != lower8(y) {
+    if n < 8 {
+        return lower8(short_word(a)) == lower8(short_word(b));
+    }
+    let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+    let mut i = 0;
+    while i + 8 <= n {
+        if lower8(word(a, i)) != lower8(word(b, i)) {
             return false;
         }
+        i += 8;
     }
-    ca.remainder().eq_ignore_ascii_case(cb.remainder())
+    // The last partial word, read as the final eight bytes (overlapping the one before).
+    i == n || lower8(word(a, n - 8)) == lower8(word(b, n - 8))
+}
+
+/// Packs a slice of fewer than eight bytes into a word that differs for any two slices of
+/// the same length that differ: the first and last four bytes for 4..8 (overlapping), the
+/// first, middle and last byte for 1..4.
+#[inline]
+fn short_word(s: &[u8]) -> u64 {
+    let n = s.len();
+    match n {
+        0 => 0,
+        1..=3 => u64::from(s[0]) | u64::from(s[n / 2]) << 8 | u64::from(s[n - 1]) << 16,
+        _ => {
+            let four = |i: usize| u32::from_le_bytes(s[i..i + 4].try_into().expect("4 bytes"));
+            u64::from(four(0)) | u64::from(four(n - 4)) << 32
+        }
+    }
 }
 
 /// Lower-cases the ASCII capitals among eight bytes (SWAR): a byte gets 0x20 added when it
 /// lies in 'A'..='Z' and has no high bit; other bytes are unchanged.
+#[inline]
 fn lower8(x: u64) -> u64 {
     const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -89,6 +194,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_class_table_matches_the_abnf() {
+        for b in 0..=255u8 {
+            let alnum = b.is_ascii_alphanumeric();
+            let unreserved = alnum || b"-_.!~*'()".contains(&b);
+            assert_eq!(is_token(b), alnum || b"-.!%*_+`'~".contains(&b), "{b}");
+            assert_eq!(is_unreserved(b), unreserved, "{b}");
+            assert_eq!(is_ws(b), b" \t\r\n".contains(&b), "{b}");
+            assert_eq!(is(b, class::HOSTNAME), alnum || b == b'-' || b == b'.');
+            assert_eq!(is(b, class::USER), unreserved || b"&=+$,;?/".contains(&b));
+            assert_eq!(is(b, class::PASSWORD), unreserved || b"&=+$,".contains(&b));
+            assert_eq!(is(b, class::PARAM), unreserved || b"[]/:&+$".contains(&b));
+            assert_eq!(is(b, class::HEADER), unreserved || b"[]/?:+$".contains(&b));
+        }
+        assert!(check_escaped(b"a%41b", class::USER));
+        assert!(!check_escaped(b"a%4", class::USER));
+        assert!(!check_escaped(b"a b", class::USER));
+    }
+
+    #[test]
     fn eq_ic_matches_the_standard_library_on_every_byte_pair() {
         for a in 0..=255u8 {
             for b in 0..=255u8 {
@@ -99,6 +223,25 @@ mod tests {
                     eq_ic(&[a; 17], &[b; 17]),
                     [a; 17].eq_ignore_ascii_case(&[b; 17])
                 );
+            }
+        }
+        // Every length, a difference (or a case change) at every position.
+        let pairs = [
+            (b'A', b'a'),
+            (b'Z', b'z'),
+            (b'a', b'b'),
+            (b'@', b'`'),
+            (b'[', b'{'),
+        ];
+        for len in 0..20 {
+            for pos in 0..len {
+                for (x, y) in pairs.iter().chain(&[(0xc1, 0xe1), (b'-', b'-')]) {
+                    let mut a = vec![b'k'; len];
+                    let mut b = vec![b'K'; len];
+                    a[pos] = *x;
+                    b[pos] = *y;
+                    assert_eq!(eq_ic(&a, &b), a.eq_ignore_ascii_case(&b), "{a:?} {b:?}");
+                }
             }
         }
         assert!(eq_ic(b"Proxy-Authorization", b"proxy-authorization"));

@@ -5,7 +5,7 @@
 //! forwarding never needs it. Other schemes (`mailto:`, `urn:`, ...) parse as
 //! [`Scheme::Other`] with only the scheme split off, so an application can answer 416.
 
-use super::scan::{check_escaped, eq_ic, is_token, is_unreserved, parse_u64};
+use super::scan::{check_escaped, class, eq_ic, is, is_token, parse_u64};
 
 /// The URI scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,22 +59,6 @@ pub struct Uri<'a> {
     pub headers: &'a [u8],
 }
 
-fn user_char(b: u8) -> bool {
-    is_unreserved(b) || b"&=+$,;?/".contains(&b)
-}
-
-fn password_char(b: u8) -> bool {
-    is_unreserved(b) || b"&=+$,".contains(&b)
-}
-
-fn param_char(b: u8) -> bool {
-    is_unreserved(b) || b"[]/:&+$".contains(&b)
-}
-
-fn header_char(b: u8) -> bool {
-    is_unreserved(b) || b"[]/?:+$".contains(&b)
-}
-
 /// Validates a host: a hostname or IPv4 address, or an IPv6 reference in brackets.
 pub fn valid_host(h: &[u8]) -> bool {
     match h {
@@ -85,12 +69,7 @@ pub fn valid_host(h: &[u8]) -> bool {
                     .iter()
                     .all(|b| b.is_ascii_hexdigit() || *b == b':' || *b == b'.')
         }
-        _ => {
-            h.iter()
-                .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'.')
-                && h[0] != b'-'
-                && h[0] != b'.'
-        }
+        _ => h.iter().all(|b| is(*b, class::HOSTNAME)) && h[0] != b'-' && h[0] != b'.',
     }
 }
 
@@ -138,11 +117,11 @@ fn check_params(params: &[u8]) -> Result<(), UriError> {
             Some(i) => (&p[..i], Some(&p[i + 1..])),
             None => (p, None),
         };
-        if name.is_empty() || !check_escaped(name, param_char) {
+        if name.is_empty() || !check_escaped(name, class::PARAM) {
             return Err(UriError::Param);
         }
         if let Some(v) = value {
-            if v.is_empty() || !check_escaped(v, param_char) {
+            if v.is_empty() || !check_escaped(v, class::PARAM) {
                 return Err(UriError::Param);
             }
         }
@@ -222,11 +201,11 @@ impl<'a> Uri<'a> {
                     Some(i) => (&ui[..i], Some(&ui[i + 1..])),
                     None => (ui, None),
                 };
-                if u.is_empty() || !check_escaped(u, user_char) {
+                if u.is_empty() || !check_escaped(u, class::USER) {
                     return Err(UriError::User);
                 }
                 if let Some(p) = p {
-                    if !check_escaped(p, password_char) {
+                    if !check_escaped(p, class::PASSWORD) {
                         return Err(UriError::Password);
                     }
                 }
@@ -256,8 +235,8 @@ impl<'a> Uri<'a> {
                 && hs.split(|b| *b == b'&').all(|h| {
                     h.iter().position(|b| *b == b'=').is_some_and(|i| {
                         i > 0
-                            && check_escaped(&h[..i], header_char)
-                            && check_escaped(&h[i + 1..], header_char)
+                            && check_escaped(&h[..i], class::HEADER)
+                            && check_escaped(&h[i + 1..], class::HEADER)
                     })
                 })
         };
@@ -310,19 +289,19 @@ impl<'a> Uri<'a> {
 /// Looks up `name` in a `;a=b;c` list (leading separator included), tolerating whitespace
 /// around the separators as header parameters allow.
 pub fn param_lookup<'a>(params: &'a [u8], sep: u8, name: &[u8]) -> Option<Option<&'a [u8]>> {
-    for p in params.split(|b| *b == sep).skip(1) {
-        let (n, v) = match p.iter().position(|b| *b == b'=') {
-            Some(i) => (
-                super::scan::trim(&p[..i]),
-                Some(super::scan::trim(&p[i + 1..])),
-            ),
-            None => (super::scan::trim(p), None),
-        };
+    use super::scan::trim;
+    // What precedes the first separator is not a parameter.
+    let mut rest = &params[memchr::memchr(sep, params)? + 1..];
+    loop {
+        let end = memchr::memchr(sep, rest).unwrap_or(rest.len());
+        let p = &rest[..end];
+        let eq = memchr::memchr(b'=', p);
+        let n = trim(&p[..eq.unwrap_or(p.len())]);
         if eq_ic(n, name) {
-            return Some(v);
+            return Some(eq.map(|e| trim(&p[e + 1..])));
         }
+        rest = rest.get(end + 1..)?;
     }
-    None
 }
 
 /// Checks that `s` is a token (used by callers validating parameter names).

@@ -3,7 +3,7 @@
 //! message buffer so the positions it reports can be spliced.
 
 use super::error::ParseError;
-use super::scan::{eq_ic, is_token, parse_u64, Cursor};
+use super::scan::{class, eq_ic, is, is_token, parse_u64, Cursor};
 use super::uri::{param_lookup, split_hostport, Uri, UriError};
 
 /// Header parameters (`;tag=x;expires=60`) as written, leading `;` included.
@@ -18,32 +18,38 @@ impl<'a> Params<'a> {
 }
 
 /// Parses `*(SEMI generic-param)` at the cursor; stops before anything else (a comma, the end).
-/// Every parameter needs a name; a value is a token, a host or a quoted string.
-fn parse_params<'a>(c: &mut Cursor<'a>, header: &'static str) -> Result<Params<'a>, ParseError> {
+/// Every parameter needs a name; a value is a token, a host or a quoted string (quotes kept).
+/// `each` sees every parameter, name and value, as it is parsed.
+fn parse_params<'a>(
+    c: &mut Cursor<'a>,
+    header: &'static str,
+    mut each: impl FnMut(&'a [u8], Option<&'a [u8]>),
+) -> Result<Params<'a>, ParseError> {
     let start = c.pos;
     let mut end = c.pos;
     while c.eat_sep(b';') {
-        if c.token().is_none() {
-            return Err(ParseError::header(header, "empty parameter"));
-        }
+        let name = c
+            .token()
+            .ok_or(ParseError::header(header, "empty parameter"))?;
+        let mut value = None;
         if c.eat_sep(b'=') {
-            let value_ok = if c.peek() == Some(b'"') {
-                c.quoted().is_some()
+            let v = if c.peek() == Some(b'"') {
+                c.quoted()
             } else {
-                !c.take_while(|b| is_token(b) || b == b':' || b == b'[' || b == b']')
-                    .is_empty()
+                Some(c.take_while(|b| is_token(b) || b == b':' || b == b'[' || b == b']'))
+                    .filter(|v| !v.is_empty())
             };
-            if !value_ok {
-                return Err(ParseError::header(header, "bad parameter value"));
-            }
+            value = Some(v.ok_or(ParseError::header(header, "bad parameter value"))?);
         }
+        each(name, value);
         end = c.pos;
     }
     c.pos = end;
     Ok(Params(&c.buf[start..end]))
 }
 
-/// One Via value (`via-parm`).
+/// One Via value (`via-parm`). The parameters a proxy reads on every message are found while
+/// parsing, so asking for them costs nothing; any other is in `params`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Via<'a> {
     pub transport: &'a [u8],
@@ -51,6 +57,10 @@ pub struct Via<'a> {
     pub port: Option<u16>,
     pub params: Params<'a>,
     pub branch: Option<&'a [u8]>,
+    /// `rport` as written: `None` absent, `Some(None)` without a value.
+    rport: Option<Option<&'a [u8]>>,
+    received: Option<&'a [u8]>,
+    maddr: Option<&'a [u8]>,
     /// Absolute offsets of this via-parm in the buffer.
     pub start: usize,
     pub end: usize,
@@ -61,7 +71,7 @@ impl<'a> Via<'a> {
     /// unreliable transport (RFC 3261 §18.2.2, RFC 3581): the source address, at the Via's
     /// port (5060 if none) unless `rport` asked for the source port.
     pub fn response_addr(&self, source: std::net::SocketAddr) -> std::net::SocketAddr {
-        if self.rport().is_some() {
+        if self.rport.is_some() {
             source
         } else {
             std::net::SocketAddr::new(source.ip(), self.port.unwrap_or(5060))
@@ -74,18 +84,17 @@ impl<'a> Via<'a> {
     }
 
     pub fn received(&self) -> Option<&'a [u8]> {
-        self.params.get(b"received").flatten()
+        self.received
     }
 
     /// `None`: no rport; `Some(None)`: rport requested (no value yet); `Some(Some(p))`: filled.
     pub fn rport(&self) -> Option<Option<u16>> {
-        self.params
-            .get(b"rport")
+        self.rport
             .map(|v| v.and_then(parse_u64).and_then(|p| u16::try_from(p).ok()))
     }
 
     pub fn maddr(&self) -> Option<&'a [u8]> {
-        self.params.get(b"maddr").flatten()
+        self.maddr
     }
 
     /// True when the branch carries the RFC 3261 magic cookie.
@@ -125,7 +134,7 @@ pub fn parse_via<'a>(c: &mut Cursor<'a>) -> Result<Via<'a>, ParseError> {
             return Err(ParseError::header(H, "bad sent-by"));
         }
     } else {
-        c.take_while(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        c.take_while(|b| is(b, class::HOSTNAME));
     }
     let host = &c.buf[host_start..c.pos];
     let port = if c.eat_sep(b':') {
@@ -139,9 +148,19 @@ pub fn parse_via<'a>(c: &mut Cursor<'a>) -> Result<Via<'a>, ParseError> {
         None
     };
     split_hostport(host).map_err(|_| ParseError::header(H, "bad sent-by"))?;
-    let params = parse_params(c, H)?;
-    let branch = params.get(b"branch").flatten();
-    if params.get(b"branch") == Some(None) {
+    // The first of each parameter counts, as a lookup by name would find it.
+    let (mut branch, mut rport, mut received, mut maddr) = (None, None, None, None);
+    let params = parse_params(c, H, |name, value| {
+        let slot = match name.len() {
+            6 if eq_ic(name, b"branch") => &mut branch,
+            5 if eq_ic(name, b"rport") => &mut rport,
+            8 if eq_ic(name, b"received") => &mut received,
+            5 if eq_ic(name, b"maddr") => &mut maddr,
+            _ => return,
+        };
+        slot.get_or_insert(value);
+    })?;
+    if branch == Some(None) {
         return Err(ParseError::header(H, "empty branch"));
     }
     Ok(Via {
@@ -149,7 +168,10 @@ pub fn parse_via<'a>(c: &mut Cursor<'a>) -> Result<Via<'a>, ParseError> {
         host,
         port,
         params,
-        branch,
+        branch: branch.flatten(),
+        rport,
+        received: received.flatten(),
+        maddr: maddr.flatten(),
         start,
         end: c.pos,
     })
@@ -209,13 +231,15 @@ pub struct NameAddr<'a> {
     pub params: Params<'a>,
     /// Whether the URI was in angle brackets.
     pub bracketed: bool,
+    /// The first `tag` parameter's value, found while parsing.
+    tag: Option<&'a [u8]>,
     pub start: usize,
     pub end: usize,
 }
 
 impl<'a> NameAddr<'a> {
     pub fn tag(&self) -> Option<&'a [u8]> {
-        self.params.get(b"tag").flatten()
+        self.tag
     }
 }
 
@@ -285,12 +309,18 @@ pub fn parse_name_addr<'a>(
         }
         (uri, false)
     };
-    let params = parse_params(c, header)?;
+    let mut tag = None;
+    let params = parse_params(c, header, |name, value| {
+        if name.len() == 3 && eq_ic(name, b"tag") {
+            tag.get_or_insert(value);
+        }
+    })?;
     Ok(NameAddr {
         display,
         uri,
         params,
         bracketed,
+        tag: tag.flatten(),
         start,
         end: c.pos,
     })

@@ -224,7 +224,11 @@ mod tests {
             assert_eq!(c.chosen(), keep);
             // After the first few windows, only one window in MAX_EXPLORE + 1 looks away.
             let away = ran[keep.other().index()];
-            assert!(away <= 30, "{away} of 1,000 windows under {:?}", keep.other());
+            assert!(
+                away <= 30,
+                "{away} of 1,000 windows under {:?}",
+                keep.other()
+            );
         }
     }
 
