@@ -139,7 +139,8 @@ impl<'m, 'a> Rewriter<'m, 'a> {
         if (needs_received && via.received().is_none()) || add_rport {
             self.splice.replace_with(via.end, via.end, |t| {
                 if needs_received && via.received().is_none() {
-                    let _ = write!(t, ";received={source_ip}");
+                    t.extend_from_slice(b";received=");
+                    push_ip(t, source_ip);
                 }
                 if add_rport {
                     t.extend_from_slice(b";rport=");
@@ -254,6 +255,24 @@ impl<'m, 'a> Rewriter<'m, 'a> {
     }
 }
 
+/// Appends an IP address as text: IPv4 (nearly every address here) without the formatting
+/// machinery.
+fn push_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                push_int(out, octet);
+            }
+        }
+        std::net::IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
 /// Finds the offset of parameter `name` (its name's first byte) within a `;a;b=c` string.
 fn find_param(_src: &[u8], params: &[u8], name: &[u8]) -> Option<usize> {
     let mut i = 0;
@@ -281,4 +300,25 @@ pub fn fmt_string(args: std::fmt::Arguments<'_>) -> String {
     let mut s = String::new();
     let _ = s.write_fmt(args);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_ip;
+
+    #[test]
+    fn addresses_are_written_as_std_writes_them() {
+        for ip in [
+            "0.0.0.0",
+            "192.168.10.255",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::7",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            let mut out = Vec::new();
+            push_ip(&mut out, ip);
+            assert_eq!(out, ip.to_string().as_bytes());
+        }
+    }
 }
