@@ -5,7 +5,8 @@
 //! (sqlx's `Any` driver) with a small dialect switch for placeholders. Writes run on one
 //! thread of their own with a single-threaded tokio runtime: workers hand it
 //! [`BindingChange`]s over a channel, and it commits whatever has queued up in one
-//! transaction, so a burst of registrations costs one commit. After each commit it reports
+//! transaction, so a burst of registrations costs one commit. In write-behind mode it also
+//! lets changes gather for [`GROUP_COMMIT`] after the first (group commit). After each commit it reports
 //! how far each worker's changes are committed, which durable registration waits for
 //! (`engine::durable`). On shutdown the server flushes
 //! the queue before exiting. If the database does not answer, the batch is kept and retried,
