@@ -6,14 +6,14 @@
 //! thread of their own with a single-threaded tokio runtime: workers hand it
 //! [`BindingChange`]s over a channel, and it commits whatever has queued up in one
 //! transaction, so a burst of registrations costs one commit. In write-behind mode it also
-//! lets changes gather for [`GROUP_COMMIT`] after the first (group commit). After each commit it reports
-//! how far each worker's changes are committed, which durable registration waits for
-//! (`engine::durable`). On shutdown the server flushes
-//! the queue before exiting. If the database does not answer, the batch is kept and retried,
-//! the error is logged once per outage, and registrations keep working from memory; if it
-//! answers but refuses one change, that change alone is dropped and logged, so it cannot hold
-//! up the others. A SQLite file deleted or replaced under the server is noticed before the
-//! next write and opened anew.
+//! lets changes gather for `GROUP_COMMIT` (10 ms) after the first (group commit). After each
+//! commit it reports how far each worker's changes are committed, which durable registration
+//! waits for (`engine::durable`). On shutdown the server flushes the queue before exiting.
+//! If the database does not answer, the batch is kept and retried, the error is logged once
+//! per outage, and registrations keep working from memory; if it answers but refuses one
+//! change, that change alone is dropped and logged, so it cannot hold up the others. A
+//! SQLite file deleted or replaced under the server is noticed before the next write and
+//! opened anew.
 //!
 //! The schema is a list of migrations applied in order under a lock, so processes opening a
 //! fresh database at once (`serve` and `authd`) neither fail nor apply one twice.
