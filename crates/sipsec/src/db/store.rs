@@ -356,64 +356,133 @@ impl Store {
         sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
     }
 
-    /// Applies a batch of changes in one transaction.
+    /// Applies a batch of changes in one transaction: the batch's final state, in a few
+    /// statements ([`Plan`]). Each statement is a round trip to the database (on SQLite, to
+    /// sqlx's thread), so the bindings go in multi-row upserts rather than three statements
+    /// each.
     pub async fn write(&self, changes: &[SharedChange]) -> Result<()> {
         let d = self.dialect;
+        let plan = Plan::of(changes);
         let mut tx = self.pool.begin().await?;
-        for change in changes {
-            match &**change {
-                BindingChange::Upsert { aor, binding } => {
-                    let ignore = match d {
-                        Dialect::MySql => "INSERT IGNORE INTO location_aors (aor) VALUES (?)",
-                        Dialect::Sqlite => "INSERT OR IGNORE INTO location_aors (aor) VALUES (?)",
-                        Dialect::Postgres => {
-                            "INSERT INTO location_aors (aor) VALUES (?) ON CONFLICT DO NOTHING"
-                        }
-                    };
-                    sqlx::query(&d.sql(ignore))
-                        .bind(&**aor)
-                        .execute(&mut *tx)
-                        .await?;
-                    sqlx::query(
-                        &d.sql("DELETE FROM location_bindings WHERE aor = ? AND contact = ?"),
-                    )
-                    .bind(&**aor)
-                    .bind(&*binding.contact)
-                    .execute(&mut *tx)
-                    .await?;
-                    sqlx::query(&d.sql(
-                        "INSERT INTO location_bindings (aor, contact, target, expires_at, q, call_id, cseq) \
-                         VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    ))
-                    .bind(&**aor)
+        for aor in &plan.remove_all {
+            sqlx::query(&d.sql("DELETE FROM location_bindings WHERE aor = ?"))
+                .bind(*aor)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for (aor, contact) in &plan.removes {
+            sqlx::query(&d.sql("DELETE FROM location_bindings WHERE aor = ? AND contact = ?"))
+                .bind(*aor)
+                .bind(*contact)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for rows in plan.upserts.chunks(ROWS_PER_STATEMENT) {
+            let mut aors: Vec<&str> = rows.iter().map(|(aor, _)| *aor).collect();
+            aors.sort_unstable();
+            aors.dedup();
+            let (insert, ignore_suffix) = match d {
+                Dialect::MySql => ("INSERT IGNORE INTO", ""),
+                Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
+                Dialect::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
+            };
+            let sql = format!(
+                "{insert} location_aors (aor) VALUES {}{ignore_suffix}",
+                placeholders(aors.len(), 1)
+            );
+            let sql = d.sql(&sql);
+            let mut query = sqlx::query(&sql);
+            for aor in &aors {
+                query = query.bind(*aor);
+            }
+            query.execute(&mut *tx).await?;
+            let update = match d {
+                Dialect::MySql => {
+                    " ON DUPLICATE KEY UPDATE target = VALUES(target), \
+                     expires_at = VALUES(expires_at), q = VALUES(q), \
+                     call_id = VALUES(call_id), cseq = VALUES(cseq)"
+                }
+                Dialect::Sqlite | Dialect::Postgres => {
+                    " ON CONFLICT (aor, contact) DO UPDATE SET target = excluded.target, \
+                     expires_at = excluded.expires_at, q = excluded.q, \
+                     call_id = excluded.call_id, cseq = excluded.cseq"
+                }
+            };
+            let sql = format!(
+                "INSERT INTO location_bindings (aor, contact, target, expires_at, q, call_id, cseq) \
+                 VALUES {}{update}",
+                placeholders(rows.len(), 7)
+            );
+            let sql = d.sql(&sql);
+            let mut query = sqlx::query(&sql);
+            for (aor, binding) in rows {
+                query = query
+                    .bind(*aor)
                     .bind(&*binding.contact)
                     .bind(binding.target.to_string())
                     .bind(binding.expires_at as i64)
                     .bind(binding.q.as_deref())
                     .bind(&*binding.call_id)
-                    .bind(i64::from(binding.cseq))
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                BindingChange::Remove { aor, contact } => {
-                    sqlx::query(
-                        &d.sql("DELETE FROM location_bindings WHERE aor = ? AND contact = ?"),
-                    )
-                    .bind(&**aor)
-                    .bind(&**contact)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                BindingChange::RemoveAll { aor } => {
-                    sqlx::query(&d.sql("DELETE FROM location_bindings WHERE aor = ?"))
-                        .bind(&**aor)
-                        .execute(&mut *tx)
-                        .await?;
-                }
+                    .bind(i64::from(binding.cseq));
             }
+            query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
+    }
+}
+
+/// Bindings per upsert statement: 7 values each stays far below every database's limit on
+/// bound values (SQLite's is 32,766, PostgreSQL's and MySQL's 65,535).
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// `(?, ?), (?, ?)`: `rows` rows of `columns` placeholders.
+fn placeholders(rows: usize, columns: usize) -> String {
+    let row = format!("({})", vec!["?"; columns].join(", "));
+    vec![row; rows].join(", ")
+}
+
+/// What a batch leaves behind, as the statements to write it: a binding changed several
+/// times in a batch is written once, as it ended, and nothing changed before a `RemoveAll`
+/// of its AOR is written at all. Run in this order: remove-alls, removes, upserts.
+#[derive(Debug, Default, PartialEq)]
+struct Plan<'c> {
+    remove_all: Vec<&'c str>,
+    removes: Vec<(&'c str, &'c str)>,
+    upserts: Vec<(&'c str, &'c Binding)>,
+}
+
+impl<'c> Plan<'c> {
+    fn of(changes: &'c [SharedChange]) -> Plan<'c> {
+        use std::collections::HashSet;
+        let mut plan = Plan::default();
+        // Newest first: the first change met for a binding is its final state.
+        let mut cleared: HashSet<&str> = HashSet::new();
+        let mut settled: HashSet<(&str, &str)> = HashSet::new();
+        for change in changes.iter().rev() {
+            match &**change {
+                BindingChange::RemoveAll { aor } => {
+                    if cleared.insert(aor) {
+                        plan.remove_all.push(aor);
+                    }
+                }
+                BindingChange::Upsert { aor, binding } => {
+                    if !cleared.contains(&**aor) && settled.insert((aor, &binding.contact)) {
+                        plan.upserts.push((aor, binding));
+                    }
+                }
+                BindingChange::Remove { aor, contact } => {
+                    if !cleared.contains(&**aor) && settled.insert((aor, contact)) {
+                        plan.removes.push((aor, contact));
+                    }
+                }
+            }
+        }
+        // Oldest first again, as the changes came.
+        plan.remove_all.reverse();
+        plan.removes.reverse();
+        plan.upserts.reverse();
+        plan
     }
 }
 
@@ -663,6 +732,44 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_written_as_it_ended() {
+        let up = |aor: &str, contact: &str, exp| -> SharedChange {
+            Arc::new(BindingChange::Upsert {
+                aor: aor.into(),
+                binding: binding(contact, exp),
+            })
+        };
+        let remove = |aor: &str, contact: &str| -> SharedChange {
+            Arc::new(BindingChange::Remove {
+                aor: aor.into(),
+                contact: contact.into(),
+            })
+        };
+        let clear =
+            |aor: &str| -> SharedChange { Arc::new(BindingChange::RemoveAll { aor: aor.into() }) };
+        let changes = vec![
+            up("a", "sip:1", 1),
+            up("b", "sip:1", 1),
+            up("a", "sip:1", 2), // a refresh: only this one is written
+            remove("b", "sip:1"),
+            up("c", "sip:1", 1),
+            clear("c"),          // c's earlier upsert is not written
+            up("c", "sip:2", 3), // but this later one is
+            remove("d", "sip:9"),
+        ];
+        let plan = Plan::of(&changes);
+        assert_eq!(plan.remove_all, vec!["c"]);
+        assert_eq!(plan.removes, vec![("b", "sip:1"), ("d", "sip:9")]);
+        let upserts: Vec<_> = plan
+            .upserts
+            .iter()
+            .map(|(aor, b)| (*aor, &*b.contact, b.expires_at))
+            .collect();
+        assert_eq!(upserts, vec![("a", "sip:1", 2), ("c", "sip:2", 3)]);
+        assert_eq!(placeholders(2, 3), "(?, ?, ?), (?, ?, ?)");
+    }
+
+    #[test]
     fn postgres_placeholders_are_numbered() {
         assert_eq!(
             Dialect::Postgres.sql("a = ? AND b = ?"),
@@ -809,6 +916,28 @@ mod tests {
         let mut contacts: Vec<_> = loaded.bindings.iter().map(|(_, b)| &*b.contact).collect();
         contacts.sort();
         assert_eq!(contacts, ["sip:a@1.2.3.4", "sip:a@5.6.7.8"]);
+        // A refresh of a stored binding updates it in place (the upsert's conflict path).
+        store.write(&[refresh()]).await.unwrap();
+        let mut loaded: Vec<_> = (store.load(0).await.unwrap().bindings)
+            .into_iter()
+            .map(|(_, b)| (b.contact.to_string(), b.expires_at))
+            .collect();
+        loaded.sort();
+        assert_eq!(
+            loaded,
+            [
+                ("sip:a@1.2.3.4".to_string(), 20_000),
+                ("sip:a@5.6.7.8".to_string(), 10_000)
+            ]
+        );
+    }
+
+    /// a@x's binding at 1.2.3.4, refreshed to expire at 20,000.
+    fn refresh() -> SharedChange {
+        Arc::new(BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:a@1.2.3.4", 20_000),
+        })
     }
 
     #[test]
@@ -862,12 +991,13 @@ mod tests {
                 }),
             ];
             store.write(&changes).await.unwrap();
+            store.write(&[refresh()]).await.unwrap();
             drop(store);
             let store = Store::connect(&url).await.unwrap();
             let loaded = store.load(1_000).await.unwrap();
             assert_eq!(
                 loaded.bindings,
-                vec![("a@x".to_string(), binding("sip:a@1.2.3.4", 10_000))]
+                vec![("a@x".to_string(), binding("sip:a@1.2.3.4", 20_000))]
             );
             let mut known = loaded.known_aors;
             known.sort();
