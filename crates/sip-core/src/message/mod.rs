@@ -503,16 +503,7 @@ impl<'a> Message<'a> {
     /// The Via below the top one (where a response goes after the top hop pops its own), parsing
     /// only that value.
     pub fn second_via(&self) -> Option<Result<Via<'a>, ParseError>> {
-        let top = self.headers[self.top_via_field];
-        let mut c = Cursor::new(self.buf, self.top_via.end, top.value_end as usize);
-        c.skip_ws();
-        if c.eat(b',') {
-            return Some(values::parse_via(&mut c));
-        }
-        let next = self.headers[self.top_via_field + 1..]
-            .iter()
-            .find(|h| h.name == HeaderName::Via)?;
-        let mut c = Cursor::new(self.buf, next.value_start as usize, next.value_end as usize);
+        let mut c = self.below_top_via().next()?;
         Some(values::parse_via(&mut c))
     }
 
@@ -520,25 +511,25 @@ impl<'a> Message<'a> {
     /// not parsed again.
     pub fn vias(&self, mut each: impl FnMut(Via<'a>)) -> Result<(), ParseError> {
         each(self.top_via);
+        for c in self.below_top_via() {
+            values::parse_via_list(self.buf, c.pos, c.end, &mut each)?;
+        }
+        Ok(())
+    }
+
+    /// Where the Via values below the top one are written: the rest of the top one's line
+    /// after its comma, if any, then every later Via line.
+    fn below_top_via(&self) -> impl Iterator<Item = Cursor<'a>> + '_ {
         let top = &self.headers[self.top_via_field];
         // `parse` checked that the top value ends its line or is followed by a comma.
         let mut c = Cursor::new(self.buf, self.top_via.end, top.value_end as usize);
         c.skip_ws();
-        if c.eat(b',') {
-            values::parse_via_list(self.buf, c.pos, c.end, &mut each)?;
-        }
-        for h in self.headers[self.top_via_field + 1..]
+        let rest_of_line = c.eat(b',').then_some(c);
+        let later_lines = self.headers[self.top_via_field + 1..]
             .iter()
             .filter(|h| h.name == HeaderName::Via)
-        {
-            values::parse_via_list(
-                self.buf,
-                h.value_start as usize,
-                h.value_end as usize,
-                &mut each,
-            )?;
-        }
-        Ok(())
+            .map(|h| Cursor::new(self.buf, h.value_start as usize, h.value_end as usize));
+        rest_of_line.into_iter().chain(later_lines)
     }
 
     pub fn cseq(&self) -> &CSeq<'a> {

@@ -357,7 +357,7 @@ impl Store {
     }
 
     /// Applies a batch of changes in one transaction: the batch's final state, in a few
-    /// statements ([`Plan`]). Each statement is a round trip to the database (on SQLite, to
+    /// statements (see `Plan`). Each statement is a round trip to the database (on SQLite, to
     /// sqlx's thread), so the bindings go in multi-row upserts rather than three statements
     /// each.
     pub async fn write(&self, changes: &[SharedChange]) -> Result<()> {
@@ -581,13 +581,14 @@ impl Batch {
     }
 }
 
-/// Starts the write-behind thread for a connected store (opened from `url`), on the given
 /// How long write-behind lets changes gather before a commit. Each commit costs the writer and
 /// sqlx's SQLite thread a handful of wake-ups (one per statement) besides the disk; at 2,000
 /// REGISTERs/s this turns 2,000 commits a second into at most 100. Nothing waits for a
-/// write-behind commit, and a flush (shutdown) cuts the wait short of the next batch only.
+/// write-behind commit; a flush (shutdown) that comes first skips the wait, one that comes
+/// during it waits it out.
 const GROUP_COMMIT: Duration = Duration::from_millis(10);
 
+/// Starts the write-behind thread for a connected store (opened from `url`), on the given
 /// runtime. `on_saved`, if given, hears after every commit how far each worker's changes
 /// are committed.
 pub fn spawn_writer(
