@@ -273,7 +273,8 @@ pub fn run(a: BenchArgs) -> Result<Report> {
     } else {
         let dir = tempfile::tempdir()?;
         let config = match &a.config {
-            Some(p) => p.clone(),
+            // Absolute: the server runs in the scratch directory, not the caller's.
+            Some(p) => std::path::absolute(p)?,
             None => {
                 let p = dir.path().join("sipsec.toml");
                 std::fs::write(&p, default_config(dir.path(), a.stateless, s, &tls_dir))?;
