@@ -27,6 +27,7 @@ pub use values::{CSeq, NameAddr, Params, Via};
 
 use scan::{is_token, parse_u64, Cursor};
 use smallvec::SmallVec;
+use std::cell::OnceCell;
 
 /// A request method. Methods compare case-sensitively (RFC 3261 §7.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -135,6 +136,10 @@ pub struct Message<'a> {
     cseq: CSeq<'a>,
     call_id: &'a [u8],
     max_forwards: Option<u8>,
+    /// From and To, parsed on first use: a proxy asks for their tags, a registrar for To's
+    /// URI, a local response for From's tag, each once per message rather than once a question.
+    from: OnceCell<Result<NameAddr<'a>, ParseError>>,
+    to: OnceCell<Result<NameAddr<'a>, ParseError>>,
 }
 
 fn find_line_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
@@ -387,6 +392,8 @@ impl<'a> Message<'a> {
             cseq,
             call_id,
             max_forwards,
+            from: OnceCell::new(),
+            to: OnceCell::new(),
         })
     }
 
@@ -558,12 +565,18 @@ impl<'a> Message<'a> {
         )
     }
 
+    /// The From header (parsed once, on first use).
     pub fn from(&self) -> Result<NameAddr<'a>, ParseError> {
-        self.single_name_addr(HeaderName::From, "From")
+        *self
+            .from
+            .get_or_init(|| self.single_name_addr(HeaderName::From, "From"))
     }
 
+    /// The To header (parsed once, on first use).
     pub fn to(&self) -> Result<NameAddr<'a>, ParseError> {
-        self.single_name_addr(HeaderName::To, "To")
+        *self
+            .to
+            .get_or_init(|| self.single_name_addr(HeaderName::To, "To"))
     }
 
     /// Visits name-addr values of a list header (Contact, Route, Record-Route) in order.

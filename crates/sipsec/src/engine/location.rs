@@ -11,30 +11,41 @@ use sip_core::timer::{Millis, TimerHandle, TimerWheel};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// One contact bound to an address-of-record.
+/// One contact bound to an address-of-record. Its strings are shared (`Arc<str>`): a binding
+/// is held by every worker's replica, the expiry wheel and the store's queue, and a clone is a
+/// reference count, not a copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
     /// The contact URI as registered.
-    pub contact: Box<str>,
+    pub contact: Arc<str>,
     /// Where requests for this contact are sent.
     pub target: Peer,
     /// Expiry, in Unix milliseconds.
     pub expires_at: u64,
     /// The `q` parameter as written, if any.
-    pub q: Option<Box<str>>,
-    pub call_id: Box<str>,
+    pub q: Option<Arc<str>>,
+    pub call_id: Arc<str>,
     pub cseq: u32,
 }
 
 /// A change to the location service, applied by every replica and by the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BindingChange {
-    Upsert { aor: Box<str>, binding: Binding },
-    Remove { aor: Box<str>, contact: Box<str> },
-    RemoveAll { aor: Box<str> },
+    Upsert { aor: Arc<str>, binding: Binding },
+    Remove { aor: Arc<str>, contact: Arc<str> },
+    RemoveAll { aor: Arc<str> },
 }
 
 impl BindingChange {
+    /// The contact an Upsert or Remove is about (none for RemoveAll).
+    pub fn contact(&self) -> Option<&str> {
+        match self {
+            BindingChange::Upsert { binding, .. } => Some(&binding.contact),
+            BindingChange::Remove { contact, .. } => Some(contact),
+            BindingChange::RemoveAll { .. } => None,
+        }
+    }
+
     /// What the change is about, for a log line: the AOR and contact, cut to 80 bytes each.
     pub fn describe(&self) -> String {
         let cut = |s: &str| match s.char_indices().nth(80) {
@@ -65,9 +76,9 @@ pub enum Lookup<'a> {
 
 /// One replica of the location service. Times are Unix milliseconds.
 pub struct Location {
-    aors: HashMap<Box<str>, Vec<Bound>>,
-    expiry: TimerWheel<(Box<str>, Box<str>)>,
-    fired: Vec<(Box<str>, Box<str>)>,
+    aors: HashMap<Arc<str>, Vec<Bound>>,
+    expiry: TimerWheel<(Arc<str>, Arc<str>)>,
+    fired: Vec<(Arc<str>, Arc<str>)>,
 }
 
 /// A binding with its expiry timer, cancelled when the binding is refreshed or removed so
@@ -102,7 +113,10 @@ impl Location {
                 let timer = self
                     .expiry
                     .insert(binding.expires_at, (aor.clone(), binding.contact.clone()));
-                let list = self.aors.entry(aor.clone()).or_default();
+                let list = match self.aors.get_mut(aor) {
+                    Some(list) => list,
+                    None => self.aors.entry(aor.clone()).or_default(),
+                };
                 let bound = Bound {
                     binding: binding.clone(),
                     timer,
@@ -138,6 +152,11 @@ impl Location {
                 }
             }
         }
+    }
+
+    /// The AOR's key as this replica holds it, to share rather than copy.
+    pub fn aor(&self, aor: &str) -> Option<&Arc<str>> {
+        self.aors.get_key_value(aor).map(|(k, _)| k)
     }
 
     /// Live bindings of an AOR.

@@ -143,7 +143,7 @@ struct ProxyContext {
 #[derive(Debug, Clone)]
 struct Target {
     /// A new Request-URI (retargeting to a registered contact), if any.
-    request_uri: Option<Box<str>>,
+    request_uri: Option<Arc<str>>,
     dest: Peer,
 }
 
@@ -630,12 +630,26 @@ enum LocalReply {
 
 /// A deterministic To tag for responses generated here: a retransmitted request gets the
 /// same tag, even from a stateless server (RFC 3261 §16.11).
-fn local_tag(msg: &Message<'_>) -> String {
+fn local_tag(msg: &Message<'_>) -> LocalTag {
     let from_tag = msg.from().ok().and_then(|f| f.tag()).unwrap_or_default();
     let h = branch::fnv1a(&[
         msg.call_id(),
         from_tag,
         msg.top_via().branch.unwrap_or_default(),
     ]);
-    format!("sS{h:012x}")
+    let mut tag = *b"sS0000000000000000";
+    for (i, digit) in tag[2..].iter_mut().enumerate() {
+        *digit = b"0123456789abcdef"[(h >> (60 - 4 * i)) as usize & 0xf];
+    }
+    LocalTag(tag)
+}
+
+/// A To tag made here: `sS` and 16 hex digits, on the stack.
+struct LocalTag([u8; 18]);
+
+impl std::ops::Deref for LocalTag {
+    type Target = str;
+    fn deref(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+    }
 }

@@ -9,7 +9,8 @@ use crate::engine::location::{Binding, BindingChange, Location};
 use crate::net::transport::{uri_peer, Peer};
 use sip_core::message::values::parse_delta_seconds;
 use sip_core::message::{HeaderName, Message, NameAddr};
-use std::fmt::Write as _;
+use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// The registrar's answer.
 #[derive(Debug)]
@@ -85,7 +86,7 @@ pub fn register(
     if call_id.len() > MAX_CALL_ID {
         return Outcome::reject(400, "Call-ID Too Long");
     }
-    let existing: Vec<&Binding> = location.bindings(aor, now_unix_ms).collect();
+    let existing: SmallVec<[&Binding; 4]> = location.bindings(aor, now_unix_ms).collect();
 
     if msg.contact_is_star() {
         let only = msg.headers_named(HeaderName::Contact).count() == 1;
@@ -105,7 +106,7 @@ pub fn register(
         };
     }
 
-    let mut requested: Vec<Requested<'_>> = Vec::new();
+    let mut requested: SmallVec<[Requested<'_>; 2]> = SmallVec::new();
     let mut bad_expires = false;
     let parsed = msg.name_addrs(HeaderName::Contact, |_, na| {
         let expires = match na.params.get(b"expires") {
@@ -149,8 +150,11 @@ pub fn register(
         };
     }
 
-    let mut changes = Vec::new();
-    let mut live: Vec<Binding> = existing.iter().map(|b| (*b).clone()).collect();
+    // The changes, last one per contact (a contact listed twice is bound as its last entry
+    // says), and the contacts they touch.
+    let aor: Arc<str> = location.aor(aor).cloned().unwrap_or_else(|| aor.into());
+    let mut shared_call_id: Option<Arc<str>> = None;
+    let mut changes: Vec<BindingChange> = Vec::with_capacity(requested.len());
     for r in &requested {
         let contact = String::from_utf8_lossy(r.contact.uri.raw);
         if let Some(b) = existing.iter().find(|b| *b.contact == *contact) {
@@ -161,10 +165,10 @@ pub fn register(
                 continue; // A retransmission of the same registration: nothing changes.
             }
         }
-        live.retain(|b| *b.contact != *contact);
+        changes.retain(|c| c.contact() != Some(&*contact));
         if r.expires == 0 {
             changes.push(BindingChange::Remove {
-                aor: aor.into(),
+                aor: aor.clone(),
                 contact: contact.into(),
             });
             continue;
@@ -174,42 +178,70 @@ pub fn register(
         if own(&target) {
             return Outcome::reject(403, "Contact Points At This Server");
         }
-        let binding = Binding {
-            contact: contact.into(),
-            target,
-            expires_at: now_unix_ms + u64::from(expires) * 1000,
-            q: r.contact
-                .params
-                .get(b"q")
-                .flatten()
-                .map(|q| String::from_utf8_lossy(q).into()),
-            call_id: call_id.as_ref().into(),
-            cseq,
-        };
-        live.push(binding.clone());
+        let call_id = shared_call_id.get_or_insert_with(|| call_id.as_ref().into());
         changes.push(BindingChange::Upsert {
-            aor: aor.into(),
-            binding,
+            aor: aor.clone(),
+            binding: Binding {
+                contact: contact.into(),
+                target,
+                expires_at: now_unix_ms + u64::from(expires) * 1000,
+                q: r.contact
+                    .params
+                    .get(b"q")
+                    .flatten()
+                    .map(|q| String::from_utf8_lossy(q).into()),
+                call_id: call_id.clone(),
+                cseq,
+            },
         });
     }
-    if live.len() > cfg.max_contacts {
+    let Some(headers) = contact_lines(cfg, &existing, &changes, now_unix_ms) else {
         return Outcome::reject(403, "Too Many Contacts");
-    }
-    let mut headers = String::new();
-    for b in &live {
-        let remaining = b.expires_at.saturating_sub(now_unix_ms).div_ceil(1000);
-        let _ = write!(headers, "Contact: <{}>;expires={remaining}", b.contact);
-        if let Some(q) = &b.q {
-            let _ = write!(headers, ";q={q}");
-        }
-        headers.push_str("\r\n");
-    }
+    };
     Outcome {
         code: 200,
         reason: "OK",
         headers,
         changes,
     }
+}
+
+/// The Contact lines of a 200 OK: the bindings current once `changes` apply (the existing
+/// ones they leave alone, then the new), each with its remaining time; `None` if they are
+/// more than the registrar allows.
+fn contact_lines(
+    cfg: &RegistrarConfig,
+    existing: &[&Binding],
+    changes: &[BindingChange],
+    now_unix_ms: u64,
+) -> Option<String> {
+    let kept = existing
+        .iter()
+        .copied()
+        .filter(|b| !changes.iter().any(|c| c.contact() == Some(&*b.contact)));
+    let bound = changes.iter().filter_map(|c| match c {
+        BindingChange::Upsert { binding, .. } => Some(binding),
+        _ => None,
+    });
+    let live: SmallVec<[&Binding; 4]> = kept.chain(bound).collect();
+    if live.len() > cfg.max_contacts {
+        return None;
+    }
+    let mut headers = String::with_capacity(live.len() * 64);
+    let mut digits = itoa::Buffer::new();
+    for b in &live {
+        let remaining = b.expires_at.saturating_sub(now_unix_ms).div_ceil(1000);
+        headers.push_str("Contact: <");
+        headers.push_str(&b.contact);
+        headers.push_str(">;expires=");
+        headers.push_str(digits.format(remaining));
+        if let Some(q) = &b.q {
+            headers.push_str(";q=");
+            headers.push_str(q);
+        }
+        headers.push_str("\r\n");
+    }
+    Some(headers)
 }
 
 #[cfg(test)]

@@ -41,18 +41,20 @@ impl Engine {
         self.cfg.names.is_domain(host)
     }
 
-    /// The address-of-record key of a user at a host we serve: domain hosts as written
-    /// (lower case), our own IP addresses standing for the first domain.
+    /// The address-of-record key of a user at a host we serve: `user@domain`, the domain in
+    /// lower case, our own IP addresses standing for the first domain.
     pub(super) fn aor_key(&self, user: &[u8], host: &[u8]) -> String {
-        let user = String::from_utf8_lossy(user);
-        if self.is_our_domain(host) {
-            format!(
-                "{user}@{}",
-                String::from_utf8_lossy(host).to_ascii_lowercase()
-            )
+        let domain = if self.is_our_domain(host) {
+            host
         } else {
-            format!("{user}@{}", self.cfg.domains[0])
-        }
+            self.cfg.domains[0].as_bytes()
+        };
+        let mut key = Vec::with_capacity(user.len() + 1 + domain.len());
+        key.extend_from_slice(user);
+        key.push(b'@');
+        key.extend(domain.iter().map(u8::to_ascii_lowercase));
+        String::from_utf8(key)
+            .unwrap_or_else(|bad| String::from_utf8_lossy(bad.as_bytes()).into_owned())
     }
 
     /// Decides what to do with a request that is not a retransmission.

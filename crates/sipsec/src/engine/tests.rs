@@ -111,6 +111,38 @@ fn options_to_the_server_is_answered() {
     assert!(sent[0].msg().to().unwrap().tag().is_some());
 }
 
+/// An AOR is one key however its domain is written: registered as `bob@example.test` under a
+/// config that spells the domain `Example.Test`, and called at the server's own address (which
+/// stands for the first domain), the call finds the binding.
+#[test]
+fn a_mixed_case_domain_and_the_servers_address_name_one_aor() {
+    let cfg = Config::from_toml(&format!(
+        "[server]\nlisten = [\"udp:{PROXY}\"]\ndomains = [\"Example.Test\"]\nworkers = 1\n"
+    ))
+    .unwrap();
+    let mut e = Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()));
+    let contact = format!("<sip:bob@{BOB1}>");
+    let (sent, _) = deliver(
+        &mut e,
+        0,
+        BOB1,
+        &register("bob", &contact, "", "z9hG4bKr1", 1),
+    );
+    assert_eq!(sent[0].status(), Some(200), "{}", sent[0].text);
+    let ruri = format!("sip:bob@{PROXY}");
+    let (sent, _) = deliver(
+        &mut e,
+        10,
+        ALICE,
+        &request("INVITE", &ruri, "z9hG4bKi1", ""),
+    );
+    let fwd = sent
+        .iter()
+        .find(|s| s.status().is_none())
+        .expect("INVITE forwarded");
+    assert_eq!(fwd.to, addr(BOB1));
+}
+
 #[test]
 fn register_then_invite_reaches_the_contact_with_the_proxy_edits() {
     let mut e = engine("");
