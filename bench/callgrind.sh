@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Instructions per call spent in the engine (parser, transactions, proxy logic; no sockets),
-# counted by callgrind: repeatable to the instruction whatever else the machine is doing.
-# The in-memory driver (examples/engine_calls.rs) runs N calls; callgrind collects only
-# inside Engine::on_message and Engine::on_tick, so the driver's own message building is
-# excluded.
+# Instructions per call and per REGISTER spent in the engine (parser, transactions, proxy and
+# registrar logic; no sockets), counted by callgrind: repeatable to the instruction whatever
+# else the machine is doing. The in-memory drivers (examples/engine_calls.rs,
+# examples/engine_registers.rs) run N of each; callgrind collects only inside
+# Engine::on_message and Engine::on_tick, so the drivers' own message building is excluded.
 #
 #   bench/callgrind.sh [N=3000]
 set -euo pipefail
@@ -18,3 +18,9 @@ for mode in stateful stateless; do
       target/release/examples/engine_calls "$mode" "$N" 2>&1 | awk '/Collected/ {print $4}')
   echo "$mode: $(( total / N )) instructions per call in the engine (INVITE..BYE through a record-routing proxy)"
 done
+# Registrations: 1,000 users refreshing (examples/engine_registers.rs), store writes excluded.
+cargo build --release --example engine_registers >/dev/null 2>&1
+total=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+    --toggle-collect='*Engine::on_message*' --toggle-collect='*Engine::on_tick*' \
+    target/release/examples/engine_registers "$N" 2>&1 | awk '/Collected/ {print $4}')
+echo "register: $(( total / N )) instructions per REGISTER in the engine (1,000 users refreshing)"
