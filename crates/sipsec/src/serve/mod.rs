@@ -20,7 +20,7 @@ pub mod token;
 pub mod worker;
 
 use crate::config::{Config, Mode};
-use crate::db::store::{self, Store};
+use crate::db::store::{self, Commits, Store};
 use crate::engine::location::BindingChange;
 use crate::engine::{Engine, Mail};
 use crate::net::epoll::Epoll;
@@ -119,7 +119,14 @@ pub fn run(cfg: Config) -> Result<()> {
     let started = Instant::now();
     let epoch_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
     let (store, loaded) = runtime.block_on(async {
-        let store = Store::connect(&cfg.database_url).await?;
+        // Write-behind answers before it commits, so its commits need not wait for the disk
+        // either; a durable 200 OK waits for one that has.
+        let commits = if cfg.registrar.durable {
+            Commits::Synced
+        } else {
+            Commits::Buffered
+        };
+        let store = Store::connect_with(&cfg.database_url, commits).await?;
         let loaded = store
             .load(epoch_unix_ms)
             .await
