@@ -671,6 +671,13 @@ impl Batch {
 /// during it waits it out.
 const GROUP_COMMIT: Duration = Duration::from_millis(10);
 
+/// How long durable registration lets changes gather before a commit: the REGISTERs of a few
+/// milliseconds share one commit (one fsync, and a handful of wake-ups) instead of each paying
+/// its own, for a few milliseconds more before their 200 OK. Measured at 2,000 REGISTERs/s
+/// under SIPp on SQLite: server CPU per REGISTER 53 µs with 1 ms, 32 µs with 4 ms (write-behind:
+/// about 20).
+const DURABLE_GATHER: Duration = Duration::from_millis(4);
+
 /// Starts the write-behind thread for a connected store (opened from `url`), on the given
 /// runtime. `on_saved`, if given, hears after every commit how far each worker's changes
 /// are committed.
@@ -710,6 +717,8 @@ pub fn spawn_writer(
             // second share transactions instead of paying one each.
             if write_behind(&waiters) && !failing {
                 tokio::time::sleep(GROUP_COMMIT).await;
+            } else if durable && !failing {
+                tokio::time::sleep(DURABLE_GATHER).await;
             }
             while let Ok(cmd) = rx.try_recv() {
                 queue(cmd, &mut pending, &mut waiters);
