@@ -281,6 +281,36 @@ fn a_restart_loses_no_registration() {
     server.stop();
 }
 
+/// Bindings reach the other workers without waking them, yet before anything that depends
+/// on them: 16 users register, and for each a caller (the callers' source ports spread them
+/// over both workers) sends a request the moment the 200 OK comes; every request reaches the
+/// contact just registered.
+#[test]
+fn a_binding_is_on_every_worker_before_its_200_ok_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(26000);
+    let config = server_config(port, dir.path(), "workers = 2");
+    let server = Server::start(dir.path(), &config);
+    let proxy = format!("127.0.0.1:{port}");
+    for i in 0..16 {
+        let carol = Endpoint::bind("127.0.0.5:0");
+        let caller = Endpoint::bind("127.0.0.6:0");
+        let user = format!("carol{i}");
+        let register =
+            register_text(port, &carol.addr, &format!("z9hG4bKrr{i}")).replace("carol", &user);
+        carol.send(&proxy, &register);
+        assert!(carol.recv().starts_with("SIP/2.0 200"));
+        let options = options_to_carol(&caller, &format!("z9hG4bKro{i}")).replace("carol", &user);
+        caller.send(&proxy, &options);
+        let forwarded = carol.recv();
+        assert!(
+            forwarded.starts_with(&format!("OPTIONS sip:{user}@{} SIP/2.0", carol.addr)),
+            "caller {i}: {forwarded}"
+        );
+    }
+    assert!(server.stop().success());
+}
+
 #[test]
 fn bad_config_fails_at_start_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();

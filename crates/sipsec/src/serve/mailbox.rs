@@ -33,12 +33,20 @@ pub struct MailboxSender {
 }
 
 impl MailboxSender {
+    /// Sends a letter and wakes the worker for it.
     pub fn send(&self, letter: impl Into<Letter>) {
         if self.tx.send(letter.into()).is_ok() {
             let one: u64 = 1;
             // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
             unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
         }
+    }
+
+    /// Leaves a letter without waking the worker: it reads it before anything else it next
+    /// wakes for (a datagram, a deadline, other mail), at most 200 ms on. For what only
+    /// matters to the work that wakes it, such as a binding a later request may look up.
+    pub fn post(&self, letter: impl Into<Letter>) {
+        let _ = self.tx.send(letter.into());
     }
 }
 

@@ -9,7 +9,8 @@
 //!    call, [`Engine::on_message`], after the mail that arrived meanwhile;
 //! 3. the engine's and the connections' due timers;
 //! 4. everything the engine asked for ([`Effects`]): binding changes posted to the other
-//!    workers and the store before any answer leaves, datagrams with one `sendmmsg` per
+//!    workers (without waking them: step 2 takes them first) and the store before any answer
+//!    leaves, datagrams with one `sendmmsg` per
 //!    socket, one write per connection, mail, credential fetches.
 //!
 //! A busy worker does not sleep between passes, and no pass makes a system call that can
@@ -143,8 +144,11 @@ impl Worker {
             let tokens = || events[..n].iter().map(|ev| (Token::decode(ev.u64), ev));
             if tokens().any(|(t, _)| t == Some(Token::Mailbox)) {
                 self.mailbox.reset();
-                self.take_mail(&mut fx);
             }
+            // Every pass, woken for mail or not: bindings are posted without a wake-up, so an
+            // idle worker's replica is never more than one wait (200 ms) behind. (Each receive
+            // batch takes the mail again first, for what came during the pass.)
+            self.take_mail(&mut fx);
             for (token, ev) in tokens() {
                 match token {
                     Some(Token::Udp(i)) if i < fds.len() => {
@@ -292,10 +296,12 @@ impl Worker {
         let now = self.now();
         // Bindings first: another worker must have a registration before the REGISTER's 200 OK
         // leaves, or a request the client sends on seeing it may meet a worker without it.
+        // Posted, not sent: the other worker takes its mail before handling whatever wakes it
+        // next, so a REGISTER costs it no wake-up.
         for change in fx.changes.drain(..) {
             for (i, worker) in self.workers.iter().enumerate() {
                 if i != self.index {
-                    worker.send(Mail::Binding(change.clone()));
+                    worker.post(Mail::Binding(change.clone()));
                 }
             }
             if let Some(store) = &self.store {
