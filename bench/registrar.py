@@ -25,7 +25,8 @@ with WARMUP registrations and then measures CALLS; CPU is the on-CPU time (`sche
 every thread of the server's process tree over the measured run, wake-ups their voluntary
 context switches. The redirect rows register the users, then measure `bench/sipp/redirect.xml`
 (INVITE answered 302 from the location service, ACK) against sipsec's `mode = "redirect"` and
-the same Kamailio config. `--peak` adds `sipsec bench --find-peak --scenario register` for
+the same Kamailio config (whose 302 is stateless, `sl_send_reply`; sipsec's with and without
+a transaction, `stateful = false`). `--peak` adds `sipsec bench --find-peak --scenario register` for
 each server: the highest rate with ≥ 99% of registrations answered within 500 ms.
 
     cargo build --release --bin sipsec --example register_floor
@@ -108,11 +109,12 @@ class Server:
         time.sleep(0.5)
 
 
-def sipsec(binary, work, name, db, extra="", mode="proxy"):
+def sipsec(binary, work, name, db, extra="", mode="proxy", server_extra=""):
     cfg = os.path.join(work, f"{name.replace(' ', '_')}.toml")
     open(cfg, "w").write(
         f'[server]\nlisten = ["udp:127.0.0.1:35060"]\ndomains = ["bench.test"]\n'
-        f'workers = 1\nmode = "{mode}"\n[registrar]\n{extra}\n[database]\nurl = "{db}"\n')
+        f'workers = 1\nmode = "{mode}"\n{server_extra}\n[registrar]\n{extra}\n'
+        f'[database]\nurl = "{db}"\n')
 
     def start():
         for f in os.listdir(work):
@@ -206,7 +208,9 @@ def main():
                             ("sipsec memory", "sqlite::memory:", "")]:
         servers.append(sipsec(binary, work, name, db, extra)[0])
     redirect = [kamailio(work),
-                sipsec(binary, work, "sipsec redirect", file_db, mode="redirect")[0]]
+                sipsec(binary, work, "sipsec redirect", file_db, mode="redirect")[0],
+                sipsec(binary, work, "sipsec-stateless redirect", file_db, mode="redirect",
+                       server_extra="stateful = false")[0]]
     rates = [int(r) for r in a.rates.split(",")]
     rows = [(f"{s.name} register {r}/s {load}", s, load, "register.xml", r)
             for load in a.loads.split(",") for r in rates for s in servers]
