@@ -1,8 +1,9 @@
-//! The registrar floor: answers every REGISTER 200 OK with nothing but the lines a client
-//! needs to match it (Via, From, To, Call-ID, CSeq copied as they came) and remembers
-//! nothing. One blocking `recv_from` and one `send_to` per REGISTER, as Kamailio's UDP worker
-//! does: the kernel and wake-up cost any UDP registrar pays, and almost nothing else. A
-//! registrar's CPU per REGISTER minus this, under the same load, is the work it adds.
+//! The registrar floor: answers every REGISTER 200 OK (and every INVITE 302, with a fixed
+//! Contact; an ACK not at all) with nothing but the lines a client needs to match it (Via,
+//! From, To, Call-ID, CSeq copied as they came) and remembers nothing. One blocking
+//! `recv_from` per message and one `send_to` per answer, as Kamailio's UDP worker does: the
+//! kernel and wake-up cost any UDP registrar or redirect server pays, and almost nothing else.
+//! A server's CPU per operation minus this, under the same load, is the work it adds.
 //!
 //!     cargo build --release --example register_floor
 //!     taskset -c 0 target/release/examples/register_floor 127.0.0.1:35060
@@ -20,9 +21,18 @@ fn main() -> std::io::Result<()> {
     let mut out = Vec::with_capacity(2048);
     loop {
         let (len, peer) = socket.recv_from(&mut buf)?;
+        let request = &buf[..len];
         out.clear();
-        out.extend_from_slice(b"SIP/2.0 200 OK\r\n");
-        for line in buf[..len].split(|b| *b == b'\n').skip(1) {
+        if request.starts_with(b"ACK ") {
+            continue;
+        } else if request.starts_with(b"INVITE ") {
+            out.extend_from_slice(
+                b"SIP/2.0 302 Moved Temporarily\r\nContact: <sip:floor@127.0.0.9>\r\n",
+            );
+        } else {
+            out.extend_from_slice(b"SIP/2.0 200 OK\r\n");
+        }
+        for line in request.split(|b| *b == b'\n').skip(1) {
             let name = line.split(|b| *b == b':').next().unwrap_or_default();
             if [&b"Via"[..], b"From", b"To", b"Call-ID", b"CSeq"]
                 .iter()
