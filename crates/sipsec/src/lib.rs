@@ -23,6 +23,8 @@
 //! - [`cmd`]: the small subcommands that manage state: `sipsec users`.
 //! - [`bench`](mod@bench): `sipsec bench`, a server and `load` run side by side and measured; the lab's
 //!   delay relay.
+//! - [`lab`]: `sipsec lab`, the seeds' experiments in rounds and the statistics that rank
+//!   their rows (being built).
 
 pub mod auth;
 pub mod authd;
@@ -31,6 +33,7 @@ pub mod cmd;
 pub mod config;
 pub mod db;
 pub mod engine;
+pub mod lab;
 pub mod load;
 pub mod net;
 pub mod serve;
