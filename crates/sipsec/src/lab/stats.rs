@@ -114,24 +114,17 @@ mod tests {
     #[test]
     fn rows_are_ranked_only_when_their_intervals_separate() {
         let baseline = [100.0; 9];
-        let tight = |c: f64| -> Vec<f64> {
-            [-0.02, 0.01, 0.0, 0.015, -0.01, 0.02, -0.015, 0.005, -0.005]
-                .iter()
-                .map(|e| c * (1.0 + e))
-                .collect()
+        let spread = |cost: f64, errors: [f64; 9]| -> Vec<f64> {
+            errors.iter().map(|e| cost * (1.0 + e)).collect()
         };
-        let a = ratio(&tight(90.0), &baseline).unwrap();
-        let b = ratio(&tight(100.0), &baseline).unwrap();
+        let tight = [-0.02, 0.01, 0.0, 0.015, -0.01, 0.02, -0.015, 0.005, -0.005];
+        let a = ratio(&spread(90.0, tight), &baseline).unwrap();
+        let b = ratio(&spread(100.0, tight), &baseline).unwrap();
         assert!(a.cheaper_than(&b), "{a:?} {b:?}");
         assert!(!b.cheaper_than(&a));
-        let wide = |c: f64| -> Vec<f64> {
-            [-0.3, 0.25, 0.0, 0.3, -0.2, 0.1, -0.25, 0.2, -0.1]
-                .iter()
-                .map(|e| c * (1.0 + e))
-                .collect()
-        };
-        let a = ratio(&wide(90.0), &baseline).unwrap();
-        let b = ratio(&wide(100.0), &baseline).unwrap();
+        let wide = [-0.3, 0.25, 0.0, 0.3, -0.2, 0.1, -0.25, 0.2, -0.1];
+        let a = ratio(&spread(90.0, wide), &baseline).unwrap();
+        let b = ratio(&spread(100.0, wide), &baseline).unwrap();
         assert!(!a.cheaper_than(&b), "{a:?} {b:?}");
         assert!(a.low < a.median && a.median < a.high);
     }
