@@ -828,3 +828,97 @@ fn baresip_registers_and_calls_on_the_default_digest_settings() {
     assert_eq!(c.get("auth_failed"), 0, "{c:?}");
     assert!(c.get("registrations") >= 6, "{c:?}");
 }
+
+/// A REGISTER of `user` from `ep`, with `auth` as an extra header line.
+fn register(ep: &Endpoint, user: &str, cseq: u32, auth: &str) -> String {
+    format!(
+        "REGISTER sip:example.test SIP/2.0\r\n\
+         Via: SIP/2.0/UDP {};branch=z9hG4bK-reg-{cseq}\r\n\
+         Max-Forwards: 70\r\nFrom: <sip:{user}@example.test>;tag=r{cseq}\r\n\
+         To: <sip:{user}@example.test>\r\nCall-ID: reg-{user}@{}\r\nCSeq: {cseq} REGISTER\r\n\
+         Contact: <sip:{user}@{}>\r\nExpires: 600\r\n{auth}Content-Length: 0\r\n\r\n",
+        ep.addr, ep.addr, ep.addr
+    )
+}
+
+/// Registers `user` from `ep` as a phone does: asks, takes the 401's challenge, answers it.
+/// Returns the answer's status code.
+fn register_with(ep: &Endpoint, server: &str, user: &str, password: &str, cseq: u32) -> u16 {
+    let first = ask(ep, server, &register(ep, user, cseq, ""));
+    let Some(line) = first.lines().find(|l| l.starts_with("WWW-Authenticate:")) else {
+        return code(&first);
+    };
+    let c = Challenge::parse(line.split_once(": ").unwrap().1.as_bytes()).unwrap();
+    let auth = c.authorization(user, password, "REGISTER", "sip:example.test", 1, "abc");
+    code(&ask(
+        ep,
+        server,
+        &register(ep, user, cseq + 1, &format!("Authorization: {auth}\r\n")),
+    ))
+}
+
+/// sipvicious's `svcrack`, the password guesser attackers run against SIP servers, guessing
+/// bob's password from one address on the default throttle settings (10 failures per user a
+/// minute): every guess counts once, the 11th and later are refused without being checked,
+/// so the right password, 16th in the dictionary, is never tried; bob's own phone, which
+/// authenticated before the attack, still registers during it, while a new address is held
+/// off with the guesser.
+#[test]
+#[cfg_attr(
+    sipsec_skip_svcrack,
+    ignore = "svcrack is not installed (apt-get install sipvicious)"
+)]
+fn svcrack_guessing_a_password_is_stopped_after_the_configured_failures() {
+    assert!(
+        Command::new("svcrack").arg("--version").output().is_ok(),
+        "svcrack (Debian package sipvicious) is required under CI"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(24000);
+    std::fs::write(
+        dir.path().join("sipsec.toml"),
+        format!(
+            "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\n\
+             [database]\nurl = \"sqlite://users.db\"\n[auth]\nscheme = \"digest\"\n"
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = users(dir.path(), &["add", "bob", "--password", "tr0ub4dor"], "");
+    assert!(ok, "{err}");
+    let config = std::fs::read_to_string(dir.path().join("sipsec.toml")).unwrap();
+    let server = Server::start_logged(dir.path(), &config);
+    let target = format!("127.0.0.1:{port}");
+    let phone = Endpoint::bind("127.0.46.1:0");
+    assert_eq!(register_with(&phone, &target, "bob", "tr0ub4dor", 1), 200);
+
+    let dictionary = dir.path().join("dictionary.txt");
+    let mut words: Vec<String> = (1..=15).map(|i| format!("guess{i}")).collect();
+    words.push("tr0ub4dor".into());
+    std::fs::write(&dictionary, words.join("\n") + "\n").unwrap();
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg("svcrack")
+        .args(["-u", "bob", "-d"])
+        .arg(&dictionary)
+        .args(["-p", &port.to_string(), "-P", &(port + 1).to_string()])
+        .args(["-b", "127.0.0.1", "127.0.0.1"])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!said.contains("tr0ub4dor"), "svcrack found it: {said}");
+
+    // The phone is known for bob: the guesser's block is not its block.
+    assert_eq!(register_with(&phone, &target, "bob", "tr0ub4dor", 3), 200);
+    // An address bob never authenticated from is held off until the window ends.
+    let stranger = Endpoint::bind("127.0.47.1:0");
+    assert_eq!(
+        register_with(&stranger, &target, "bob", "tr0ub4dor", 1),
+        403
+    );
+
+    let c = server.stop_counters();
+    assert_eq!(c.get("auth_failed"), 10, "one count per wrong guess: {c:?}");
+    assert!(c.get("auth_throttled") >= 7, "{c:?}");
+    assert_eq!(c.get("auth_passed"), 2, "{c:?}");
+}
