@@ -2,7 +2,7 @@
 
 use sipsec::cmd::users;
 use sipsec::tls::certs;
-use sipsec::{authd, bench, config, load, serve};
+use sipsec::{authd, bench, config, lab, load, serve};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -34,6 +34,9 @@ enum Command {
     /// Measure a server's CPU per operation (and its peak) under sipsec's own load: sipsec
     /// started here and pinned, or any running server given by PID.
     Bench(Box<bench::BenchArgs>),
+    /// The seeds' experiments: run suites in rounds, report them (HTML), fit the cost model.
+    #[command(subcommand)]
+    Lab(lab::LabCommand),
     /// Make a test CA and a server and a client certificate signed by it (PEM files).
     Certs(certs::CertsArgs),
     /// Manage the users digest and Proxychain authentication check: add, remove, list,
@@ -64,7 +67,8 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench(args) => bench::run(*args).map(|_| ()),
+        Command::Bench(args) => bench::main(*args),
+        Command::Lab(command) => lab::main(command),
         Command::Certs(args) => certs::run(&args),
         Command::Authd(args) => authd::run(args),
         Command::DelayRelay(args) => bench::relay::run(args),

@@ -91,6 +91,29 @@ pub fn cpu_of(pids: &[u32]) -> CpuTime {
     t
 }
 
+/// Voluntary context switches of every thread of `pids` so far: how often the server went
+/// to sleep waiting for work, so how often it was woken. A count that noise barely moves,
+/// unlike CPU time (the seeds' 10x losses were often wake-ups and scans, not arithmetic).
+pub fn wakeups_of(pids: &[u32]) -> u64 {
+    let mut n = 0;
+    for &pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+                continue;
+            };
+            n += status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    n
+}
+
 /// CPU time of this process so far (all threads).
 pub fn own_cpu() -> CpuTime {
     cpu_of(&[std::process::id()])
@@ -123,9 +146,16 @@ pub fn pin_current_thread(cpu: usize) -> Result<()> {
     set_affinity(cpu).with_context(|| format!("cannot pin to CPU {cpu}"))
 }
 
-/// Online CPUs.
+/// Online CPUs: all of them, not only those this thread may run on (a bench pins its own
+/// thread to the load's CPU, and the lab runs one bench after another in one thread).
 pub fn cpu_count() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
 }
 
 #[cfg(test)]
@@ -167,5 +197,21 @@ mod tests {
     fn missing_processes_are_reported() {
         assert!(check_alive(std::process::id()).is_ok());
         assert!(check_alive(u32::MAX - 1).is_err());
+    }
+
+    #[test]
+    fn a_process_that_sleeps_and_wakes_counts_its_wakeups() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do sleep 0.01; done"])
+            .spawn()
+            .unwrap();
+        let before = wakeups_of(&[child.id()]);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let after = wakeups_of(&[child.id()]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The shell waits for each of its ~30 sleeps.
+        assert!(after >= before + 5, "{before} -> {after}");
+        assert_eq!(wakeups_of(&[child.id()]), 0, "an exited PID counts 0");
     }
 }

@@ -16,12 +16,13 @@ use crate::net::transport::Transport;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Where the default bench topology puts things (as `../shared/bench/kamailio/compare.py`).
 const SERVER: &str = "127.0.0.1:35060";
@@ -132,6 +133,12 @@ pub struct Report {
     pub server_cpu_us_per_op: f64,
     pub server_user_us_per_op: f64,
     pub server_sys_us_per_op: f64,
+    /// Times the server's threads went to sleep and were woken, per operation.
+    pub server_wakeups_per_op: f64,
+    /// How much each of the server's own counters grew over the measured run (a server
+    /// started here; empty for one given by PID): messages, handshakes full and resumed,
+    /// digest checks, database waits — counts that machine noise cannot move.
+    pub server_counters: Counters,
     /// The load generator's own CPU per operation (UAC and UAS together).
     pub load_cpu_us_per_op: f64,
     /// The `--peer-pid` processes' CPU per operation, idle work included.
@@ -139,6 +146,9 @@ pub struct Report {
     /// Wall-clock seconds of the measured run (to subtract a peer's idle CPU rate).
     pub measured_s: f64,
     pub server_pids: Vec<u32>,
+    /// The `--peer-pid` processes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peer_pids: Vec<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_per_s: Option<f64>,
     pub load: Summary,
@@ -146,10 +156,55 @@ pub struct Report {
     pub peak_search: Option<Summary>,
 }
 
+/// A server's counters by name (`stats.rs`), as it logs them on SIGUSR1.
+pub type Counters = BTreeMap<String, u64>;
+
 /// A sipsec server this bench started; stopped on drop.
 struct Started {
     child: Child,
     _dir: tempfile::TempDir,
+    /// Every counters line the server has logged, oldest first.
+    counters: Arc<Mutex<Vec<Counters>>>,
+}
+
+impl Started {
+    /// The server's counters now: asks with SIGUSR1 and waits (up to 2 s) for the line.
+    fn counters(&self) -> Option<Counters> {
+        let seen = self.counters.lock().ok()?.len();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGUSR1) };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < until {
+            {
+                let lines = self.counters.lock().ok()?;
+                if lines.len() > seen {
+                    return lines.last().cloned();
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        None
+    }
+}
+
+/// Parses a counters log line (`... counters; name=value name=value`).
+fn parse_counters(line: &str) -> Option<Counters> {
+    let (_, list) = line.split_once("counters; ")?;
+    Some(
+        list.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+            .collect(),
+    )
+}
+
+/// What counters changed by from `before` to `after`.
+fn counters_since(after: &Counters, before: &Counters) -> Counters {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0).min(*v)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
 }
 
 impl Drop for Started {
@@ -162,7 +217,12 @@ impl Drop for Started {
 
 /// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
 /// 35061 for TLS runs), routing calls to the UAS over the bench's transport.
-fn default_config(dir: &Path, stateless: bool, s: &modes::StreamArgs, tls_dir: &Path) -> String {
+pub fn default_config(
+    dir: &Path,
+    stateless: bool,
+    s: &modes::StreamArgs,
+    tls_dir: &Path,
+) -> String {
     let tls_listen = if s.transport == Transport::Tls {
         format!(", \"tls:{SERVER_TLS}\"")
     } else {
@@ -185,22 +245,41 @@ fn default_config(dir: &Path, stateless: bool, s: &modes::StreamArgs, tls_dir: &
 fn start_sipsec(config: &Path, dir: tempfile::TempDir, cpu: usize) -> Result<Started> {
     let exe = std::env::current_exe().context("cannot find the sipsec binary")?;
     let mut cmd = Command::new(exe);
+    // Quiet unless the caller asked for the server's log, but for the counters lines the
+    // bench asks for: those are taken from its log and not shown.
+    let asked = std::env::var("SIPSEC_LOG").ok();
     cmd.args(["serve", "--config"])
         .arg(config)
         .current_dir(dir.path())
-        // Quiet unless the caller asked for the server's log (its totals come at shutdown).
         .env(
             "SIPSEC_LOG",
-            std::env::var("SIPSEC_LOG").unwrap_or_else(|_| "warn".into()),
+            asked
+                .clone()
+                .unwrap_or_else(|| "warn,sipsec::serve=info".into()),
         )
         .stdin(Stdio::null())
-        .stdout(Stdio::piped());
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     // SAFETY: set_affinity makes only async-signal-safe calls between fork and exec.
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || cpu::set_affinity(cpu));
     }
     let mut child = cmd.spawn().context("cannot start sipsec serve")?;
+    let counters = Arc::new(Mutex::new(Vec::new()));
+    let stderr = child.stderr.take().expect("piped");
+    let (lines, show_all) = (counters.clone(), asked.is_some());
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            match parse_counters(&line) {
+                Some(c) => lines.lock().map(|mut l| l.push(c)).unwrap_or(()),
+                None if show_all || line.contains(" WARN ") || line.contains(" ERROR ") => {
+                    eprintln!("{line}")
+                }
+                None => {}
+            }
+        }
+    });
     let mut banner = String::new();
     BufReader::new(child.stdout.take().expect("piped"))
         .read_line(&mut banner)
@@ -209,7 +288,11 @@ fn start_sipsec(config: &Path, dir: tempfile::TempDir, cpu: usize) -> Result<Sta
         let _ = child.kill();
         bail!("sipsec serve did not start (see its errors above)");
     }
-    Ok(Started { child, _dir: dir })
+    Ok(Started {
+        child,
+        _dir: dir,
+        counters,
+    })
 }
 
 /// Where a sipsec config listens for `transport`.
@@ -233,8 +316,53 @@ fn load_args(words: &[String]) -> Result<LoadArgs> {
     Ok(Wrapper::try_parse_from(argv)?.args)
 }
 
-/// `sipsec bench`.
+/// `sipsec bench` on the command line: runs, then prints the report's summary.
+pub fn main(a: BenchArgs) -> Result<()> {
+    let report = run(a)?;
+    print(&report);
+    Ok(())
+}
+
+/// The summary lines `sipsec bench` prints.
+pub fn print(report: &Report) {
+    let (scenario, rate) = (&report.scenario, report.rate);
+    println!(
+        "{} {scenario} at {rate}/s: {} of {} succeeded; server CPU {:.1} µs/op \
+         (user {:.1}, sys {:.1}); load generator {:.1} µs/op{}",
+        report.server,
+        report.ops,
+        report.load.attempted,
+        report.server_cpu_us_per_op,
+        report.server_user_us_per_op,
+        report.server_sys_us_per_op,
+        report.load_cpu_us_per_op,
+        report
+            .peak_per_s
+            .map_or(String::new(), |p| format!("; peak {p:.0}/s"))
+    );
+    if !report.peer_pids.is_empty() {
+        println!(
+            "  peers {:?}: CPU {:.1} µs/op over {:.1} s (idle work included)",
+            report.peer_pids, report.peer_cpu_us_per_op, report.measured_s
+        );
+    }
+    if report.load.failed > 0 {
+        println!("  failures: {:?}", report.load.failures_by_reason);
+    }
+}
+
+/// Runs one bench and returns its report; prints nothing but progress (unless `quiet`).
+/// SIGINT and SIGTERM end the load early (the report says `interrupted`).
 pub fn run(a: BenchArgs) -> Result<Report> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    run_until(a, &stop)
+}
+
+/// [`run`], ending the load early once `stop` is set (by the caller's signal handling).
+pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     if !a.rate.is_finite() || a.rate <= 0.0 || a.calls == 0 {
         bail!("--rate and --calls must be positive");
     }
@@ -349,15 +477,11 @@ pub fn run(a: BenchArgs) -> Result<Report> {
     let warm_plan = with(&["--rate", &rate, "--calls", &warmup.to_string()].map(String::from))?;
     let plan = with(&["--rate", &rate, "--calls", &a.calls.to_string()].map(String::from))?;
     let mut bound = load::bind(&plan)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
 
     if !a.quiet {
         eprintln!("sipsec bench: warming up with {warmup} {scenario} operations at {rate}/s");
     }
-    let warm = load::execute(&warm_plan, &mut bound, &stop)?;
+    let warm = load::execute(&warm_plan, &mut bound, stop)?;
     if warm.succeeded == 0 {
         bail!(
             "no {scenario} succeeded during warm-up ({:?}): is the server at {target} routing to \
@@ -391,11 +515,19 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         .iter()
         .flat_map(|&p| cpu::process_tree(p))
         .collect::<Vec<_>>();
+    let counters0 = started.as_ref().and_then(Started::counters);
+    let wakeups0 = cpu::wakeups_of(&pids);
     let (server0, own0, peers0) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
     let began = std::time::Instant::now();
-    let summary = load::execute(&plan, &mut bound, &stop)?;
+    let summary = load::execute(&plan, &mut bound, stop)?;
     let measured_s = began.elapsed().as_secs_f64();
     let (server1, own1, peers1) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
+    let wakeups = cpu::wakeups_of(&pids).saturating_sub(wakeups0);
+    let counters1 = started.as_ref().and_then(Started::counters);
+    let server_counters = match (counters1, counters0) {
+        (Some(after), Some(before)) => counters_since(&after, &before),
+        _ => Counters::new(),
+    };
     drop(idle);
     let used = server1.since(server0);
     let ops = summary.succeeded;
@@ -405,7 +537,7 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         let step = a.step_s.to_string();
         let peak_plan =
             with(&["--rate", &rate, "--find-peak", "--step-s", &step].map(String::from))?;
-        Some(load::execute(&peak_plan, &mut bound, &stop)?)
+        Some(load::execute(&peak_plan, &mut bound, stop)?)
     } else {
         None
     };
@@ -425,37 +557,21 @@ pub fn run(a: BenchArgs) -> Result<Report> {
         server_cpu_us_per_op: per_op(used.total_s()),
         server_user_us_per_op: per_op(used.user_s),
         server_sys_us_per_op: per_op(used.sys_s),
+        server_wakeups_per_op: if ops == 0 {
+            0.0
+        } else {
+            wakeups as f64 / ops as f64
+        },
+        server_counters,
         load_cpu_us_per_op: per_op(own1.since(own0).total_s()),
         peer_cpu_us_per_op: per_op(peers1.since(peers0).total_s()),
         measured_s,
         server_pids: pids,
+        peer_pids: a.peer_pid.clone(),
         peak_per_s: peak_search.as_ref().and_then(|s| s.peak_per_s),
         load: summary,
         peak_search,
     };
-    println!(
-        "{} {scenario} at {rate}/s: {} of {} succeeded; server CPU {:.1} µs/op \
-         (user {:.1}, sys {:.1}); load generator {:.1} µs/op{}",
-        report.server,
-        report.ops,
-        report.load.attempted,
-        report.server_cpu_us_per_op,
-        report.server_user_us_per_op,
-        report.server_sys_us_per_op,
-        report.load_cpu_us_per_op,
-        report
-            .peak_per_s
-            .map_or(String::new(), |p| format!("; peak {p:.0}/s"))
-    );
-    if !a.peer_pid.is_empty() {
-        println!(
-            "  peers {:?}: CPU {:.1} µs/op over {:.1} s (idle work included)",
-            a.peer_pid, report.peer_cpu_us_per_op, report.measured_s
-        );
-    }
-    if report.load.failed > 0 {
-        println!("  failures: {:?}", report.load.failures_by_reason);
-    }
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;

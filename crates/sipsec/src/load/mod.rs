@@ -408,6 +408,7 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
             0.0
         },
         latency_ms: Latency::of(t),
+        latency_cdf_ms: t.latency_cdf_ms(),
         uas_answered: ua.stats.uas_answered,
         uas_completed: ua.stats.uas_completed,
         stray_messages: ua.stats.stray,

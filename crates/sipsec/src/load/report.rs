@@ -107,6 +107,9 @@ pub struct Summary {
     pub retransmissions: u64,
     pub throughput_per_s: f64,
     pub latency_ms: Latency,
+    /// The latency distribution as `[quantile, ms]` points, for CDF plots.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub latency_cdf_ms: Vec<[f64; 2]>,
     pub uas_answered: u64,
     pub uas_completed: u64,
     pub stray_messages: u64,

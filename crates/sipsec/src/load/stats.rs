@@ -41,6 +41,17 @@ impl Tally {
         self.latency_us.value_at_quantile(quantile) as f64 / 1000.0
     }
 
+    /// The latency distribution at the quantiles a CDF plot needs, as `[quantile, ms]`.
+    pub fn latency_cdf_ms(&self) -> Vec<[f64; 2]> {
+        if self.latency_us.is_empty() {
+            return Vec::new();
+        }
+        const QUANTILES: [f64; 15] = [
+            0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0,
+        ];
+        QUANTILES.iter().map(|&q| [q, self.latency_ms(q)]).collect()
+    }
+
     pub fn latency_max_ms(&self) -> f64 {
         self.latency_us.max() as f64 / 1000.0
     }

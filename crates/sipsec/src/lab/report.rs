@@ -1,0 +1,626 @@
+//! `sipsec lab report`: one self-contained HTML file (inline SVG charts drawn with plotters,
+//! inline CSS; no script, font or image from anywhere else, so it opens from disk) and the
+//! same tables as markdown for BENCHMARKS.md. Everything comes from `results.jsonl`.
+//!
+//! Per suite: the table (median over rounds, the ratio to the row's baseline with its
+//! bootstrap 95% interval, and the verdict the intervals allow, the seed's figure beside),
+//! the counts per operation noise cannot move, the seed's orderings checked against ours,
+//! CPU per operation as bars stacked by the cost model's blocks, latency CDFs, and peaks
+//! where they were searched.
+
+use super::model::{self, Model, BLOCKS};
+use super::results::{self, Record};
+use super::stats::{self, Ratio};
+use super::suite::{self, Suite};
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+/// One row's summary over its rounds.
+#[derive(Debug, Clone)]
+pub struct RowSummary {
+    pub id: &'static str,
+    pub label: &'static str,
+    pub baseline: &'static str,
+    pub rounds: usize,
+    pub cpu_us: Option<f64>,
+    pub ratio: Option<Ratio>,
+    pub seed: Option<&'static str>,
+    pub seed_ratio: Option<f64>,
+    pub wakeups: Option<f64>,
+    /// Per operation: messages in, connections, full and resumed handshakes, digest checks.
+    pub counts: [Option<f64>; 5],
+    pub peak_per_s: Option<f64>,
+    pub success: Option<f64>,
+    pub latency_cdf_ms: Vec<[f64; 2]>,
+    pub skipped: Option<String>,
+}
+
+impl RowSummary {
+    /// What the intervals allow us to say of this row against its baseline.
+    pub fn verdict(&self) -> &'static str {
+        match self.ratio {
+            _ if self.id == self.baseline => "baseline",
+            Some(r) if r.high < 1.0 => "cheaper",
+            Some(r) if r.low > 1.0 => "dearer",
+            Some(_) => "not separable",
+            None => "—",
+        }
+    }
+}
+
+const COUNT_NAMES: [&str; 5] = ["msgs", "conns", "full hs", "resumed hs", "digest"];
+
+fn summarise(s: &Suite, records: &[Record]) -> Vec<RowSummary> {
+    let of = |id: &str| -> Vec<&Record> {
+        records
+            .iter()
+            .filter(|r| r.suite == s.name && r.row == id)
+            .collect()
+    };
+    s.rows
+        .iter()
+        .filter_map(|row| {
+            let rs = of(row.id);
+            if rs.is_empty() {
+                return None;
+            }
+            let measured: Vec<&Record> =
+                rs.iter().copied().filter(|r| r.skipped.is_none()).collect();
+            let med = |f: &dyn Fn(&Record) -> f64| -> Option<f64> {
+                stats::median(&measured.iter().map(|r| f(r)).collect::<Vec<_>>())
+            };
+            // The ratio pairs each round with the baseline's same round.
+            let base: BTreeMap<u32, f64> = of(row.baseline)
+                .iter()
+                .filter(|r| r.skipped.is_none())
+                .map(|r| (r.round, r.cpu_us))
+                .collect();
+            let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+            for r in &measured {
+                if let Some(b) = base.get(&r.round) {
+                    mine.push(r.cpu_us);
+                    theirs.push(*b);
+                }
+            }
+            let count = |f: fn(&Record) -> f64| med(&|r| f(r));
+            let peaks: Vec<f64> = measured.iter().filter_map(|r| r.peak_per_s).collect();
+            Some(RowSummary {
+                id: row.id,
+                label: row.label,
+                baseline: row.baseline,
+                rounds: measured.len(),
+                cpu_us: med(&|r| r.cpu_us),
+                ratio: stats::ratio(&mine, &theirs),
+                seed: row.seed,
+                seed_ratio: row.seed_ratio,
+                wakeups: med(&|r| r.wakeups),
+                counts: [
+                    count(|r| r.per_op("requests_in") + r.per_op("responses_in")),
+                    count(|r| r.per_op("connections_accepted") + r.per_op("connections_opened")),
+                    count(|r| r.per_op("tls_handshakes_full")),
+                    count(|r| r.per_op("tls_handshakes_resumed")),
+                    count(|r| {
+                        r.per_op("auth_passed")
+                            + r.per_op("auth_challenged")
+                            + r.per_op("auth_failed")
+                    }),
+                ],
+                peak_per_s: stats::median(&peaks),
+                success: med(&|r| r.succeeded as f64 / r.calls.max(1) as f64),
+                latency_cdf_ms: measured
+                    .iter()
+                    .find(|r| !r.latency_cdf_ms.is_empty())
+                    .map(|r| r.latency_cdf_ms.clone())
+                    .unwrap_or_default(),
+                skipped: if measured.is_empty() {
+                    rs.iter().find_map(|r| r.skipped.clone())
+                } else {
+                    None
+                },
+            })
+        })
+        .collect()
+}
+
+/// How the seed's orderings fare in our measurements: pairs of rows with one baseline where
+/// the seed has one at least 10% dearer than the other.
+#[derive(Debug, Default)]
+pub struct Orderings {
+    pub reproduced: Vec<(String, String)>,
+    pub reversed: Vec<(String, String)>,
+    pub not_separable: Vec<(String, String)>,
+}
+
+pub fn orderings(rows: &[RowSummary]) -> Orderings {
+    let mut o = Orderings::default();
+    for a in rows {
+        for b in rows {
+            let (Some(sa), Some(sb), Some(ra), Some(rb)) =
+                (a.seed_ratio, b.seed_ratio, a.ratio, b.ratio)
+            else {
+                continue;
+            };
+            if a.baseline != b.baseline || sa < sb * 1.1 {
+                continue;
+            }
+            // The seed has a dearer than b.
+            let pair = (a.label.to_string(), b.label.to_string());
+            if ra.low > rb.high {
+                o.reproduced.push(pair);
+            } else if ra.high < rb.low {
+                o.reversed.push(pair);
+            } else {
+                o.not_separable.push(pair);
+            }
+        }
+    }
+    o
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("—".into(), |v| format!("{v:.digits$}"))
+}
+
+fn ratio_text(r: Option<Ratio>) -> String {
+    r.map_or("—".into(), |r| {
+        format!("{:.2} [{:.2}, {:.2}]", r.median, r.low, r.high)
+    })
+}
+
+/// The markdown table of one suite.
+pub fn markdown_table(rows: &[RowSummary]) -> String {
+    let mut t = String::from(
+        "| configuration | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | digest | peak/s |\n\
+         |---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        if let Some(why) = &r.skipped {
+            writeln!(
+                t,
+                "| {} | unavailable: {why} | | | {} | {} | | | | | | | |",
+                r.label,
+                r.seed.unwrap_or(""),
+                opt(r.seed_ratio, 2)
+            )
+            .unwrap();
+            continue;
+        }
+        writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.label,
+            opt(r.cpu_us, 1),
+            ratio_text(r.ratio),
+            r.verdict(),
+            r.seed.unwrap_or(""),
+            opt(r.seed_ratio, 2),
+            opt(r.wakeups, 2),
+            opt(r.counts[0], 2),
+            opt(r.counts[1], 2),
+            opt(r.counts[2], 2),
+            opt(r.counts[3], 2),
+            opt(r.counts[4], 2),
+            opt(r.peak_per_s, 0),
+        )
+        .unwrap();
+    }
+    t
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The HTML table of one suite.
+fn html_table(rows: &[RowSummary]) -> String {
+    let mut t = String::from(
+        "<table><tr><th>configuration</th><th>µs/op</th><th>× baseline [95% CI]</th>\
+         <th>verdict</th><th>seed</th><th>seed ×</th><th>wake-ups/op</th>",
+    );
+    for c in COUNT_NAMES {
+        write!(t, "<th>{c}/op</th>").unwrap();
+    }
+    t += "<th>peak/s</th><th>rounds</th></tr>\n";
+    for r in rows {
+        if let Some(why) = &r.skipped {
+            write!(
+                t,
+                "<tr class=skip><td>{}</td><td colspan=3>unavailable: {}</td><td>{}</td><td>{}</td>\
+                 <td colspan=8></td></tr>\n",
+                escape(r.label),
+                escape(why),
+                r.seed.unwrap_or(""),
+                opt(r.seed_ratio, 2)
+            )
+            .unwrap();
+            continue;
+        }
+        write!(
+            t,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td>",
+            escape(r.label),
+            opt(r.cpu_us, 1),
+            ratio_text(r.ratio),
+            r.verdict().replace(' ', "-"),
+            r.verdict(),
+            r.seed.unwrap_or(""),
+            opt(r.seed_ratio, 2),
+            opt(r.wakeups, 2)
+        )
+        .unwrap();
+        for c in r.counts {
+            write!(t, "<td>{}</td>", opt(c, 2)).unwrap();
+        }
+        writeln!(
+            t,
+            "<td>{}</td><td>{}</td></tr>",
+            opt(r.peak_per_s, 0),
+            r.rounds
+        )
+        .unwrap();
+    }
+    t + "</table>\n"
+}
+
+const PALETTE: [RGBColor; 9] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+];
+
+/// CPU per operation by row: the model's blocks stacked, the measured median as a black
+/// tick with the interval of its ratio (scaled by its baseline's median).
+fn cost_chart(rows: &[RowSummary], m: &Model, suite: &str) -> Result<String> {
+    let rows: Vec<&RowSummary> = rows.iter().filter(|r| r.cpu_us.is_some()).collect();
+    let obs: BTreeMap<&str, [f64; BLOCKS.len()]> = m
+        .predictions
+        .iter()
+        .filter(|p| p.suite == suite)
+        .map(|p| (p.row.as_str(), p.counts))
+        .collect();
+    let top = rows
+        .iter()
+        .map(|r| r.cpu_us.unwrap_or(0.0) * r.ratio.map_or(1.0, |x| x.high / x.median))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 460)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (chart_area, legend) = root.split_horizontally(720);
+        let mut c = ChartBuilder::on(&chart_area)
+            .caption("Server CPU per operation (µs)", ("sans-serif", 16))
+            .margin(8)
+            .x_label_area_size(130)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top)?;
+        let labels: Vec<String> = rows.iter().map(|r| r.label.to_string()).collect();
+        c.configure_mesh()
+            .disable_x_mesh()
+            .x_labels(rows.len() * 2 + 1)
+            .x_label_formatter(&|x| {
+                let i = x.floor() as usize;
+                if (x - x.floor() - 0.5).abs() < 0.01 && i < labels.len() {
+                    labels[i].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .x_label_style(
+                ("sans-serif", 11)
+                    .into_font()
+                    .transform(FontTransform::Rotate90),
+            )
+            .y_desc("µs per operation")
+            .draw()?;
+        for (i, r) in rows.iter().enumerate() {
+            let x = i as f64;
+            let mut y = 0.0;
+            if let Some(counts) = obs.get(r.id) {
+                for (b, unit) in m.units.iter().enumerate() {
+                    let part = unit.unwrap_or(0.0) * counts[b];
+                    if part > 0.0 {
+                        c.draw_series(std::iter::once(Rectangle::new(
+                            [(x + 0.15, y), (x + 0.85, y + part)],
+                            PALETTE[b].filled(),
+                        )))?;
+                        y += part;
+                    }
+                }
+            }
+            let cpu = r.cpu_us.unwrap_or(0.0);
+            c.draw_series(std::iter::once(PathElement::new(
+                vec![(x + 0.1, cpu), (x + 0.9, cpu)],
+                BLACK.stroke_width(3),
+            )))?;
+            if let Some(ratio) = r.ratio.filter(|_| r.id != r.baseline) {
+                let scale = cpu / ratio.median;
+                c.draw_series(std::iter::once(PathElement::new(
+                    vec![(x + 0.5, ratio.low * scale), (x + 0.5, ratio.high * scale)],
+                    BLACK.stroke_width(1),
+                )))?;
+            }
+        }
+        let mut y = 30;
+        for (b, name) in BLOCKS.iter().enumerate() {
+            legend.draw(&Rectangle::new([(5, y), (20, y + 12)], PALETTE[b].filled()))?;
+            legend.draw(&Text::new(
+                name.to_string(),
+                (26, y),
+                ("sans-serif", 12).into_font(),
+            ))?;
+            y += 20;
+        }
+        legend.draw(&PathElement::new(
+            vec![(5, y + 6), (20, y + 6)],
+            BLACK.stroke_width(3),
+        ))?;
+        legend.draw(&Text::new(
+            "measured (median, 95% CI)",
+            (26, y),
+            ("sans-serif", 12).into_font(),
+        ))?;
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+/// Latency CDFs of every measured row (log time axis).
+fn cdf_chart(rows: &[RowSummary]) -> Result<Option<String>> {
+    let rows: Vec<&RowSummary> = rows.iter().filter(|r| r.latency_cdf_ms.len() > 1).collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let max = rows
+        .iter()
+        .flat_map(|r| r.latency_cdf_ms.iter().map(|p| p[1]))
+        .fold(1.0, f64::max);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 380)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut c = ChartBuilder::on(&root)
+            .caption(
+                "Latency CDF (operation start to its final answer)",
+                ("sans-serif", 16),
+            )
+            .margin(8)
+            .x_label_area_size(35)
+            .y_label_area_size(45)
+            .build_cartesian_2d((0.01f64..max * 1.2).log_scale(), 0f64..1.0)?;
+        c.configure_mesh().x_desc("ms").y_desc("fraction").draw()?;
+        for (i, r) in rows.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let dash = i / PALETTE.len();
+            let points: Vec<(f64, f64)> = r
+                .latency_cdf_ms
+                .iter()
+                .map(|p| (p[1].max(0.01), p[0]))
+                .collect();
+            c.draw_series(LineSeries::new(points, color.stroke_width(1 + dash as u32)))?
+                .label(r.label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+        }
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 10))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+    }
+    Ok(Some(svg))
+}
+
+/// Peak rates, where they were searched.
+fn peak_chart(rows: &[RowSummary]) -> Result<Option<String>> {
+    let rows: Vec<&RowSummary> = rows.iter().filter(|r| r.peak_per_s.is_some()).collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let top = rows.iter().filter_map(|r| r.peak_per_s).fold(1.0, f64::max) * 1.1;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 420)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut c = ChartBuilder::on(&root)
+            .caption(
+                "Peak (≥ 99% within 500 ms), operations per second",
+                ("sans-serif", 16),
+            )
+            .margin(8)
+            .x_label_area_size(130)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top)?;
+        let labels: Vec<String> = rows.iter().map(|r| r.label.to_string()).collect();
+        c.configure_mesh()
+            .disable_x_mesh()
+            .x_labels(rows.len() * 2 + 1)
+            .x_label_formatter(&|x| {
+                let i = x.floor() as usize;
+                if (x - x.floor() - 0.5).abs() < 0.01 && i < labels.len() {
+                    labels[i].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .x_label_style(
+                ("sans-serif", 11)
+                    .into_font()
+                    .transform(FontTransform::Rotate90),
+            )
+            .draw()?;
+        c.draw_series(rows.iter().enumerate().map(|(i, r)| {
+            Rectangle::new(
+                [
+                    (i as f64 + 0.15, 0.0),
+                    (i as f64 + 0.85, r.peak_per_s.unwrap_or(0.0)),
+                ],
+                PALETTE[0].filled(),
+            )
+        }))?;
+        root.present()?;
+    }
+    Ok(Some(svg))
+}
+
+const STYLE: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}\
+table{border-collapse:collapse;font-size:13px;margin:1em 0}\
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}\
+td:first-child,th:first-child{text-align:left}\
+tr.skip td{color:#888}.cheaper{background:#d9f2d9}.dearer{background:#f8dada}\
+.not-separable{background:#eee}p.about{max-width:900px}svg{display:block;margin:1em 0}";
+
+/// Writes `dir/report.html` and `dir/report.md` from `dir/results.jsonl`.
+pub fn write(dir: &Path) -> Result<()> {
+    let records = results::load(dir)?;
+    if records.is_empty() {
+        anyhow::bail!(
+            "no results in {}: run `sipsec lab run --out {}` first",
+            results::path(dir).display(),
+            dir.display()
+        );
+    }
+    let m = model::fit_all(&records);
+    let (html, md) = render(&records, &m)?;
+    let (h, k) = (dir.join("report.html"), dir.join("report.md"));
+    std::fs::write(&h, html).with_context(|| format!("cannot write {}", h.display()))?;
+    std::fs::write(&k, md).with_context(|| format!("cannot write {}", k.display()))?;
+    eprintln!("sipsec lab: wrote {} and {}", h.display(), k.display());
+    Ok(())
+}
+
+/// The HTML page and the markdown export.
+pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
+    let mut html = format!(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>sipsec lab report</title>\
+         <style>{STYLE}</style></head><body><h1>sipsec lab report</h1>\
+         <p>{} results. Each row is server CPU per operation at a fixed rate (user + system \
+         time of the server over the operations that succeeded), the median over rounds; \
+         its ratio to the baseline is the median of per-round ratios with a bootstrap 95% \
+         interval, and a row is called cheaper or dearer only where that interval excludes \
+         1. Counts per operation come from the server's own counters.</p>\n",
+        records.len()
+    );
+    let mut md = String::from("# sipsec lab report\n\n");
+    for s in suite::all() {
+        let rows = summarise(&s, records);
+        if rows.is_empty() {
+            continue;
+        }
+        write!(
+            html,
+            "<h2>{}</h2><p class=about>{}</p>",
+            escape(s.title),
+            escape(s.about)
+        )?;
+        html += &html_table(&rows);
+        write!(md, "## {}\n\n{}\n\n", s.title, s.about)?;
+        md += &markdown_table(&rows);
+        let o = orderings(&rows);
+        let n = o.reproduced.len() + o.reversed.len() + o.not_separable.len();
+        if n > 0 {
+            let pairs = |v: &[(String, String)]| {
+                v.iter()
+                    .map(|(a, b)| format!("{a} > {b}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            let line = format!(
+                "Of the seed's {n} orderings (one row ≥ 10% dearer than another with the same \
+                 baseline): {} reproduced, {} reversed ({}), {} not separable by our intervals.",
+                o.reproduced.len(),
+                o.reversed.len(),
+                pairs(&o.reversed),
+                o.not_separable.len()
+            );
+            write!(html, "<p>{}</p>", escape(&line))?;
+            write!(md, "\n{line}\n\n")?;
+        }
+        html += &cost_chart(&rows, m, s.name)?;
+        if let Some(svg) = cdf_chart(&rows)? {
+            html += &svg;
+        }
+        if let Some(svg) = peak_chart(&rows)? {
+            html += &svg;
+        }
+    }
+    let model_text = model::text(m);
+    write!(
+        html,
+        "<h2>The component cost model</h2><p class=about>Unit costs fitted by non-negative \
+         least squares over every sipsec row; each row also predicted by a model fitted \
+         without it (held out).</p><pre>{}</pre></body></html>\n",
+        escape(&model_text)
+    )?;
+    write!(md, "## The component cost model\n\n```\n{model_text}```\n")?;
+    Ok((html, md))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(row: &str, round: u32, cpu: f64) -> Record {
+        let mut r = Record::skipped("seed000", row, round, String::new());
+        r.skipped = None;
+        r.cpu_us = cpu;
+        r.succeeded = 100;
+        r.calls = 100;
+        r.counters.insert("requests_in".into(), 300);
+        r.counters.insert("responses_in".into(), 300);
+        r.latency_cdf_ms = vec![[0.5, 1.0], [0.99, 3.0], [1.0, 5.0]];
+        r
+    }
+
+    /// The seed has chain TLS dearer than chain TCP dearer than UDP; rows measured that
+    /// way are reproduced, a row measured the other way round is reported reversed, and
+    /// the page is self-contained.
+    #[test]
+    fn tables_orderings_and_a_self_contained_page() {
+        let mut records = Vec::new();
+        for round in 1..=5 {
+            let noise = 1.0 + 0.03 * (round as f64 - 3.0);
+            records.push(rec("udp", round, 60.0 * noise));
+            records.push(rec("chain-tcp", round, 50.0 * noise));
+            records.push(rec("chain-tls", round, 90.0 * noise));
+        }
+        records.push(Record::skipped(
+            "seed000",
+            "chain-tls-3des",
+            1,
+            "3DES: none".into(),
+        ));
+        let s = suite::named("seed000").unwrap();
+        let rows = summarise(&s, &records);
+        let tls = rows.iter().find(|r| r.id == "chain-tls").unwrap();
+        assert_eq!(tls.verdict(), "dearer");
+        assert!((tls.ratio.unwrap().median - 1.5).abs() < 1e-9);
+        let tcp = rows.iter().find(|r| r.id == "chain-tcp").unwrap();
+        assert_eq!(tcp.verdict(), "cheaper");
+        let o = orderings(&rows);
+        // Seed: TLS > TCP, TLS > UDP, TCP > UDP. Ours: TLS > UDP > TCP.
+        assert_eq!(o.reproduced.len(), 2, "{o:?}");
+        assert_eq!(
+            o.reversed,
+            vec![("chain TCP".to_string(), "UDP".to_string())]
+        );
+        let (html, md) = render(&records, &model::fit_all(&records)).unwrap();
+        assert!(html.contains("<svg") && html.contains("chain TLS"));
+        assert!(!html.contains("src="));
+        assert!(!html.contains("<script") && !html.contains("<link"));
+        assert!(md.contains("| chain TLS 3DES | unavailable: 3DES: none |"));
+        assert!(md.contains("1 reversed (chain TCP > UDP)"));
+    }
+}

@@ -1,0 +1,159 @@
+//! The lab's results: one JSON line per measured (or skipped) row and round, appended to
+//! `DIR/results.jsonl` as each row finishes, so an interrupted run loses at most the row it
+//! was in and `--resume` carries on from there. The report and the model read only this file.
+
+use crate::bench::{Counters, Report};
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The results file in a lab directory.
+pub fn path(dir: &Path) -> PathBuf {
+    dir.join("results.jsonl")
+}
+
+/// One row measured in one round.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    pub suite: String,
+    pub row: String,
+    pub round: u32,
+    /// Offered operations per second and operations in the measured run.
+    pub rate: f64,
+    pub calls: u64,
+    /// Why the row was not measured (not installed, not available in this build, failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// Server CPU (user + system) per successful operation, µs.
+    #[serde(default)]
+    pub cpu_us: f64,
+    #[serde(default)]
+    pub user_us: f64,
+    #[serde(default)]
+    pub sys_us: f64,
+    /// Times the server's threads were woken, per operation.
+    #[serde(default)]
+    pub wakeups: f64,
+    #[serde(default)]
+    pub succeeded: u64,
+    #[serde(default)]
+    pub failed: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_per_s: Option<f64>,
+    /// The server's own counters over the measured run.
+    #[serde(default)]
+    pub counters: Counters,
+    /// `[quantile, ms]` of the operations' latency.
+    #[serde(default)]
+    pub latency_cdf_ms: Vec<[f64; 2]>,
+}
+
+impl Record {
+    /// A row that was not measured, and why.
+    pub fn skipped(suite: &str, row: &str, round: u32, why: String) -> Record {
+        Record {
+            suite: suite.into(),
+            row: row.into(),
+            round,
+            rate: 0.0,
+            calls: 0,
+            skipped: Some(why),
+            cpu_us: 0.0,
+            user_us: 0.0,
+            sys_us: 0.0,
+            wakeups: 0.0,
+            succeeded: 0,
+            failed: 0,
+            peak_per_s: None,
+            counters: Counters::new(),
+            latency_cdf_ms: Vec::new(),
+        }
+    }
+
+    /// A row measured by `sipsec bench`.
+    pub fn measured(suite: &str, row: &str, round: u32, r: &Report) -> Record {
+        Record {
+            rate: r.rate,
+            calls: r.load.attempted,
+            skipped: None,
+            cpu_us: r.server_cpu_us_per_op,
+            user_us: r.server_user_us_per_op,
+            sys_us: r.server_sys_us_per_op,
+            wakeups: r.server_wakeups_per_op,
+            succeeded: r.ops,
+            failed: r.load.failed,
+            peak_per_s: r.peak_per_s,
+            counters: r.server_counters.clone(),
+            latency_cdf_ms: r.load.latency_cdf_ms.clone(),
+            ..Record::skipped(suite, row, round, String::new())
+        }
+    }
+
+    /// A counter per successful operation.
+    pub fn per_op(&self, counter: &str) -> f64 {
+        if self.succeeded == 0 {
+            return 0.0;
+        }
+        self.counters.get(counter).copied().unwrap_or(0) as f64 / self.succeeded as f64
+    }
+}
+
+/// Every record in `dir` (none if the file does not exist yet). A line cut short by a kill
+/// mid-write is skipped, not an error.
+pub fn load(dir: &Path) -> Result<Vec<Record>> {
+    let file = path(dir);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+    };
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// Appends one record as a line and syncs it, so a crash right after keeps it.
+pub fn append(dir: &Path, record: &Record) -> Result<()> {
+    let file = path(dir);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .with_context(|| format!("cannot open {}", file.display()))?;
+    let line = serde_json::to_string(record)? + "\n";
+    f.write_all(line.as_bytes())?;
+    f.sync_data()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_a_torn_last_line_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load(dir.path()).unwrap().is_empty());
+        let mut a = Record::skipped("seed000", "udp", 1, String::new());
+        a.skipped = None;
+        a.cpu_us = 61.5;
+        a.succeeded = 100;
+        a.counters.insert("datagrams_in".into(), 600);
+        let b = Record::skipped("seed000", "kamailio-udp", 1, "not installed".into());
+        append(dir.path(), &a).unwrap();
+        append(dir.path(), &b).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path(dir.path()))
+            .unwrap()
+            .write_all(b"{\"suite\":\"seed0")
+            .unwrap();
+        let back = load(dir.path()).unwrap();
+        assert_eq!(back, vec![a.clone(), b]);
+        assert_eq!(back[0].per_op("datagrams_in"), 6.0);
+        assert_eq!(back[0].per_op("absent"), 0.0);
+    }
+}

@@ -1,0 +1,506 @@
+//! The suites: each seed's experiment as a table of rows. A row is one `sipsec bench` run
+//! (its command-line words), what it needs set up first (a user database for digest), the
+//! row its ratio is taken against, and the seed's own figure for the same configuration, so
+//! the report can set ours beside theirs.
+
+use serde::{Deserialize, Serialize};
+
+/// What a row needs before its bench runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Setup {
+    /// The bench's default config (a record-routing proxy, or the registrar).
+    Plain,
+    /// Digest authentication of every INVITE and REGISTER against a SQLite user database of
+    /// [`USERS`] users, which the load's callers answer (seed 000's "SIP proxy auth").
+    Digest,
+}
+
+/// Users in the digest rows' database, and callers the load cycles through.
+pub const USERS: usize = 1_000;
+
+/// Which server a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Server {
+    Sipsec,
+    /// Kamailio 5.6 with `../shared/bench/kamailio/proxy.cfg`, the reference row: run where
+    /// Kamailio is installed, skipped with a note where it is not.
+    Kamailio,
+}
+
+/// One row of a suite.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Short and stable: the key results are stored and resumed under.
+    pub id: &'static str,
+    pub label: &'static str,
+    pub server: Server,
+    pub setup: Setup,
+    /// `sipsec bench` words besides rate, calls and output.
+    pub bench: &'static [&'static str],
+    /// The row this one's ratio is taken against (itself for a baseline).
+    pub baseline: &'static str,
+    /// The seed's figure for this configuration, as the seed states it.
+    pub seed: Option<&'static str>,
+    /// The seed's cost relative to its baseline (the inverse of its throughput ratio), to
+    /// set beside our ratio.
+    pub seed_ratio: Option<f64>,
+    /// Why this row cannot run on any build (it is listed, not measured).
+    pub unavailable: Option<&'static str>,
+}
+
+/// One seed's experiment.
+#[derive(Debug, Clone)]
+pub struct Suite {
+    pub name: &'static str,
+    pub title: &'static str,
+    /// What the seed measured and what we compare.
+    pub about: &'static str,
+    pub rows: Vec<Row>,
+}
+
+impl Suite {
+    pub fn row(&self, id: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.id == id)
+    }
+}
+
+/// Every suite, in the order `sipsec lab run` takes them.
+pub fn all() -> Vec<Suite> {
+    vec![seed000(), seed004()]
+}
+
+/// The suite called `name`.
+pub fn named(name: &str) -> Option<Suite> {
+    all().into_iter().find(|s| s.name == name)
+}
+
+#[allow(clippy::too_many_arguments)]
+const fn row(
+    id: &'static str,
+    label: &'static str,
+    setup: Setup,
+    bench: &'static [&'static str],
+    baseline: &'static str,
+    seed: Option<&'static str>,
+    seed_ratio: Option<f64>,
+) -> Row {
+    Row {
+        id,
+        label,
+        server: Server::Sipsec,
+        setup,
+        bench,
+        baseline,
+        seed,
+        seed_ratio,
+        unavailable: None,
+    }
+}
+
+/// Seed 000 (Shen et al.): every cell of its tables II–V (20 distinct configurations; the
+/// paper speaks of 18 peak measurements), a stateful
+/// record-routing proxy between a caller and a callee, with the seed's peak throughput (cps)
+/// and its cost relative to UDP (UDP's peak over the row's). Rows without "resumption" have
+/// it off, as the seed's plain "TLS" columns did; auth rows are relative to UDP with auth.
+fn seed000() -> Suite {
+    use Setup::{Digest, Plain};
+    const TCP: &[&str] = &["--transport", "tcp"];
+    const TLS: &[&str] = &["--transport", "tls"];
+    let r = |udp: f64, peak: f64| Some(udp / peak);
+    let mut rows = vec![
+        row(
+            "udp",
+            "UDP",
+            Plain,
+            &[],
+            "udp",
+            Some("2,400 cps"),
+            r(1.0, 1.0),
+        ),
+        row(
+            "chain-tcp",
+            "chain TCP",
+            Plain,
+            TCP,
+            "udp",
+            Some("1,139 cps"),
+            r(2400.0, 1139.0),
+        ),
+        row(
+            "chain-tls",
+            "chain TLS",
+            Plain,
+            &["--transport", "tls", "--tls-resumption", "off"],
+            "udp",
+            Some("695 cps (AES)"),
+            r(2400.0, 695.0),
+        ),
+        row(
+            "udp-auth",
+            "UDP, auth",
+            Digest,
+            &[],
+            "udp-auth",
+            Some("462 cps"),
+            r(1.0, 1.0),
+        ),
+        row(
+            "chain-tcp-auth",
+            "chain TCP, auth",
+            Digest,
+            TCP,
+            "udp-auth",
+            Some("361 cps"),
+            r(462.0, 361.0),
+        ),
+        row(
+            "chain-tls-auth",
+            "chain TLS, auth",
+            Digest,
+            &["--transport", "tls", "--tls-resumption", "off"],
+            "udp-auth",
+            Some("276 cps (AES)"),
+            r(462.0, 276.0),
+        ),
+        row(
+            "outbound-tcp",
+            "outbound TCP, auth",
+            Digest,
+            &["--transport", "tcp", "--mode", "outbound"],
+            "udp-auth",
+            Some("268 cps"),
+            r(462.0, 268.0),
+        ),
+        row(
+            "outbound-tls",
+            "outbound TLS, auth",
+            Digest,
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "outbound",
+                "--tls-resumption",
+                "off",
+            ],
+            "udp-auth",
+            Some("151 cps"),
+            r(462.0, 151.0),
+        ),
+        row(
+            "outbound-tls-mutual",
+            "outbound TLS mutual, auth",
+            Digest,
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "outbound",
+                "--tls-resumption",
+                "off",
+                "--mutual",
+            ],
+            "udp-auth",
+            Some("122 cps"),
+            r(462.0, 122.0),
+        ),
+        row(
+            "outbound-tls-resumed",
+            "outbound TLS resumption, auth",
+            Digest,
+            &["--transport", "tls", "--mode", "outbound"],
+            "udp-auth",
+            Some("181 cps"),
+            r(462.0, 181.0),
+        ),
+        row(
+            "inbound-tcp",
+            "inbound TCP",
+            Plain,
+            &["--transport", "tcp", "--mode", "inbound"],
+            "udp",
+            Some("583 cps"),
+            r(2400.0, 583.0),
+        ),
+        row(
+            "inbound-tls",
+            "inbound TLS",
+            Plain,
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "inbound",
+                "--tls-resumption",
+                "off",
+            ],
+            "udp",
+            Some("161 cps"),
+            r(2400.0, 161.0),
+        ),
+        row(
+            "inbound-tls-mutual",
+            "inbound TLS mutual",
+            Plain,
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "inbound",
+                "--tls-resumption",
+                "off",
+                "--mutual",
+            ],
+            "udp",
+            Some("115 cps"),
+            r(2400.0, 115.0),
+        ),
+        row(
+            "inbound-tls-resumed",
+            "inbound TLS resumption",
+            Plain,
+            &["--transport", "tls", "--mode", "inbound"],
+            "udp",
+            Some("326 cps"),
+            r(2400.0, 326.0),
+        ),
+        row(
+            "local-tcp",
+            "local TCP, auth",
+            Digest,
+            &["--transport", "tcp", "--mode", "local"],
+            "udp-auth",
+            Some("247 cps"),
+            r(462.0, 247.0),
+        ),
+        row(
+            "local-tls",
+            "local TLS, auth",
+            Digest,
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "local",
+                "--tls-resumption",
+                "off",
+            ],
+            "udp-auth",
+            Some("91 cps"),
+            r(462.0, 91.0),
+        ),
+        row(
+            "local-tls-mutual",
+            "local TLS mutual, auth",
+            Digest,
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "local",
+                "--tls-resumption",
+                "off",
+                "--mutual",
+            ],
+            "udp-auth",
+            Some("61 cps"),
+            r(462.0, 61.0),
+        ),
+        row(
+            "local-tls-resumed",
+            "local TLS resumption, auth",
+            Digest,
+            &["--transport", "tls", "--mode", "local"],
+            "udp-auth",
+            Some("151 cps"),
+            r(462.0, 151.0),
+        ),
+    ];
+    for (id, label, seed, ratio, baseline) in [
+        (
+            "chain-tls-3des",
+            "chain TLS 3DES",
+            "534 cps",
+            2400.0 / 534.0,
+            "udp",
+        ),
+        (
+            "chain-tls-3des-auth",
+            "chain TLS 3DES, auth",
+            "244 cps",
+            462.0 / 244.0,
+            "udp-auth",
+        ),
+    ] {
+        rows.push(Row {
+            unavailable: Some(
+                "3DES: neither rustls nor OpenSSL 3 (Debian's) negotiates TLS_RSA_WITH_3DES_EDE_CBC_SHA",
+            ),
+            ..row(id, label, Plain, TLS, baseline, Some(seed), Some(ratio))
+        });
+    }
+    rows.push(Row {
+        server: Server::Kamailio,
+        ..row(
+            "kamailio-udp",
+            "Kamailio 5.6, UDP",
+            Plain,
+            &[],
+            "udp",
+            None,
+            None,
+        )
+    });
+    Suite {
+        name: "seed000",
+        title: "Seed 000: the cost of TLS in four connection modes",
+        about:
+            "Shen et al. measured OpenSIPS's peak throughput in 18 configurations (tables II–V) \
+                and explained it with a per-component cost model. Here each row is server CPU \
+                per call at a fixed rate (the peak's inverse on one core), as a ratio to UDP \
+                with the same authentication, beside the seed's cost ratio (UDP's peak over \
+                the row's). Our TLS is 1.3 with ECDSA P-256 where the seed's was RSA key \
+                exchange with AES-CBC-SHA.",
+        rows,
+    }
+}
+
+/// Seed 004 (Nahum et al.): registration and proxying, stateful and stateless, UDP and TCP,
+/// with and without digest; CPU per operation and (with `--peak`) the peak at ≥ 99% success.
+fn seed004() -> Suite {
+    use Setup::{Digest, Plain};
+    const REG: &[&str] = &["--scenario", "register"];
+    const REG_TCP: &[&str] = &["--scenario", "register", "--transport", "tcp"];
+    const TCP: &[&str] = &["--transport", "tcp"];
+    let mut rows = vec![
+        row(
+            "register",
+            "register UDP",
+            Plain,
+            REG,
+            "register",
+            None,
+            None,
+        ),
+        row(
+            "register-auth",
+            "register UDP, digest",
+            Digest,
+            REG,
+            "register",
+            Some("−80% peak"),
+            Some(5.0),
+        ),
+        row(
+            "register-tcp",
+            "register TCP",
+            Plain,
+            REG_TCP,
+            "register",
+            None,
+            None,
+        ),
+        row(
+            "register-tcp-auth",
+            "register TCP, digest",
+            Digest,
+            REG_TCP,
+            "register",
+            None,
+            None,
+        ),
+        row(
+            "stateful",
+            "stateful UDP",
+            Plain,
+            &[],
+            "stateful",
+            Some("4,012 cps"),
+            Some(1.0),
+        ),
+        row(
+            "stateful-auth",
+            "stateful UDP, digest",
+            Digest,
+            &[],
+            "stateful",
+            Some("701 cps"),
+            Some(4012.0 / 701.0),
+        ),
+        row(
+            "stateful-tcp",
+            "stateful TCP",
+            Plain,
+            TCP,
+            "stateful",
+            None,
+            None,
+        ),
+        row(
+            "stateful-tcp-auth",
+            "stateful TCP, digest",
+            Digest,
+            TCP,
+            "stateful",
+            None,
+            None,
+        ),
+    ];
+    // Stateless rows: the bench's --stateless default config has no [auth] table.
+    rows.push(row(
+        "stateless",
+        "stateless UDP",
+        Plain,
+        &["--stateless"],
+        "stateful",
+        None,
+        None,
+    ));
+    rows.push(row(
+        "stateless-tcp",
+        "stateless TCP",
+        Plain,
+        &["--stateless", "--transport", "tcp"],
+        "stateful",
+        None,
+        None,
+    ));
+    Suite {
+        name: "seed004",
+        title: "Seed 004: registration and proxying, with and without authentication",
+        about: "Nahum et al. measured OpenSER's peak for registration, stateful and stateless \
+                proxying, over UDP and TCP, with and without digest (against MySQL), and saw \
+                authentication cost the most (−60% to −90%), then TCP (−43% to −65%). Here: \
+                server CPU per operation at a fixed rate as a ratio to the same operation over \
+                UDP without authentication, and the peak with --peak.",
+        rows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_suite_has_unique_ids_and_baselines_that_exist() {
+        for s in all() {
+            let mut ids: Vec<_> = s.rows.iter().map(|r| r.id).collect();
+            ids.sort();
+            ids.dedup();
+            assert_eq!(ids.len(), s.rows.len(), "{}: duplicate ids", s.name);
+            for r in &s.rows {
+                let base = s.row(r.baseline).unwrap_or_else(|| panic!("{}", r.id));
+                assert_eq!(base.baseline, base.id, "{}: a baseline is its own", r.id);
+            }
+        }
+    }
+
+    #[test]
+    fn seed000_lists_every_cell_of_the_papers_tables() {
+        let s = named("seed000").unwrap();
+        let seeds = s.rows.iter().filter(|r| r.seed.is_some()).count();
+        // Tables II-V: UDP with and without auth (each repeated in three tables), 6 chain
+        // TCP/TLS cells (two of them 3DES) and 4 TCP/TLS cells in each of the other modes.
+        assert_eq!(seeds, 2 + 6 + 3 * 4);
+    }
+}
