@@ -23,8 +23,8 @@
 //! - [`cmd`]: the small subcommands that manage state: `sipsec users`.
 //! - [`bench`](mod@bench): `sipsec bench`, a server and `load` run side by side and measured; the lab's
 //!   delay relay.
-//! - [`lab`]: `sipsec lab`, the seeds' experiments in rounds and the statistics that rank
-//!   their rows (being built).
+//! - [`lab`]: `sipsec lab`, the seeds' experiments: suites run in rounds, results as JSON
+//!   lines, the statistics that rank rows, the cost model and the HTML report.
 
 pub mod auth;
 pub mod authd;

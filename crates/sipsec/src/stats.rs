@@ -21,7 +21,8 @@ macro_rules! counters {
 }
 
 counters! {
-    datagrams_in: "datagrams received",
+    messages_in: "messages received (datagrams, and messages framed on TCP and TLS streams)",
+    stream_messages_in: "of those, messages received on TCP and TLS streams",
     requests_in: "requests parsed",
     responses_in: "responses parsed",
     malformed: "messages rejected by the parser (answered 400/505 where possible)",

@@ -555,8 +555,8 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         rate: a.rate,
         ops,
         server_cpu_us_per_op: per_op(used.total_s()),
-        server_user_us_per_op: per_op(used.user_s),
-        server_sys_us_per_op: per_op(used.sys_s),
+        server_user_us_per_op: per_op(used.split_s().0),
+        server_sys_us_per_op: per_op(used.split_s().1),
         server_wakeups_per_op: if ops == 0 {
             0.0
         } else {

@@ -364,11 +364,14 @@ impl Engine {
         }
     }
 
-    /// Handles one received datagram.
+    /// Handles one received message: a datagram, or a message framed on a stream.
     // Never inlined, for the same reason as `on_tick`.
     #[inline(never)]
     pub fn on_message(&mut self, now: Millis, source: Peer, data: &[u8], fx: &mut Effects) {
-        inc(&self.stats.datagrams_in);
+        inc(&self.stats.messages_in);
+        if source.transport != Transport::Udp {
+            inc(&self.stats.stream_messages_in);
+        }
         if data
             .iter()
             .all(|b| matches!(b, b'\r' | b'\n' | b' ' | b'\t' | 0))

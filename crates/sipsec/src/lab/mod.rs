@@ -9,7 +9,9 @@
 //! - [`stats`]: the statistics that decide when one row may be called cheaper than another.
 //! - [`model`]: per-call cost decomposed into building blocks, validated held out.
 //! - [`report`]: the HTML report and the markdown export.
+//! - [`charts`]: the report's SVG charts, from labelled numbers.
 
+pub mod charts;
 pub mod model;
 pub mod report;
 pub mod results;

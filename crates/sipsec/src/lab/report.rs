@@ -8,12 +8,12 @@
 //! CPU per operation as bars stacked by the cost model's blocks, latency CDFs, and peaks
 //! where they were searched.
 
+use super::charts;
 use super::model::{self, Model, BLOCKS};
 use super::results::{self, Record};
 use super::stats::{self, Ratio};
 use super::suite::{self, Suite};
 use anyhow::{Context, Result};
-use plotters::prelude::*;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
@@ -228,10 +228,10 @@ fn html_table(rows: &[RowSummary]) -> String {
     t += "<th>peak/s</th><th>rounds</th></tr>\n";
     for r in rows {
         if let Some(why) = &r.skipped {
-            write!(
+            writeln!(
                 t,
                 "<tr class=skip><td>{}</td><td colspan=3>unavailable: {}</td><td>{}</td><td>{}</td>\
-                 <td colspan=8></td></tr>\n",
+                 <td colspan=8></td></tr>",
                 escape(r.label),
                 escape(why),
                 r.seed.unwrap_or(""),
@@ -267,212 +267,87 @@ fn html_table(rows: &[RowSummary]) -> String {
     t + "</table>\n"
 }
 
-const PALETTE: [RGBColor; 9] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-    RGBColor(188, 189, 34),
-];
-
 /// CPU per operation by row: the model's blocks stacked, the measured median as a black
 /// tick with the interval of its ratio (scaled by its baseline's median).
 fn cost_chart(rows: &[RowSummary], m: &Model, suite: &str) -> Result<String> {
-    let rows: Vec<&RowSummary> = rows.iter().filter(|r| r.cpu_us.is_some()).collect();
-    let obs: BTreeMap<&str, [f64; BLOCKS.len()]> = m
+    let counts: BTreeMap<&str, [f64; BLOCKS.len()]> = m
         .predictions
         .iter()
         .filter(|p| p.suite == suite)
         .map(|p| (p.row.as_str(), p.counts))
         .collect();
-    let top = rows
+    let bars: Vec<charts::CostBar> = rows
         .iter()
-        .map(|r| r.cpu_us.unwrap_or(0.0) * r.ratio.map_or(1.0, |x| x.high / x.median))
-        .fold(1.0, f64::max)
-        * 1.15;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (900, 460)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let (chart_area, legend) = root.split_horizontally(720);
-        let mut c = ChartBuilder::on(&chart_area)
-            .caption("Server CPU per operation (µs)", ("sans-serif", 16))
-            .margin(8)
-            .x_label_area_size(130)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top)?;
-        let labels: Vec<String> = rows.iter().map(|r| r.label.to_string()).collect();
-        c.configure_mesh()
-            .disable_x_mesh()
-            .x_labels(rows.len() * 2 + 1)
-            .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                if (x - x.floor() - 0.5).abs() < 0.01 && i < labels.len() {
-                    labels[i].clone()
-                } else {
-                    String::new()
-                }
+        .filter_map(|r| {
+            let cpu = r.cpu_us?;
+            let parts = counts
+                .get(r.id)
+                .map(|c| {
+                    m.units
+                        .iter()
+                        .enumerate()
+                        .map(|(b, unit)| (b, unit.unwrap_or(0.0) * c[b]))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let interval = r.ratio.filter(|_| r.id != r.baseline).map(|x| {
+                let scale = cpu / x.median;
+                (x.low * scale, x.high * scale)
+            });
+            Some(charts::CostBar {
+                label: r.label.to_string(),
+                parts,
+                measured: cpu,
+                interval,
             })
-            .x_label_style(
-                ("sans-serif", 11)
-                    .into_font()
-                    .transform(FontTransform::Rotate90),
-            )
-            .y_desc("µs per operation")
-            .draw()?;
-        for (i, r) in rows.iter().enumerate() {
-            let x = i as f64;
-            let mut y = 0.0;
-            if let Some(counts) = obs.get(r.id) {
-                for (b, unit) in m.units.iter().enumerate() {
-                    let part = unit.unwrap_or(0.0) * counts[b];
-                    if part > 0.0 {
-                        c.draw_series(std::iter::once(Rectangle::new(
-                            [(x + 0.15, y), (x + 0.85, y + part)],
-                            PALETTE[b].filled(),
-                        )))?;
-                        y += part;
-                    }
-                }
-            }
-            let cpu = r.cpu_us.unwrap_or(0.0);
-            c.draw_series(std::iter::once(PathElement::new(
-                vec![(x + 0.1, cpu), (x + 0.9, cpu)],
-                BLACK.stroke_width(3),
-            )))?;
-            if let Some(ratio) = r.ratio.filter(|_| r.id != r.baseline) {
-                let scale = cpu / ratio.median;
-                c.draw_series(std::iter::once(PathElement::new(
-                    vec![(x + 0.5, ratio.low * scale), (x + 0.5, ratio.high * scale)],
-                    BLACK.stroke_width(1),
-                )))?;
-            }
-        }
-        let mut y = 30;
-        for (b, name) in BLOCKS.iter().enumerate() {
-            legend.draw(&Rectangle::new([(5, y), (20, y + 12)], PALETTE[b].filled()))?;
-            legend.draw(&Text::new(
-                name.to_string(),
-                (26, y),
-                ("sans-serif", 12).into_font(),
-            ))?;
-            y += 20;
-        }
-        legend.draw(&PathElement::new(
-            vec![(5, y + 6), (20, y + 6)],
-            BLACK.stroke_width(3),
-        ))?;
-        legend.draw(&Text::new(
-            "measured (median, 95% CI)",
-            (26, y),
-            ("sans-serif", 12).into_font(),
-        ))?;
-        root.present()?;
-    }
-    Ok(svg)
+        })
+        .collect();
+    charts::cost(
+        "Server CPU per operation (µs): the model's blocks, and what was measured",
+        &BLOCKS,
+        &bars,
+    )
 }
 
 /// Latency CDFs of every measured row (log time axis).
 fn cdf_chart(rows: &[RowSummary]) -> Result<Option<String>> {
-    let rows: Vec<&RowSummary> = rows.iter().filter(|r| r.latency_cdf_ms.len() > 1).collect();
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    let max = rows
+    let series: Vec<(String, Vec<(f64, f64)>)> = rows
         .iter()
-        .flat_map(|r| r.latency_cdf_ms.iter().map(|p| p[1]))
-        .fold(1.0, f64::max);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (900, 380)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut c = ChartBuilder::on(&root)
-            .caption(
-                "Latency CDF (operation start to its final answer)",
-                ("sans-serif", 16),
-            )
-            .margin(8)
-            .x_label_area_size(35)
-            .y_label_area_size(45)
-            .build_cartesian_2d((0.01f64..max * 1.2).log_scale(), 0f64..1.0)?;
-        c.configure_mesh().x_desc("ms").y_desc("fraction").draw()?;
-        for (i, r) in rows.iter().enumerate() {
-            let color = PALETTE[i % PALETTE.len()];
-            let dash = i / PALETTE.len();
-            let points: Vec<(f64, f64)> = r
-                .latency_cdf_ms
-                .iter()
-                .map(|p| (p[1].max(0.01), p[0]))
-                .collect();
-            c.draw_series(LineSeries::new(points, color.stroke_width(1 + dash as u32)))?
-                .label(r.label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
-        }
-        c.configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font(("sans-serif", 10))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
-    }
-    Ok(Some(svg))
+        .map(|r| {
+            let points = r.latency_cdf_ms.iter().map(|p| (p[1], p[0])).collect();
+            (r.label.to_string(), points)
+        })
+        .collect();
+    charts::lines(
+        "Latency CDF (operation start to its final answer)",
+        ("ms", "fraction"),
+        &series,
+        true,
+        Some(1.0),
+    )
 }
 
 /// Peak rates, where they were searched.
 fn peak_chart(rows: &[RowSummary]) -> Result<Option<String>> {
-    let rows: Vec<&RowSummary> = rows.iter().filter(|r| r.peak_per_s.is_some()).collect();
-    if rows.is_empty() {
+    let values: Vec<charts::Bar> = rows
+        .iter()
+        .filter_map(|r| {
+            Some(charts::Bar {
+                label: r.label.to_string(),
+                value: r.peak_per_s?,
+                interval: None,
+            })
+        })
+        .collect();
+    if values.is_empty() {
         return Ok(None);
     }
-    let top = rows.iter().filter_map(|r| r.peak_per_s).fold(1.0, f64::max) * 1.1;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (900, 420)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut c = ChartBuilder::on(&root)
-            .caption(
-                "Peak (≥ 99% within 500 ms), operations per second",
-                ("sans-serif", 16),
-            )
-            .margin(8)
-            .x_label_area_size(130)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..rows.len() as f64, 0f64..top)?;
-        let labels: Vec<String> = rows.iter().map(|r| r.label.to_string()).collect();
-        c.configure_mesh()
-            .disable_x_mesh()
-            .x_labels(rows.len() * 2 + 1)
-            .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                if (x - x.floor() - 0.5).abs() < 0.01 && i < labels.len() {
-                    labels[i].clone()
-                } else {
-                    String::new()
-                }
-            })
-            .x_label_style(
-                ("sans-serif", 11)
-                    .into_font()
-                    .transform(FontTransform::Rotate90),
-            )
-            .draw()?;
-        c.draw_series(rows.iter().enumerate().map(|(i, r)| {
-            Rectangle::new(
-                [
-                    (i as f64 + 0.15, 0.0),
-                    (i as f64 + 0.85, r.peak_per_s.unwrap_or(0.0)),
-                ],
-                PALETTE[0].filled(),
-            )
-        }))?;
-        root.present()?;
-    }
-    Ok(Some(svg))
+    charts::bars(
+        "Peak (≥ 99% within 500 ms), operations per second",
+        "operations per second",
+        &values,
+    )
+    .map(Some)
 }
 
 const STYLE: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}\
@@ -506,8 +381,8 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
     let mut html = format!(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>sipsec lab report</title>\
          <style>{STYLE}</style></head><body><h1>sipsec lab report</h1>\
-         <p>{} results. Each row is server CPU per operation at a fixed rate (user + system \
-         time of the server over the operations that succeeded), the median over rounds; \
+         <p>{} results. Each row is server CPU per operation at a fixed rate (the \
+         scheduler's on-CPU time of every server thread over the operations that succeeded), the median over rounds; \
          its ratio to the baseline is the median of per-round ratios with a bootstrap 95% \
          interval, and a row is called cheaper or dearer only where that interval excludes \
          1. Counts per operation come from the server's own counters.</p>\n",
@@ -557,11 +432,11 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
         }
     }
     let model_text = model::text(m);
-    write!(
+    writeln!(
         html,
         "<h2>The component cost model</h2><p class=about>Unit costs fitted by non-negative \
          least squares over every sipsec row; each row also predicted by a model fitted \
-         without it (held out).</p><pre>{}</pre></body></html>\n",
+         without it (held out).</p><pre>{}</pre></body></html>",
         escape(&model_text)
     )?;
     write!(md, "## The component cost model\n\n```\n{model_text}```\n")?;

@@ -22,6 +22,9 @@ pub struct Record {
     /// Offered operations per second and operations in the measured run.
     pub rate: f64,
     pub calls: u64,
+    /// The transport between the load generator and the server (`udp`, `tcp`, `tls`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub transport: String,
     /// Why the row was not measured (not installed, not available in this build, failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
@@ -58,6 +61,7 @@ impl Record {
             round,
             rate: 0.0,
             calls: 0,
+            transport: String::new(),
             skipped: Some(why),
             cpu_us: 0.0,
             user_us: 0.0,
@@ -76,6 +80,7 @@ impl Record {
         Record {
             rate: r.rate,
             calls: r.load.attempted,
+            transport: r.transport.clone(),
             skipped: None,
             cpu_us: r.server_cpu_us_per_op,
             user_us: r.server_user_us_per_op,
@@ -141,7 +146,7 @@ mod tests {
         a.skipped = None;
         a.cpu_us = 61.5;
         a.succeeded = 100;
-        a.counters.insert("datagrams_in".into(), 600);
+        a.counters.insert("messages_in".into(), 600);
         let b = Record::skipped("seed000", "kamailio-udp", 1, "not installed".into());
         append(dir.path(), &a).unwrap();
         append(dir.path(), &b).unwrap();
@@ -153,7 +158,7 @@ mod tests {
             .unwrap();
         let back = load(dir.path()).unwrap();
         assert_eq!(back, vec![a.clone(), b]);
-        assert_eq!(back[0].per_op("datagrams_in"), 6.0);
+        assert_eq!(back[0].per_op("messages_in"), 6.0);
         assert_eq!(back[0].per_op("absent"), 0.0);
     }
 }
