@@ -75,36 +75,35 @@ impl Secrets {
     }
 }
 
-/// Without the credential cache: answers of per-request queries, each for one request that
-/// waited for it (taken when that request runs again). Every waiting request makes its own
-/// query, as a server without the cache does.
+/// Without the credential cache: the answer of a query a worker made for a user, waiting for
+/// that worker to take it when it reruns the requests that waited for it. One answer serves
+/// the requests parked at that moment and is then gone, so every later request queries
+/// again, as a server without the cache does (an answer kept any longer would be a cache).
 #[derive(Default)]
 pub struct Fetched {
-    answers: std::sync::Mutex<HashMap<Box<str>, Vec<Option<Secrets>>>>,
+    answers: std::sync::Mutex<Answers>,
 }
 
+/// Answers by (worker, user).
+type Answers = HashMap<(usize, Box<str>), Option<Secrets>>;
+
 impl Fetched {
-    /// A query's answer (`None`: no such user). A failed query delivers nothing: the request
-    /// that waited is answered 503.
-    pub fn deliver(&self, user: &str, answer: Option<Secrets>) {
+    /// The answer to `worker`'s query for `user` (`None`: no such user). A failed query
+    /// delivers nothing: the requests that waited are answered 503.
+    pub fn deliver(&self, worker: usize, user: &str, answer: Option<Secrets>) {
         if let Ok(mut a) = self.answers.lock() {
-            // Bounded: answers whose request gave up waiting are dropped.
+            // Bounded: a worker takes its answer when told, so only a stopped worker leaves
+            // answers behind.
             if a.len() > 100_000 {
                 a.clear();
             }
-            a.entry(user.into()).or_default().push(answer);
+            a.insert((worker, user.into()), answer);
         }
     }
 
-    /// One answer for `user`.
-    pub fn take(&self, user: &str) -> Option<Option<Secrets>> {
-        let mut a = self.answers.lock().ok()?;
-        let list = a.get_mut(user)?;
-        let answer = list.pop();
-        if list.is_empty() {
-            a.remove(user);
-        }
-        answer
+    /// `worker`'s answer for `user`, if it came.
+    pub fn take(&self, worker: usize, user: &str) -> Option<Option<Secrets>> {
+        self.answers.lock().ok()?.remove(&(worker, user.into()))
     }
 }
 

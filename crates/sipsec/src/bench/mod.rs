@@ -36,6 +36,8 @@ pub enum BenchScenario {
     Call,
     /// Registrations.
     Register,
+    /// INVITEs answered 302 by a redirect server (to the default route), ACKed there.
+    Redirect,
     /// OPTIONS answered by the server.
     Options,
 }
@@ -215,14 +217,27 @@ impl Drop for Started {
     }
 }
 
+/// What the started server does with calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    StatefulProxy,
+    StatelessProxy,
+    /// Answers 302 to the default route.
+    Redirect,
+}
+
+/// The role of the started server for these options.
+pub fn role_of(a: &BenchArgs) -> Role {
+    match (a.scenario, a.stateless) {
+        (BenchScenario::Redirect, _) => Role::Redirect,
+        (_, true) => Role::StatelessProxy,
+        (_, false) => Role::StatefulProxy,
+    }
+}
+
 /// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
 /// 35061 for TLS runs), routing calls to the UAS over the bench's transport.
-pub fn default_config(
-    dir: &Path,
-    stateless: bool,
-    s: &modes::StreamArgs,
-    tls_dir: &Path,
-) -> String {
+pub fn default_config(dir: &Path, role: Role, s: &modes::StreamArgs, tls_dir: &Path) -> String {
     let tls_listen = if s.transport == Transport::Tls {
         format!(", \"tls:{SERVER_TLS}\"")
     } else {
@@ -231,11 +246,16 @@ pub fn default_config(
     let (server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
     format!(
         "[server]\nlisten = [\"udp:{SERVER}\", \"tcp:{SERVER}\"{tls_listen}]\n\
-         domains = [\"bench.test\"]\nmode = \"proxy\"\n\
+         domains = [\"bench.test\"]\nmode = \"{}\"\n\
          stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
          default_route = \"sip:{UAS};transport={}\"\n[database]\nurl = \"sqlite://{}\"\n\
          {tls_table}",
-        !stateless,
+        if role == Role::Redirect {
+            "redirect"
+        } else {
+            "proxy"
+        },
+        role == Role::StatefulProxy,
         s.transport,
         dir.join("bench.db").display()
     )
@@ -405,7 +425,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             Some(p) => std::path::absolute(p)?,
             None => {
                 let p = dir.path().join("sipsec.toml");
-                std::fs::write(&p, default_config(dir.path(), a.stateless, s, &tls_dir))?;
+                std::fs::write(&p, default_config(dir.path(), role_of(&a), s, &tls_dir))?;
                 p
             }
         };
@@ -426,6 +446,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let scenario = match a.scenario {
         BenchScenario::Call => "call",
         BenchScenario::Register => "register",
+        BenchScenario::Redirect => "redirect",
         BenchScenario::Options => "options",
     };
     let mut words: Vec<String> = [
@@ -441,7 +462,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     .collect();
     let domain = match (&a.domain, a.scenario) {
         (Some(d), _) => Some(d.as_str()),
-        (None, BenchScenario::Call) => None,
+        (None, BenchScenario::Call | BenchScenario::Redirect) => None,
         (None, _) => Some("bench.test"),
     };
     if let Some(d) = domain {
@@ -458,6 +479,9 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             "--uas".to_string(),
             uas,
         ]);
+    }
+    if a.scenario == BenchScenario::Redirect {
+        words.extend(["--redirect", "stop"].map(String::from));
     }
     words.extend(s.load_words(&tls_dir));
     if let Some(u) = &a.users {

@@ -11,15 +11,20 @@ impl Engine {
 
     /// Runs the requests that waited for `user`'s credentials.
     pub(super) fn on_credential(&mut self, now: Millis, user: &str, fx: &mut Effects) {
-        let Some(waiting) = self.parked.remove(user) else {
-            return;
-        };
-        self.parked_total -= waiting.len();
-        self.rerunning = true;
-        for (source, data) in waiting {
-            self.on_message(now, source, &data, fx);
+        if let Some(auth) = self.auth.as_mut() {
+            auth.claim(user);
         }
-        self.rerunning = false;
+        if let Some(waiting) = self.parked.remove(user) {
+            self.parked_total -= waiting.len();
+            self.rerunning = true;
+            for (source, data) in waiting {
+                self.on_message(now, source, &data, fx);
+            }
+            self.rerunning = false;
+        }
+        if let Some(auth) = self.auth.as_mut() {
+            auth.release();
+        }
     }
 
     /// Turns digest authentication on, with what the workers share.

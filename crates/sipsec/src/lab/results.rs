@@ -35,6 +35,10 @@ pub struct Record {
     pub user_us: f64,
     #[serde(default)]
     pub sys_us: f64,
+    /// CPU per successful operation of the processes the server depends on (the authority,
+    /// the database server), µs; 0 where there are none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub peer_cpu_us: f64,
     /// Times the server's threads were woken, per operation.
     #[serde(default)]
     pub wakeups: f64,
@@ -66,6 +70,7 @@ impl Record {
             cpu_us: 0.0,
             user_us: 0.0,
             sys_us: 0.0,
+            peer_cpu_us: 0.0,
             wakeups: 0.0,
             succeeded: 0,
             failed: 0,
@@ -85,6 +90,7 @@ impl Record {
             cpu_us: r.server_cpu_us_per_op,
             user_us: r.server_user_us_per_op,
             sys_us: r.server_sys_us_per_op,
+            peer_cpu_us: r.peer_cpu_us_per_op,
             wakeups: r.server_wakeups_per_op,
             succeeded: r.ops,
             failed: r.load.failed,
@@ -102,6 +108,10 @@ impl Record {
         }
         self.counters.get(counter).copied().unwrap_or(0) as f64 / self.succeeded as f64
     }
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Every record in `dir` (none if the file does not exist yet). A line cut short by a kill

@@ -10,6 +10,7 @@ use crate::bench::{self, BenchArgs};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,7 +19,7 @@ use std::sync::Arc;
 /// `sipsec lab run` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Suites to run (default: all): seed000, seed004.
+    /// Suites to run (default: all): seed000, seed001, seed004.
     pub suites: Vec<String>,
     /// Directory for results.jsonl (created if missing).
     #[arg(long, default_value = "lab-results")]
@@ -48,35 +49,56 @@ fn sizes(suite: &str, quick: bool) -> (f64, u64) {
     match (suite, quick) {
         ("seed000", false) => (500.0, 4_000),
         ("seed000", true) => (500.0, 1_000),
+        ("seed001", false) => (1_000.0, 8_000),
+        ("seed001", true) => (1_000.0, 1_000),
         (_, false) => (2_000.0, 12_000),
         (_, true) => (1_000.0, 1_000),
     }
 }
 
-/// What every row shares: certificates, the user database, callers' credentials.
+/// Where seed 001's helpers listen: the authority, and the delay relays in front of it and
+/// of the database.
+const AUTHD: &str = "127.0.0.1:35070";
+const AUTHD_RELAY: &str = "127.0.0.1:35071";
+const DB_RELAY: &str = "127.0.0.1:35072";
+const REALM: &str = "bench.test";
+
+/// What every row shares: certificates, the user databases, callers' credentials.
 struct Workspace {
     dir: tempfile::TempDir,
     /// The shared Kamailio kit, if it is found and Kamailio is installed.
     kamailio: Result<PathBuf, String>,
-    users_ready: bool,
+    /// PostgreSQL for seed 001's digest rows (`SIPSEC_TEST_POSTGRES`), or why there is none.
+    postgres: Result<String, String>,
+    sqlite_users: bool,
+    postgres_users: bool,
 }
 
 impl Workspace {
     fn new() -> Result<Workspace> {
         let dir = tempfile::tempdir()?;
         bench::modes::make_certs(dir.path(), crate::tls::certs::KeyKind::EcdsaP256)?;
-        let callers: String = (0..suite::USERS)
-            .map(|i| format!("user{i},pw{i}\n"))
-            .collect();
-        std::fs::write(dir.path().join("callers.csv"), &callers)?;
+        let callers = |n: usize| -> String { (0..n).map(|i| format!("user{i},pw{i}\n")).collect() };
+        std::fs::write(dir.path().join("callers.csv"), callers(suite::USERS))?;
+        std::fs::write(
+            dir.path().join("callers-wan.csv"),
+            callers(suite::WAN_CALLERS),
+        )?;
         std::fs::write(
             dir.path().join("users.csv"),
-            format!("username,password\n{callers}"),
+            format!("username,password\n{}", callers(suite::USERS)),
         )?;
+        let postgres = std::env::var("SIPSEC_TEST_POSTGRES").map_err(|_| {
+            "no PostgreSQL: set SIPSEC_TEST_POSTGRES=postgres://user:password@host:port/database \
+             (seed 001's database must be reachable over TCP, through the delay relay)"
+                .to_string()
+        });
         Ok(Workspace {
             dir,
             kamailio: kamailio_kit(),
-            users_ready: false,
+            postgres,
+            sqlite_users: false,
+            postgres_users: false,
         })
     }
 
@@ -84,32 +106,179 @@ impl Workspace {
         self.dir.path().join(name)
     }
 
-    /// Writes the config a digest row runs with and, the first time, imports the users.
-    fn digest_config(&mut self, row: &Row, args: &BenchArgs) -> Result<PathBuf> {
-        let config = bench::default_config(self.dir.path(), false, &args.streams, self.dir.path())
-            + "[auth]\nscheme = \"digest\"\nrealm = \"bench.test\"\n\
-               methods = [\"INVITE\", \"REGISTER\"]\n";
+    /// Imports the users into the database of `config` (its realm: [`REALM`]).
+    fn import_users(&self, config: &Path) -> Result<()> {
+        let out = Command::new(std::env::current_exe()?)
+            .args(["users", "--realm", REALM, "--config"])
+            .arg(config)
+            .arg("import")
+            .arg(self.path("users.csv"))
+            .stdout(Stdio::null())
+            .output()
+            .context("cannot run sipsec users import")?;
+        if !out.status.success() {
+            bail!(
+                "sipsec users import failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// The bench's own config for this row's server role, with `extra` appended.
+    fn write_config(&self, row: &Row, args: &BenchArgs, extra: &str) -> Result<PathBuf> {
+        let config = bench::default_config(
+            self.dir.path(),
+            bench::role_of(args),
+            &args.streams,
+            self.dir.path(),
+        ) + extra;
         let path = self.path(&format!("{}.toml", row.id));
         std::fs::write(&path, config)?;
-        if !self.users_ready {
-            let out = Command::new(std::env::current_exe()?)
-                .args(["users", "--config"])
-                .arg(&path)
-                .arg("import")
-                .arg(self.path("users.csv"))
-                .stdout(Stdio::null())
-                .output()
-                .context("cannot run sipsec users import")?;
-            if !out.status.success() {
-                bail!(
-                    "sipsec users import failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            self.users_ready = true;
+        Ok(path)
+    }
+
+    /// The config a digest row runs with; the users imported the first time.
+    fn digest_config(&mut self, row: &Row, args: &BenchArgs) -> Result<PathBuf> {
+        let path = self.write_config(
+            row,
+            args,
+            &format!(
+                "[auth]\nscheme = \"digest\"\nrealm = \"{REALM}\"\n\
+                 methods = [\"INVITE\", \"REGISTER\"]\n"
+            ),
+        )?;
+        if !self.sqlite_users {
+            self.import_users(&path)?;
+            self.sqlite_users = true;
         }
         Ok(path)
     }
+
+    /// Seed 001's digest row: PostgreSQL behind a delay relay. The config, the relay, and
+    /// the database server's PID (its CPU is the peer's); `Err` says why the row is skipped.
+    fn digest_wan(
+        &mut self,
+        row: &Row,
+        args: &BenchArgs,
+        cache: bool,
+    ) -> Result<std::result::Result<Prepared, String>> {
+        let url = match &self.postgres {
+            Ok(u) => u.clone(),
+            Err(why) => return Ok(Err(why.clone())),
+        };
+        let Some((head, host, tail)) = split_url(&url) else {
+            bail!("SIPSEC_TEST_POSTGRES is not postgres://user:password@host:port/database");
+        };
+        if !self.postgres_users {
+            let direct = self.path("postgres.toml");
+            std::fs::write(&direct, format!("[database]\nurl = \"{url}\"\n"))?;
+            self.import_users(&direct)?;
+            self.postgres_users = true;
+        }
+        let relay = Process::delay_relay(DB_RELAY, host)?;
+        let config = self.write_config(
+            row,
+            args,
+            &format!(
+                "[auth]\nscheme = \"digest\"\nrealm = \"{REALM}\"\nmethods = [\"INVITE\"]\n\
+                 credential_cache = {cache}\n"
+            ),
+        )?;
+        // The remote database replaces the bench's SQLite.
+        let text = std::fs::read_to_string(&config)?;
+        let sqlite = format!("url = \"sqlite://{}\"", self.path("bench.db").display());
+        anyhow::ensure!(text.contains(&sqlite), "the bench config has no SQLite URL");
+        std::fs::write(
+            &config,
+            text.replace(&sqlite, &format!("url = \"{head}{DB_RELAY}{tail}\"")),
+        )?;
+        Ok(Ok(Prepared {
+            config,
+            helpers: vec![relay],
+            peer: postmaster(),
+        }))
+    }
+
+    /// Seed 001's Proxychain rows: `sipsec authd` behind a delay relay, the proxy's client
+    /// certificate its identity. The config, the authority and relay, the authority's PID.
+    fn proxychain(&mut self, row: &Row, args: &BenchArgs, prefetch: bool) -> Result<Prepared> {
+        let p = |f: &str| self.path(f).display().to_string();
+        let authd_toml = self.path("authd.toml");
+        std::fs::write(
+            &authd_toml,
+            format!(
+                "[authd]\nlisten = \"{AUTHD}\"\nrealm = \"{REALM}\"\n\
+                 database = \"sqlite://{}\"\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\
+                 chain_length = 10\n",
+                p("bench.db"),
+                p(crate::tls::certs::SERVER),
+                p(crate::tls::certs::SERVER_KEY),
+                p(crate::tls::certs::CA),
+            ),
+        )?;
+        let config = self.write_config(
+            row,
+            args,
+            &format!(
+                "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\
+                 [auth]\nscheme = \"proxychain\"\nauthority = \"tls:{AUTHD_RELAY}\"\n\
+                 chain_length = 10\nmethods = [\"INVITE\"]\nwait_ms = 2000\n{}",
+                p(crate::tls::certs::CLIENT),
+                p(crate::tls::certs::CLIENT_KEY),
+                p(crate::tls::certs::CA),
+                if prefetch { "" } else { "prefetch_at = 0\n" }
+            ),
+        )?;
+        if !self.sqlite_users {
+            let users = self.path("users.toml");
+            std::fs::write(
+                &users,
+                format!("[database]\nurl = \"sqlite://{}\"\n", p("bench.db")),
+            )?;
+            self.import_users(&users)?;
+            self.sqlite_users = true;
+        }
+        let authd = Process::sipsec(
+            &["authd", "--config", &authd_toml.display().to_string()],
+            "sipsec authd",
+        )?;
+        let peer = Some(authd.child.id());
+        let relay = Process::delay_relay(AUTHD_RELAY, AUTHD)?;
+        Ok(Prepared {
+            config,
+            helpers: vec![relay, authd],
+            peer,
+        })
+    }
+}
+
+/// A seed 001 row made ready: its server config, the processes it runs beside the server,
+/// and the one whose CPU is the peer's (the authority, the database server).
+struct Prepared {
+    config: PathBuf,
+    helpers: Vec<Process>,
+    peer: Option<u32>,
+}
+
+/// `postgres://user:pw@host:port/db` as (`postgres://user:pw@`, `host:port`, `/db`).
+fn split_url(url: &str) -> Option<(&str, &str, &str)> {
+    let at = url.find('@')? + 1;
+    let slash = at + url[at..].find('/')?;
+    Some((&url[..at], &url[at..slash], &url[slash..]))
+}
+
+/// The PostgreSQL server's main process (its backends are its children), if one runs here.
+fn postmaster() -> Option<u32> {
+    let out = Command::new("pgrep")
+        .args(["-o", "-x", "postgres"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Kamailio's config from the shared kit (`../shared/bench/kamailio/proxy.cfg`, from the
@@ -128,11 +297,16 @@ fn kamailio_kit() -> Result<PathBuf, String> {
         .ok_or_else(|| "the Kamailio kit ../shared/bench/kamailio/proxy.cfg is not here".into())
 }
 
-/// Kamailio on the shared kit's proxy config, pinned to CPU 0; stopped on drop.
-struct Kamailio(Child);
+/// A process a row runs beside the server (Kamailio as the server, the authority, a delay
+/// relay), stopped with SIGTERM and waited for when the row ends. What it prints is read
+/// (and dropped) so it never blocks or fails on a closed pipe.
+struct Process {
+    child: Child,
+}
 
-impl Kamailio {
-    fn start(kit: &Path, work: &Path) -> Result<Kamailio> {
+impl Process {
+    /// Kamailio on the shared kit's proxy config, pinned to CPU 0.
+    fn kamailio(kit: &Path, work: &Path) -> Result<Process> {
         let cfg = work.join("kamailio.cfg");
         std::fs::copy(kit, &cfg)?;
         let child = Command::new("taskset")
@@ -149,15 +323,53 @@ impl Kamailio {
             .spawn()
             .context("cannot start kamailio")?;
         std::thread::sleep(std::time::Duration::from_secs(2));
-        Ok(Kamailio(child))
+        Ok(Process { child })
+    }
+
+    /// `sipsec delay-relay` from `listen` to `to`, adding seed 001's round trip.
+    fn delay_relay(listen: &str, to: &str) -> Result<Process> {
+        let rtt = suite::WAN_RTT_MS.to_string();
+        Process::sipsec(
+            &["delay-relay", listen, to, "--rtt-ms", &rtt],
+            "the delay relay",
+        )
+    }
+
+    /// `sipsec ARGS` pinned to CPU 1 (beside the load generator, off the server's core),
+    /// ready once it prints its first line.
+    fn sipsec(args: &[&str], what: &str) -> Result<Process> {
+        let mut child = Command::new("taskset")
+            .args(["-c", "1"])
+            .arg(std::env::current_exe()?)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {what}"))?;
+        let mut lines = BufReader::new(child.stdout.take().context("no stdout")?).lines();
+        let stderr = child.stderr.take().context("no stderr")?;
+        let mut process = Process { child };
+        match lines.next() {
+            Some(Ok(_)) => {}
+            _ => {
+                let mut why = String::new();
+                let _ = std::io::Read::read_to_string(&mut { stderr }, &mut why);
+                let status = process.child.wait()?;
+                bail!("{what} did not start ({status}): {}", why.trim());
+            }
+        }
+        std::thread::spawn(move || BufReader::new(stderr).lines().for_each(drop));
+        std::thread::spawn(move || lines.for_each(drop));
+        Ok(process)
     }
 }
 
-impl Drop for Kamailio {
+impl Drop for Process {
     fn drop(&mut self) {
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
     }
 }
 
@@ -181,17 +393,32 @@ fn measure(
     a: &RunArgs,
     stop: &AtomicBool,
 ) -> Result<Option<Record>> {
+    let skipped = |why: String| Ok(Some(Record::skipped(suite.name, row.id, round, why)));
     if let Some(why) = row.unavailable {
-        return Ok(Some(Record::skipped(suite.name, row.id, round, why.into())));
+        return skipped(why.into());
     }
-    let (rate, calls) = sizes(suite.name, a.quick);
+    let (suite_rate, calls) = sizes(suite.name, a.quick);
+    let rate = row.rate.unwrap_or(suite_rate);
+    // A row held at a lower rate runs for as long as the others, not for as many calls.
+    let calls = ((calls as f64 * rate / suite_rate) as u64).max(50);
+    let wan = matches!(
+        row.setup,
+        Setup::DigestWan { .. } | Setup::Proxychain { .. }
+    );
+    // Seed 001's callers make one call each first, so every one holds a chain (the paper
+    // preloaded them) and the database connections are open.
+    let warmup = if wan {
+        suite::WAN_CALLERS as u64
+    } else {
+        ((rate / 2.0) as u64).max(100)
+    };
     let mut words: Vec<String> = [
         "--rate".to_string(),
         rate.to_string(),
         "--calls".to_string(),
         calls.to_string(),
         "--warmup-calls".to_string(),
-        ((rate / 2.0) as u64).max(100).to_string(),
+        warmup.to_string(),
         "--quiet".to_string(),
     ]
     .into_iter()
@@ -201,43 +428,59 @@ fn measure(
     if a.peak {
         words.extend(["--find-peak", "--step-s", "2"].map(String::from));
     }
-    let _kamailio = match row.server {
-        Server::Kamailio => match &ws.kamailio {
-            Err(why) => {
-                return Ok(Some(Record::skipped(
-                    suite.name,
-                    row.id,
-                    round,
-                    why.clone(),
-                )))
-            }
+    let mut helpers = Vec::new();
+    if row.server == Server::Kamailio {
+        match &ws.kamailio {
+            Err(why) => return skipped(why.clone()),
             Ok(kit) => {
-                let k = Kamailio::start(kit, ws.dir.path())?;
+                let k = Process::kamailio(kit, ws.dir.path())?;
                 words.extend([
                     "--server-pid".to_string(),
-                    k.0.id().to_string(),
+                    k.child.id().to_string(),
                     "--target".to_string(),
                     "127.0.0.1:35060".to_string(),
                 ]);
-                Some(k)
+                helpers.push(k);
+            }
+        }
+    }
+    let args = bench_args(&words)?;
+    let (config, users, peer) = match row.setup {
+        Setup::Plain => (None, None, None),
+        Setup::Digest => (
+            Some(ws.digest_config(row, &args)?),
+            Some("callers.csv"),
+            None,
+        ),
+        Setup::DigestWan { cache } => match ws.digest_wan(row, &args, cache)? {
+            Err(why) => return skipped(why),
+            Ok(mut p) => {
+                helpers.append(&mut p.helpers);
+                (Some(p.config), Some("callers-wan.csv"), p.peer)
             }
         },
-        Server::Sipsec => None,
+        Setup::Proxychain { prefetch } => {
+            let mut p = ws.proxychain(row, &args, prefetch)?;
+            helpers.append(&mut p.helpers);
+            words.extend(["--proxychain-realm", REALM].map(String::from));
+            (Some(p.config), Some("callers-wan.csv"), p.peer)
+        }
     };
-    if row.setup == Setup::Digest {
-        let config = ws.digest_config(row, &bench_args(&words)?)?;
-        words.extend([
-            "--config".to_string(),
-            config.display().to_string(),
-            "--users".to_string(),
-            ws.path("callers.csv").display().to_string(),
-        ]);
+    if let Some(config) = config {
+        words.extend(["--config".to_string(), config.display().to_string()]);
+    }
+    if let Some(users) = users {
+        words.extend(["--users".to_string(), ws.path(users).display().to_string()]);
+    }
+    if let Some(pid) = peer {
+        words.extend(["--peer-pid".to_string(), pid.to_string()]);
     }
     let record = match bench::run_until(bench_args(&words)?, stop) {
         Ok(r) if r.load.interrupted || stop.load(Ordering::Relaxed) => return Ok(None),
         Ok(r) => Record::measured(suite.name, row.id, round, &r),
-        Err(e) => Record::skipped(suite.name, row.id, round, format!("failed: {e:#}")),
+        Err(e) => Record::skipped(suite.name, row.id, round, format!("{FAILED}{e:#}")),
     };
+    drop(helpers);
     Ok(Some(record))
 }
 
@@ -318,6 +561,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         )?
         .progress_chars("=> "),
     );
+    let mut failed = Vec::new();
     for (s, row, round) in todo {
         bar.set_message(format!("{} {} (round {round} of {rounds})", s.name, row.id));
         let Some(record) = measure(&mut ws, s, row, round, &a, &stop)? else {
@@ -326,6 +570,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         results::append(&a.out, &record)?;
         if let Some(why) = &record.skipped {
             bar.println(format!("{} {}: skipped: {why}", s.name, row.id));
+            if why.starts_with(FAILED) {
+                failed.push(format!("{} {} (round {round})", s.name, row.id));
+            }
         }
         bar.inc(1);
         if stop.load(Ordering::Relaxed) {
@@ -347,8 +594,18 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.out.display()
         );
     }
+    if !failed.is_empty() {
+        bail!(
+            "{} row runs failed (recorded, and left out of the report): {}",
+            failed.len(),
+            failed.join(", ")
+        );
+    }
     Ok(())
 }
+
+/// How a row that ran and failed is recorded, unlike one that cannot run here.
+const FAILED: &str = "failed: ";
 
 #[cfg(test)]
 mod tests {

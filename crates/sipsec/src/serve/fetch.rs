@@ -16,6 +16,8 @@ pub struct Fetch {
     pub user: String,
     /// Ahead of need: no request waits for it.
     pub prefetch: bool,
+    /// The worker that asked.
+    pub worker: usize,
 }
 
 /// Where the workers send fetches; whoever serves them tells every worker when a user's
@@ -31,15 +33,19 @@ impl FetchHandle {
         (FetchHandle { tx }, rx)
     }
 
-    pub fn fetch(&self, user: String, prefetch: bool) {
-        let _ = self.tx.send(Fetch { user, prefetch });
+    pub fn fetch(&self, user: String, prefetch: bool, worker: usize) {
+        let _ = self.tx.send(Fetch {
+            user,
+            prefetch,
+            worker,
+        });
     }
 }
 
 /// Digest without the credential cache: answers each fetch with its own query to the
 /// database at `url` (several in flight at once, up to the pool's connections), delivers the
-/// answer to `fetched` and tells every worker. A failed query delivers nothing, so the request
-/// that waited is answered 503.
+/// answer to `fetched` for the worker that asked and tells it. A failed query delivers
+/// nothing, so the requests that waited are answered 503.
 pub fn spawn_user_fetcher(
     runtime: &tokio::runtime::Runtime,
     url: String,
@@ -67,10 +73,12 @@ pub fn spawn_user_fetcher(
             );
             tokio::spawn(async move {
                 match store.user_secrets(&realm, &f.user).await {
-                    Ok(answer) => shared.fetched.deliver(&f.user, answer),
+                    Ok(answer) => shared.fetched.deliver(f.worker, &f.user, answer),
                     Err(e) => tracing::warn!(user = %f.user, "user query failed: {e:#}"),
                 }
-                credentials_ready(&workers, &f.user);
+                if let Some(w) = workers.get(f.worker) {
+                    credentials_ready(std::slice::from_ref(w), &f.user);
+                }
             });
         }
     });

@@ -336,7 +336,7 @@ impl Worker {
         }
         for (user, prefetch) in fx.fetches.drain(..) {
             if let Some(fetcher) = &self.fetcher {
-                fetcher.fetch(user, prefetch);
+                fetcher.fetch(user, prefetch, self.index);
             }
         }
     }

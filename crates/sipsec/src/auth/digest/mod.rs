@@ -74,6 +74,11 @@ pub struct DigestAuthenticator {
     decoy: credentials::Secrets,
     /// Users whose secrets must be queried (without the cache); the engine hands them on.
     pub fetches: Vec<(String, bool)>,
+    /// Without the cache: users this worker has a query out for (a retransmission or a
+    /// second request of the same user waits for the same answer instead of querying
+    /// again), and the answer its reruns are using now ([`Self::claim`]).
+    pending: std::collections::HashSet<Box<str>>,
+    claimed: Option<(Box<str>, Option<credentials::Secrets>)>,
 }
 
 impl DigestAuthenticator {
@@ -85,7 +90,23 @@ impl DigestAuthenticator {
             worker: worker as u64,
             counter: 0,
             fetches: Vec::new(),
+            pending: Default::default(),
+            claimed: None,
         }
+    }
+
+    /// Without the cache: `user`'s answer has come (or the query failed). Takes it for the
+    /// requests that waited, which run again next; [`Self::release`] after them.
+    pub fn claim(&mut self, user: &str) {
+        if self.shared.uncached && self.pending.remove(user) {
+            let answer = self.shared.fetched.take(self.worker as usize, user);
+            self.claimed = answer.map(|a| (user.into(), a));
+        }
+    }
+
+    /// The reruns are done: the answer is not kept (it would be a cache).
+    pub fn release(&mut self) {
+        self.claimed = None;
     }
 
     /// The challenge header lines, one per algorithm, with a nonce for `client`.
@@ -227,11 +248,15 @@ impl DigestAuthenticator {
             return throttled();
         }
         let lookup = if self.shared.uncached {
-            match self.shared.fetched.take(username) {
-                Some(Some(secrets)) => Lookup::Found(secrets),
-                Some(None) => Lookup::Unknown,
-                None => {
-                    self.fetches.push((username.to_string(), false));
+            match &self.claimed {
+                Some((user, Some(secrets))) if **user == *username => {
+                    Lookup::Found(secrets.clone())
+                }
+                Some((user, None)) if **user == *username => Lookup::Unknown,
+                _ => {
+                    if self.pending.insert(username.into()) {
+                        self.fetches.push((username.to_string(), false));
+                    }
                     return Verdict::Wait {
                         user: username.to_string(),
                     };

@@ -555,3 +555,53 @@ fn credentials_for_another_request_uri_are_refused() {
     );
     assert_eq!(check(&mut a, &same, NOW), Verdict::Pass);
 }
+
+/// Without the cache, an answer serves the requests that waited for it and is then gone:
+/// a retransmission that arrives while the query is out waits for the same answer (one
+/// query, not two), and the next request of the user queries again. Before, each arrival
+/// made its own query and an answer nobody took stayed behind, so a later request passed
+/// on it without asking the database: a cache by accident, and a stale one.
+#[test]
+fn without_the_cache_an_answer_serves_the_waiting_requests_once() {
+    let mut cfg = config(&[]);
+    cfg.credential_cache = false;
+    let creds = Arc::new(Credentials::new(REALM));
+    let shared = Arc::new(DigestShared::new(&cfg, creds).unwrap());
+    let mut a = DigestAuthenticator::new(Arc::new(cfg), shared.clone(), 3);
+    let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
+    let first = request(
+        "INVITE",
+        "alice",
+        &answer(&c, "alice", "wonderland", "INVITE", 1, false),
+    );
+    let waits = |v: Verdict| matches!(v, Verdict::Wait { ref user } if user == "alice");
+    assert!(waits(check(&mut a, &first, NOW + 1)));
+    assert!(
+        waits(check(&mut a, &first, NOW + 500)),
+        "the retransmission"
+    );
+    assert_eq!(
+        a.fetches.drain(..).collect::<Vec<_>>(),
+        [("alice".to_string(), false)]
+    );
+
+    // The answer, for worker 3; the engine claims it and reruns what waited.
+    let secrets = Secrets::from_password("alice", REALM, "wonderland");
+    shared.fetched.deliver(3, "alice", Some(secrets));
+    a.claim("alice");
+    assert_eq!(check(&mut a, &first, NOW + 600), Verdict::Pass);
+    a.release();
+
+    // The next request queries again.
+    let next = request(
+        "INVITE",
+        "alice",
+        &answer(&c, "alice", "wonderland", "INVITE", 2, false),
+    );
+    assert!(waits(check(&mut a, &next, NOW + 700)));
+    assert_eq!(a.fetches.len(), 1, "a new query");
+    // An answer for another worker is not this one's.
+    shared.fetched.deliver(0, "alice", None);
+    a.claim("alice");
+    assert!(waits(check(&mut a, &next, NOW + 800)));
+}

@@ -39,21 +39,14 @@ impl Ua {
     /// A and B of a call as the proxy reads them: user@host of its From and To URIs.
     pub(super) fn pc_parties(&self, caller: usize, number: u64) -> Option<(String, String)> {
         let username = &self.cfg.users.get(caller)?.username;
-        let from = format!("{username}@{}", self.domain_of(caller));
-        let mut to = self
-            .calls
-            .get(&number)?
-            .to
+        let from = user_at_host(&format!("sip:{username}@{}", self.domain_of(caller)))?;
+        let to = self.calls.get(&number)?.to.as_str();
+        let to = to
             .trim_start_matches('<')
-            .trim_start_matches("sip:")
-            .split(['>', ';'])
+            .split('>')
             .next()
-            .unwrap_or_default()
-            .to_string();
-        if !to.contains('@') {
-            to.insert(0, '@');
-        }
-        Some((from, to))
+            .unwrap_or_default();
+        Some((from, user_at_host(to)?))
     }
 
     /// Under `auth_reuse`, the response for the next counter of the user's verified chain,
@@ -236,5 +229,35 @@ impl Ua {
         if let Some(reason) = reason {
             self.finish(number, Some(&reason));
         }
+    }
+}
+
+/// `user@host` of a SIP URI, as the proxy binds a Proxychain proof to the From and To
+/// identities: the host as written, without port or parameters.
+fn user_at_host(uri: &str) -> Option<String> {
+    let u = sip_core::message::uri::Uri::parse(uri.as_bytes()).ok()?;
+    Some(format!(
+        "{}@{}",
+        String::from_utf8_lossy(u.user.unwrap_or_default()),
+        String::from_utf8_lossy(u.host)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The proxy binds a Proxychain proof to user@host of From and To; a Request-URI with a
+    /// port (the load's default: the server's address) must be bound the same way.
+    #[test]
+    fn parties_are_user_at_host_without_port_or_parameters() {
+        let id = super::user_at_host;
+        assert_eq!(
+            id("sip:bob@127.0.0.1:35060;transport=udp").as_deref(),
+            Some("bob@127.0.0.1")
+        );
+        assert_eq!(
+            id("sip:alice@example.test").as_deref(),
+            Some("alice@example.test")
+        );
+        assert_eq!(id("sip:[::1]:5060").as_deref(), Some("@[::1]"));
     }
 }
