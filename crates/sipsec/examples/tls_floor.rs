@@ -99,6 +99,7 @@ fn configs(
         cipher_suites: suite.into_iter().map(String::from).collect(),
         key_exchange: vec![group.into()],
         session_resumption: resumption,
+        noop: Default::default(),
     };
     let client = tls::client(&ClientSide {
         ca: Some(dir.join(certs::CA)),

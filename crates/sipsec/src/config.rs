@@ -635,6 +635,7 @@ impl Config {
                 cipher_suites: t.cipher_suites,
                 key_exchange: t.key_exchange,
                 session_resumption: t.session_resumption,
+                noop: crate::ablation::server(),
             },
         };
         if listen.iter().any(|l| l.transport == Transport::Tls) && tls.cert.is_none() {

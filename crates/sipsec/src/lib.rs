@@ -5,6 +5,8 @@
 //! `sip-core` crate, with no I/O. The modules here, lowest layer first; each imports only from
 //! `sip-core` and the modules before it in this list:
 //!
+//! - [`ablation`]: seed 002's no-op stages (TLS key exchange, signatures, records; the
+//!   digest hash), in `lab-noop` builds only, and the switch that selects them.
 //! - [`tls`]: TLS for both backends (rustls, OpenSSL) — configurations, sessions, tickets,
 //!   typed errors — and `sipsec certs`.
 //! - [`net`]: sockets and connections: `Peer` and `Transport`, UDP batches, epoll, one
@@ -26,6 +28,7 @@
 //! - [`lab`]: `sipsec lab`, the seeds' experiments: suites run in rounds, results as JSON
 //!   lines, the statistics that rank rows, the cost model and the HTML report.
 
+pub mod ablation;
 pub mod auth;
 pub mod authd;
 pub mod bench;

@@ -86,11 +86,14 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Serve { config } => config
-            .map_or_else(
-                || Ok(config::Config::default()),
-                |p| config::Config::load(&p),
-            )
+        // The lab's no-op stages come first: the TLS configuration is built with them.
+        Command::Serve { config } => sipsec::ablation::init_from_env()
+            .and_then(|_| {
+                config.map_or_else(
+                    || Ok(config::Config::default()),
+                    |p| config::Config::load(&p),
+                )
+            })
             .and_then(serve::run),
     };
     match result {

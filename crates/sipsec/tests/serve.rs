@@ -761,3 +761,21 @@ fn a_durable_registrar_loses_no_acknowledged_registration_to_sigkill() {
     assert!(acked >= 3_000);
     assert_eq!(lost, 0, "a durable 200 OK is a committed binding");
 }
+
+/// Seed 002's no-op stages are a lab build's: a production build refuses to start when asked
+/// for them, before it reads its config, rather than run with real cryptography and let a
+/// lab measure the wrong thing (or run without cryptography at all).
+#[cfg(not(feature = "lab-noop"))]
+#[test]
+fn a_production_build_refuses_the_lab_no_op_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("absent.toml"))
+        .env("SIPSEC_LAB_NOOP", "kx")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("only in lab builds"), "{err}");
+}

@@ -112,6 +112,10 @@ pub struct BenchArgs {
     /// No progress lines from the load generator.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Lab builds only (`--features lab-noop`): stages the started server and the load do
+    /// without cryptography (`kx,sign,aead,digest`), seed 002's ablation.
+    #[arg(long, default_value = "")]
+    pub lab_noop: String,
     #[command(flatten)]
     pub streams: modes::StreamArgs,
 }
@@ -262,12 +266,18 @@ pub fn default_config(dir: &Path, role: Role, s: &modes::StreamArgs, tls_dir: &P
 }
 
 /// Starts `sipsec serve` pinned to `cpu` and waits for its banner.
-fn start_sipsec(config: &Path, dir: tempfile::TempDir, cpu: usize) -> Result<Started> {
+fn start_sipsec(
+    config: &Path,
+    dir: tempfile::TempDir,
+    cpu: usize,
+    noop: crate::ablation::Stages,
+) -> Result<Started> {
     let exe = std::env::current_exe().context("cannot find the sipsec binary")?;
     let mut cmd = Command::new(exe);
     // Quiet unless the caller asked for the server's log, but for the counters lines the
     // bench asks for: those are taken from its log and not shown.
     let asked = std::env::var("SIPSEC_LOG").ok();
+    cmd.env(crate::ablation::ENV, noop.to_arg());
     cmd.args(["serve", "--config"])
         .arg(config)
         .current_dir(dir.path())
@@ -391,6 +401,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         bail!("--server-cpu and --load-cpu must be below {cpus} (the CPUs online)");
     }
     let s = &a.streams;
+    let noop = crate::ablation::Stages::parse(&a.lab_noop)?;
     let certs_dir = tempfile::tempdir()?;
     let tls_dir = match &s.tls_dir {
         Some(d) => d.clone(),
@@ -436,7 +447,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         if s.idle_connections > 0 {
             idle_to = Some(config_listen(&config, Transport::Tcp)?);
         }
-        let s = start_sipsec(&config, dir, a.server_cpu)?;
+        let s = start_sipsec(&config, dir, a.server_cpu, noop)?;
         let pid = s.child.id();
         started = Some(s);
         (target, vec![pid], "sipsec".to_string())
@@ -484,6 +495,9 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         words.extend(["--redirect", "stop"].map(String::from));
     }
     words.extend(s.load_words(&tls_dir));
+    if noop.tls() {
+        words.extend(["--lab-noop".to_string(), noop.to_arg()]);
+    }
     if let Some(u) = &a.users {
         words.extend(["--users".to_string(), u.display().to_string()]);
     }

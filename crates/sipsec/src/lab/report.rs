@@ -309,6 +309,91 @@ fn cost_chart(rows: &[RowSummary], m: &Model, suite: &str) -> Result<String> {
     )
 }
 
+/// An ablated row's saving against its base row: (stage, saving µs, share of the base, the
+/// Amdahl bound 1 / (ablated ÷ base) with its interval).
+fn savings<'a>(
+    s: &'a Suite,
+    rows: &'a [RowSummary],
+) -> impl Iterator<Item = (&'a RowSummary, &'a RowSummary, f64, Ratio)> + 'a {
+    rows.iter().filter_map(move |r| {
+        let noop = s.row(r.id)?.noop;
+        if noop.is_empty() {
+            return None;
+        }
+        let base = rows.iter().find(|b| b.id == r.baseline)?;
+        let ratio = r.ratio?;
+        let saving = base.cpu_us? - r.cpu_us?;
+        Some((base, r, saving, ratio))
+    })
+}
+
+/// The ablation table (HTML and markdown): per ablated row, the CPU it saved against its
+/// base, that share of the base, and the Amdahl bound on speed-up with its 95% interval.
+fn ablation(s: &Suite, rows: &[RowSummary]) -> (String, String) {
+    let mut html = String::from(
+        "<table><tr><th>configuration</th><th>base µs/call</th><th>ablated µs/call</th>\
+         <th>saving µs</th><th>share of base [95% CI]</th><th>Amdahl bound [95% CI]</th></tr>\n",
+    );
+    let mut md = String::from(
+        "| configuration | base µs/call | ablated µs/call | saving µs | share of base [95% CI] \
+         | Amdahl bound [95% CI] |\n|---|---:|---:|---:|---:|---:|\n",
+    );
+    let mut any = false;
+    for (base, r, saving, q) in savings(s, rows) {
+        any = true;
+        let share = format!(
+            "{:.0}% [{:.0}%, {:.0}%]",
+            (1.0 - q.median) * 100.0,
+            (1.0 - q.high) * 100.0,
+            (1.0 - q.low) * 100.0
+        );
+        let bound = format!(
+            "{:.2}× [{:.2}, {:.2}]",
+            1.0 / q.median,
+            1.0 / q.high,
+            1.0 / q.low
+        );
+        let (b, a) = (base.cpu_us.unwrap_or(0.0), r.cpu_us.unwrap_or(0.0));
+        let _ = writeln!(
+            html,
+            "<tr><td>{}</td><td>{b:.1}</td><td>{a:.1}</td><td>{saving:.1}</td><td>{share}</td>\
+             <td>{bound}</td></tr>",
+            escape(r.label)
+        );
+        let _ = writeln!(
+            md,
+            "| {} | {b:.1} | {a:.1} | {saving:.1} | {share} | {bound} |",
+            r.label
+        );
+    }
+    html += "</table>";
+    if any {
+        (html, md)
+    } else {
+        (String::new(), String::new())
+    }
+}
+
+/// The Amdahl bound of every ablated row, with its interval.
+fn amdahl_chart(s: &Suite, rows: &[RowSummary]) -> Result<Option<String>> {
+    let values: Vec<charts::Bar> = savings(s, rows)
+        .map(|(_, r, _, q)| charts::Bar {
+            label: r.label.to_string(),
+            value: 1.0 / q.median,
+            interval: Some((1.0 / q.high, 1.0 / q.low)),
+        })
+        .collect();
+    if values.is_empty() {
+        return Ok(None);
+    }
+    charts::bars(
+        "Amdahl bound: speed-up if the stage cost nothing (base ÷ ablated CPU per call)",
+        "× speed-up",
+        &values,
+    )
+    .map(Some)
+}
+
 /// Latency CDFs of every measured row (log time axis).
 fn cdf_chart(rows: &[RowSummary]) -> Result<Option<String>> {
     let series: Vec<(String, Vec<(f64, f64)>)> = rows
@@ -422,6 +507,19 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
             );
             write!(html, "<p>{}</p>", escape(&line))?;
             write!(md, "\n{line}\n\n")?;
+        }
+        if s.lab_build {
+            let (table, text) = ablation(&s, &rows);
+            if !text.is_empty() {
+                write!(
+                    html,
+                    "<h3>Ablation: the most making a stage free could buy</h3>{table}"
+                )?;
+                write!(md, "\n### Ablation\n\n{text}\n")?;
+                if let Some(svg) = amdahl_chart(&s, &rows)? {
+                    html += &svg;
+                }
+            }
         }
         html += &cost_chart(&rows, m, s.name)?;
         if let Some(svg) = cdf_chart(&rows)? {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// `sipsec lab run` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Suites to run (default: all): seed000, seed001, seed004.
+    /// Suites to run (default: all): seed000, seed001, seed002, seed004.
     pub suites: Vec<String>,
     /// Directory for results.jsonl (created if missing).
     #[arg(long, default_value = "lab-results")]
@@ -42,13 +42,13 @@ pub struct RunArgs {
     pub only: Option<String>,
 }
 
-/// Rate and operations per row for a suite: the seed 000 rows include TLS with a full
+/// Rate and operations per row for a suite: the seed 000 and 002 rows include TLS with a full
 /// handshake per call on both sides, which the load generator's one core keeps up with at
 /// 500 calls/s; seed 004's operations are cheaper.
 fn sizes(suite: &str, quick: bool) -> (f64, u64) {
     match (suite, quick) {
-        ("seed000", false) => (500.0, 4_000),
-        ("seed000", true) => (500.0, 1_000),
+        ("seed000" | "seed002", false) => (500.0, 4_000),
+        ("seed000" | "seed002", true) => (500.0, 1_000),
         ("seed001", false) => (1_000.0, 8_000),
         ("seed001", true) => (1_000.0, 1_000),
         (_, false) => (2_000.0, 12_000),
@@ -397,6 +397,9 @@ fn measure(
     if let Some(why) = row.unavailable {
         return skipped(why.into());
     }
+    if suite.lab_build && !cfg!(feature = "lab-noop") {
+        return skipped(format!("needs a lab build: {LAB_BUILD}"));
+    }
     let (suite_rate, calls) = sizes(suite.name, a.quick);
     let rate = row.rate.unwrap_or(suite_rate);
     // A row held at a lower rate runs for as long as the others, not for as many calls.
@@ -427,6 +430,9 @@ fn measure(
     words.extend(["--tls-dir".to_string(), ws.dir.path().display().to_string()]);
     if a.peak {
         words.extend(["--find-peak", "--step-s", "2"].map(String::from));
+    }
+    if !row.noop.is_empty() {
+        words.extend(["--lab-noop", row.noop].map(String::from));
     }
     let mut helpers = Vec::new();
     if row.server == Server::Kamailio {
@@ -603,6 +609,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// How to build and run the binary seed 002's suite needs.
+pub const LAB_BUILD: &str = "cargo build --release -p sipsec --features lab-noop --target-dir \
+     target/lab-noop, then target/lab-noop/release/sipsec lab run seed002";
 
 /// How a row that ran and failed is recorded, unlike one that cannot run here.
 const FAILED: &str = "failed: ";

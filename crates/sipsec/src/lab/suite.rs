@@ -65,6 +65,9 @@ pub struct Row {
     /// Offered rate when this row cannot hold the suite's (a configuration that collapses
     /// far below the others): its CPU per operation is then read at this rate.
     pub rate: Option<f64>,
+    /// Stages the server and the load do without cryptography (`bench --lab-noop`; seed
+    /// 002's ablation, lab builds only); empty for none.
+    pub noop: &'static str,
 }
 
 /// One seed's experiment.
@@ -75,6 +78,9 @@ pub struct Suite {
     /// What the seed measured and what we compare.
     pub about: &'static str,
     pub rows: Vec<Row>,
+    /// Runs only in a `lab-noop` build (seed 002's ablation); skipped, saying how to build
+    /// one, elsewhere.
+    pub lab_build: bool,
 }
 
 impl Suite {
@@ -85,7 +91,7 @@ impl Suite {
 
 /// Every suite, in the order `sipsec lab run` takes them.
 pub fn all() -> Vec<Suite> {
-    vec![seed000(), seed001(), seed004()]
+    vec![seed000(), seed001(), seed002(), seed004()]
 }
 
 /// The suite called `name`.
@@ -114,6 +120,7 @@ const fn row(
         seed_ratio,
         unavailable: None,
         rate: None,
+        noop: "",
     }
 }
 
@@ -382,6 +389,7 @@ fn seed000() -> Suite {
                 the row's). Our TLS is 1.3 with ECDSA P-256 where the seed's was RSA key \
                 exchange with AES-CBC-SHA.",
         rows,
+        lab_build: false,
     }
 }
 
@@ -466,6 +474,137 @@ fn seed001() -> Suite {
                 ahead is the client option of docs/proxychain.md (one challenge per chain, \
                 not per call); the paper's exchange is the row above it.",
         rows,
+        lab_build: false,
+    }
+}
+
+/// Seed 002 (Coarfa, Druschel and Wallach) for SIP: each TLS stage — key exchange,
+/// signatures, record encryption — and the digest hash replaced in turn by one that does no
+/// arithmetic (`--lab-noop`, in a `lab-noop` build), in each of seed 000's four connection
+/// modes with a full handshake per connection. A stage's saving is the base row's CPU less
+/// the ablated row's; Amdahl's law bounds the speed-up from making it free at
+/// 1 / (1 − saving ÷ base).
+fn seed002() -> Suite {
+    use Setup::{Digest, Plain};
+    // One mode's base row and its four ablated rows (ids and labels built at compile time).
+    macro_rules! ablated {
+        ($id:literal, $label:literal, $bench:expr) => {{
+            let base = concat!($id, "-tls");
+            let ablate = |id, label, noop| Row {
+                noop,
+                ..row(id, label, Plain, $bench, base, None, None)
+            };
+            [
+                row(
+                    base,
+                    concat!($label, " TLS"),
+                    Plain,
+                    $bench,
+                    base,
+                    None,
+                    None,
+                ),
+                ablate(
+                    concat!($id, "-tls-kx"),
+                    concat!($label, " TLS, no-op key exchange"),
+                    "kx",
+                ),
+                ablate(
+                    concat!($id, "-tls-sign"),
+                    concat!($label, " TLS, no-op signatures"),
+                    "sign",
+                ),
+                ablate(
+                    concat!($id, "-tls-aead"),
+                    concat!($label, " TLS, no-op record cipher"),
+                    "aead",
+                ),
+                ablate(
+                    concat!($id, "-tls-all"),
+                    concat!($label, " TLS, all three no-op"),
+                    "tls",
+                ),
+            ]
+        }};
+    }
+    let mut rows: Vec<Row> = [
+        ablated!(
+            "chain",
+            "chain",
+            &["--transport", "tls", "--tls-resumption", "off"]
+        ),
+        ablated!(
+            "outbound",
+            "outbound",
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "outbound",
+                "--tls-resumption",
+                "off"
+            ]
+        ),
+        ablated!(
+            "inbound",
+            "inbound",
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "inbound",
+                "--tls-resumption",
+                "off"
+            ]
+        ),
+        ablated!(
+            "local",
+            "local",
+            &[
+                "--transport",
+                "tls",
+                "--mode",
+                "local",
+                "--tls-resumption",
+                "off"
+            ]
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    rows.push(row(
+        "digest",
+        "UDP, digest",
+        Digest,
+        &[],
+        "digest",
+        None,
+        None,
+    ));
+    rows.push(Row {
+        noop: "digest",
+        ..row(
+            "digest-hash",
+            "UDP, digest, no-op hash",
+            Digest,
+            &[],
+            "digest",
+            None,
+            None,
+        )
+    });
+    Suite {
+        name: "seed002",
+        title: "Seed 002: what each stage costs, by making it free (no-op ablation)",
+        about: "Coarfa et al. costed each stage of a TLS web server by replacing it with a \
+                no-op and applying Amdahl's law. Here each TLS stage (key exchange, \
+                signatures, record encryption) and the digest hash is replaced in turn, on \
+                both ends, in a lab-noop build; a stage's saving is the base row's CPU per \
+                call less the ablated row's, and 1 / (1 − saving ÷ base) is the most that \
+                making the stage free could speed the configuration up.",
+        rows,
+        lab_build: true,
     }
 }
 
@@ -610,6 +749,7 @@ fn seed004() -> Suite {
                 a fixed rate as a ratio to the same operation over UDP without \
                 authentication, and the peak with --peak.",
         rows,
+        lab_build: false,
     }
 }
 

@@ -91,6 +91,10 @@ pub struct LoadArgs {
     /// Name to check the server's certificate against (default: the target's IP address).
     #[arg(long)]
     pub tls_server_name: Option<String>,
+    /// Lab builds only (`--features lab-noop`): TLS stages done without cryptography, as the
+    /// server under test does them (`kx,sign,aead`); seed 002's ablation. Never for real use.
+    #[arg(long, default_value = "")]
+    pub lab_noop: String,
     /// TLS versions to offer: 1.2, 1.3 (repeatable; default both).
     #[arg(long = "tls-version", value_delimiter = ',')]
     pub tls_versions: Vec<String>,

@@ -56,7 +56,11 @@ fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<connections
         cipher_suites: args.tls_cipher_suites.clone(),
         key_exchange: args.tls_key_exchange.clone(),
         session_resumption: args.tls_resumption == OnOff::On,
+        noop: crate::ablation::Stages::parse(&args.lab_noop)?,
     };
+    if protocol.noop.tls() {
+        crate::ablation::warn_loudly(protocol.noop);
+    }
     let identity = args.tls_cert.clone().zip(args.tls_key.clone());
     let mut out = connections::StreamTls::default();
     if caller {

@@ -69,6 +69,8 @@ pub struct Protocol {
     /// in preference order; empty means the provider's defaults.
     pub key_exchange: Vec<String>,
     pub session_resumption: bool,
+    /// Stages done without cryptography (seed 002's ablation; `lab-noop` builds only).
+    pub noop: crate::ablation::Stages,
 }
 
 /// What the client side of a connection needs.
@@ -162,8 +164,10 @@ fn pick<T: Copy>(
         .collect()
 }
 
-/// The provider restricted to the named suites and key-exchange groups.
-fn provider(suites: &[String], groups: &[String]) -> Result<Arc<CryptoProvider>> {
+/// The provider restricted to the protocol's suites and key-exchange groups (with its no-op
+/// stages, in a lab build).
+fn provider(protocol: &Protocol) -> Result<Arc<CryptoProvider>> {
+    let (suites, groups) = (&protocol.cipher_suites, &protocol.key_exchange);
     let mut p = rustls::crypto::aws_lc_rs::default_provider();
     p.kx_groups = pick(
         &p.kx_groups,
@@ -180,6 +184,10 @@ fn provider(suites: &[String], groups: &[String]) -> Result<Arc<CryptoProvider>>
     if suites.is_empty() {
         prefer_sha256_suites(&mut p.cipher_suites);
     }
+    #[cfg(feature = "lab-noop")]
+    if protocol.noop.tls() {
+        p = crate::ablation::ablate(p, protocol.noop);
+    }
     Ok(Arc::new(p))
 }
 
@@ -195,16 +203,15 @@ fn prefer_sha256_suites(suites: &mut [rustls::SupportedCipherSuite]) {
 
 /// A client configuration.
 pub fn client_config(c: &ClientSide) -> Result<Arc<ClientConfig>> {
-    let builder = ClientConfig::builder_with_provider(provider(
-        &c.protocol.cipher_suites,
-        &c.protocol.key_exchange,
-    )?)
-    .with_protocol_versions(&versions(&c.protocol.versions)?)
-    .context("no cipher suite fits the TLS versions chosen")?;
+    let provider = provider(&c.protocol)?;
+    let algorithms = provider.signature_verification_algorithms;
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&versions(&c.protocol.versions)?)
+        .context("no cipher suite fits the TLS versions chosen")?;
     let builder = match (&c.ca, c.no_verify) {
         (_, true) => builder
             .dangerous()
-            .with_custom_certificate_verifier(verify::AnyServer::new()),
+            .with_custom_certificate_verifier(verify::AnyServer::new(algorithms)),
         (Some(ca), false) => builder.with_root_certificates(root_store(ca)?),
         (None, false) => {
             bail!("TLS needs a CA to verify the server's certificate, or verification turned off")
@@ -227,7 +234,7 @@ pub fn client_config(c: &ClientSide) -> Result<Arc<ClientConfig>> {
 
 /// A server configuration.
 pub fn server_config(s: &ServerSide) -> Result<Arc<ServerConfig>> {
-    let provider = provider(&s.protocol.cipher_suites, &s.protocol.key_exchange)?;
+    let provider = provider(&s.protocol)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions(&s.protocol.versions)?)
         .context("no cipher suite fits the TLS versions chosen")?;

@@ -23,6 +23,7 @@ fn protocol(versions: &[&str], resumption: bool) -> Protocol {
         cipher_suites: Vec::new(),
         key_exchange: Vec::new(),
         session_resumption: resumption,
+        noop: Default::default(),
     }
 }
 
@@ -480,6 +481,7 @@ fn seed_suite(resumption: bool) -> Protocol {
         cipher_suites: vec!["TLS_RSA_WITH_AES_128_CBC_SHA".into()],
         key_exchange: Vec::new(),
         session_resumption: resumption,
+        noop: Default::default(),
     }
 }
 
@@ -605,4 +607,47 @@ fn a_backlog_beyond_rustls_default_buffer_is_kept_whole() {
     pump_sessions(&mut c, &mut s, &mut received).unwrap();
     assert_eq!(received.len(), sent.len());
     assert!(received == sent);
+}
+
+/// Seed 002's ablation (lab builds only): with each stage no-op on both ends the handshake
+/// completes, mutual certificates included, and data flows; a no-op end cannot talk to a
+/// real one, so the stage really was replaced (and plaintext is visible on the wire once
+/// records are).
+#[cfg(feature = "lab-noop")]
+#[test]
+fn no_op_stages_work_end_to_end_and_only_with_each_other() {
+    use crate::ablation::Stages;
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path(), KeyKind::EcdsaP256, false);
+    let with = |s: &str| Protocol {
+        noop: Stages::parse(s).unwrap(),
+        ..protocol(&[], false)
+    };
+    for stage in ["kx", "sign", "aead", "tls"] {
+        let client = client_config(&client_side(dir.path(), true, with(stage))).unwrap();
+        let server =
+            server_config(&server_side(dir.path(), ClientAuth::Required, with(stage))).unwrap();
+        let (mut c, mut s) = connect(&client, &server).unwrap_or_else(|e| panic!("{stage}: {e}"));
+        c.writer().write_all(b"INVITE sip:secret").unwrap();
+        let mut wire = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut wire).unwrap();
+        }
+        let plain = wire.windows(6).any(|w| w == b"secret");
+        assert_eq!(plain, stage == "aead" || stage == "tls", "{stage}");
+        s.read_tls(&mut &wire[..]).unwrap();
+        s.process_new_packets().unwrap();
+        let mut got = String::new();
+        let _ = s.reader().read_to_string(&mut got);
+        assert_eq!(got, "INVITE sip:secret", "{stage}");
+
+        // Against a real server (which checks the client's signature too), the no-op end
+        // fails the handshake.
+        let real = server_config(&server_side(dir.path(), ClientAuth::Required, with(""))).unwrap();
+        assert!(
+            connect(&client, &real).is_err(),
+            "{stage} against a real server"
+        );
+    }
 }
