@@ -5,8 +5,8 @@ use std::path::Path;
 
 /// Lowest first, as `lib.rs` lists them.
 const LAYERS: &[&str] = &[
-    "tls", "net", "auth", "config", "stats", "engine", "db", "signals", "serve", "authd", "load",
-    "cmd", "bench",
+    "ablation", "tls", "net", "auth", "config", "stats", "engine", "db", "signals", "serve",
+    "authd", "load", "cmd", "bench", "lab",
 ];
 
 fn rank(module: &str) -> Option<usize> {
