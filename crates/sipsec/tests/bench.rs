@@ -100,3 +100,101 @@ fn bench_refuses_a_missing_pid() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no process with PID"));
 }
+
+/// The bench's default topology (server 127.0.0.1:35060, UAS 127.0.0.3:35080) is one per
+/// machine: the tests that use it take turns.
+static DEFAULT_TOPOLOGY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `sipsec bench ARGS` on the default topology with its JSON report, pinned like the
+/// others.
+fn bench_json(dir: &std::path::Path, args: &[&str]) -> Value {
+    let _turn = DEFAULT_TOPOLOGY.lock().unwrap_or_else(|e| e.into_inner());
+    let json = dir.join("bench.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .arg("bench")
+        .args(args)
+        .args([
+            "--quiet",
+            "--server-cpu",
+            "0",
+            "--load-cpu",
+            &load_cpu(),
+            "--json",
+        ])
+        .arg(&json)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
+/// `--instructions` counts the server's user-space instructions per call with callgrind,
+/// over the measured run only: a figure that repeats run to run where CPU time does not.
+#[test]
+#[cfg_attr(
+    sipsec_skip_valgrind,
+    ignore = "valgrind is not installed (apt-get install valgrind)"
+)]
+fn bench_counts_the_servers_instructions_per_call_with_callgrind() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--instructions",
+        "--rate",
+        "50",
+        "--calls",
+        "150",
+        "--warmup-calls",
+        "30",
+    ];
+    let (a, b) = (bench_json(dir.path(), &args), bench_json(dir.path(), &args));
+    let per_call = |v: &Value| {
+        assert_eq!(v["ops"], 150, "{v}");
+        v["server_instructions_per_op"].as_f64().unwrap()
+    };
+    let (x, y) = (per_call(&a), per_call(&b));
+    // A proxied call (INVITE..BYE, six messages in and out) is tens to hundreds of
+    // thousands of instructions with its system-call wrappers; not millions.
+    assert!((10_000.0..3_000_000.0).contains(&x), "{x}");
+    assert!(
+        (x - y).abs() / x < 0.05,
+        "{x} and {y} differ by more than 5%"
+    );
+}
+
+/// `--goodput-curve` offers 0.5 to 2 times the peak it found and records the goodput.
+#[test]
+fn bench_measures_goodput_past_the_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = bench_json(
+        dir.path(),
+        &[
+            "--stateless",
+            "--rate",
+            "1000",
+            "--calls",
+            "500",
+            "--warmup-calls",
+            "100",
+            "--find-peak",
+            "--step-s",
+            "1",
+            "--goodput-curve",
+        ],
+    );
+    let peak = v["peak_per_s"].as_f64().unwrap();
+    let curve = v["goodput_curve"].as_array().unwrap();
+    assert_eq!(curve.len(), 6, "{v}");
+    let rates: Vec<f64> = curve.iter().map(|p| p["rate"].as_f64().unwrap()).collect();
+    assert!((rates[0] - peak * 0.5).abs() <= 1.0 && (rates[5] - peak * 2.0).abs() <= 1.0);
+    // Below the peak, what is offered is served on time.
+    let (offered, goodput) = (
+        curve[0]["offered_per_s"].as_f64().unwrap(),
+        curve[0]["goodput_per_s"].as_f64().unwrap(),
+    );
+    assert!(offered > 0.0 && goodput >= 0.9 * offered, "{v}");
+}

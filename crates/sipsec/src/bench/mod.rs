@@ -103,9 +103,19 @@ pub struct BenchArgs {
     /// Also search for the peak rate (≥ 99% of operations succeeding within 500 ms).
     #[arg(long)]
     pub find_peak: bool,
-    /// Seconds per peak-search trial.
+    /// Seconds per peak-search trial (and per point of the goodput curve).
     #[arg(long, default_value_t = 5.0)]
     pub step_s: f64,
+    /// After the peak search, offer 0.5 to 2 times the peak for a trial each and record the
+    /// goodput (operations completed within 500 ms per second): seed 004's curve past the
+    /// peak, where servers collapse.
+    #[arg(long, requires = "find_peak")]
+    pub goodput_curve: bool,
+    /// Run the started server under callgrind and count the user-space instructions it
+    /// executes per operation over the measured run (valgrind; slow, so use a low rate and
+    /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
+    #[arg(long, conflicts_with_all = ["server_pid", "find_peak"])]
+    pub instructions: bool,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -160,7 +170,28 @@ pub struct Report {
     pub load: Summary,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_search: Option<Summary>,
+    /// `--goodput-curve`: goodput at multiples of the peak.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub goodput_curve: Vec<CurvePoint>,
+    /// `--instructions`: the server's user-space instructions per successful operation over
+    /// the measured run, counted by callgrind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_instructions_per_op: Option<f64>,
 }
+
+/// One point of a goodput curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct CurvePoint {
+    /// The rate asked of the load generator.
+    pub rate: f64,
+    /// Operations it started per second (below `rate` where one core of load cannot keep up).
+    pub offered_per_s: f64,
+    /// Operations per second that succeeded within 500 ms.
+    pub goodput_per_s: f64,
+}
+
+/// Multiples of the peak the goodput curve is measured at.
+const CURVE: [f64; 6] = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0];
 
 /// A server's counters by name (`stats.rs`), as it logs them on SIGUSR1.
 pub type Counters = BTreeMap<String, u64>;
@@ -171,9 +202,51 @@ struct Started {
     _dir: tempfile::TempDir,
     /// Every counters line the server has logged, oldest first.
     counters: Arc<Mutex<Vec<Counters>>>,
+    /// Under callgrind: its output file (instrumentation starts off; see [`Self::instrument`]).
+    callgrind: Option<PathBuf>,
 }
 
 impl Started {
+    /// Turns callgrind's instrumentation on or off (no-op when not under callgrind).
+    fn instrument(&self, on: bool) -> Result<()> {
+        if self.callgrind.is_none() {
+            return Ok(());
+        }
+        let out = Command::new("callgrind_control")
+            .args(["-i", if on { "on" } else { "off" }])
+            .arg(self.child.id().to_string())
+            .output()
+            .context("cannot run callgrind_control (apt-get install valgrind)")?;
+        if !out.status.success() {
+            bail!(
+                "callgrind_control failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops the server and reads the instructions callgrind counted (its `totals:` line).
+    fn stop(mut self) -> Result<Option<u64>> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let Some(path) = self.callgrind.take() else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("callgrind wrote no {}", path.display()))?;
+        let total = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("totals:")
+                    .or_else(|| l.strip_prefix("summary:"))
+            })
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no totals in {}", path.display()))?;
+        Ok(Some(total))
+    }
+
     /// The server's counters now: asks with SIGUSR1 and waits (up to 2 s) for the line.
     fn counters(&self) -> Option<Counters> {
         let seen = self.counters.lock().ok()?.len();
@@ -215,9 +288,12 @@ fn counters_since(after: &Counters, before: &Counters) -> Counters {
 
 impl Drop for Started {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
+        // Not when `stop` has reaped it already (its PID may be someone else's by now).
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling our own child, still running.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -271,9 +347,20 @@ fn start_sipsec(
     dir: tempfile::TempDir,
     cpu: usize,
     noop: crate::ablation::Stages,
+    instructions: bool,
 ) -> Result<Started> {
     let exe = std::env::current_exe().context("cannot find the sipsec binary")?;
-    let mut cmd = Command::new(exe);
+    let callgrind = instructions.then(|| dir.path().join("callgrind.out"));
+    let mut cmd = match &callgrind {
+        Some(out) => {
+            let mut c = Command::new("valgrind");
+            c.args(["--tool=callgrind", "--instr-atstart=no"])
+                .arg(format!("--callgrind-out-file={}", out.display()))
+                .arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     // Quiet unless the caller asked for the server's log, but for the counters lines the
     // bench asks for: those are taken from its log and not shown.
     let asked = std::env::var("SIPSEC_LOG").ok();
@@ -295,7 +382,13 @@ fn start_sipsec(
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || cpu::set_affinity(cpu));
     }
-    let mut child = cmd.spawn().context("cannot start sipsec serve")?;
+    let mut child = cmd.spawn().with_context(|| {
+        if instructions {
+            "cannot start sipsec serve under valgrind (apt-get install valgrind)"
+        } else {
+            "cannot start sipsec serve"
+        }
+    })?;
     let counters = Arc::new(Mutex::new(Vec::new()));
     let stderr = child.stderr.take().expect("piped");
     let (lines, show_all) = (counters.clone(), asked.is_some());
@@ -322,6 +415,7 @@ fn start_sipsec(
         child,
         _dir: dir,
         counters,
+        callgrind,
     })
 }
 
@@ -447,7 +541,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         if s.idle_connections > 0 {
             idle_to = Some(config_listen(&config, Transport::Tcp)?);
         }
-        let s = start_sipsec(&config, dir, a.server_cpu, noop)?;
+        let s = start_sipsec(&config, dir, a.server_cpu, noop, a.instructions)?;
         let pid = s.child.id();
         started = Some(s);
         (target, vec![pid], "sipsec".to_string())
@@ -556,9 +650,15 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let counters0 = started.as_ref().and_then(Started::counters);
     let wakeups0 = cpu::wakeups_of(&pids);
     let (server0, own0, peers0) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
+    if let Some(s) = &started {
+        s.instrument(true)?;
+    }
     let began = std::time::Instant::now();
     let summary = load::execute(&plan, &mut bound, stop)?;
     let measured_s = began.elapsed().as_secs_f64();
+    if let Some(s) = &started {
+        s.instrument(false)?;
+    }
     let (server1, own1, peers1) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
     let wakeups = cpu::wakeups_of(&pids).saturating_sub(wakeups0);
     let counters1 = started.as_ref().and_then(Started::counters);
@@ -579,7 +679,36 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     } else {
         None
     };
-    drop(started);
+    let mut goodput_curve = Vec::new();
+    if let Some(peak) = peak_search.as_ref().and_then(|s| s.peak_per_s) {
+        for m in CURVE
+            .iter()
+            .take(if a.goodput_curve { CURVE.len() } else { 0 })
+        {
+            let r = (peak * m).round().max(1.0);
+            let trial = with(
+                &[
+                    "--rate",
+                    &r.to_string(),
+                    "--duration",
+                    &a.step_s.to_string(),
+                ]
+                .map(String::from),
+            )?;
+            let s = load::execute(&trial, &mut bound, stop)?;
+            goodput_curve.push(CurvePoint {
+                rate: r,
+                offered_per_s: s.attempted as f64 / a.step_s,
+                goodput_per_s: s.on_time as f64 / a.step_s,
+            });
+            // Let the server recover before the next point.
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+    let instructions = match started {
+        Some(s) => s.stop()?,
+        None => None,
+    };
     let report = Report {
         server,
         scenario: scenario.into(),
@@ -609,6 +738,10 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         peak_per_s: peak_search.as_ref().and_then(|s| s.peak_per_s),
         load: summary,
         peak_search,
+        goodput_curve,
+        server_instructions_per_op: instructions
+            .filter(|_| ops > 0)
+            .map(|n| n as f64 / ops as f64),
     };
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")

@@ -33,8 +33,12 @@ pub struct RowSummary {
     /// Per operation: messages in, connections, full and resumed handshakes, digest checks.
     pub counts: [Option<f64>; 5],
     pub peak_per_s: Option<f64>,
+    /// User-space instructions per operation (callgrind, `lab run --instructions`).
+    pub instructions: Option<f64>,
     pub success: Option<f64>,
     pub latency_cdf_ms: Vec<[f64; 2]>,
+    /// `[offered/s, goodput/s]`, the median over rounds at each multiple of the peak.
+    pub goodput_curve: Vec<[f64; 2]>,
     pub skipped: Option<String>,
 }
 
@@ -109,18 +113,46 @@ fn summarise(s: &Suite, records: &[Record]) -> Vec<RowSummary> {
                     }),
                 ],
                 peak_per_s: stats::median(&peaks),
+                instructions: stats::median(
+                    &measured
+                        .iter()
+                        .filter_map(|r| r.instructions)
+                        .collect::<Vec<_>>(),
+                ),
                 success: med(&|r| r.succeeded as f64 / r.calls.max(1) as f64),
                 latency_cdf_ms: measured
                     .iter()
                     .find(|r| !r.latency_cdf_ms.is_empty())
                     .map(|r| r.latency_cdf_ms.clone())
                     .unwrap_or_default(),
+                goodput_curve: median_curve(&measured),
                 skipped: if measured.is_empty() {
                     rs.iter().find_map(|r| r.skipped.clone())
                 } else {
                     None
                 },
             })
+        })
+        .collect()
+}
+
+/// The median over rounds of each point of the rows' goodput curves (the points are the
+/// same multiples of each round's peak).
+fn median_curve(rounds: &[&Record]) -> Vec<[f64; 2]> {
+    let n = rounds
+        .iter()
+        .map(|r| r.goodput_curve.len())
+        .max()
+        .unwrap_or(0);
+    (0..n)
+        .filter_map(|i| {
+            let at = |k: usize| -> Vec<f64> {
+                rounds
+                    .iter()
+                    .filter_map(|r| r.goodput_curve.get(i).map(|p| p[k]))
+                    .collect()
+            };
+            Some([stats::median(&at(0))?, stats::median(&at(1))?])
         })
         .collect()
 }
@@ -173,14 +205,14 @@ fn ratio_text(r: Option<Ratio>) -> String {
 /// The markdown table of one suite.
 pub fn markdown_table(rows: &[RowSummary]) -> String {
     let mut t = String::from(
-        "| configuration | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | digest | peak/s |\n\
-         |---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| configuration | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | digest | peak/s | instr/op |\n\
+         |---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         if let Some(why) = &r.skipped {
             writeln!(
                 t,
-                "| {} | unavailable: {why} | | | {} | {} | | | | | | | |",
+                "| {} | unavailable: {why} | | | {} | {} | | | | | | | | |",
                 r.label,
                 r.seed.unwrap_or(""),
                 opt(r.seed_ratio, 2)
@@ -190,7 +222,7 @@ pub fn markdown_table(rows: &[RowSummary]) -> String {
         }
         writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             opt(r.cpu_us, 1),
             ratio_text(r.ratio),
@@ -204,6 +236,7 @@ pub fn markdown_table(rows: &[RowSummary]) -> String {
             opt(r.counts[3], 2),
             opt(r.counts[4], 2),
             opt(r.peak_per_s, 0),
+            opt(r.instructions, 0),
         )
         .unwrap();
     }
@@ -225,13 +258,13 @@ fn html_table(rows: &[RowSummary]) -> String {
     for c in COUNT_NAMES {
         write!(t, "<th>{c}/op</th>").unwrap();
     }
-    t += "<th>peak/s</th><th>rounds</th></tr>\n";
+    t += "<th>peak/s</th><th>instr/op</th><th>rounds</th></tr>\n";
     for r in rows {
         if let Some(why) = &r.skipped {
             writeln!(
                 t,
                 "<tr class=skip><td>{}</td><td colspan=3>unavailable: {}</td><td>{}</td><td>{}</td>\
-                 <td colspan=8></td></tr>",
+                 <td colspan=9></td></tr>",
                 escape(r.label),
                 escape(why),
                 r.seed.unwrap_or(""),
@@ -258,8 +291,9 @@ fn html_table(rows: &[RowSummary]) -> String {
         }
         writeln!(
             t,
-            "<td>{}</td><td>{}</td></tr>",
+            "<td>{}</td><td>{}</td><td>{}</td></tr>",
             opt(r.peak_per_s, 0),
+            opt(r.instructions, 0),
             r.rounds
         )
         .unwrap();
@@ -394,6 +428,24 @@ fn amdahl_chart(s: &Suite, rows: &[RowSummary]) -> Result<Option<String>> {
     .map(Some)
 }
 
+/// Goodput against offered load, past the peak, for the rows with a curve.
+fn goodput_chart(rows: &[RowSummary]) -> Result<Option<String>> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = rows
+        .iter()
+        .map(|r| {
+            let points = r.goodput_curve.iter().map(|p| (p[0], p[1])).collect();
+            (r.label.to_string(), points)
+        })
+        .collect();
+    charts::lines(
+        "Goodput (operations within 500 ms per second) against offered load, to twice the peak",
+        ("offered operations per second", "goodput per second"),
+        &series,
+        false,
+        None,
+    )
+}
+
 /// Latency CDFs of every measured row (log time axis).
 fn cdf_chart(rows: &[RowSummary]) -> Result<Option<String>> {
     let series: Vec<(String, Vec<(f64, f64)>)> = rows
@@ -526,6 +578,9 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
             html += &svg;
         }
         if let Some(svg) = peak_chart(&rows)? {
+            html += &svg;
+        }
+        if let Some(svg) = goodput_chart(&rows)? {
             html += &svg;
         }
     }

@@ -54,6 +54,13 @@ pub struct Record {
     /// `[quantile, ms]` of the operations' latency.
     #[serde(default)]
     pub latency_cdf_ms: Vec<[f64; 2]>,
+    /// The server's user-space instructions per operation, counted by callgrind in a short
+    /// extra run (`lab run --instructions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<f64>,
+    /// `[offered/s, goodput/s]` at multiples of the peak (`lab run --curve`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub goodput_curve: Vec<[f64; 2]>,
 }
 
 impl Record {
@@ -77,6 +84,8 @@ impl Record {
             peak_per_s: None,
             counters: Counters::new(),
             latency_cdf_ms: Vec::new(),
+            instructions: None,
+            goodput_curve: Vec::new(),
         }
     }
 
@@ -97,6 +106,11 @@ impl Record {
             peak_per_s: r.peak_per_s,
             counters: r.server_counters.clone(),
             latency_cdf_ms: r.load.latency_cdf_ms.clone(),
+            goodput_curve: r
+                .goodput_curve
+                .iter()
+                .map(|p| [p.offered_per_s, p.goodput_per_s])
+                .collect(),
             ..Record::skipped(suite, row, round, String::new())
         }
     }

@@ -37,6 +37,15 @@ pub struct RunArgs {
     /// Also search each row's peak rate (≥ 99% of operations within 500 ms).
     #[arg(long)]
     pub peak: bool,
+    /// Also measure each row's goodput at 0.5 to 2 times its peak (implies --peak): seed
+    /// 004's curve past the peak.
+    #[arg(long)]
+    pub curve: bool,
+    /// Also count each sipsec row's user-space instructions per operation with callgrind, in
+    /// a short extra run at 50 operations/s (valgrind): counts noise cannot move, for
+    /// comparing builds.
+    #[arg(long)]
+    pub instructions: bool,
     /// Only the rows whose id contains this text (and their baselines).
     #[arg(long)]
     pub only: Option<String>,
@@ -72,6 +81,8 @@ struct Workspace {
     postgres: Result<String, String>,
     sqlite_users: bool,
     postgres_users: bool,
+    /// Server configs written so far (each run gets a directory of its own).
+    runs: u32,
 }
 
 impl Workspace {
@@ -99,6 +110,7 @@ impl Workspace {
             postgres,
             sqlite_users: false,
             postgres_users: false,
+            runs: 0,
         })
     }
 
@@ -126,33 +138,52 @@ impl Workspace {
     }
 
     /// The bench's own config for this row's server role, with `extra` appended.
-    fn write_config(&self, row: &Row, args: &BenchArgs, extra: &str) -> Result<PathBuf> {
-        let config = bench::default_config(
-            self.dir.path(),
-            bench::role_of(args),
-            &args.streams,
-            self.dir.path(),
-        ) + extra;
-        let path = self.path(&format!("{}.toml", row.id));
+    /// The users' SQLite database (imported the first time): authd's, and the one each
+    /// run's server database starts as a copy of.
+    fn sqlite_users(&mut self) -> Result<PathBuf> {
+        let db = self.path("users.db");
+        if !self.sqlite_users {
+            let config = self.path("users.toml");
+            std::fs::write(
+                &config,
+                format!("[database]\nurl = \"sqlite://{}\"\n", db.display()),
+            )?;
+            self.import_users(&config)?;
+            self.sqlite_users = true;
+        }
+        Ok(db)
+    }
+
+    /// The bench's own config for this row's server role, with `extra` appended, in a
+    /// directory of this run's own: its database starts as a copy of the users' and nothing
+    /// else, so no run sees registrations an earlier one made (a registered callee would be
+    /// routed to a load generator long gone).
+    fn write_config(&mut self, row: &Row, args: &BenchArgs, extra: &str) -> Result<PathBuf> {
+        self.runs += 1;
+        let dir = self.path(&format!("run-{}-{}", self.runs, row.id));
+        std::fs::create_dir_all(&dir)?;
+        if self.sqlite_users {
+            std::fs::copy(self.path("users.db"), dir.join("bench.db"))?;
+        }
+        let config =
+            bench::default_config(&dir, bench::role_of(args), &args.streams, self.dir.path())
+                + extra;
+        let path = dir.join("sipsec.toml");
         std::fs::write(&path, config)?;
         Ok(path)
     }
 
-    /// The config a digest row runs with; the users imported the first time.
+    /// The config a digest row runs with.
     fn digest_config(&mut self, row: &Row, args: &BenchArgs) -> Result<PathBuf> {
-        let path = self.write_config(
+        self.sqlite_users()?;
+        self.write_config(
             row,
             args,
             &format!(
                 "[auth]\nscheme = \"digest\"\nrealm = \"{REALM}\"\n\
                  methods = [\"INVITE\", \"REGISTER\"]\n"
             ),
-        )?;
-        if !self.sqlite_users {
-            self.import_users(&path)?;
-            self.sqlite_users = true;
-        }
-        Ok(path)
+        )
     }
 
     /// Seed 001's digest row: PostgreSQL behind a delay relay. The config, the relay, and
@@ -187,7 +218,8 @@ impl Workspace {
         )?;
         // The remote database replaces the bench's SQLite.
         let text = std::fs::read_to_string(&config)?;
-        let sqlite = format!("url = \"sqlite://{}\"", self.path("bench.db").display());
+        let db = config.with_file_name("bench.db");
+        let sqlite = format!("url = \"sqlite://{}\"", db.display());
         anyhow::ensure!(text.contains(&sqlite), "the bench config has no SQLite URL");
         std::fs::write(
             &config,
@@ -203,6 +235,7 @@ impl Workspace {
     /// Seed 001's Proxychain rows: `sipsec authd` behind a delay relay, the proxy's client
     /// certificate its identity. The config, the authority and relay, the authority's PID.
     fn proxychain(&mut self, row: &Row, args: &BenchArgs, prefetch: bool) -> Result<Prepared> {
+        let users = self.sqlite_users()?;
         let p = |f: &str| self.path(f).display().to_string();
         let authd_toml = self.path("authd.toml");
         std::fs::write(
@@ -211,34 +244,22 @@ impl Workspace {
                 "[authd]\nlisten = \"{AUTHD}\"\nrealm = \"{REALM}\"\n\
                  database = \"sqlite://{}\"\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\
                  chain_length = 10\n",
-                p("bench.db"),
+                users.display(),
                 p(crate::tls::certs::SERVER),
                 p(crate::tls::certs::SERVER_KEY),
                 p(crate::tls::certs::CA),
             ),
         )?;
-        let config = self.write_config(
-            row,
-            args,
-            &format!(
-                "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\
-                 [auth]\nscheme = \"proxychain\"\nauthority = \"tls:{AUTHD_RELAY}\"\n\
-                 chain_length = 10\nmethods = [\"INVITE\"]\nwait_ms = 2000\n{}",
-                p(crate::tls::certs::CLIENT),
-                p(crate::tls::certs::CLIENT_KEY),
-                p(crate::tls::certs::CA),
-                if prefetch { "" } else { "prefetch_at = 0\n" }
-            ),
-        )?;
-        if !self.sqlite_users {
-            let users = self.path("users.toml");
-            std::fs::write(
-                &users,
-                format!("[database]\nurl = \"sqlite://{}\"\n", p("bench.db")),
-            )?;
-            self.import_users(&users)?;
-            self.sqlite_users = true;
-        }
+        let extra = format!(
+            "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\
+             [auth]\nscheme = \"proxychain\"\nauthority = \"tls:{AUTHD_RELAY}\"\n\
+             chain_length = 10\nmethods = [\"INVITE\"]\nwait_ms = 2000\n{}",
+            p(crate::tls::certs::CLIENT),
+            p(crate::tls::certs::CLIENT_KEY),
+            p(crate::tls::certs::CA),
+            if prefetch { "" } else { "prefetch_at = 0\n" }
+        );
+        let config = self.write_config(row, args, &extra)?;
         let authd = Process::sipsec(
             &["authd", "--config", &authd_toml.display().to_string()],
             "sipsec authd",
@@ -280,6 +301,9 @@ fn postmaster() -> Option<u32> {
         .parse()
         .ok()
 }
+
+/// Where the shared kit's Kamailio listens (`proxy.cfg`: UDP 127.0.0.1:5060).
+const KAMAILIO: &str = "127.0.0.1:5060";
 
 /// Kamailio's config from the shared kit (`../shared/bench/kamailio/proxy.cfg`, from the
 /// working directory or beside this source tree), or why the reference row cannot run.
@@ -428,8 +452,11 @@ fn measure(
     .chain(row.bench.iter().map(|w| w.to_string()))
     .collect();
     words.extend(["--tls-dir".to_string(), ws.dir.path().display().to_string()]);
-    if a.peak {
+    if a.peak || a.curve {
         words.extend(["--find-peak", "--step-s", "2"].map(String::from));
+    }
+    if a.curve {
+        words.push("--goodput-curve".into());
     }
     if !row.noop.is_empty() {
         words.extend(["--lab-noop", row.noop].map(String::from));
@@ -444,7 +471,7 @@ fn measure(
                     "--server-pid".to_string(),
                     k.child.id().to_string(),
                     "--target".to_string(),
-                    "127.0.0.1:35060".to_string(),
+                    KAMAILIO.to_string(),
                 ]);
                 helpers.push(k);
             }
@@ -481,11 +508,44 @@ fn measure(
     if let Some(pid) = peer {
         words.extend(["--peer-pid".to_string(), pid.to_string()]);
     }
-    let record = match bench::run_until(bench_args(&words)?, stop) {
+    let mut record = match bench::run_until(bench_args(&words)?, stop) {
         Ok(r) if r.load.interrupted || stop.load(Ordering::Relaxed) => return Ok(None),
         Ok(r) => Record::measured(suite.name, row.id, round, &r),
         Err(e) => Record::skipped(suite.name, row.id, round, format!("{FAILED}{e:#}")),
     };
+    if a.instructions && row.server == Server::Sipsec && record.skipped.is_none() {
+        // The same row, short and slow, under callgrind.
+        let mut counted: Vec<String> = Vec::new();
+        let mut rest = words.iter();
+        while let Some(w) = rest.next() {
+            match w.as_str() {
+                "--rate" | "--calls" | "--warmup-calls" | "--step-s" => {
+                    rest.next();
+                }
+                "--find-peak" | "--goodput-curve" => {}
+                _ => counted.push(w.clone()),
+            }
+        }
+        counted.extend(
+            [
+                "--rate",
+                "50",
+                "--calls",
+                "200",
+                "--warmup-calls",
+                "50",
+                "--instructions",
+            ]
+            .map(String::from),
+        );
+        match bench::run_until(bench_args(&counted)?, stop) {
+            Ok(r) if r.load.interrupted || stop.load(Ordering::Relaxed) => return Ok(None),
+            Ok(r) => record.instructions = r.server_instructions_per_op,
+            Err(e) => {
+                record.skipped = Some(format!("{FAILED}counting instructions: {e:#}"));
+            }
+        }
+    }
     drop(helpers);
     Ok(Some(record))
 }

@@ -403,6 +403,7 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
         elapsed_s: times.elapsed_s,
         attempted: t.attempted,
         succeeded: t.succeeded,
+        on_time: report::on_time(t),
         failed: t.failed,
         failures_by_reason: t.failures_by_reason.clone(),
         retransmissions: t.retransmissions,

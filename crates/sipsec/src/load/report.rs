@@ -102,6 +102,8 @@ pub struct Summary {
     pub elapsed_s: f64,
     pub attempted: u64,
     pub succeeded: u64,
+    /// Of those, the ones that succeeded within T1 (500 ms): goodput, as seed 004 counts it.
+    pub on_time: u64,
     pub failed: u64,
     pub failures_by_reason: BTreeMap<String, u64>,
     pub retransmissions: u64,
@@ -137,6 +139,11 @@ impl Latency {
     }
 }
 
+/// Operations of `t` that succeeded within T1.
+pub fn on_time(t: &Tally) -> u64 {
+    t.latency_us.count_between(0, ON_TIME_US).min(t.succeeded)
+}
+
 impl Step {
     pub fn of(rate: f64, t: &Tally) -> Step {
         let ratio = |n: u64| {
@@ -146,7 +153,7 @@ impl Step {
                 n as f64 / t.attempted as f64
             }
         };
-        let on_time = t.latency_us.count_between(0, ON_TIME_US).min(t.succeeded);
+        let on_time = on_time(t);
         Step {
             rate,
             attempted: t.attempted,
