@@ -202,40 +202,32 @@ struct Started {
     _dir: tempfile::TempDir,
     /// Every counters line the server has logged, oldest first.
     counters: Arc<Mutex<Vec<Counters>>>,
-    /// Under callgrind: its output file (instrumentation starts off; see [`Self::instrument`]).
+    /// Under callgrind: its output file, dumped at each counters report (see [`Self::stop`]).
     callgrind: Option<PathBuf>,
 }
 
 impl Started {
-    /// Turns callgrind's instrumentation on or off (no-op when not under callgrind).
-    fn instrument(&self, on: bool) -> Result<()> {
-        if self.callgrind.is_none() {
-            return Ok(());
-        }
-        let out = Command::new("callgrind_control")
-            .args(["-i", if on { "on" } else { "off" }])
-            .arg(self.child.id().to_string())
-            .output()
-            .context("cannot run callgrind_control (apt-get install valgrind)")?;
-        if !out.status.success() {
-            bail!(
-                "callgrind_control failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(())
-    }
-
-    /// Stops the server and reads the instructions callgrind counted (its `totals:` line).
+    /// Stops the server and, under callgrind, reads the instructions it counted over the
+    /// measured run. Callgrind dumps (and zeroes) its counts each time the server reports its
+    /// counters (`--dump-before=*report_counters*`): the first report, before the measured
+    /// run, ends dump 1 (start-up and warm-up); the second, after it, ends dump 2 — the
+    /// measured run alone. No `callgrind_control`: its `vgdb` must interrupt a process blocked
+    /// in a system call, which not every sandbox allows (it then reports no run, and nothing
+    /// is counted).
     fn stop(mut self) -> Result<Option<u64>> {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
-        let Some(path) = self.callgrind.take() else {
+        let Some(out) = self.callgrind.take() else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("callgrind wrote no {}", path.display()))?;
+        let path = PathBuf::from(format!("{}.2", out.display()));
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "callgrind wrote no {} (the server did not report its counters twice)",
+                path.display()
+            )
+        })?;
         let total = text
             .lines()
             .find_map(|l| {
@@ -354,7 +346,7 @@ fn start_sipsec(
     let mut cmd = match &callgrind {
         Some(out) => {
             let mut c = Command::new("valgrind");
-            c.args(["--tool=callgrind", "--instr-atstart=no"])
+            c.args(["--tool=callgrind", "--dump-before=*report_counters*"])
                 .arg(format!("--callgrind-out-file={}", out.display()))
                 .arg(exe);
             c
@@ -650,15 +642,9 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let counters0 = started.as_ref().and_then(Started::counters);
     let wakeups0 = cpu::wakeups_of(&pids);
     let (server0, own0, peers0) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
-    if let Some(s) = &started {
-        s.instrument(true)?;
-    }
     let began = std::time::Instant::now();
     let summary = load::execute(&plan, &mut bound, stop)?;
     let measured_s = began.elapsed().as_secs_f64();
-    if let Some(s) = &started {
-        s.instrument(false)?;
-    }
     let (server1, own1, peers1) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
     let wakeups = cpu::wakeups_of(&pids).saturating_sub(wakeups0);
     let counters1 = started.as_ref().and_then(Started::counters);
