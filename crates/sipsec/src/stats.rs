@@ -56,8 +56,12 @@ counters! {
     framing_errors: "connections closed for bytes that are not SIP framing",
     tls_handshakes_full: "TLS handshakes completed in full (both sides)",
     tls_handshakes_resumed: "TLS handshakes resumed from an earlier session",
+    tls_client_certificates: "of the TLS handshakes accepted, those whose client presented a certificate (mutual TLS)",
     tls_failures: "TLS handshakes or records that failed",
     stream_transmit_failures: "messages for a connection that closed and could not be reopened",
+    digest_checks: "requests the digest gate examined (challenged, or their credentials checked)",
+    proxychain_checks: "requests the Proxychain gate examined (challenged, or their chain value checked)",
+    credential_fetches: "user-database queries (digest without the credential cache) and chains asked of the Proxychain authority",
     auth_passed: "requests authenticated (digest or Proxychain)",
     auth_challenged: "first challenges (401/407) to requests without credentials",
     auth_failed: "wrong passwords and unknown users (challenged again)",
@@ -73,6 +77,12 @@ counters! {
 
 pub fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn add(c: &AtomicU64, n: usize) {
+    if n > 0 {
+        c.fetch_add(n as u64, Ordering::Relaxed);
+    }
 }
 
 /// Sums several workers' counters.

@@ -227,6 +227,8 @@ fn sipsec_and_kamailio_chained_over_tls_both_ways_with_and_without_client_certif
         let c = server.stop_counters();
         assert_eq!(c.get("tls_failures"), 0, "{c:?}");
         assert!(c.get("connections_accepted") >= 1, "{c:?}");
+        // Kamailio presented its client certificate exactly when sipsec demanded one.
+        assert_eq!(c.get("tls_client_certificates") > 0, mutual, "{c:?}");
         answered += calls;
     }
     let u = uas.finish();

@@ -342,6 +342,10 @@ fn digest_challenges_are_answered_and_the_call_completes() {
     assert_eq!(sim.server_stat("retransmissions_absorbed"), 1);
     assert_eq!(sim.server_stat("forwarded_requests"), 3);
     assert_eq!(sim.server_stat("auth_failed"), 0);
+    // What the lab's cost model counts: four requests examined, no query (the cache).
+    assert_eq!(sim.server_stat("digest_checks"), 4);
+    assert_eq!(sim.server_stat("proxychain_checks"), 0);
+    assert_eq!(sim.server_stat("credential_fetches"), 0);
 }
 
 #[test]
@@ -360,4 +364,9 @@ fn a_proxychain_request_waits_for_the_authority_and_then_passes() {
     assert_eq!(sim.server_saw("INVITE "), 2);
     assert_eq!(sim.server_stat("auth_failed"), 0);
     assert_eq!(sim.server_stat("forwarded_requests"), 3);
+    // What the lab's cost model counts: each first request examined when it came, again
+    // when its chain came, and its answer: three each; one chain fetched per user.
+    assert_eq!(sim.server_stat("proxychain_checks"), 6);
+    assert_eq!(sim.server_stat("credential_fetches"), 2);
+    assert_eq!(sim.server_stat("digest_checks"), 0);
 }

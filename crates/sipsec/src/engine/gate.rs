@@ -65,14 +65,18 @@ impl Engine {
             if pc.exempt(msg, ip) {
                 return true;
             }
+            inc(&self.stats.proxychain_checks);
             let v = pc.verify(msg, now_ms);
+            add(&self.stats.credential_fetches, pc.fetches.len());
             fx.fetches.append(&mut pc.fetches);
             v
         } else if let Some(auth) = self.auth.as_mut() {
             if auth.exempt(msg, ip) {
                 return true;
             }
+            inc(&self.stats.digest_checks);
             let v = auth.verify(msg, ip, now_ms);
+            add(&self.stats.credential_fetches, auth.fetches.len());
             fx.fetches.append(&mut auth.fetches);
             v
         } else {

@@ -52,7 +52,7 @@ mod tests;
 use crate::config::Config;
 use crate::engine::location::{BindingChange, Location, SharedChange};
 use crate::net::transport::{ConnId, Peer, Transport};
-use crate::stats::{inc, LogLimiter, Stats};
+use crate::stats::{add, inc, LogLimiter, Stats};
 use bytes::Bytes;
 use sip_core::message::rewrite::Splice;
 use sip_core::message::{build, HeaderField, Message, Method, ParseError, Via};

@@ -190,6 +190,11 @@ impl StreamConn {
         self.tls.as_ref()?.handshake_kind()
     }
 
+    /// An accepted TLS connection whose client presented a certificate (false on TCP).
+    pub fn client_certified(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.client_certified())
+    }
+
     /// Sends a TLS close_notify (nothing on TCP) and writes what it can.
     pub fn close_notify(&mut self) {
         if let Some(tls) = &mut self.tls {

@@ -416,6 +416,9 @@ impl Connections {
                 } else {
                     &self.stats.tls_handshakes_full
                 });
+                if c.io.client_certified() {
+                    inc(&self.stats.tls_client_certificates);
+                }
             }
         }
         let framed = &mut self.framed;

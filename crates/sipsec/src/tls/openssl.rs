@@ -424,6 +424,11 @@ impl Session {
         self.server
     }
 
+    /// An accepted session whose client presented a certificate.
+    pub fn client_certified(&self) -> bool {
+        self.server && self.stream.ssl().peer_certificate().is_some()
+    }
+
     pub fn close_notify(&mut self) {
         let _ = self.stream.shutdown();
     }

@@ -119,6 +119,17 @@ impl Session {
         }
     }
 
+    /// This end accepted the connection and the client presented a certificate (mutual TLS),
+    /// which the handshake verified.
+    pub fn client_certified(&self) -> bool {
+        match self {
+            Session::Rustls(rustls::Connection::Server(tls)) => tls.peer_certificates().is_some(),
+            Session::Rustls(_) => false,
+            #[cfg(feature = "openssl")]
+            Session::Openssl(tls) => tls.client_certified(),
+        }
+    }
+
     /// Queues a close_notify alert.
     pub fn close_notify(&mut self) {
         match self {
