@@ -48,6 +48,9 @@ fn a_lab_run_resumes_and_its_report_renders_in_chromium() {
     };
     let run = run_rows(&[]);
     assert!(run.status.success(), "{run:?}");
+    // A run that ends writes its report.
+    assert!(out.join("report.html").exists());
+    std::fs::remove_file(out.join("report.html")).unwrap();
     let first = lines(&out);
     let rows: Vec<&str> = first.iter().map(|r| r["row"].as_str().unwrap()).collect();
     assert_eq!(

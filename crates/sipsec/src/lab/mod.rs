@@ -24,7 +24,8 @@ use std::path::PathBuf;
 /// `sipsec lab` subcommands.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum LabCommand {
-    /// Run suites (default: all) and append each row's result to DIR/results.jsonl.
+    /// Run suites (default: all), append each row's result to DIR/results.jsonl, and write
+    /// the report of everything DIR holds.
     Run(run::RunArgs),
     /// Write DIR/report.html (and DIR/report.md) from DIR/results.jsonl.
     Report {

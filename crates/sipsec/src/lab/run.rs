@@ -3,6 +3,7 @@
 //! machine falls on all rows alike. Each row is one `sipsec bench` run in this process — the
 //! server started and pinned to CPU 0, the load pinned to CPU 1 — and its record is
 //! appended to `results.jsonl` as soon as it ends. `--resume` skips what is already there.
+//! A run that ends (not interrupted) writes the report of everything in its directory.
 
 use super::results::{self, Record};
 use super::suite::{self, Row, Server, Setup, Suite};
@@ -654,11 +655,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.out.display()
         );
     } else {
-        eprintln!(
-            "sipsec lab: results in {}; `sipsec lab report {}` writes the report",
-            path.display(),
-            a.out.display()
-        );
+        eprintln!("sipsec lab: results in {}", path.display());
+        // The report from every result in the directory, this run's and earlier ones'.
+        super::report::write(&a.out)?;
     }
     if !failed.is_empty() {
         bail!(
