@@ -104,6 +104,9 @@ pub fn run(args: UsersArgs) -> Result<()> {
                 );
             }
         }
+        // Closed, not dropped: SQLite then moves what the write-ahead log holds into the
+        // database file, so a copy of the file alone has everything written here.
+        store.close().await;
         anyhow::Ok(())
     })
 }

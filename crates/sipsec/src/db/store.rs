@@ -203,6 +203,12 @@ impl Store {
         self.dialect
     }
 
+    /// Closes every connection and waits for them to close. On SQLite the last one to
+    /// close checkpoints the write-ahead log into the database file and removes it.
+    pub async fn close(self) {
+        self.pool.close().await;
+    }
+
     /// Connects and creates or migrates the schema; commits synced to disk.
     pub async fn connect(url: &str) -> Result<Store> {
         Store::connect_with(url, Commits::Synced).await

@@ -67,10 +67,12 @@ fn sizes(suite: &str, quick: bool) -> (f64, u64) {
 }
 
 /// Where seed 001's helpers listen: the authority, and the delay relays in front of it and
-/// of the database.
-const AUTHD: &str = "127.0.0.1:35070";
-const AUTHD_RELAY: &str = "127.0.0.1:35071";
-const DB_RELAY: &str = "127.0.0.1:35072";
+/// of the database. Below Linux's ephemeral range (32768–60999), where an outgoing
+/// connection (the server's to PostgreSQL, say) may hold any port: CI once found 35072
+/// taken.
+const AUTHD: &str = "127.0.0.1:31070";
+const AUTHD_RELAY: &str = "127.0.0.1:31071";
+const DB_RELAY: &str = "127.0.0.1:31072";
 const REALM: &str = "bench.test";
 
 /// What every row shares: certificates, the user databases, callers' credentials.
@@ -631,8 +633,12 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut failed = Vec::new();
     for (s, row, round) in todo {
         bar.set_message(format!("{} {} (round {round} of {rounds})", s.name, row.id));
-        let Some(record) = measure(&mut ws, s, row, round, &a, &stop)? else {
-            break;
+        let record = match measure(&mut ws, s, row, round, &a, &stop) {
+            Ok(Some(record)) => record,
+            Ok(None) => break,
+            // Its helpers would not start (a port taken, say): recorded as failed, and the
+            // other rows still run.
+            Err(e) => Record::skipped(s.name, row.id, round, format!("{FAILED}{e:#}")),
         };
         results::append(&a.out, &record)?;
         if let Some(why) = &record.skipped {
