@@ -78,12 +78,18 @@ pub fn counts(r: &Record) -> [f64; N] {
     ]
 }
 
-/// sipsec's measured rows, one observation each (medians over rounds). Skipped rows and
-/// reference servers are left out.
+/// sipsec's measured rows, one observation each (medians over rounds). Skipped rows,
+/// reference servers and ablated rows are left out: an ablated row has the counts of a real
+/// configuration without the cost of the stage made free, which is no configuration the
+/// model is to explain.
 pub fn observations(records: &[Record]) -> Vec<Observation> {
     let mut by_row: BTreeMap<(String, String), Vec<&Record>> = BTreeMap::new();
     for r in records {
-        if r.skipped.is_none() && r.succeeded > 0 && !r.row.starts_with("kamailio") {
+        if r.skipped.is_none()
+            && r.succeeded > 0
+            && !r.row.starts_with("kamailio")
+            && !ablated(&r.suite, &r.row)
+        {
             by_row
                 .entry((r.suite.clone(), r.row.clone()))
                 .or_default()
@@ -108,6 +114,13 @@ pub fn observations(records: &[Record]) -> Vec<Observation> {
             })
         })
         .collect()
+}
+
+/// Whether the suite's row makes some stage free (seed 002's ablation).
+fn ablated(suite: &str, row: &str) -> bool {
+    super::suite::named(suite)
+        .and_then(|s| s.row(row).map(|r| !r.noop.is_empty()))
+        .unwrap_or(false)
 }
 
 /// Unit costs in µs; `None` for a block no fitted row has.
@@ -427,6 +440,20 @@ mod tests {
         let udp = m.predictions.iter().find(|p| p.row == "udp").unwrap();
         let saturated = udp.held_out_saturated_us.unwrap();
         assert!((udp.cpu_us - saturated - 15.0).abs() < 1e-6, "{saturated}");
+    }
+
+    /// Seed 002's ablated rows (a stage made free) are not configurations to explain: the
+    /// model leaves them out, and keeps their base row.
+    #[test]
+    fn ablated_rows_are_not_observations() {
+        let mut records = Vec::new();
+        for row in ["digest", "digest-hash"] {
+            let mut r = record(row, 1, &[("requests_in", 500)], 1.0, 40.0);
+            r.suite = "seed002".into();
+            records.push(r);
+        }
+        let rows: Vec<String> = observations(&records).into_iter().map(|o| o.row).collect();
+        assert_eq!(rows, ["digest"]);
     }
 
     /// A block that only one row has cannot be predicted for that row held out.

@@ -30,7 +30,8 @@ pub struct RowSummary {
     pub seed: Option<&'static str>,
     pub seed_ratio: Option<f64>,
     pub wakeups: Option<f64>,
-    /// Per operation: messages in, connections, full and resumed handshakes, digest checks.
+    /// Per operation: messages in, connections, full and resumed handshakes, requests the
+    /// auth gate examined (digest or Proxychain).
     pub counts: [Option<f64>; 5],
     pub peak_per_s: Option<f64>,
     /// User-space instructions per operation (callgrind, `lab run --instructions`).
@@ -55,7 +56,7 @@ impl RowSummary {
     }
 }
 
-const COUNT_NAMES: [&str; 5] = ["msgs", "conns", "full hs", "resumed hs", "digest"];
+const COUNT_NAMES: [&str; 5] = ["msgs", "conns", "full hs", "resumed hs", "auth"];
 
 fn summarise(s: &Suite, records: &[Record]) -> Vec<RowSummary> {
     let of = |id: &str| -> Vec<&Record> {
@@ -106,11 +107,7 @@ fn summarise(s: &Suite, records: &[Record]) -> Vec<RowSummary> {
                     count(|r| r.per_op("connections_accepted") + r.per_op("connections_opened")),
                     count(|r| r.per_op("tls_handshakes_full")),
                     count(|r| r.per_op("tls_handshakes_resumed")),
-                    count(|r| {
-                        r.per_op("auth_passed")
-                            + r.per_op("auth_challenged")
-                            + r.per_op("auth_failed")
-                    }),
+                    count(|r| r.per_op("digest_checks") + r.per_op("proxychain_checks")),
                 ],
                 peak_per_s: stats::median(&peaks),
                 instructions: stats::median(
@@ -205,7 +202,7 @@ fn ratio_text(r: Option<Ratio>) -> String {
 /// The markdown table of one suite.
 pub fn markdown_table(rows: &[RowSummary]) -> String {
     let mut t = String::from(
-        "| configuration | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | digest | peak/s | instr/op |\n\
+        "| configuration | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | auth | peak/s | instr/op |\n\
          |---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
