@@ -7,8 +7,9 @@ use anyhow::Result;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-/// Colours by index: the model's blocks, then lines of a multi-series chart.
-pub const PALETTE: [RGBColor; 10] = [
+/// Colours by index: the model's blocks (one colour each, the wake-up last in grey), then
+/// lines of a multi-series chart.
+pub const PALETTE: [RGBColor; 12] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -19,6 +20,8 @@ pub const PALETTE: [RGBColor; 10] = [
     RGBColor(127, 127, 127),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
+    RGBColor(255, 215, 0),
+    RGBColor(199, 199, 199),
 ];
 
 type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
