@@ -139,9 +139,23 @@ pub enum Count {
 impl NonceCounts {
     pub fn new(capacity: usize, lifetime_ms: u64) -> NonceCounts {
         let shards = 16;
+        let per_shard = capacity.div_ceil(shards).max(1);
         NonceCounts {
-            shards: (0..shards).map(|_| Mutex::default()).collect(),
-            per_shard: capacity.div_ceil(shards).max(1),
+            shards: (0..shards)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        // Room for twice the most it holds: a full shard churns (one nonce
+                        // in, the oldest out), and a hash table more than half full whose
+                        // deleted slots run out doubles instead of rehashing in place — once,
+                        // after some ten million nonces, by 16 × 4 MB: the soak's memory step
+                        // (BENCHMARKS.md). Sized so, it only ever rehashes in place.
+                        seen: HashMap::with_capacity(2 * per_shard),
+                        order: VecDeque::with_capacity(per_shard),
+                        horizon_ms: 0,
+                    })
+                })
+                .collect(),
+            per_shard,
             lifetime_ms,
         }
     }
@@ -212,6 +226,39 @@ impl NonceCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table takes its memory once, when made, and a full table under churn never asks
+    /// for more (before, each shard's map doubled once after enough churn, long after the
+    /// table had filled: the soak's memory step).
+    #[test]
+    fn the_table_is_allocated_once_and_never_grows() {
+        let counts = NonceCounts::new(16 * 1_000, 300_000);
+        // What each map can hold without allocating (less its deleted slots: it falls as they
+        // accumulate and comes back when the map rehashes in place). Growing would raise it.
+        let capacities = |c: &NonceCounts| -> Vec<usize> {
+            c.shards
+                .iter()
+                .map(|s| s.lock().unwrap().seen.capacity())
+                .collect()
+        };
+        let allocated = capacities(&counts);
+        assert!(allocated.iter().all(|&c| c >= 2 * 1_000), "{allocated:?}");
+        let mut id = [0u8; MAC_LEN];
+        for n in 0u64..3_000_000 {
+            // Spread over the shards, every nonce new, issued one after another (none older
+            // than what was forgotten) and none expired: the table fills, then forgets its
+            // oldest for each.
+            id[..8].copy_from_slice(&n.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
+            let at = 1_000 + n;
+            assert_eq!(counts.use_count(id, at, 1, at), Count::Accepted);
+            if n % 10_000 == 0 {
+                for (now, first) in capacities(&counts).iter().zip(&allocated) {
+                    assert!(now <= first, "a shard's map grew: {now} > {first}");
+                }
+            }
+        }
+        assert_eq!(counts.len(), 16 * 1_000);
+    }
 
     #[test]
     fn nonces_check_out_until_they_expire_and_forgeries_do_not() {
