@@ -3,8 +3,9 @@
 //! unit cost). The counts come from the server's own counters for that row — messages,
 //! stream messages and TLS records, connections, full and resumed handshakes, client
 //! certificates, digest and Proxychain checks, credential fetches (database queries, chains
-//! from the authority), registrations written, wake-ups — so only the unit costs are fitted: non-negative least squares on relative error, over
-//! the median of each row's rounds.
+//! from the authority), registrations written, wake-ups — so only the unit costs are
+//! fitted: non-negative least squares on relative error, over the median of each row's
+//! rounds.
 //!
 //! Seed 000 validated its model on the configurations it was fitted to. Here every row is
 //! also predicted by a model fitted without it (leave one out): that error is the one that
@@ -83,12 +84,21 @@ pub fn counts(r: &Record) -> [f64; N] {
 /// configuration without the cost of the stage made free, which is no configuration the
 /// model is to explain.
 pub fn observations(records: &[Record]) -> Vec<Observation> {
+    let ablated: Vec<(&str, &str)> = super::suite::all()
+        .iter()
+        .flat_map(|s| {
+            s.rows
+                .iter()
+                .filter(|r| !r.noop.is_empty())
+                .map(move |r| (s.name, r.id))
+        })
+        .collect();
     let mut by_row: BTreeMap<(String, String), Vec<&Record>> = BTreeMap::new();
     for r in records {
         if r.skipped.is_none()
             && r.succeeded > 0
             && !r.row.starts_with("kamailio")
-            && !ablated(&r.suite, &r.row)
+            && !ablated.contains(&(r.suite.as_str(), r.row.as_str()))
         {
             by_row
                 .entry((r.suite.clone(), r.row.clone()))
@@ -114,13 +124,6 @@ pub fn observations(records: &[Record]) -> Vec<Observation> {
             })
         })
         .collect()
-}
-
-/// Whether the suite's row makes some stage free (seed 002's ablation).
-fn ablated(suite: &str, row: &str) -> bool {
-    super::suite::named(suite)
-        .and_then(|s| s.row(row).map(|r| !r.noop.is_empty()))
-        .unwrap_or(false)
 }
 
 /// Unit costs in µs; `None` for a block no fitted row has.
