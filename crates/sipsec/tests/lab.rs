@@ -143,4 +143,32 @@ fn a_lab_run_resumes_and_its_report_renders_in_chromium() {
     if let Ok(keep) = std::env::var("SIPSEC_KEEP_SCREENSHOT") {
         std::fs::copy(&png, keep).unwrap();
     }
+
+    // A row whose helper cannot start (the authority's delay relay finds its port taken) is
+    // recorded as failed, the other rows still run, and the run says so and fails. (In this
+    // test, not one of its own: every lab run uses the bench's fixed ports.)
+    let _taken = std::net::TcpListener::bind("127.0.0.1:31071").unwrap();
+    let other = dir.path().join("taken");
+    let run = lab(&[
+        "run",
+        "seed001",
+        "--quick",
+        "--only",
+        "proxychain-ahead",
+        "--out",
+        other.to_str().unwrap(),
+    ]);
+    assert!(!run.status.success(), "{run:?}");
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("proxychain-ahead (round 1)"),
+        "{run:?}"
+    );
+    let rows = lines(&other);
+    let row = |id: &str| rows.iter().find(|r| r["row"] == id).unwrap();
+    assert!(row("no-auth").get("skipped").is_none(), "{rows:?}");
+    let why = row("proxychain-ahead")["skipped"].as_str().unwrap();
+    assert!(
+        why.starts_with("failed: ") && why.contains("31071"),
+        "{why}"
+    );
 }
