@@ -10,10 +10,13 @@
 //! - [`digest`]: Digest challenges, credentials and responses (MD5, SHA-256, SHA-512/256).
 //! - [`hex`]: the lower-case hex every hash and nonce is written in.
 //! - [`proxychain`]: Proxychain's hash-chain credentials, challenges and responses.
+//! - [`overload`]: overload control's Via parameters (RFC 7339 loss, RFC 7415 rate) and the
+//!   client's throttle that honours them.
 
 pub mod digest;
 pub mod hex;
 pub mod message;
+pub mod overload;
 pub mod proxychain;
 pub mod timer;
 pub mod transaction;

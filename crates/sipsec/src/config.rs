@@ -404,6 +404,133 @@ pub struct StreamConfig {
     pub max_per_ip_per_worker: usize,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawOverload {
+    enabled: bool,
+    target: f64,
+    feedback_target: f64,
+    interval_ms: u64,
+    methods: Vec<String>,
+    retry_after_s: u32,
+    priority: bool,
+    feedback: bool,
+    algorithm: String,
+    validity_ms: u32,
+    announce: bool,
+}
+
+impl Default for RawOverload {
+    fn default() -> Self {
+        RawOverload {
+            enabled: true,
+            target: 0.95,
+            feedback_target: 0.9,
+            interval_ms: 100,
+            methods: [
+                "INVITE",
+                "SUBSCRIBE",
+                "REFER",
+                "MESSAGE",
+                "OPTIONS",
+                "PUBLISH",
+            ]
+            .map(String::from)
+            .to_vec(),
+            retry_after_s: 1,
+            priority: true,
+            feedback: true,
+            algorithm: "loss".into(),
+            validity_ms: 500,
+            announce: true,
+        }
+    }
+}
+
+/// Overload control (`[overload]`, `engine::overload`).
+#[derive(Debug, Clone)]
+pub struct OverloadConfig {
+    /// Local admission control on.
+    pub enabled: bool,
+    /// The busy fraction of a worker above which it sheds new requests itself.
+    pub target: f64,
+    /// The busy fraction RFC 7339/7415 feedback steers neighbours to (below `target`, so a
+    /// neighbour that honours it is never shed locally as well).
+    pub feedback_target: f64,
+    /// How often a worker measures its load and updates what it admits, in milliseconds.
+    pub interval_ms: u64,
+    /// Methods whose out-of-dialog requests may be shed (upper case).
+    pub methods: Vec<String>,
+    /// `Retry-After` of the 503s that shed a request (0: none), for clients that do not
+    /// speak RFC 7339 (those that do get feedback instead).
+    pub retry_after_s: u32,
+    /// Requests with a `Resource-Priority` header (RFC 4412, emergency calls) are never shed.
+    pub priority: bool,
+    /// Answer neighbours that announce `oc` in their Via with feedback (RFC 7339).
+    pub feedback: bool,
+    /// The algorithm offered to a neighbour that supports both.
+    pub algorithm: sip_core::overload::Algorithm,
+    /// `oc-validity` of our feedback.
+    pub validity_ms: u32,
+    /// Announce `oc` in our own Via and honour a next hop's feedback (RFC 7339 client).
+    pub announce: bool,
+}
+
+impl RawOverload {
+    fn validate(self) -> Result<OverloadConfig> {
+        if !(self.target > 0.0 && self.target <= 1.0) {
+            bail!("overload.target: a busy fraction above 0 and at most 1");
+        }
+        if !(self.feedback_target > 0.0 && self.feedback_target <= self.target) {
+            bail!("overload.feedback_target: a busy fraction above 0 and at most overload.target");
+        }
+        if !(10..=10_000).contains(&self.interval_ms) {
+            bail!("overload.interval_ms: between 10 and 10000");
+        }
+        if self.retry_after_s > 3600 {
+            bail!("overload.retry_after_s: at most 3600");
+        }
+        if !(100..=60_000).contains(&self.validity_ms) {
+            bail!("overload.validity_ms: between 100 and 60000");
+        }
+        let algorithm = match self.algorithm.to_ascii_lowercase().as_str() {
+            "loss" => sip_core::overload::Algorithm::Loss,
+            "rate" => sip_core::overload::Algorithm::Rate,
+            other => bail!("overload.algorithm: {other:?} is not \"loss\" or \"rate\""),
+        };
+        let methods: Vec<String> = self
+            .methods
+            .iter()
+            .map(|m| m.trim().to_ascii_uppercase())
+            .collect();
+        for m in &methods {
+            if matches!(m.as_str(), "ACK" | "CANCEL" | "BYE") {
+                bail!("overload.methods: {m} completes a call already admitted and is never shed");
+            }
+            if m.is_empty()
+                || !m
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.!%*_+`'~".contains(&b))
+            {
+                bail!("overload.methods: {m:?} is not a SIP method");
+            }
+        }
+        Ok(OverloadConfig {
+            enabled: self.enabled,
+            target: self.target,
+            feedback_target: self.feedback_target,
+            interval_ms: self.interval_ms,
+            methods,
+            retry_after_s: self.retry_after_s,
+            priority: self.priority,
+            feedback: self.feedback,
+            algorithm,
+            validity_ms: self.validity_ms,
+            announce: self.announce,
+        })
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawConfig {
@@ -413,6 +540,7 @@ struct RawConfig {
     database: RawDatabase,
     registrar: RawRegistrar,
     auth: RawAuth,
+    overload: RawOverload,
 }
 
 /// Registrar limits (`[registrar]`).
@@ -460,6 +588,7 @@ pub struct Config {
     pub streams: StreamConfig,
     pub tls: TlsConfig,
     pub auth: crate::auth::AuthConfig,
+    pub overload: OverloadConfig,
 }
 
 impl Default for Config {
@@ -589,6 +718,7 @@ impl Config {
             .map(|d| d.to_ascii_lowercase())
             .collect();
         let auth = raw.auth.validate(&domains, &listen)?;
+        let overload = raw.overload.validate()?;
         let reg = raw.registrar;
         if reg.min_expires > reg.max_expires {
             bail!("registrar.min_expires: must not exceed registrar.max_expires");
@@ -669,6 +799,7 @@ impl Config {
             streams,
             tls,
             auth,
+            overload,
         })
     }
 }

@@ -46,6 +46,8 @@ counters! {
     transport_errors: "requests a connection could not deliver (refused, failed handshake): their branch fails with 503",
     handoffs: "datagrams passed to the worker owning their transaction",
     overload_rejected: "requests answered 503 because the transaction table was full",
+    overload_shed: "new requests answered 503 by local admission control (the worker over [overload] target)",
+    overload_throttled: "new requests answered 503 here because the next hop's RFC 7339/7415 feedback refused them",
     send_errors: "datagrams the kernel refused to send",
     connections_accepted: "TCP and TLS connections accepted",
     connections_opened: "TCP and TLS connections opened to a next hop",

@@ -102,6 +102,8 @@ fn ua_config(scenario: Scenario, local: &str, users: &[&str], auth: Auth) -> UaC
         expires: 600,
         register_contact: None,
         rport: false,
+        oc: false,
+        honour_retry_after: false,
         timers: Timers::default(),
         epoch: 1,
         report_ended: false,

@@ -94,8 +94,8 @@ impl<'m, 'a> Rewriter<'m, 'a> {
         Rewriter { msg, splice }
     }
 
-    /// Adds a Via line above all others.
-    pub fn push_via(&mut self, transport: &str, sent_by: &str, branch: &str) {
+    /// Adds a Via line above all others; `params` (`;name=value`..., or "") follow the branch.
+    pub fn push_via(&mut self, transport: &str, sent_by: &str, branch: &str, params: &str) {
         let at = self.first_line_of(HeaderName::Via);
         self.splice.replace_with(at, at, |t| {
             push_all(
@@ -107,10 +107,21 @@ impl<'m, 'a> Rewriter<'m, 'a> {
                     sent_by.as_bytes(),
                     b";branch=",
                     branch.as_bytes(),
+                    params.as_bytes(),
                     b"\r\n",
                 ],
             );
         });
+    }
+
+    /// Answers a client's overload control announcement in `via` (one of this message's Via
+    /// values): its `oc` and `oc-algo` parameters give way to the server's feedback.
+    pub fn set_overload_feedback(&mut self, via: &super::Via<'_>, fb: &crate::overload::Feedback) {
+        let base = via.params.0.as_ptr() as usize - self.msg.as_bytes().as_ptr() as usize;
+        for (start, end) in crate::overload::announcement_ranges(via.params.0) {
+            self.splice.remove(base + start, base + end);
+        }
+        self.splice.replace_with(via.end, via.end, |t| fb.write(t));
     }
 
     /// Records the source of a request in its top Via (RFC 3261 §18.2.1, RFC 3581): adds

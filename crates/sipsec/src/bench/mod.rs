@@ -9,6 +9,7 @@
 
 pub mod cpu;
 pub mod modes;
+pub mod quota;
 pub mod relay;
 
 use crate::load::{self, report::Summary, LoadArgs};
@@ -25,7 +26,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 /// Where the default bench topology puts things (as `../shared/bench/kamailio/compare.py`).
-const SERVER: &str = "127.0.0.1:35060";
+pub const SERVER: &str = "127.0.0.1:35060";
 const SERVER_TLS: &str = "127.0.0.1:35061";
 const UAC_IP: &str = "127.0.0.2";
 const UAS: &str = "127.0.0.3:35080";
@@ -111,6 +112,20 @@ pub struct BenchArgs {
     /// peak, where servers collapse.
     #[arg(long, requires = "find_peak")]
     pub goodput_curve: bool,
+    /// The goodput curve goes up to this multiple of the peak (0.5, 0.75, 1, 1.25, 1.5, 2,
+    /// 2.5, 3, 4 as far as it reaches).
+    #[arg(long, default_value_t = 2.0)]
+    pub curve_to: f64,
+    /// Hold the server to this fraction of one core (cgroup v1 CPU quota; root), so one core
+    /// of load can overload it.
+    #[arg(long)]
+    pub cpu_quota: Option<f64>,
+    /// With the default config: the server's overload control (`[overload] enabled`).
+    #[arg(long, value_enum, default_value = "on")]
+    pub overload: crate::load::cli::OnOff,
+    /// The load speaks overload control as a client (`sipsec load --oc`).
+    #[arg(long)]
+    pub oc: bool,
     /// Run the started server under callgrind and count the user-space instructions it
     /// executes per operation over the measured run (valgrind; slow, so use a low rate and
     /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
@@ -177,6 +192,12 @@ pub struct Report {
     /// the measured run, counted by callgrind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_instructions_per_op: Option<f64>,
+    /// `--cpu-quota`: the share of a core the server was held to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_quota: Option<f64>,
+    /// `--cpu-quota`: seconds the quota held the server off over the whole bench.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_throttled_s: Option<f64>,
 }
 
 /// One point of a goodput curve.
@@ -190,8 +211,8 @@ pub struct CurvePoint {
     pub goodput_per_s: f64,
 }
 
-/// Multiples of the peak the goodput curve is measured at.
-const CURVE: [f64; 6] = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0];
+/// Multiples of the peak the goodput curve is measured at (up to `--curve-to`).
+const CURVE: [f64; 9] = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0];
 
 /// A server's counters by name (`stats.rs`), as it logs them on SIGUSR1.
 pub type Counters = BTreeMap<String, u64>;
@@ -309,7 +330,13 @@ pub fn role_of(a: &BenchArgs) -> Role {
 
 /// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
 /// 35061 for TLS runs), routing calls to the UAS over the bench's transport.
-pub fn default_config(dir: &Path, role: Role, s: &modes::StreamArgs, tls_dir: &Path) -> String {
+pub fn default_config(
+    dir: &Path,
+    role: Role,
+    s: &modes::StreamArgs,
+    tls_dir: &Path,
+    overload: bool,
+) -> String {
     let tls_listen = if s.transport == Transport::Tls {
         format!(", \"tls:{SERVER_TLS}\"")
     } else {
@@ -321,6 +348,7 @@ pub fn default_config(dir: &Path, role: Role, s: &modes::StreamArgs, tls_dir: &P
          domains = [\"bench.test\"]\nmode = \"{}\"\n\
          stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
          default_route = \"sip:{UAS};transport={}\"\n[database]\nurl = \"sqlite://{}\"\n\
+         [overload]\nenabled = {overload}\nfeedback = {overload}\nannounce = {overload}\n\
          {tls_table}",
         if role == Role::Redirect {
             "redirect"
@@ -522,7 +550,11 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             Some(p) => std::path::absolute(p)?,
             None => {
                 let p = dir.path().join("sipsec.toml");
-                std::fs::write(&p, default_config(dir.path(), role_of(&a), s, &tls_dir))?;
+                let overload = a.overload == crate::load::cli::OnOff::On;
+                std::fs::write(
+                    &p,
+                    default_config(dir.path(), role_of(&a), s, &tls_dir, overload),
+                )?;
                 p
             }
         };
@@ -537,6 +569,16 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         let pid = s.child.id();
         started = Some(s);
         (target, vec![pid], "sipsec".to_string())
+    };
+    let quota = match a.cpu_quota {
+        Some(f) => Some(quota::Quota::apply(
+            f,
+            &pids_root
+                .iter()
+                .flat_map(|&p| cpu::process_tree(p))
+                .collect::<Vec<_>>(),
+        )?),
+        None => None,
     };
     cpu::pin_current_thread(a.load_cpu)?;
 
@@ -589,6 +631,9 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     }
     if a.auth_reuse {
         words.push("--auth-reuse".to_string());
+    }
+    if a.oc {
+        words.push("--oc".to_string());
     }
     if let Some(realm) = &a.proxychain_realm {
         words.extend(["--proxychain", "--proxychain-realm", realm].map(String::from));
@@ -669,7 +714,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     if let Some(peak) = peak_search.as_ref().and_then(|s| s.peak_per_s) {
         for m in CURVE
             .iter()
-            .take(if a.goodput_curve { CURVE.len() } else { 0 })
+            .filter(|&&m| a.goodput_curve && m <= a.curve_to + 1e-9)
         {
             let r = (peak * m).round().max(1.0);
             let trial = with(
@@ -691,6 +736,8 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             std::thread::sleep(std::time::Duration::from_secs(1));
         }
     }
+    let cpu_throttled_s = quota.as_ref().map(|q| q.throttled().1);
+    drop(quota);
     let instructions = match started {
         Some(s) => s.stop()?,
         None => None,
@@ -728,6 +775,8 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         server_instructions_per_op: instructions
             .filter(|_| ops > 0)
             .map(|n| n as f64 / ops as f64),
+        cpu_quota: a.cpu_quota,
+        cpu_throttled_s,
     };
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")

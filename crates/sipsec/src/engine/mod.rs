@@ -14,7 +14,8 @@
 //! - [`Engine::on_mail`]: [`Mail`] from another worker (a handed-off message, a binding
 //!   change), from the store (commits) or from a credential fetcher (an answer is in);
 //! - [`Engine::on_transport_error`]: a request the driver could not deliver;
-//! - [`Engine::on_tick`]: when [`Engine::next_deadline`] has passed.
+//! - [`Engine::on_tick`]: when [`Engine::next_deadline`] has passed;
+//! - [`Engine::on_load`]: every `[overload] interval_ms`, the share of it the worker was busy.
 //!
 //! Outputs, all in [`Effects`], which the driver carries out after each input (or after a
 //! batch of them) and then clears: messages to send, mail for other workers, binding changes
@@ -33,13 +34,14 @@
 //! inputs; `gate` is the auth gate (digest or Proxychain, and requests parked for
 //! credentials); `routing` decides what a request needs, `proxy` forwards and tracks branches, `registrar` handles
 //! REGISTER against the [`location`] service, `durable` holds its 200s until the store
-//! commits, `reject` answers what the parser refused, and `branch` makes and reads our Via
-//! branches.
+//! commits, `reject` answers what the parser refused, `branch` makes and reads our Via
+//! branches, and `overload` decides what to admit under load (and what to tell neighbours).
 
 mod branch;
 mod durable;
 mod gate;
 pub mod location;
+mod overload;
 mod proxy;
 mod registrar;
 mod reject;
@@ -217,6 +219,8 @@ pub struct Engine {
     changes_saved: u64,
     /// REGISTER answers waiting for the store, oldest first (`durable`).
     held: std::collections::VecDeque<durable::Held>,
+    /// Overload control: what this worker admits, tells neighbours and was told by next hops.
+    overload: overload::Overload,
 }
 
 /// How often an authentication outage is logged, per worker.
@@ -304,6 +308,7 @@ impl Engine {
             changes_sent: 0,
             changes_saved: 0,
             held: std::collections::VecDeque::new(),
+            overload: overload::Overload::new(),
             cfg,
         }
     }
@@ -444,6 +449,13 @@ impl Engine {
             self.on_cancel(now, source, msg, fx);
             return;
         }
+        if self.is_ack_for_local_answer(msg, tags.and_then(|(_, to)| to)) {
+            inc(&self.stats.retransmissions_absorbed);
+            return;
+        }
+        if from_ok && self.shed(now, source, msg, in_dialog, fx) {
+            return;
+        }
         if self.cfg.stateful
             && method != Method::Ack
             && self.tx.len() >= self.cfg.max_transactions
@@ -563,6 +575,7 @@ impl Engine {
         fx: &mut Effects,
     ) {
         let data = self.local_response(msg, code, reason, headers);
+        let data = self.add_feedback(now, data);
         inc(&self.stats.local_responses);
         let to = self.local_reply(msg, response_peer(msg.top_via(), source));
         self.release(now, to, code, data, fx);

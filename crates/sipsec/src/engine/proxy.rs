@@ -45,6 +45,22 @@ impl Engine {
                 inc(&self.stats.unroutable);
             }
         }
+        // RFC 7339/7415 as a client: next hops that asked for less get less new work; what
+        // they refuse is answered here.
+        let mut throttled = false;
+        if !self.overload_hops_empty() {
+            let new_work = msg.to().ok().is_some_and(|to| to.tag().is_none());
+            if new_work && self.throttled_kind(msg, false) {
+                let before = usable.len();
+                usable.retain(|(t, _)| self.hop_admits(now, t.dest.addr));
+                throttled = usable.len() < before;
+            }
+        }
+        if usable.is_empty() && throttled {
+            inc(&self.stats.overload_throttled);
+            self.answer(now, source, msg, 503, "Service Unavailable", "", fx);
+            return;
+        }
         if usable.is_empty() {
             if method != Method::Ack {
                 let (code, reason) = if own {
@@ -96,6 +112,11 @@ impl Engine {
         } else {
             None
         };
+        let announce = if self.cfg.overload.announce {
+            sip_core::overload::ANNOUNCE
+        } else {
+            ""
+        };
         for (i, &(target, out_side)) in usable.iter().enumerate() {
             // Between two transports, record-route twice (RFC 5658): each side of the
             // dialog reaches us over its own.
@@ -120,7 +141,12 @@ impl Engine {
                     ..
                 } = &self.sides[out_side];
                 rw.stamp_top_via(source.addr, source.transport.reliable());
-                rw.push_via(target.dest.transport.via_token(), via_host, &branch);
+                rw.push_via(
+                    target.dest.transport.via_token(),
+                    via_host,
+                    &branch,
+                    announce,
+                );
                 rw.decrement_max_forwards();
                 rw.set_max_breadth(share(i));
                 for (field, end) in pop_route {
@@ -273,7 +299,7 @@ impl Engine {
 
     pub(super) fn on_response(&mut self, now: Millis, msg: &Message<'_>, fx: &mut Effects) {
         if !self.cfg.stateful {
-            self.forward_response_by_via(msg, fx);
+            self.forward_response_by_via(now, msg, fx);
             return;
         }
         match self.tx.recv_response(now, msg, &mut self.outputs) {
@@ -283,7 +309,7 @@ impl Engine {
                 // A 2xx retransmission after the transaction ended still goes upstream (§16.7).
                 let code = msg.status().unwrap_or(0);
                 if (200..300).contains(&code) && msg.method() == Method::Invite {
-                    self.forward_response_by_via(msg, fx);
+                    self.forward_response_by_via(now, msg, fx);
                 } else {
                     inc(&self.stats.stray_responses);
                 }
@@ -292,7 +318,12 @@ impl Engine {
     }
 
     /// Stateless response forwarding: pop our Via, send to the next one.
-    pub(super) fn forward_response_by_via(&mut self, msg: &Message<'_>, fx: &mut Effects) {
+    pub(super) fn forward_response_by_via(
+        &mut self,
+        now: Millis,
+        msg: &Message<'_>,
+        fx: &mut Effects,
+    ) {
         let top = msg.top_via();
         if !top.branch.is_some_and(|b| b.starts_with(branch::MAGIC))
             || !self.is_local_addr(top.host, top.port.unwrap_or(5060))
@@ -309,9 +340,13 @@ impl Engine {
             inc(&self.stats.stray_responses);
             return;
         };
+        let feedback = self.response_feedback(now, msg);
         let mut out = Vec::new();
         let mut rw = Rewriter::new(msg, &mut self.splice);
         rw.pop_via();
+        if let Some((via, fb)) = &feedback {
+            rw.set_overload_feedback(via, fb);
+        }
         rw.finish(&mut out);
         inc(&self.stats.forwarded_responses);
         fx.transmits.push((dest, Bytes::from(out)));
@@ -319,6 +354,11 @@ impl Engine {
 
     pub(super) fn on_branch_response(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) {
         let code = msg.status().unwrap_or(0);
+        if self.cfg.overload.announce {
+            if let Some(dest) = self.tx.dest(cid) {
+                self.on_hop_feedback(now, dest.addr, msg);
+            }
+        }
         let server = match self.tx.user_mut(cid) {
             Some(Link::Branch { server, done, .. }) => {
                 let server = *server;
@@ -344,10 +384,14 @@ impl Engine {
                 return;
             }
         }
+        let feedback = self.response_feedback(now, msg);
         let mut out = Vec::with_capacity(msg.as_bytes().len());
         {
             let mut rw = Rewriter::new(msg, &mut self.splice);
             rw.pop_via();
+            if let Some((via, fb)) = &feedback {
+                rw.set_overload_feedback(via, fb);
+            }
             rw.finish(&mut out);
         }
         let data = Bytes::from(out);

@@ -435,12 +435,62 @@ fn goodput_chart(rows: &[RowSummary]) -> Result<Option<String>> {
         })
         .collect();
     charts::lines(
-        "Goodput (operations within 500 ms per second) against offered load, to twice the peak",
+        "Goodput (operations within 500 ms per second) against offered load, past the peak",
         ("offered operations per second", "goodput per second"),
         &series,
         false,
         None,
     )
+}
+
+/// The goodput a row keeps at `multiple` times its own peak, from its curve (the point whose
+/// asked rate was nearest): `(offered/s, goodput/s)`.
+pub fn goodput_at(r: &RowSummary, multiple: f64) -> Option<(f64, f64)> {
+    let peak = r.peak_per_s?;
+    r.goodput_curve
+        .iter()
+        .min_by(|a, b| {
+            let d = |p: &[f64; 2]| (p[0] / peak - multiple).abs();
+            d(a).total_cmp(&d(b))
+        })
+        .filter(|p| (p[0] / peak - multiple).abs() < 0.2 * multiple)
+        .map(|p| (p[0], p[1]))
+}
+
+/// Each row's peak and the goodput it keeps at twice and three times it, as a share of that
+/// peak and of the first row's (the server without control: the peak to hold).
+fn goodput_table(rows: &[RowSummary]) -> (String, String) {
+    let reference = rows.first().and_then(|r| r.peak_per_s);
+    let mut html = String::from(
+        "<table><tr><th>row</th><th>peak /s</th><th>goodput at 2× /s</th><th>÷ own peak</th>\
+         <th>÷ uncontrolled peak</th><th>goodput at 3× /s</th><th>÷ own peak</th></tr>",
+    );
+    let mut md = String::from(
+        "| row | peak /s | goodput at 2× /s | ÷ own peak | ÷ uncontrolled peak | goodput at 3× /s | ÷ own peak |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let f = |v: Option<f64>, digits: usize| v.map_or("—".into(), |v| format!("{v:.digits$}"));
+    for r in rows {
+        let two = goodput_at(r, 2.0).map(|p| p.1);
+        let three = goodput_at(r, 3.0).map(|p| p.1);
+        let share = |g: Option<f64>, of: Option<f64>| g.zip(of).map(|(g, p)| g / p);
+        let cells = [
+            f(r.peak_per_s, 0),
+            f(two, 0),
+            f(share(two, r.peak_per_s), 2),
+            f(share(two, reference), 2),
+            f(three, 0),
+            f(share(three, r.peak_per_s), 2),
+        ];
+        write!(html, "<tr><td>{}</td>", escape(r.label)).ok();
+        for c in &cells {
+            write!(html, "<td class=num>{c}</td>").ok();
+        }
+        html += "</tr>";
+        writeln!(md, "| {} | {} |", r.label, cells.join(" | ")).ok();
+    }
+    html += "</table>";
+    (html, md)
 }
 
 /// Latency CDFs of every measured row (log time axis).
@@ -576,6 +626,11 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
         }
         if let Some(svg) = peak_chart(&rows)? {
             html += &svg;
+        }
+        if s.curve {
+            let (table, text) = goodput_table(&rows);
+            write!(html, "<h3>Goodput past the peak</h3>{table}")?;
+            write!(md, "\n### Goodput past the peak\n\n{text}\n")?;
         }
         if let Some(svg) = goodput_chart(&rows)? {
             html += &svg;

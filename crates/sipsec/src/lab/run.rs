@@ -61,6 +61,9 @@ fn sizes(suite: &str, quick: bool) -> (f64, u64) {
         ("seed000" | "seed002", true) => (500.0, 1_000),
         ("seed001", false) => (1_000.0, 8_000),
         ("seed001", true) => (1_000.0, 1_000),
+        // Below the peak of a server held to a quarter of a core.
+        ("overload", false) => (1_000.0, 6_000),
+        ("overload", true) => (300.0, 300),
         (_, false) => (2_000.0, 12_000),
         (_, true) => (1_000.0, 1_000),
     }
@@ -73,6 +76,8 @@ fn sizes(suite: &str, quick: bool) -> (f64, u64) {
 const AUTHD: &str = "127.0.0.1:31070";
 const AUTHD_RELAY: &str = "127.0.0.1:31071";
 const DB_RELAY: &str = "127.0.0.1:31072";
+/// The upstream proxy of the overload suite's two-hop rows.
+const UPSTREAM: &str = "127.0.0.1:31073";
 const REALM: &str = "bench.test";
 
 /// What every row shares: certificates, the user databases, callers' credentials.
@@ -168,9 +173,14 @@ impl Workspace {
         if self.sqlite_users {
             std::fs::copy(self.path("users.db"), dir.join("bench.db"))?;
         }
-        let config =
-            bench::default_config(&dir, bench::role_of(args), &args.streams, self.dir.path())
-                + extra;
+        let overload = args.overload == crate::load::cli::OnOff::On;
+        let config = bench::default_config(
+            &dir,
+            bench::role_of(args),
+            &args.streams,
+            self.dir.path(),
+            overload,
+        ) + extra;
         let path = dir.join("sipsec.toml");
         std::fs::write(&path, config)?;
         Ok(path)
@@ -274,6 +284,31 @@ impl Workspace {
             helpers: vec![relay, authd],
             peer,
         })
+    }
+}
+
+impl Workspace {
+    /// The overload suite's upstream proxy: sipsec on CPU 1 routing every call to the
+    /// bench's server, speaking RFC 7339 as a client or not.
+    fn upstream(&mut self, row: &Row, oc: bool) -> Result<Process> {
+        self.runs += 1;
+        let dir = self.path(&format!("run-{}-{}-upstream", self.runs, row.id));
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("upstream.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = [\"udp:{UPSTREAM}\"]\ndomains = [\"upstream.test\"]\n\
+                 workers = 1\n[routing]\ndefault_route = \"sip:{}\"\n[database]\n\
+                 url = \"sqlite://{}\"\n[overload]\nannounce = {oc}\n",
+                bench::SERVER,
+                dir.join("upstream.db").display()
+            ),
+        )?;
+        Process::sipsec(
+            &["serve", "--config", &config.display().to_string()],
+            "the upstream proxy",
+        )
     }
 }
 
@@ -455,11 +490,14 @@ fn measure(
     .chain(row.bench.iter().map(|w| w.to_string()))
     .collect();
     words.extend(["--tls-dir".to_string(), ws.dir.path().display().to_string()]);
-    if a.peak || a.curve {
+    if a.peak || a.curve || suite.curve {
         words.extend(["--find-peak", "--step-s", "2"].map(String::from));
     }
-    if a.curve {
+    if a.curve || suite.curve {
         words.push("--goodput-curve".into());
+    }
+    if suite.curve {
+        words.extend(["--curve-to", "3"].map(String::from));
     }
     if !row.noop.is_empty() {
         words.extend(["--lab-noop", row.noop].map(String::from));
@@ -500,6 +538,11 @@ fn measure(
             helpers.append(&mut p.helpers);
             words.extend(["--proxychain-realm", REALM].map(String::from));
             (Some(p.config), Some("callers-wan.csv"), p.peer)
+        }
+        Setup::Upstream { oc } => {
+            helpers.push(ws.upstream(row, oc)?);
+            words.extend(["--target".to_string(), UPSTREAM.to_string()]);
+            (None, None, None)
         }
     };
     if let Some(config) = config {

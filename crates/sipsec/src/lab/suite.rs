@@ -21,6 +21,10 @@ pub enum Setup {
     /// round trip away (through the delay relay), fetched when a chain runs out or, with
     /// prefetching, before it does.
     Proxychain { prefetch: bool },
+    /// Two hops: the load goes to an upstream sipsec (beside the load, not held to a quota)
+    /// that routes every call to the server under test; with `oc` the upstream speaks RFC
+    /// 7339 (announces it, honours the feedback), without it the upstream is a plain proxy.
+    Upstream { oc: bool },
 }
 
 /// The round trip between the proxy and its authority or database in seed 001's rows, as
@@ -81,6 +85,9 @@ pub struct Suite {
     /// Runs only in a `lab-noop` build (seed 002's ablation); skipped, saying how to build
     /// one, elsewhere.
     pub lab_build: bool,
+    /// Every row measures its goodput curve past the peak (as `lab run --curve` asks of
+    /// the other suites).
+    pub curve: bool,
 }
 
 impl Suite {
@@ -91,7 +98,7 @@ impl Suite {
 
 /// Every suite, in the order `sipsec lab run` takes them.
 pub fn all() -> Vec<Suite> {
-    vec![seed000(), seed001(), seed002(), seed004()]
+    vec![seed000(), seed001(), seed002(), seed004(), overload()]
 }
 
 /// The suite called `name`.
@@ -390,6 +397,7 @@ fn seed000() -> Suite {
                 exchange with AES-CBC-SHA.",
         rows,
         lab_build: false,
+        curve: false,
     }
 }
 
@@ -475,6 +483,7 @@ fn seed001() -> Suite {
                 not per call); the paper's exchange is the row above it.",
         rows,
         lab_build: false,
+        curve: false,
     }
 }
 
@@ -605,6 +614,7 @@ fn seed002() -> Suite {
                 making the stage free could speed the configuration up.",
         rows,
         lab_build: true,
+        curve: false,
     }
 }
 
@@ -760,6 +770,92 @@ fn seed004() -> Suite {
                 authentication, and the peak with --peak.",
         rows,
         lab_build: false,
+        curve: false,
+    }
+}
+
+/// The share of a core the overload suite holds the server under test to: one core of load
+/// generator then offers it several times its peak.
+pub const OVERLOAD_QUOTA: &str = "0.25";
+
+/// Overload control (seed 004's collapse past the peak, and RFC 7339/7415): goodput against
+/// offered load up to three times the peak, for sipsec with control off and on, with a load
+/// that honours the feedback, for Kamailio, and for two sipsec hops.
+fn overload() -> Suite {
+    use Setup::{Plain, Upstream};
+    const Q: &str = OVERLOAD_QUOTA;
+    let rows = vec![
+        row(
+            "off",
+            "sipsec, overload control off",
+            Plain,
+            &["--cpu-quota", Q, "--overload", "off"],
+            "off",
+            None,
+            None,
+        ),
+        row(
+            "on",
+            "sipsec, local admission control",
+            Plain,
+            &["--cpu-quota", Q],
+            "off",
+            None,
+            None,
+        ),
+        row(
+            "on-oc",
+            "sipsec, callers honour RFC 7339 feedback",
+            Plain,
+            &["--cpu-quota", Q, "--oc"],
+            "off",
+            None,
+            None,
+        ),
+        Row {
+            server: Server::Kamailio,
+            ..row(
+                "kamailio",
+                "Kamailio 5.6 (no overload control)",
+                Plain,
+                &["--cpu-quota", Q],
+                "off",
+                None,
+                None,
+            )
+        },
+        row(
+            "two-hop",
+            "two hops, upstream a plain proxy",
+            Upstream { oc: false },
+            &["--cpu-quota", Q],
+            "off",
+            None,
+            None,
+        ),
+        row(
+            "two-hop-oc",
+            "two hops, upstream honours RFC 7339",
+            Upstream { oc: true },
+            &["--cpu-quota", Q],
+            "off",
+            None,
+            None,
+        ),
+    ];
+    Suite {
+        name: "overload",
+        title: "Overload: goodput past the peak (seed 004's collapse, RFC 7339/7415)",
+        about: "Seed 004 saw servers collapse past their peak: retransmissions multiply the \
+                load and the server spends itself on calls that time out. Here the server \
+                is held to a quarter of a core (a cgroup CPU quota) so one core of load can \
+                offer it three times its peak; each row's peak is searched, then goodput \
+                (calls completed within 500 ms per second) is measured from half the peak \
+                to three times it. The CPU column is at a rate below the peak, where \
+                control must cost nothing.",
+        rows,
+        lab_build: false,
+        curve: true,
     }
 }
 

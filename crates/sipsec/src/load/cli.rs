@@ -122,8 +122,11 @@ pub struct LoadArgs {
     /// Stop starting after this many operations.
     #[arg(long)]
     pub calls: Option<u64>,
-    /// Raise the rate by this much every --step-s seconds (up to --max-rate).
-    #[arg(long)]
+    /// The goodput curve: a run of --step-s seconds at --rate, then at --rate plus this, and
+    /// so on up to --max-rate, each measured on its own (calls started in a step count for
+    /// it; those still in flight are let finish before the next), reported as offered and
+    /// goodput per second.
+    #[arg(long, requires = "max_rate")]
     pub ramp: Option<f64>,
     /// Seconds per ramp step, and per trial of --find-peak.
     #[arg(long, default_value_t = 10.0)]
@@ -164,6 +167,16 @@ pub struct LoadArgs {
     /// about 10% more CPU per call), which would skew the cost measured.
     #[arg(long)]
     pub rport: bool,
+    /// Speak SIP overload control as a client (RFC 7339 loss, RFC 7415 rate): announce `oc`
+    /// in the Via and send the server only what its feedback allows; the rest fail here
+    /// ("not sent: overload feedback") without reaching it.
+    #[arg(long)]
+    pub oc: bool,
+    /// After a 503 with Retry-After, start nothing for that long (each such start fails
+    /// "not sent: Retry-After"), as RFC 3261 §21.5.4 lets a client. Off: keep offering the
+    /// load, as a flood would.
+    #[arg(long)]
+    pub honour_retry_after: bool,
     /// Digest: send credentials with each new request from the user's last challenge and the
     /// next nonce count, as phones do, instead of being challenged per request (SIPp's way).
     /// Proxychain: answer the next counter of the user's last verified chain with each new

@@ -330,6 +330,8 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         expires: plan.args.expires,
         register_contact: plan.args.register_contact.clone(),
         rport: plan.args.rport,
+        oc: plan.args.oc,
+        honour_retry_after: plan.args.honour_retry_after,
         timers: Default::default(),
         epoch,
         report_ended: plan.transport != Transport::Udp
@@ -483,17 +485,11 @@ pub fn execute(plan: &Plan, bound: &mut Bound, stop: &AtomicBool) -> Result<Summ
         s.rate = a.rate;
         return Ok(s);
     }
-    let rate = match a.ramp {
-        Some(step) => RatePlan {
-            rate: a.rate,
-            ramp_step: step,
-            step_s: a.step_s,
-            max_rate: a.max_rate.unwrap_or(f64::INFINITY),
-        },
-        None => RatePlan::constant(a.rate),
-    };
+    if let Some(ramp) = a.ramp {
+        return ramp_steps(plan, bound, stop, ramp);
+    }
     let spec = RunSpec {
-        rate,
+        rate: RatePlan::constant(a.rate),
         limit,
         drain_s: a.drain_s,
         label: String::new(),
@@ -501,6 +497,49 @@ pub fn execute(plan: &Plan, bound: &mut Bound, stop: &AtomicBool) -> Result<Summ
     };
     let (ua, times) = run_once(plan, bound, spec, stop);
     Ok(summarize(plan, &ua, &times))
+}
+
+/// `--ramp`: one run per rate from `--rate` up to `--max-rate`, each reported as a step with
+/// its offered load and goodput.
+fn ramp_steps(plan: &Plan, bound: &mut Bound, stop: &AtomicBool, ramp: f64) -> Result<Summary> {
+    let a = &plan.args;
+    let max = a.max_rate.unwrap_or(a.rate);
+    let mut steps = Vec::new();
+    let mut last = None;
+    let mut rate = a.rate;
+    let mut trial = 0;
+    while rate <= max * (1.0 + 1e-9) && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        trial += 1;
+        let spec = RunSpec {
+            rate: RatePlan::constant(rate),
+            limit: Limit {
+                duration_s: Some(a.step_s),
+                calls: None,
+            },
+            drain_s: a.drain_s.min(8.0),
+            label: format!("[step {trial} at {rate:.0}/s] "),
+            trial,
+        };
+        let (ua, times) = run_once(plan, bound, spec, stop);
+        let mut step = Step::of(rate, &ua.stats.total);
+        step.offered_per_s = ua.stats.total.attempted as f64 / a.step_s;
+        step.goodput_per_s = step.on_time_ratio * step.offered_per_s;
+        if !a.quiet {
+            eprintln!(
+                "step {trial}: offered {:.0}/s → goodput {:.0}/s ({:.2}% within 500 ms)",
+                step.offered_per_s,
+                step.goodput_per_s,
+                step.on_time_ratio * 100.0
+            );
+        }
+        steps.push(step);
+        last = Some(summarize(plan, &ua, &times));
+        rate += ramp;
+    }
+    let mut s = last.context("no step ran")?;
+    s.steps = steps;
+    s.rate = a.rate;
+    Ok(s)
 }
 
 /// `sipsec load`: plan, bind, run, report.

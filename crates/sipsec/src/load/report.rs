@@ -88,6 +88,10 @@ pub struct Step {
     /// Share of attempts that succeeded with their latency under T1 (500 ms), i.e. without
     /// needing a retransmission: what `--find-peak` requires to be ≥ 99%.
     pub on_time_ratio: f64,
+    /// `--ramp`: operations started per second (refused here by overload control included).
+    pub offered_per_s: f64,
+    /// `--ramp`: operations per second that succeeded within 500 ms.
+    pub goodput_per_s: f64,
     pub latency_ms: Latency,
 }
 
@@ -160,6 +164,8 @@ impl Step {
             succeeded: t.succeeded,
             success_ratio: ratio(t.succeeded),
             on_time_ratio: ratio(on_time),
+            offered_per_s: 0.0,
+            goodput_per_s: 0.0,
             latency_ms: Latency::of(t),
         }
     }

@@ -8,7 +8,9 @@
 //!    readable connection ([`Connections`]), every message handed to the engine by the same
 //!    call, [`Engine::on_message`], after the mail that arrived meanwhile;
 //! 3. the engine's and the connections' due timers;
-//! 4. everything the engine asked for ([`Effects`]): binding changes posted to the other
+//! 4. every `[overload] interval_ms`, the share of it the worker was busy
+//!    ([`Engine::on_load`]);
+//! 5. everything the engine asked for ([`Effects`]): binding changes posted to the other
 //!    workers (without waking them: step 2 takes them first) and the store before any answer
 //!    leaves, datagrams with one `sendmmsg` per
 //!    socket, one write per connection, mail, credential fetches.
@@ -17,6 +19,7 @@
 //! only answer "nothing". Under load it also lets datagrams accumulate briefly after waking
 //! ([`Coalescer`]), as long as that is measured to cost less CPU than waking for each.
 
+use super::busy::BusyMeter;
 use super::coalesce::Coalescer;
 use super::connections::{Connections, Received};
 use super::fetch::FetchHandle;
@@ -123,6 +126,8 @@ impl Worker {
         let mut events = epoll::events(256);
         let fds: Vec<RawFd> = self.sockets.iter().map(udp::fd).collect();
         let mut failed: Vec<(Peer, Bytes)> = Vec::new();
+        let interval = Duration::from_millis(self.engine.overload_interval_ms());
+        let mut busy = BusyMeter::new(interval, Instant::now());
         while !self.shutdown.load(Ordering::Relaxed) {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
             // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
@@ -135,11 +140,14 @@ impl Worker {
             .flatten()
             .min()
             .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
+            let wait_start = Instant::now();
             let n = self.epoll.wait(&mut events, timeout);
+            busy.idle(wait_start.elapsed());
             let delay = self.coalescer.delay(self.now());
             if n > 0 && !delay.is_zero() {
                 // Under load, let datagrams accumulate briefly so one batch takes them.
                 std::thread::sleep(delay);
+                busy.idle(delay);
             }
             let tokens = || events[..n].iter().map(|ev| (Token::decode(ev.u64), ev));
             if tokens().any(|(t, _)| t == Some(Token::Mailbox)) {
@@ -168,6 +176,9 @@ impl Worker {
             }
             if self.connections.next_deadline().is_some_and(|d| d <= now) {
                 self.connections.on_tick(now);
+            }
+            if let Some(share) = busy.take(Instant::now()) {
+                self.engine.on_load(now, share);
             }
             self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
             // Requests a connection could not deliver fail their branches now (503).

@@ -10,6 +10,14 @@ impl Ua {
         let number = self.next_call;
         self.next_call += 1;
         self.stats.attempt();
+        if now_us < self.held_off_until_us {
+            self.stats.failure("not sent: Retry-After");
+            return;
+        }
+        if self.cfg.oc && !self.throttle.admit(now_us) {
+            self.stats.failure("not sent: overload feedback");
+            return;
+        }
         let n = self.cfg.users.len().max(1);
         let caller = (number % n as u64) as usize;
         // The callee is another user of the file when there are several.
@@ -167,6 +175,22 @@ impl Ua {
     }
 
     pub(super) fn on_response(&mut self, now_us: u64, msg: &Message<'_>) {
+        if self.cfg.oc {
+            if let Ok(fb) = sip_core::overload::Feedback::from_via(msg.top_via()) {
+                self.throttle.on_feedback(now_us / 1000, fb);
+            }
+        }
+        if self.cfg.honour_retry_after && msg.status() == Some(503) {
+            let secs = msg
+                .header_value(sip_core::message::HeaderName::RetryAfter)
+                .and_then(|v| {
+                    let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
+                    std::str::from_utf8(&v[..digits]).ok()?.parse::<u64>().ok()
+                });
+            if let Some(secs) = secs {
+                self.held_off_until_us = self.held_off_until_us.max(now_us + secs * 1_000_000);
+            }
+        }
         let before = self.outputs.len();
         let id = match self.txs.recv_response(ms(now_us), msg, &mut self.outputs) {
             ResponseMatch::Deliver(id) => id,

@@ -81,6 +81,10 @@ pub struct UaConfig {
     pub register_contact: Option<String>,
     /// Ask for responses at the source port (`;rport`, RFC 3581) in the UAC's Via.
     pub rport: bool,
+    /// Overload control as a client (RFC 7339/7415): announce it, honour the feedback.
+    pub oc: bool,
+    /// Start nothing while a 503's Retry-After lasts.
+    pub honour_retry_after: bool,
     pub timers: Timers,
     /// Distinguishes this run's Call-IDs and branches from earlier runs on the same sockets.
     pub epoch: u32,
@@ -235,6 +239,10 @@ pub struct Ua {
     /// Secret seed of the n_AP nonces.
     pc_seed: [u8; 16],
     pc_counter: u64,
+    /// The target's overload control feedback (`UaConfig::oc`).
+    throttle: sip_core::overload::Throttle,
+    /// No new operation starts before then (`UaConfig::honour_retry_after`).
+    held_off_until_us: u64,
 }
 
 fn ms(us: u64) -> u64 {
@@ -268,6 +276,8 @@ impl Ua {
                 seed
             },
             pc_counter: 0,
+            throttle: sip_core::overload::Throttle::new(),
+            held_off_until_us: 0,
         }
     }
 
@@ -309,7 +319,12 @@ impl Ua {
             self.cfg.transport.via_token(),
             self.cfg.uac_local,
             h.branch,
-            if self.cfg.rport { ";rport" } else { "" },
+            match (self.cfg.rport, self.cfg.oc) {
+                (false, false) => "",
+                (true, false) => ";rport",
+                (false, true) => sip_core::overload::ANNOUNCE,
+                (true, true) => ";rport;oc;oc-algo=\"loss,rate\"",
+            },
             self.aor(h.caller),
             h.to,
             h.cseq,

@@ -26,6 +26,8 @@ fn config(scenario: Scenario, users: Users) -> UaConfig {
         expires: 600,
         register_contact: None,
         rport: false,
+        oc: false,
+        honour_retry_after: false,
         timers: Timers::default(),
         epoch: 7,
         report_ended: false,

@@ -5,6 +5,8 @@ use super::*;
 use crate::config::Config;
 use crate::net::transport::{Peer, Transport};
 
+mod overload;
+
 const PROXY: &str = "127.0.0.1:5060";
 const ALICE: &str = "127.0.0.2:5070";
 const BOB1: &str = "127.0.0.3:5080";

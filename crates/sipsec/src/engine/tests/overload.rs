@@ -1,0 +1,277 @@
+//! Overload control in simulated time: local admission (what is shed, what never is), RFC
+//! 7339/7415 feedback to neighbours that announce `oc`, and honouring a next hop's feedback.
+
+use super::*;
+use std::sync::atomic::Ordering;
+
+const ROUTE: &str = "[routing]\ndefault_route = \"sip:127.0.0.3:5080\"\n";
+
+fn overloaded(extra: &str) -> Engine {
+    let mut e = engine(&format!("{ROUTE}{extra}"));
+    // Saturated for a second: each interval cuts what is admitted.
+    for i in 1..=10 {
+        e.on_load(i * 100, 1.0);
+    }
+    e
+}
+
+fn invite(n: usize, via_params: &str, extra: &str) -> String {
+    request(
+        "INVITE",
+        "sip:bob@elsewhere.test",
+        &format!("z9hG4bKi{n}"),
+        extra,
+    )
+    .replacen(
+        &format!("branch=z9hG4bKi{n}"),
+        &format!("branch=z9hG4bKi{n}{via_params}"),
+        1,
+    )
+}
+
+/// What the engine sent for one request, split by kind.
+#[derive(Default)]
+struct Outcome {
+    shed: Vec<Sent>,
+    forwarded: Vec<Sent>,
+}
+
+fn offer(e: &mut Engine, now: Millis, n: usize, via_params: &str, extra: &str) -> Outcome {
+    let (sent, _) = deliver(e, now, ALICE, &invite(n, via_params, extra));
+    let mut o = Outcome::default();
+    for s in sent {
+        match (s.status(), s.to == addr("127.0.0.3:5080")) {
+            (Some(503), _) => o.shed.push(s),
+            (None, true) => o.forwarded.push(s),
+            _ => {} // 100 Trying
+        }
+    }
+    o
+}
+
+#[test]
+fn below_the_target_nothing_is_shed() {
+    let mut e = engine(ROUTE);
+    for i in 1..=10 {
+        e.on_load(i * 100, 0.5);
+    }
+    let shed: usize = (0..100)
+        .map(|n| offer(&mut e, 1000, n, "", "").shed.len())
+        .sum();
+    assert_eq!(shed, 0);
+    assert_eq!(e.stats.overload_shed.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_saturated_worker_sheds_new_calls_with_a_stateless_503_spread_evenly() {
+    let mut e = overloaded("");
+    let share = e.overload.admitted_share();
+    assert!(share < 0.2, "ten saturated intervals leave {share}");
+    let before = e.transactions();
+    let mut pattern = Vec::new();
+    for n in 0..100 {
+        let o = offer(&mut e, 1000, n, "", "");
+        pattern.push(o.shed.is_empty());
+        for s in &o.shed {
+            assert_eq!(s.to, addr(ALICE));
+            assert!(s.text.contains("Retry-After: 1\r\n"), "{}", s.text);
+        }
+    }
+    let admitted = pattern.iter().filter(|&&a| a).count();
+    let expected = (share * 100.0).round() as usize;
+    assert!(
+        admitted.abs_diff(expected) <= 1,
+        "admitted {admitted} of 100 at share {share}"
+    );
+    // No transaction for what was shed: only the admitted calls hold state (server and
+    // client transaction each).
+    assert_eq!(e.transactions() - before, 2 * admitted);
+    // Never two admitted in a row at a share under one half: refusals are spread.
+    assert!(!pattern.windows(2).any(|w| w[0] && w[1]));
+    assert_eq!(
+        e.stats.overload_shed.load(Ordering::Relaxed),
+        100 - admitted as u64
+    );
+}
+
+#[test]
+fn the_ack_for_a_shed_call_is_absorbed_and_retransmissions_get_the_same_answer() {
+    let mut e = overloaded("");
+    let (shed, text) = (0..100)
+        .map(|n| (offer(&mut e, 1000, n, "", ""), invite(n, "", "")))
+        .find(|(o, _)| !o.shed.is_empty())
+        .unwrap();
+    let resp = shed.shed[0].msg();
+    let to_tag = resp.to().unwrap().tag().unwrap().to_vec();
+    // The INVITE again (a retransmission): the same To tag, so the client's one ACK fits both.
+    let (again, _) = deliver(&mut e, 1001, ALICE, &text);
+    if let Some(r) = again.iter().find(|s| s.status() == Some(503)) {
+        assert_eq!(r.msg().to().unwrap().tag().unwrap(), &to_tag[..]);
+    }
+    let ack = text
+        .replacen("INVITE sip:", "ACK sip:", 1)
+        .replace("CSeq: 1 INVITE", "CSeq: 1 ACK")
+        .replace(
+            "To: <sip:bob@example.test>",
+            &format!(
+                "To: <sip:bob@example.test>;tag={}",
+                String::from_utf8_lossy(&to_tag)
+            ),
+        );
+    let (sent, _) = deliver(&mut e, 1002, ALICE, &ack);
+    assert!(sent.is_empty(), "the ACK went on: {:?}", sent[0].text);
+}
+
+#[test]
+fn calls_in_progress_and_emergency_calls_are_never_shed() {
+    let mut e = overloaded("");
+    // In-dialog requests (a BYE) are routed as ever.
+    for n in 0..20 {
+        let bye = request("BYE", "sip:bob@127.0.0.3:5080", &format!("z9hG4bKb{n}"), "");
+        let (sent, _) = deliver(&mut e, 1000, ALICE, &bye);
+        assert!(
+            sent.iter().all(|s| s.status() != Some(503)),
+            "{}",
+            sent[0].text
+        );
+        assert_eq!(sent.len(), 1);
+    }
+    // RFC 4412 priority.
+    for n in 0..20 {
+        let o = offer(&mut e, 1000, n, "", "Resource-Priority: esnet.0\r\n");
+        assert!(o.shed.is_empty());
+        assert_eq!(o.forwarded.len(), 1);
+    }
+    // Unless the operator says otherwise.
+    let mut e = overloaded("[overload]\npriority = false\n");
+    let shed: usize = (0..20)
+        .map(|n| {
+            offer(&mut e, 1000, n, "", "Resource-Priority: esnet.0\r\n")
+                .shed
+                .len()
+        })
+        .sum();
+    assert!(shed > 10);
+}
+
+#[test]
+fn with_control_off_nothing_is_shed_however_busy() {
+    let mut e = overloaded("[overload]\nenabled = false\n");
+    let shed: usize = (0..50)
+        .map(|n| offer(&mut e, 1000, n, "", "").shed.len())
+        .sum();
+    assert_eq!(shed, 0);
+}
+
+#[test]
+fn the_admitted_share_comes_back_when_the_load_falls() {
+    let mut e = overloaded("");
+    let low = e.overload.admitted_share();
+    for i in 11..=70 {
+        e.on_load(i * 100, 0.5);
+    }
+    let share = e.overload.admitted_share();
+    assert!(
+        share > low && (share - 1.0).abs() < 1e-9,
+        "{low} -> {share}"
+    );
+}
+
+fn feedback_in(s: &Sent) -> sip_core::overload::Feedback {
+    sip_core::overload::Feedback::from_via(s.msg().top_via())
+        .unwrap_or_else(|e| panic!("{e:?} in {}", s.text))
+}
+
+#[test]
+fn a_neighbour_that_announces_oc_is_told_what_to_send_and_gets_no_retry_after() {
+    let mut e = overloaded("");
+    let mut shed = None;
+    let mut forwarded = None;
+    for n in 0..100 {
+        let o = offer(&mut e, 1000, n, ";oc;oc-algo=\"loss,rate\"", "");
+        shed = shed.or(o.shed.into_iter().next());
+        forwarded = forwarded.or(o.forwarded.into_iter().next());
+    }
+    let shed = shed.unwrap();
+    assert!(!shed.text.contains("Retry-After"), "{}", shed.text);
+    let fb = feedback_in(&shed);
+    assert_eq!(fb.algorithm, sip_core::overload::Algorithm::Loss);
+    assert!(fb.value >= 80, "{fb:?}");
+    assert_eq!(fb.validity_ms, 500);
+    assert_eq!(fb.seq_ms, 1_000_000 + 1000);
+    // Only the Via the neighbour announced in carries the answer; its announcement is gone.
+    assert_eq!(shed.text.matches("oc-algo").count(), 1);
+    // A response forwarded back to it carries the same feedback.
+    let fwd = forwarded.unwrap();
+    assert!(fwd.text.contains(sip_core::overload::ANNOUNCE));
+    let (sent, _) = deliver(&mut e, 1001, BOB1, &answer(&fwd, 180, "b1"));
+    let ringing = sent.iter().find(|s| s.status() == Some(180)).unwrap();
+    assert_eq!(feedback_in(ringing), fb);
+    // Asked for rate, a neighbour is given a rate.
+    let mut e = overloaded("[overload]\nalgorithm = \"rate\"\n");
+    let fb = (0..100)
+        .find_map(|n| {
+            offer(&mut e, 1000, n, ";oc;oc-algo=\"rate\"", "")
+                .shed
+                .pop()
+        })
+        .map(|s| feedback_in(&s))
+        .unwrap();
+    assert_eq!(fb.algorithm, sip_core::overload::Algorithm::Rate);
+    assert!(fb.value >= 1);
+}
+
+#[test]
+fn feedback_ends_with_no_reduction_once_the_load_falls() {
+    let mut e = overloaded("");
+    for i in 11..=60 {
+        e.on_load(i * 100, 0.3);
+    }
+    // Within the validity of the last reduction the neighbour is told 0%; later, nothing.
+    let o = offer(&mut e, 6_100, 1, ";oc", "");
+    assert_eq!(o.forwarded.len(), 1);
+    let fwd = &o.forwarded[0];
+    let (sent, _) = deliver(&mut e, 6_101, BOB1, &answer(fwd, 180, "b1"));
+    let ringing = sent.iter().find(|s| s.status() == Some(180)).unwrap();
+    assert!(
+        !ringing.text.contains("oc="),
+        "no feedback after the control ended: {}",
+        ringing.text
+    );
+}
+
+#[test]
+fn as_a_client_the_proxy_sends_a_next_hop_only_what_its_feedback_allows() {
+    let mut e = engine(ROUTE);
+    let o = offer(&mut e, 0, 0, "", "");
+    let fwd = &o.forwarded[0];
+    // The next hop answers with a 50% loss request in our Via.
+    let reply = answer(fwd, 180, "b1").replacen(
+        sip_core::overload::ANNOUNCE,
+        ";oc=50;oc-algo=\"loss\";oc-validity=10000;oc-seq=1.0",
+        1,
+    );
+    deliver(&mut e, 1, BOB1, &reply);
+    let (mut forwarded, mut refused) = (0, 0);
+    for n in 1..=100 {
+        let o = offer(&mut e, 10, n, "", "");
+        forwarded += o.forwarded.len();
+        if let Some(s) = o.shed.first() {
+            refused += 1;
+            // Answered here, not by the next hop, and not with Retry-After (we are fine).
+            assert!(!s.text.contains("Retry-After"));
+        }
+    }
+    assert_eq!((forwarded, refused), (50, 50));
+    assert_eq!(e.stats.overload_throttled.load(Ordering::Relaxed), 50);
+    // In-dialog requests go regardless.
+    let bye = request("BYE", "sip:bob@127.0.0.3:5080", "z9hG4bKbye", "");
+    let (sent, _) = deliver(&mut e, 20, ALICE, &bye);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].to, addr("127.0.0.3:5080"));
+    // After its validity the feedback no longer holds.
+    let after: usize = (200..220)
+        .map(|n| offer(&mut e, 20_000, n, "", "").forwarded.len())
+        .sum();
+    assert_eq!(after, 20);
+}

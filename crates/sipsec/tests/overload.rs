@@ -1,0 +1,222 @@
+//! Overload control with real processes: a server made to think itself overloaded (a target
+//! busy fraction of 2%, which any real load exceeds) sheds new calls with 503s that Kamailio,
+//! a neighbour without RFC 7339, relays as valid SIP; a load generator that speaks RFC 7339
+//! sends less instead of being refused; and an upstream sipsec refuses the excess itself.
+//!
+//! The curves (goodput against offered load up to three times the peak, control on and off,
+//! Kamailio beside it) are measured by the lab's overload suite, not here: `sipsec lab run
+//! overload`.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A stateful proxy on `port` routing every call to `uas`, whose overload control believes
+/// itself overloaded whenever it is more than 2% busy.
+fn overloaded_config(port: u16, uas: &str, dir: &Path, extra: &str) -> String {
+    format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\n\
+         workers = 1\n[routing]\ndefault_route = \"sip:{uas}\"\n[database]\n\
+         url = \"sqlite://{}\"\n[overload]\ntarget = 0.02\nfeedback_target = 0.02\n\
+         interval_ms = 20\n{extra}",
+        dir.join(format!("db-{port}.sqlite")).display()
+    )
+}
+
+fn failures(v: &Value, reason: &str) -> u64 {
+    v["failures_by_reason"][reason].as_u64().unwrap_or(0)
+}
+
+fn have_kamailio() -> bool {
+    let ok = Command::new("kamailio")
+        .arg("-v")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "Kamailio (Debian kamailio) is required under CI"
+        );
+        eprintln!("skipped: Kamailio is not installed (apt-get install kamailio)");
+    }
+    ok
+}
+
+/// Kamailio 5.6 on UDP `port` running the shared benchmark proxy, relaying every initial
+/// INVITE to `next_hop`; stopped on drop.
+struct Kamailio(std::process::Child);
+
+impl Kamailio {
+    fn start(dir: &Path, port: u16, next_hop: &str) -> Kamailio {
+        let cfg = std::fs::read_to_string(shared_dir().join("bench/kamailio/proxy.cfg"))
+            .unwrap()
+            .replace(
+                "listen=udp:127.0.0.1:5060",
+                &format!("listen=udp:127.0.0.1:{port}"),
+            );
+        let cfg_path = dir.join("kamailio.cfg");
+        std::fs::write(&cfg_path, cfg).unwrap();
+        let child = Command::new("kamailio")
+            .args(["-DD", "-E", "-f"])
+            .arg(&cfg_path)
+            .args(["-m", "256", "-M", "32", "-Y"])
+            .arg(dir)
+            .arg("-w")
+            .arg(dir)
+            .arg("-A")
+            .arg(format!("UAS_URI=\"{next_hop}\""))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start kamailio");
+        // Ready when its port is taken.
+        let start = Instant::now();
+        while std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "Kamailio did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Its children start after the main process binds.
+        std::thread::sleep(Duration::from_millis(500));
+        Kamailio(child)
+    }
+}
+
+impl Drop for Kamailio {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while self.0.try_wait().ok().flatten().is_none() {
+            if start.elapsed() > Duration::from_secs(5) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Calls at 1,500/s for 3 s from `target` to the UAS at `uas`: the load's summary.
+fn calls(dir: &Path, target: &str, uas: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        target,
+        "--role",
+        "both",
+        "--uas",
+        uas,
+        "--rate",
+        "1500",
+        "--duration",
+        "3",
+        "--drain-s",
+        "10",
+    ];
+    args.extend_from_slice(extra);
+    let (code, v, err) = load(dir, &args);
+    assert!(code == 0 || code == 1, "{err}\n{v}");
+    v
+}
+
+#[test]
+fn an_overloaded_server_sheds_new_calls_with_503s_that_kamailio_relays_as_valid_sip() {
+    if !have_kamailio() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(29900);
+    let (kamailio_port, uas) = (port + 1, format!("127.0.0.3:{}", port + 2));
+    let server = Server::start_logged(dir.path(), &overloaded_config(port, &uas, dir.path(), ""));
+    let _k = Kamailio::start(
+        dir.path(),
+        kamailio_port,
+        &format!("sip:127.0.0.1:{port};transport=udp"),
+    );
+    let v = calls(dir.path(), &format!("127.0.0.1:{kamailio_port}"), &uas, &[]);
+    let c = server.stop_counters();
+    let shed = c.get("overload_shed");
+    assert!(shed > 100, "shed {shed}: {v}");
+    // Every call shed was answered through Kamailio, which parsed and relayed each 503 (as
+    // 500, as RFC 3261 §16.7 asks of a proxy: the 503 was not about Kamailio itself);
+    // nothing else failed, and nothing stray came back.
+    assert_eq!(failures(&v, "500 Service Unavailable"), shed, "{v}");
+    assert_eq!(
+        n(&v, "failed"),
+        shed,
+        "only shed calls failed: {:?}",
+        v["failures_by_reason"]
+    );
+    assert_eq!(n(&v, "stray_messages"), 0, "{v}");
+    // The calls admitted completed, BYE included, through both proxies.
+    let ok = n(&v, "succeeded");
+    assert!(ok > 0, "{v}");
+    assert_eq!(n(&v, "attempted"), ok + shed, "{v}");
+    // Kamailio does not speak RFC 7339: our 503s carried Retry-After, never feedback.
+    assert_eq!(c.get("overload_throttled"), 0);
+}
+
+#[test]
+fn a_caller_that_honours_feedback_sends_less_instead_of_being_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(29900);
+    let uas = format!("127.0.0.3:{}", port + 2);
+    let target = format!("127.0.0.1:{port}");
+    let server = Server::start_logged(dir.path(), &overloaded_config(port, &uas, dir.path(), ""));
+    let v = calls(dir.path(), &target, &uas, &["--oc"]);
+    let c = server.stop_counters();
+    let held = failures(&v, "not sent: overload feedback");
+    let refused = failures(&v, "503 Service Unavailable");
+    assert!(held > 1000, "the caller held back only {held}: {v}");
+    // What the caller held back never reached the server.
+    assert_eq!(c.get("overload_shed"), refused, "{v}");
+    assert!(refused < held, "refused {refused}, held back {held}");
+    assert!(n(&v, "succeeded") > 0, "{v}");
+}
+
+#[test]
+fn an_upstream_proxy_refuses_the_excess_itself_when_its_next_hop_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(29900);
+    let (upstream_port, uas) = (port + 1, format!("127.0.0.3:{}", port + 2));
+    let downstream =
+        Server::start_logged(dir.path(), &overloaded_config(port, &uas, dir.path(), ""));
+    let up_dir = dir.path().join("upstream");
+    std::fs::create_dir_all(&up_dir).unwrap();
+    let upstream = Server::start_logged(
+        &up_dir,
+        &format!(
+            "[server]\nlisten = [\"udp:127.0.0.1:{upstream_port}\"]\ndomains = [\"up.test\"]\n\
+             workers = 1\n[routing]\ndefault_route = \"sip:127.0.0.1:{port}\"\n[database]\n\
+             url = \"sqlite://{}\"\n",
+            up_dir.join("up.sqlite").display()
+        ),
+    );
+    let v = calls(dir.path(), &format!("127.0.0.1:{upstream_port}"), &uas, &[]);
+    let (down, up) = (downstream.stop_counters(), upstream.stop_counters());
+    let throttled = up.get("overload_throttled");
+    assert!(
+        throttled > 1000,
+        "the upstream refused only {throttled}: {v}"
+    );
+    // Most of the excess never reached the overloaded server.
+    assert!(
+        down.get("overload_shed") < throttled,
+        "downstream shed {}, upstream refused {throttled}",
+        down.get("overload_shed")
+    );
+    assert_eq!(
+        failures(&v, "503 Service Unavailable"),
+        throttled + down.get("overload_shed"),
+        "{v}"
+    );
+    assert!(n(&v, "succeeded") > 0, "{v}");
+}
