@@ -10,8 +10,9 @@
 //! which every message would pay for below the threshold too.
 //!
 //! **Two controllers on that signal**, each a share of new requests, moved every interval by
-//! `(target / busy)^4` within ×0.7…×1.1 (fast down, slow up: a saturated worker cuts a fifth
-//! per interval, an idle one returns over a second):
+//! `(target / busy)^4` within ×0.7…×1.1 (fast down, slow up: a saturated worker cuts a fifth,
+//! an idle one returns over a second), a cut waiting a few intervals after the last one for
+//! the work already queued (or a neighbour's reaction) to show:
 //! - `admit`, towards `target`: the share of sheddable requests this worker takes. The rest
 //!   are answered 503 at once, before any transaction, authentication or location work
 //!   ([`Engine::shed`]), spread evenly (error diffusion, not coin flips).
@@ -48,6 +49,13 @@ const MIN_SHARE: f64 = 0.01;
 /// until old ones expire.
 const MAX_HOPS: usize = 4096;
 
+/// After cutting a share, the intervals to wait before cutting it again: the work already
+/// queued (and a neighbour's reaction to feedback) takes that long to show in the busy
+/// fraction, and cutting on every interval meanwhile drives the share far below what the
+/// worker can take.
+const LOCAL_HOLD: u64 = 2;
+const FEEDBACK_HOLD: u64 = 4;
+
 /// Neighbours counted per interval to share a rate between (RFC 7415).
 const MAX_RATE_CLIENTS: usize = 256;
 
@@ -66,6 +74,9 @@ pub(super) struct Overload {
     rate: f64,
     /// When the last update ran, for the arrival rate.
     updated_at: Option<Millis>,
+    /// When `admit` and `send` were last cut.
+    admit_cut_at: Millis,
+    send_cut_at: Millis,
     /// Feedback is written until then (as "no reduction" once `send` is back at 1).
     feedback_until: Millis,
     /// `oc-seq` of the feedback: Unix milliseconds of the update that set it.
@@ -84,6 +95,8 @@ impl Overload {
             rate_clients: Vec::new(),
             rate: 0.0,
             updated_at: None,
+            admit_cut_at: 0,
+            send_cut_at: 0,
             feedback_until: 0,
             seq_ms: 0,
             hops: HashMap::new(),
@@ -97,9 +110,16 @@ impl Overload {
     }
 }
 
-/// One controller step: `share` moved towards keeping `busy` at `target`.
-fn step(share: f64, busy: f64, target: f64) -> f64 {
+/// One controller step: `share` moved towards keeping `busy` at `target`, except that a cut
+/// waits `hold` since the last one (`cut_at`, updated when it cuts).
+fn step(share: f64, busy: f64, target: f64, now: Millis, hold: Millis, cut_at: &mut Millis) -> f64 {
     let factor = (target / busy.max(0.01)).powi(4).clamp(0.7, 1.1);
+    if factor < 1.0 {
+        if *cut_at > 0 && now < *cut_at + hold {
+            return share;
+        }
+        *cut_at = now.max(1);
+    }
     (share * factor).clamp(MIN_SHARE, 1.0)
 }
 
@@ -120,19 +140,32 @@ impl Engine {
                 .map_or(cfg.interval_ms, |t| now.saturating_sub(t).max(1)) as f64
                 / 1000.0;
         o.updated_at = Some(now);
+        let hold = |n: u64| n * cfg.interval_ms;
         if cfg.enabled {
-            o.admit = step(o.admit, busy, cfg.target);
+            o.admit = step(
+                o.admit,
+                busy,
+                cfg.target,
+                now,
+                hold(LOCAL_HOLD),
+                &mut o.admit_cut_at,
+            );
         }
         let was_sending = o.send < 1.0;
-        o.send = step(o.send, busy, cfg.feedback_target);
+        let before = o.send;
+        o.send = step(
+            o.send,
+            busy,
+            cfg.feedback_target,
+            now,
+            hold(FEEDBACK_HOLD),
+            &mut o.send_cut_at,
+        );
         let clients = o.rate_clients.len().max(1) as f64;
         let arrival_rate = o.arrivals as f64 / elapsed_s / clients;
         if o.send < 1.0 {
-            let factor = (cfg.feedback_target / busy.max(0.01))
-                .powi(4)
-                .clamp(0.7, 1.1);
             o.rate = if was_sending {
-                (o.rate * factor).max(1.0)
+                (o.rate * o.send / before).max(1.0)
             } else {
                 (arrival_rate * o.send).max(1.0)
             };

@@ -6,11 +6,12 @@ use std::sync::atomic::Ordering;
 
 const ROUTE: &str = "[routing]\ndefault_route = \"sip:127.0.0.3:5080\"\n";
 
-fn overloaded(extra: &str) -> Engine {
-    let mut e = engine(&format!("{ROUTE}{extra}"));
-    // Saturated for a second: each interval cuts what is admitted.
-    for i in 1..=10 {
-        e.on_load(i * 100, 1.0);
+/// An engine measured saturated for a second, in intervals of 20 ms; `keys` go in its
+/// `[overload]` table.
+fn overloaded(keys: &str) -> Engine {
+    let mut e = engine(&format!("{ROUTE}[overload]\ninterval_ms = 20\n{keys}"));
+    for i in 1..=50 {
+        e.on_load(i * 20, 1.0);
     }
     e
 }
@@ -66,7 +67,7 @@ fn below_the_target_nothing_is_shed() {
 fn a_saturated_worker_sheds_new_calls_with_a_stateless_503_spread_evenly() {
     let mut e = overloaded("");
     let share = e.overload.admitted_share();
-    assert!(share < 0.2, "ten saturated intervals leave {share}");
+    assert!(share < 0.2, "a saturated second leaves {share}");
     let before = e.transactions();
     let mut pattern = Vec::new();
     for n in 0..100 {
@@ -143,7 +144,7 @@ fn calls_in_progress_and_emergency_calls_are_never_shed() {
         assert_eq!(o.forwarded.len(), 1);
     }
     // Unless the operator says otherwise.
-    let mut e = overloaded("[overload]\npriority = false\n");
+    let mut e = overloaded("priority = false\n");
     let shed: usize = (0..20)
         .map(|n| {
             offer(&mut e, 1000, n, "", "Resource-Priority: esnet.0\r\n")
@@ -156,7 +157,7 @@ fn calls_in_progress_and_emergency_calls_are_never_shed() {
 
 #[test]
 fn with_control_off_nothing_is_shed_however_busy() {
-    let mut e = overloaded("[overload]\nenabled = false\n");
+    let mut e = overloaded("enabled = false\n");
     let shed: usize = (0..50)
         .map(|n| offer(&mut e, 1000, n, "", "").shed.len())
         .sum();
@@ -208,7 +209,7 @@ fn a_neighbour_that_announces_oc_is_told_what_to_send_and_gets_no_retry_after() 
     let ringing = sent.iter().find(|s| s.status() == Some(180)).unwrap();
     assert_eq!(feedback_in(ringing), fb);
     // Asked for rate, a neighbour is given a rate.
-    let mut e = overloaded("[overload]\nalgorithm = \"rate\"\n");
+    let mut e = overloaded("algorithm = \"rate\"\n");
     let fb = (0..100)
         .find_map(|n| {
             offer(&mut e, 1000, n, ";oc;oc-algo=\"rate\"", "")
@@ -224,14 +225,14 @@ fn a_neighbour_that_announces_oc_is_told_what_to_send_and_gets_no_retry_after() 
 #[test]
 fn feedback_ends_with_no_reduction_once_the_load_falls() {
     let mut e = overloaded("");
-    for i in 11..=60 {
+    for i in 11..=80 {
         e.on_load(i * 100, 0.3);
     }
     // Within the validity of the last reduction the neighbour is told 0%; later, nothing.
-    let o = offer(&mut e, 6_100, 1, ";oc", "");
+    let o = offer(&mut e, 8_100, 1, ";oc", "");
     assert_eq!(o.forwarded.len(), 1);
     let fwd = &o.forwarded[0];
-    let (sent, _) = deliver(&mut e, 6_101, BOB1, &answer(fwd, 180, "b1"));
+    let (sent, _) = deliver(&mut e, 8_101, BOB1, &answer(fwd, 180, "b1"));
     let ringing = sent.iter().find(|s| s.status() == Some(180)).unwrap();
     assert!(
         !ringing.text.contains("oc="),
@@ -274,4 +275,17 @@ fn as_a_client_the_proxy_sends_a_next_hop_only_what_its_feedback_allows() {
         .map(|n| offer(&mut e, 20_000, n, "", "").forwarded.len())
         .sum();
     assert_eq!(after, 20);
+}
+
+#[test]
+fn a_cut_waits_for_the_work_already_queued_before_the_next() {
+    let mut e = engine(ROUTE);
+    e.on_load(100, 1.0);
+    let once = e.overload.admitted_share();
+    assert!(once < 1.0);
+    // Still saturated one interval later: the queue the first cut cannot have drained yet.
+    e.on_load(200, 1.0);
+    assert_eq!(e.overload.admitted_share(), once);
+    e.on_load(300, 1.0);
+    assert!(e.overload.admitted_share() < once);
 }
