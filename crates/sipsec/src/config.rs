@@ -411,6 +411,7 @@ struct RawOverload {
     target: f64,
     feedback_target: f64,
     interval_ms: u64,
+    max_queue_delay_ms: u64,
     methods: Vec<String>,
     retry_after_s: u32,
     priority: bool,
@@ -427,6 +428,7 @@ impl Default for RawOverload {
             target: 0.95,
             feedback_target: 0.9,
             interval_ms: 100,
+            max_queue_delay_ms: 20,
             methods: [
                 "INVITE",
                 "SUBSCRIBE",
@@ -459,6 +461,9 @@ pub struct OverloadConfig {
     pub feedback_target: f64,
     /// How often a worker measures its load and updates what it admits, in milliseconds.
     pub interval_ms: u64,
+    /// Queue delay of datagrams (kernel receive to read) beyond which a worker counts as
+    /// over its capacity, however the busy fraction reads.
+    pub max_queue_delay_ms: u64,
     /// Methods whose out-of-dialog requests may be shed (upper case).
     pub methods: Vec<String>,
     /// `Retry-After` of the 503s that shed a request (0: none), for clients that do not
@@ -486,6 +491,9 @@ impl RawOverload {
         }
         if !(10..=10_000).contains(&self.interval_ms) {
             bail!("overload.interval_ms: between 10 and 10000");
+        }
+        if !(1..=10_000).contains(&self.max_queue_delay_ms) {
+            bail!("overload.max_queue_delay_ms: between 1 and 10000");
         }
         if self.retry_after_s > 3600 {
             bail!("overload.retry_after_s: at most 3600");
@@ -520,6 +528,7 @@ impl RawOverload {
             target: self.target,
             feedback_target: self.feedback_target,
             interval_ms: self.interval_ms,
+            max_queue_delay_ms: self.max_queue_delay_ms,
             methods,
             retry_after_s: self.retry_after_s,
             priority: self.priority,

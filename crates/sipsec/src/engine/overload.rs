@@ -129,12 +129,19 @@ impl Engine {
         self.cfg.overload.interval_ms
     }
 
-    /// The driver's load measurement: the share of the last interval the worker was busy.
-    /// Call it every `[overload] interval_ms`.
-    pub fn on_load(&mut self, now: Millis, busy: f64) {
+    /// The driver's load measurement, every `[overload] interval_ms`: the share of the last
+    /// interval the worker was busy, and the longest a datagram waited in the kernel before
+    /// it was read (0 when not measured).
+    pub fn on_load(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
         let cfg = &self.cfg.overload;
         let o = &mut self.overload;
-        let busy = busy.clamp(0.0, 1.0);
+        // A busy fraction cannot tell a worker just keeping up from one with a second of
+        // datagrams queued behind it; past `max_queue_delay_ms` the queue says how far over
+        // it is (one more per 50 ms).
+        let busy = match queue_delay_ms.checked_sub(cfg.max_queue_delay_ms) {
+            Some(over) if over > 0 => 1.0 + over as f64 / 50.0,
+            _ => busy.clamp(0.0, 1.0),
+        };
         let elapsed_s =
             o.updated_at
                 .map_or(cfg.interval_ms, |t| now.saturating_sub(t).max(1)) as f64

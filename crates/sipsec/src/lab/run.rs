@@ -491,7 +491,10 @@ fn measure(
     .collect();
     words.extend(["--tls-dir".to_string(), ws.dir.path().display().to_string()]);
     if a.peak || a.curve || suite.curve {
-        words.extend(["--find-peak", "--step-s", "2"].map(String::from));
+        // The overload suite's points are steady states of control loops that settle in a
+        // second or so: each gets 5 s.
+        let step = if suite.curve { "5" } else { "2" };
+        words.extend(["--find-peak", "--step-s", step].map(String::from));
     }
     if a.curve || suite.curve {
         words.push("--goodput-curve".into());

@@ -17,6 +17,26 @@ pub const MAX_DATAGRAM: usize = 65_535;
 /// Bytes of kernel buffer asked for in each direction.
 const SOCKET_BUFFER: libc::c_int = 8 << 20;
 
+/// 8-byte words of control buffer for the first datagram of a batch.
+const CONTROL_WORDS: usize = 8;
+
+/// Switches kernel receive timestamps (`SO_TIMESTAMPNS`) on or off for a socket. Off by
+/// default: while on, every datagram the host receives is stamped, so a worker turns them on
+/// only while it is near its capacity and queue delay is worth knowing.
+pub fn set_timestamps(fd: RawFd, on: bool) -> bool {
+    let value = libc::c_int::from(on);
+    // SAFETY: passing a live c_int of the declared size to setsockopt on a socket we own.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 fn set_int_option(socket: &Socket, option: libc::c_int, value: libc::c_int) -> bool {
     // SAFETY: passing a live c_int of the declared size to setsockopt on our own socket.
     unsafe {
@@ -54,6 +74,9 @@ pub fn bind_reuseport(addr: SocketAddr) -> io::Result<Socket> {
 /// Receive buffers and headers for one `recvmmsg` call, reused across calls.
 pub struct RecvBatch {
     buffers: Vec<u8>,
+    /// Room for the first datagram's control messages: its kernel receive time, when
+    /// [`set_timestamps`] is on (the oldest of a batch is all a queue delay needs).
+    control: Vec<u64>,
     addrs: Vec<libc::sockaddr_storage>,
     iovecs: Vec<libc::iovec>,
     headers: Vec<libc::mmsghdr>,
@@ -73,6 +96,7 @@ impl RecvBatch {
     pub fn new() -> Self {
         let mut b = RecvBatch {
             buffers: vec![0u8; BATCH * MAX_DATAGRAM],
+            control: vec![0u64; CONTROL_WORDS],
             // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
             addrs: vec![unsafe { MaybeUninit::zeroed().assume_init() }; BATCH],
             iovecs: Vec::with_capacity(BATCH),
@@ -92,9 +116,39 @@ impl RecvBatch {
             h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
             h.msg_hdr.msg_iov = &mut b.iovecs[i];
             h.msg_hdr.msg_iovlen = 1;
+            if i == 0 {
+                h.msg_hdr.msg_control = b.control.as_mut_ptr().cast();
+                h.msg_hdr.msg_controllen = CONTROL_WORDS * 8;
+            }
             b.headers.push(h);
         }
         b
+    }
+
+    /// When the kernel received the first (oldest) datagram of the last `recv`, if
+    /// timestamps are on for the socket ([`set_timestamps`]).
+    pub fn first_timestamp(&self) -> Option<std::time::SystemTime> {
+        if self.count == 0 {
+            return None;
+        }
+        let h = &self.headers[0].msg_hdr;
+        // SAFETY: the header's control buffer is ours and the kernel set msg_controllen to
+        // what it wrote; CMSG_* walk only within it.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(h);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts: libc::timespec =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                    return Some(
+                        std::time::UNIX_EPOCH
+                            + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32),
+                    );
+                }
+                c = libc::CMSG_NXTHDR(h, c);
+            }
+        }
+        None
     }
 
     /// Receives up to [`BATCH`] datagrams without blocking. Returns how many arrived (0 when
@@ -104,6 +158,7 @@ impl RecvBatch {
             h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
             h.msg_len = 0;
         }
+        self.headers[0].msg_hdr.msg_controllen = CONTROL_WORDS * 8;
         // SAFETY: headers point at buffers, iovecs and addresses owned by self, sized as
         // declared; the kernel writes at most that much.
         let n = unsafe {

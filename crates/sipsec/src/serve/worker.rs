@@ -128,6 +128,7 @@ impl Worker {
         let mut failed: Vec<(Peer, Bytes)> = Vec::new();
         let interval = Duration::from_millis(self.engine.overload_interval_ms());
         let mut busy = BusyMeter::new(interval, Instant::now());
+        let mut timestamps = false;
         while !self.shutdown.load(Ordering::Relaxed) {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
             // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
@@ -160,7 +161,10 @@ impl Worker {
             for (token, ev) in tokens() {
                 match token {
                     Some(Token::Udp(i)) if i < fds.len() => {
-                        self.receive_udp(i, fds[i], &mut batch, &mut fx)
+                        self.receive_udp(i, fds[i], &mut batch, &mut fx);
+                        if let Some(t) = batch.first_timestamp().filter(|_| timestamps) {
+                            busy.queued(t.elapsed().unwrap_or_default());
+                        }
                     }
                     Some(t @ (Token::Listener(_) | Token::Connection(_))) => {
                         let now = self.now();
@@ -177,8 +181,17 @@ impl Worker {
             if self.connections.next_deadline().is_some_and(|d| d <= now) {
                 self.connections.on_tick(now);
             }
-            if let Some(share) = busy.take(Instant::now()) {
-                self.engine.on_load(now, share);
+            if let Some(load) = busy.take(Instant::now()) {
+                self.engine
+                    .on_load(now, load.busy, load.queue_delay.as_millis() as u64);
+                // Kernel timestamps only near capacity, where queue delay is worth knowing.
+                let want = load.busy >= TIMESTAMPS_FROM_BUSY || !load.queue_delay.is_zero();
+                if want != timestamps {
+                    timestamps = want;
+                    for &fd in &fds {
+                        udp::set_timestamps(fd, want);
+                    }
+                }
             }
             self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
             // Requests a connection could not deliver fail their branches now (503).
@@ -352,6 +365,10 @@ impl Worker {
         }
     }
 }
+
+/// The busy fraction from which a worker has the kernel stamp its datagrams (and measures
+/// their queue delay); below it nothing is stamped.
+const TIMESTAMPS_FROM_BUSY: f64 = 0.5;
 
 /// CPU time the calling thread has used, for the coalescer's measurements.
 fn thread_cpu() -> Duration {
