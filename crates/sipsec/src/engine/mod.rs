@@ -535,7 +535,8 @@ impl Engine {
                 record_route,
             } => {
                 let route = (&pop_route[..], record_route);
-                self.forward(now, source, msg, hash, &targets, route, fx);
+                let new_work = !in_dialog && self.sheddable(msg);
+                self.forward(now, source, msg, (hash, new_work), &targets, route, fx);
             }
         }
     }

@@ -192,9 +192,12 @@ impl Engine {
         }
         let o = &mut self.overload;
         o.arrivals += 1;
-        if overload::offered(msg.top_via()).is_some()
+        // Neighbours sharing a rate are counted only while feedback is given: below the
+        // threshold a new request costs a counter and nothing more.
+        if o.send < 1.0
             && o.rate_clients.len() < MAX_RATE_CLIENTS
             && !o.rate_clients.contains(&source.addr)
+            && overload::offered(msg.top_via()).is_some()
         {
             o.rate_clients.push(source.addr);
         }
@@ -214,7 +217,7 @@ impl Engine {
     }
 
     /// Whether this request's method is one overload control may refuse (out of dialog).
-    fn sheddable(&self, msg: &Message<'_>) -> bool {
+    pub(super) fn sheddable(&self, msg: &Message<'_>) -> bool {
         let method = msg.method_raw();
         self.cfg
             .overload
@@ -353,10 +356,5 @@ impl Engine {
             Some(t) => t.admit(now * 1000),
             None => true,
         }
-    }
-
-    /// Whether requests like this one are throttled towards next hops (sheddable and new).
-    pub(super) fn throttled_kind(&self, msg: &Message<'_>, in_dialog: bool) -> bool {
-        !in_dialog && self.sheddable(msg)
     }
 }

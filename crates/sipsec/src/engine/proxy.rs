@@ -22,7 +22,7 @@ impl Engine {
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
-        hash: u32,
+        (hash, new_work): (u32, bool),
         targets: &[Target],
         (pop_route, record_route): (&[(HeaderField, usize)], bool),
         fx: &mut Effects,
@@ -48,13 +48,10 @@ impl Engine {
         // RFC 7339/7415 as a client: next hops that asked for less get less new work; what
         // they refuse is answered here.
         let mut throttled = false;
-        if !self.overload_hops_empty() {
-            let new_work = msg.to().ok().is_some_and(|to| to.tag().is_none());
-            if new_work && self.throttled_kind(msg, false) {
-                let before = usable.len();
-                usable.retain(|(t, _)| self.hop_admits(now, t.dest.addr));
-                throttled = usable.len() < before;
-            }
+        if new_work && !self.overload_hops_empty() {
+            let before = usable.len();
+            usable.retain(|(t, _)| self.hop_admits(now, t.dest.addr));
+            throttled = usable.len() < before;
         }
         if usable.is_empty() && throttled {
             inc(&self.stats.overload_throttled);
@@ -112,7 +109,9 @@ impl Engine {
         } else {
             None
         };
-        let announce = if self.cfg.overload.announce {
+        // Only new work is announced (feedback is about new requests; its responses bring
+        // it): requests inside a dialog, and their responses, stay as short as ever.
+        let announce = if self.cfg.overload.announce && new_work {
             sip_core::overload::ANNOUNCE
         } else {
             ""

@@ -114,7 +114,12 @@ impl Worker {
     }
 
     fn now(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.millis(Instant::now())
+    }
+
+    /// `t` in the engine's milliseconds (since the workers started).
+    fn millis(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.started).as_millis() as u64
     }
 
     /// Runs until `shutdown` is set.
@@ -132,7 +137,10 @@ impl Worker {
         while !self.shutdown.load(Ordering::Relaxed) {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
             // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
-            let now = self.now();
+            // The clock is read twice a pass, around the wait: what the wait took is the idle
+            // time overload control measures.
+            let wait_start = Instant::now();
+            let now = self.millis(wait_start);
             let timeout = [
                 self.engine.next_deadline(),
                 self.connections.next_deadline(),
@@ -141,10 +149,10 @@ impl Worker {
             .flatten()
             .min()
             .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
-            let wait_start = Instant::now();
             let n = self.epoll.wait(&mut events, timeout);
-            busy.idle(wait_start.elapsed());
-            let delay = self.coalescer.delay(self.now());
+            let woke = Instant::now();
+            busy.idle(woke.saturating_duration_since(wait_start));
+            let delay = self.coalescer.delay(self.millis(woke));
             if n > 0 && !delay.is_zero() {
                 // Under load, let datagrams accumulate briefly so one batch takes them.
                 std::thread::sleep(delay);
@@ -162,8 +170,10 @@ impl Worker {
                 match token {
                     Some(Token::Udp(i)) if i < fds.len() => {
                         self.receive_udp(i, fds[i], &mut batch, &mut fx);
-                        if let Some(t) = batch.first_timestamp().filter(|_| timestamps) {
-                            busy.queued(t.elapsed().unwrap_or_default());
+                        if timestamps {
+                            if let Some(t) = batch.first_timestamp() {
+                                busy.queued(t.elapsed().unwrap_or_default());
+                            }
                         }
                     }
                     Some(t @ (Token::Listener(_) | Token::Connection(_))) => {
@@ -181,7 +191,7 @@ impl Worker {
             if self.connections.next_deadline().is_some_and(|d| d <= now) {
                 self.connections.on_tick(now);
             }
-            if let Some(load) = busy.take(Instant::now()) {
+            if let Some(load) = busy.take(woke) {
                 self.engine
                     .on_load(now, load.busy, load.queue_delay.as_millis() as u64);
                 // Kernel timestamps only near capacity, where queue delay is worth knowing.
