@@ -47,7 +47,8 @@ pids+=("$server")
 sleep 1
 mkdir -p "$cg"
 echo 10000 >"$cg/cpu.cfs_period_us"
-python3 -c "print(int($QUOTA * 10000))" >"$cg/cpu.cfs_quota_us"
+quota_us=$(python3 -c "print(int($QUOTA * 10000))")
+echo "$quota_us" >"$cg/cpu.cfs_quota_us"
 echo "$server" >"$cg/cgroup.procs"
 taskset -c 1 "$BIN" load --role uas --uas "127.0.0.3:$((PORT + 20))" -q >uas.log 2>&1 &
 pids+=($!)
