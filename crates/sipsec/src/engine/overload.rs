@@ -5,9 +5,13 @@
 //! blocked in `epoll_wait` waiting for work, measured by its driver over each
 //! `[overload] interval_ms` and handed in by [`Engine::on_load`]. It costs two clock reads per
 //! loop pass, means the same for UDP, TCP and TLS, and counts the time a CPU quota holds the
-//! worker off as busy (a container's limit is the capacity the worker has). Queue delay would
-//! be the finer signal for datagrams, but reading it needs a kernel timestamp per datagram,
-//! which every message would pay for below the threshold too.
+//! worker off as busy (a container's limit is the capacity the worker has). But it reads 1.0
+//! alike for a worker just keeping up and for one with a second of datagrams queued behind it
+//! (socket buffers are 8 MB), and calls admitted behind such a queue arrive too late to count.
+//! So near capacity the driver also measures queue delay — how long the oldest datagram of
+//! each batch waited in the kernel, from receive timestamps it turns on only then (stamping
+//! costs every datagram something) — and a queue older than `max_queue_delay_ms` counts as
+//! overload in proportion to its age.
 //!
 //! **Two controllers on that signal**, each a share of new requests, moved every interval by
 //! `(target / busy)^4` within ×0.7…×1.1 (fast down, slow up: a saturated worker cuts a fifth,
