@@ -3,7 +3,7 @@
 //! RFC 7415, as [`Feedback`]; and [`Throttle`], what a client keeps per server to honour it.
 //!
 //! How it goes: a client that supports overload control puts `oc` and the algorithms it
-//! knows (`oc-algo="loss,rate"`) in the Via it adds ([`ANNOUNCE`]). A server under load answers
+//! offers (`oc-algo="loss"`) in the Via it adds ([`ANNOUNCE`]). A server under load answers
 //! in that same Via of its responses, naming one algorithm and a value — for `loss` the
 //! percentage of new requests the client should not send, for `rate` the requests per second
 //! it may send — valid for `oc-validity` milliseconds, ordered by `oc-seq`. The client then
@@ -17,9 +17,12 @@
 use crate::message::values::Params;
 use crate::message::Via;
 
-/// What a client adds to its Via to say it supports overload control, with the algorithms it
-/// knows.
-pub const ANNOUNCE: &str = ";oc;oc-algo=\"loss,rate\"";
+/// What a client adds to its Via to say it supports overload control, and the algorithm it
+/// offers: loss, the one every implementation has. Rate (RFC 7415) is honoured whenever a
+/// server sends it and given to any client that offers it, but not offered here: a list
+/// needs a comma inside a quoted Via parameter (`oc-algo="loss,rate"`), which is valid SIP
+/// that Kamailio 5.6 does not parse — it drops such a request.
+pub const ANNOUNCE: &str = ";oc;oc-algo=\"loss\"";
 
 /// An overload control algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -323,7 +323,7 @@ impl Ua {
                 (false, false) => "",
                 (true, false) => ";rport",
                 (false, true) => sip_core::overload::ANNOUNCE,
-                (true, true) => ";rport;oc;oc-algo=\"loss,rate\"",
+                (true, true) => ";rport;oc;oc-algo=\"loss\"",
             },
             self.aor(h.caller),
             h.to,
