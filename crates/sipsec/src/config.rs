@@ -229,21 +229,10 @@ impl RawAuth {
 
     fn validate(self, domains: &[String], listen: &[Listen]) -> Result<crate::auth::AuthConfig> {
         use sip_core::digest::Algorithm;
-        let methods: Vec<String> = self
-            .methods
-            .iter()
-            .map(|m| m.trim().to_ascii_uppercase())
-            .collect();
+        let methods = method_list("auth.methods", &self.methods)?;
         for m in &methods {
             if m == "ACK" || m == "CANCEL" {
                 bail!("auth.methods: {m} cannot be challenged (RFC 3261 §22.1)");
-            }
-            if m.is_empty()
-                || !m
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-.!%*_+`'~".contains(&b))
-            {
-                bail!("auth.methods: {m:?} is not a SIP method");
             }
         }
         let algorithms = self
@@ -299,6 +288,25 @@ impl RawAuth {
             },
         })
     }
+}
+
+/// A list of SIP methods from the file, upper-cased, each checked to be a method token
+/// (`key` names the list in the error).
+fn method_list(key: &str, methods: &[String]) -> Result<Vec<String>> {
+    let methods: Vec<String> = methods
+        .iter()
+        .map(|m| m.trim().to_ascii_uppercase())
+        .collect();
+    for m in &methods {
+        if m.is_empty()
+            || !m
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.!%*_+`'~".contains(&b))
+        {
+            bail!("{key}: {m:?} is not a SIP method");
+        }
+    }
+    Ok(methods)
 }
 
 /// How the server opens connections to the next hop over TCP and TLS.
@@ -506,21 +514,10 @@ impl RawOverload {
             "rate" => sip_core::overload::Algorithm::Rate,
             other => bail!("overload.algorithm: {other:?} is not \"loss\" or \"rate\""),
         };
-        let methods: Vec<String> = self
-            .methods
-            .iter()
-            .map(|m| m.trim().to_ascii_uppercase())
-            .collect();
+        let methods = method_list("overload.methods", &self.methods)?;
         for m in &methods {
             if matches!(m.as_str(), "ACK" | "CANCEL" | "BYE") {
                 bail!("overload.methods: {m} completes a call already admitted and is never shed");
-            }
-            if m.is_empty()
-                || !m
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-.!%*_+`'~".contains(&b))
-            {
-                bail!("overload.methods: {m:?} is not a SIP method");
             }
         }
         Ok(OverloadConfig {
