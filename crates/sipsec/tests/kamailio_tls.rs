@@ -98,25 +98,6 @@ ca_list = {}\n{client_cert}",
     k
 }
 
-/// A running Kamailio, stopped with SIGTERM (which stops its children too) on drop.
-struct Kamailio(std::process::Child);
-
-impl Drop for Kamailio {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let start = Instant::now();
-        while self.0.try_wait().ok().flatten().is_none() {
-            if start.elapsed() > Duration::from_secs(5) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 fn sipsec_config(dir: &Path, port: u16, next_hop: &str, client_auth: &str) -> String {
     let p = |f: &str| dir.join(f).display().to_string();
     format!(

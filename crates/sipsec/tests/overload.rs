@@ -50,60 +50,40 @@ fn have_kamailio() -> bool {
 
 /// Kamailio 5.6 on UDP `port` running the shared benchmark proxy, relaying every initial
 /// INVITE to `next_hop`; stopped on drop.
-struct Kamailio(std::process::Child);
-
-impl Kamailio {
-    fn start(dir: &Path, port: u16, next_hop: &str) -> Kamailio {
-        let cfg = std::fs::read_to_string(shared_dir().join("bench/kamailio/proxy.cfg"))
-            .unwrap()
-            .replace(
-                "listen=udp:127.0.0.1:5060",
-                &format!("listen=udp:127.0.0.1:{port}"),
-            );
-        let cfg_path = dir.join("kamailio.cfg");
-        std::fs::write(&cfg_path, cfg).unwrap();
-        let child = Command::new("kamailio")
-            .args(["-DD", "-E", "-f"])
-            .arg(&cfg_path)
-            .args(["-m", "256", "-M", "32", "-Y"])
-            .arg(dir)
-            .arg("-w")
-            .arg(dir)
-            .arg("-A")
-            .arg(format!("UAS_URI=\"{next_hop}\""))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start kamailio");
-        // Ready when its port is taken.
-        let start = Instant::now();
-        while std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "Kamailio did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        // Its children start after the main process binds.
-        std::thread::sleep(Duration::from_millis(500));
-        Kamailio(child)
+fn start_kamailio(dir: &Path, port: u16, next_hop: &str) -> Kamailio {
+    let cfg = std::fs::read_to_string(shared_dir().join("bench/kamailio/proxy.cfg"))
+        .unwrap()
+        .replace(
+            "listen=udp:127.0.0.1:5060",
+            &format!("listen=udp:127.0.0.1:{port}"),
+        );
+    let cfg_path = dir.join("kamailio.cfg");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let child = Command::new("kamailio")
+        .args(["-DD", "-E", "-f"])
+        .arg(&cfg_path)
+        .args(["-m", "256", "-M", "32", "-Y"])
+        .arg(dir)
+        .arg("-w")
+        .arg(dir)
+        .arg("-A")
+        .arg(format!("UAS_URI=\"{next_hop}\""))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start kamailio");
+    // Ready when its port is taken.
+    let start = Instant::now();
+    while std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "Kamailio did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-impl Drop for Kamailio {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let start = Instant::now();
-        while self.0.try_wait().ok().flatten().is_none() {
-            if start.elapsed() > Duration::from_secs(5) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    // Its children start after the main process binds.
+    std::thread::sleep(Duration::from_millis(500));
+    Kamailio(child)
 }
 
 /// Calls at 1,500/s for 3 s from `target` to the UAS at `uas`: the load's summary.
@@ -136,7 +116,7 @@ fn an_overloaded_server_sheds_new_calls_with_503s_that_kamailio_relays_as_valid_
     let port = ports(29900);
     let (kamailio_port, uas) = (port + 1, format!("127.0.0.3:{}", port + 2));
     let server = Server::start_logged(dir.path(), &overloaded_config(port, &uas, dir.path(), ""));
-    let _k = Kamailio::start(
+    let _k = start_kamailio(
         dir.path(),
         kamailio_port,
         &format!("sip:127.0.0.1:{port};transport=udp"),

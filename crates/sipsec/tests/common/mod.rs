@@ -167,6 +167,25 @@ impl Counters {
     }
 }
 
+/// A running Kamailio, stopped with SIGTERM (which stops its children too) on drop.
+pub struct Kamailio(pub Child);
+
+impl Drop for Kamailio {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let start = std::time::Instant::now();
+        while self.0.try_wait().ok().flatten().is_none() {
+            if start.elapsed() > Duration::from_secs(5) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// A SIPp process in the background (a UAS), killed on drop.
 pub struct Background(pub Child);
 
