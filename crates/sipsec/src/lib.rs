@@ -35,6 +35,7 @@ pub mod bench;
 pub mod cmd;
 pub mod config;
 pub mod db;
+pub mod dns;
 pub mod engine;
 pub mod lab;
 pub mod load;

@@ -551,6 +551,14 @@ impl<'a> Message<'a> {
         self.max_forwards
     }
 
+    /// The delta-seconds of a Retry-After header (RFC 3261 §20.33), without its comment or
+    /// parameters; None when there is none or it is not a number.
+    pub fn retry_after(&self) -> Option<u32> {
+        let v = self.header_value(HeaderName::RetryAfter)?;
+        let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
+        std::str::from_utf8(&v[..digits]).ok()?.parse().ok()
+    }
+
     fn single_name_addr(
         &self,
         name: HeaderName,

@@ -146,6 +146,8 @@ struct Tx<A, U> {
     user: Option<U>,
     /// In a state that only waits (timers D, I, J, K, L, M) to absorb or pass retransmissions.
     lingering: bool,
+    /// A client transaction whose Timer B or F was brought forward ([`Transactions::expect_response_within`]).
+    hurried: bool,
 }
 
 /// A table of transactions with their timers.
@@ -448,6 +450,7 @@ impl<A: Copy, U> Transactions<A, U> {
             interval: self.timers.t1,
             user: Some(user),
             lingering: false,
+            hurried: false,
         });
         if let Some(old) = self.server_keys.insert(key, id) {
             // Same key as a live transaction: the newer wins; the old one ends quietly.
@@ -564,6 +567,7 @@ impl<A: Copy, U> Transactions<A, U> {
             interval: t1,
             user: Some(user),
             lingering: false,
+            hurried: false,
         });
         self.client_keys.insert(key, id);
         if !reliable {
@@ -571,6 +575,23 @@ impl<A: Copy, U> Transactions<A, U> {
         }
         self.arm(id, now + 64 * t1, TimerKind::Timeout); // B or F
         id
+    }
+
+    /// Brings a client transaction's Timer B or F forward to `now + within` while nothing has
+    /// answered it: a proxy with another target to try (RFC 3263 §4.3) need not wait 32 s to
+    /// learn that this one is dead. The first provisional response gives the transaction its
+    /// usual timers back (Timer C for INVITE, a full Timer F otherwise).
+    pub fn expect_response_within(&mut self, now: Millis, id: TxId, within: Millis) {
+        let Some(tx) = self.get_mut(id) else { return };
+        if !matches!(tx.state, State::Calling | State::Trying)
+            || !matches!(tx.kind, Kind::ClientInvite | Kind::ClientNonInvite)
+        {
+            return;
+        }
+        tx.hurried = true;
+        let t = tx.timeout_timer.take();
+        self.cancel_timers(None, t);
+        self.arm(id, now + within, TimerKind::Timeout);
     }
 
     /// Matches a response to a client transaction and advances it.
@@ -643,6 +664,12 @@ impl<A: Copy, U> Transactions<A, U> {
             (Kind::ClientNonInvite, State::Trying | State::Proceeding, 100..=199) => {
                 if tx.state == State::Trying {
                     tx.state = State::Proceeding;
+                }
+                if std::mem::take(&mut tx.hurried) {
+                    // The peer answered: the request gets its full Timer F again.
+                    let t = tx.timeout_timer.take();
+                    self.cancel_timers(None, t);
+                    self.arm(id, now + 64 * t1, TimerKind::Timeout);
                 }
                 ResponseMatch::Deliver(id)
             }

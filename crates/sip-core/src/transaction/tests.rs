@@ -461,3 +461,55 @@ fn the_longest_lingering_transaction_is_evicted_first_and_live_ones_never() {
     assert_eq!((t.len(), t.lingering()), (0, 0));
     assert!(!t.evict_lingering(&mut out));
 }
+
+#[test]
+fn a_hurried_client_times_out_early_unless_the_peer_answers() {
+    let timeouts = |out: &Vec<Output<u8, &'static str>>| {
+        out.iter()
+            .filter(|o| matches!(o, Output::Timeout { .. }))
+            .count()
+    };
+    // Nothing answers: Timer B comes at 2 s instead of 32 s.
+    let mut t = Table::new(0, Timers::default());
+    let mut out = Vec::new();
+    let id = t.create_client(
+        0,
+        Bytes::from(invite("z9hG4bKh1")),
+        b"z9hG4bKh1",
+        b"INVITE",
+        PEER,
+        false,
+        "inv",
+        &mut out,
+    );
+    t.expect_response_within(0, id, 2_000);
+    out.clear();
+    run(&mut t, 1, 1_999, &mut out);
+    assert_eq!(timeouts(&out), 0);
+    run(&mut t, 2_000, 2_000, &mut out);
+    assert_eq!(timeouts(&out), 1);
+    // A non-INVITE whose peer says 100 Trying gets its full Timer F back.
+    let mut t = Table::new(0, Timers::default());
+    let id = t.create_client(
+        0,
+        Bytes::from(request("OPTIONS", "z9hG4bKh2", "")),
+        b"z9hG4bKh2",
+        b"OPTIONS",
+        PEER,
+        false,
+        "opt",
+        &mut out,
+    );
+    t.expect_response_within(0, id, 2_000);
+    let trying = response(100, "z9hG4bKh2", "OPTIONS");
+    let msg = Message::parse(&trying).unwrap();
+    assert!(matches!(
+        t.recv_response(1_000, &msg, &mut out),
+        ResponseMatch::Deliver(_)
+    ));
+    out.clear();
+    run(&mut t, 1, 32_999, &mut out);
+    assert_eq!(timeouts(&out), 0);
+    run(&mut t, 33_000, 33_000, &mut out);
+    assert_eq!(timeouts(&out), 1);
+}

@@ -39,7 +39,9 @@
 
 mod branch;
 mod durable;
+mod failover;
 mod gate;
+mod locate;
 pub mod location;
 mod overload;
 mod proxy;
@@ -47,7 +49,6 @@ mod registrar;
 mod reject;
 mod routing;
 
-use routing::respond;
 #[cfg(test)]
 mod tests;
 
@@ -77,6 +78,11 @@ pub enum Mail {
     /// From the store: it has committed the first `count` binding changes this worker sent
     /// (durable registration only).
     Saved { count: u64 },
+    /// DNS answered a lookup this worker asked for (`Effects::lookups`).
+    Resolved {
+        query: crate::dns::Query,
+        resolution: Arc<crate::dns::Resolution>,
+    },
 }
 
 /// What the engine asks its driver to do: five kinds of output (see the module doc for the
@@ -96,6 +102,8 @@ pub struct Effects {
     /// digest secrets from the database without the cache), with whether it is a prefetch
     /// (nobody waits for it).
     pub fetches: Vec<(String, bool)>,
+    /// Next hops to locate by DNS: the answers come back as [`Mail::Resolved`].
+    pub lookups: Vec<crate::dns::Query>,
 }
 
 impl Effects {
@@ -105,6 +113,7 @@ impl Effects {
             && self.changes.is_empty()
             && self.finished_calls.is_empty()
             && self.fetches.is_empty()
+            && self.lookups.is_empty()
     }
 }
 
@@ -125,6 +134,8 @@ enum Link {
         server: TxId,
         done: bool,
         cancel_sent: bool,
+        /// The targets left to try if this one fails (RFC 3263 §4.3).
+        failover: Option<Box<failover::Failover>>,
     },
     /// A CANCEL we sent downstream.
     Cancel,
@@ -139,6 +150,8 @@ struct ProxyContext {
     final_sent: bool,
     cancelled: bool,
     invite: bool,
+    /// While the request waits for DNS: the request, to answer a CANCEL with 487.
+    waiting: Option<Bytes>,
 }
 
 /// Where one forwarded copy of a request goes.
@@ -146,7 +159,9 @@ struct ProxyContext {
 struct Target {
     /// A new Request-URI (retargeting to a registered contact), if any.
     request_uri: Option<Arc<str>>,
-    dest: Peer,
+    /// Where to send it, in the order to try: the first that can be used gets the request,
+    /// the others are its failover (RFC 3263 §4.3).
+    dests: SmallVec<[Peer; 2]>,
 }
 
 /// What to do with a request.
@@ -166,6 +181,8 @@ enum Decision {
         pop_route: SmallVec<[(HeaderField, usize); 2]>,
         record_route: bool,
     },
+    /// Next hops named by DNS that this worker has no answer for yet: wait for them.
+    Locate(SmallVec<[crate::dns::Query; 1]>),
     Drop,
 }
 
@@ -221,6 +238,8 @@ pub struct Engine {
     held: std::collections::VecDeque<durable::Held>,
     /// Overload control: what this worker admits, tells neighbours and was told by next hops.
     overload: overload::Overload,
+    /// DNS answers, requests waiting for them, targets held down (`locate`).
+    locator: locate::Locator,
 }
 
 /// How often an authentication outage is logged, per worker.
@@ -287,7 +306,7 @@ impl Engine {
                 });
             }
         }
-        Engine {
+        let mut engine = Engine {
             sides,
             worker,
             epoch_unix_ms,
@@ -309,8 +328,11 @@ impl Engine {
             changes_saved: 0,
             held: std::collections::VecDeque::new(),
             overload: overload::Overload::new(),
+            locator: locate::Locator::default(),
             cfg,
-        }
+        };
+        engine.seed_locator();
+        engine
     }
 
     pub fn stats(&self) -> &Arc<Stats> {
@@ -366,6 +388,10 @@ impl Engine {
             Mail::Binding(change) => self.location.apply(&change),
             Mail::Credential { user } => self.on_credential(now, &user, fx),
             Mail::Saved { count } => self.on_saved(now, count, fx),
+            Mail::Resolved { query, resolution } => {
+                self.on_resolved(now, query, resolution, fx);
+                self.drain_outputs(now, fx);
+            }
         }
     }
 
@@ -436,20 +462,14 @@ impl Engine {
         }
         // From and To are parsed once, for requests that are not retransmissions; the
         // decisions below use the tags.
-        let tags = match (msg.from(), msg.to()) {
-            (Ok(from), Ok(to)) => Some((from.tag().unwrap_or_default(), to.tag())),
-            _ => None,
-        };
-        let from_ok = tags.is_some();
-        let in_dialog = tags.is_some_and(|(_, to)| to.is_some());
-        let hash = tags.map_or(0, |(from, to)| {
-            branch::loop_hash(msg, from, to.unwrap_or_default())
-        });
+        let facts = RequestFacts::of(msg);
+        let from_ok = facts.is_some();
+        let in_dialog = facts.is_some_and(|f| f.to_tag.is_some());
         if self.cfg.stateful && method == Method::Cancel && from_ok {
             self.on_cancel(now, source, msg, fx);
             return;
         }
-        if self.is_ack_for_local_answer(msg, tags.and_then(|(_, to)| to)) {
+        if self.is_ack_for_local_answer(msg, facts.and_then(|f| f.to_tag)) {
             inc(&self.stats.retransmissions_absorbed);
             return;
         }
@@ -477,11 +497,30 @@ impl Engine {
         if from_ok && !self.authenticated(now, source, msg, fx) {
             return;
         }
-        let decision = if from_ok {
-            self.decide(now, msg, in_dialog, hash)
-        } else {
-            respond(400, "Bad From or To header")
-        };
+        match facts {
+            Some(facts) => self.route_request(now, source, msg, facts, None, fx),
+            None if method != Method::Ack => {
+                self.answer(now, source, msg, 400, "Bad From or To header", "", fx)
+            }
+            None => {}
+        }
+    }
+
+    /// Decides what a request needs and does it: the part of a request's handling that runs
+    /// again, from its server transaction, when it waited for DNS (`resumed`).
+    fn route_request(
+        &mut self,
+        now: Millis,
+        source: Peer,
+        msg: &Message<'_>,
+        facts: RequestFacts<'_>,
+        resumed: Option<locate::Resumed>,
+        fx: &mut Effects,
+    ) {
+        let method = msg.method();
+        let in_dialog = facts.to_tag.is_some();
+        let decision = self.decide(now, msg, in_dialog, facts.hash);
+        let existing = resumed.and_then(|r| r.server);
         match decision {
             Decision::Drop => {}
             Decision::Respond { .. } | Decision::Register { .. } if method == Method::Ack => {}
@@ -489,8 +528,38 @@ impl Engine {
                 code,
                 reason,
                 headers,
-            } => {
-                self.answer(now, source, msg, code, reason, &headers, fx);
+            } => match existing {
+                Some(id) => self.answer_in(now, id, msg, code, reason, &headers),
+                None => self.answer(now, source, msg, code, reason, &headers, fx),
+            },
+            Decision::Locate(queries) => {
+                let server = match resumed {
+                    Some(r) => r.server,
+                    None if self.cfg.stateful && method != Method::Ack => {
+                        Some(self.open_server(now, source, msg))
+                    }
+                    None => None,
+                };
+                let data = Bytes::copy_from_slice(msg.as_bytes());
+                if let Some(Link::Proxied(ctx)) = server.and_then(|id| self.tx.user_mut(id)) {
+                    ctx.waiting = Some(data.clone());
+                }
+                let waiter = locate::Waiter {
+                    server,
+                    source,
+                    data,
+                    waits: resumed.map_or(0, |r| r.waits),
+                };
+                if !self.wait_for_dns(queries, waiter) && method != Method::Ack {
+                    inc(&self.stats.overload_rejected);
+                    let (code, reason) = (503, "Service Unavailable (DNS)");
+                    match server {
+                        Some(id) => {
+                            self.answer_in(now, id, msg, code, reason, "Retry-After: 5\r\n")
+                        }
+                        None => self.answer(now, source, msg, code, reason, "", fx),
+                    }
+                }
             }
             Decision::Register { aor } => {
                 let outcome = registrar::register(
@@ -536,9 +605,31 @@ impl Engine {
             } => {
                 let route = (&pop_route[..], record_route);
                 let new_work = !in_dialog && self.sheddable(msg);
-                self.forward(now, source, msg, (hash, new_work), &targets, route, fx);
+                let how = (facts.hash, new_work, existing);
+                self.forward(now, source, msg, how, &targets, route, fx);
             }
         }
+        self.take_lookups(fx);
+    }
+
+    /// Answers a request that waited for DNS through the server transaction it waited in.
+    fn answer_in(
+        &mut self,
+        now: Millis,
+        id: TxId,
+        msg: &Message<'_>,
+        code: u16,
+        reason: &str,
+        headers: &str,
+    ) {
+        let data = self.local_response(msg, code, reason, headers);
+        let data = self.add_feedback(now, data);
+        inc(&self.stats.local_responses);
+        if let Some(Link::Proxied(ctx)) = self.tx.user_mut(id) {
+            ctx.final_sent = true;
+            ctx.waiting = None;
+        }
+        self.tx.respond(now, id, code, data, &mut self.outputs);
     }
 
     /// A response generated here: `headers` (CRLF-terminated lines) plus our Server header,
@@ -626,7 +717,8 @@ impl Engine {
                                 // Timer C: the branch rang too long; end it downstream too.
                                 self.send_cancel(now, &message, dest);
                             }
-                            self.on_branch_timeout(now, user, &message);
+                            let answered = state == State::Proceeding;
+                            self.on_branch_timeout(now, user, &message, (dest, answered));
                         }
                     }
                     Output::Terminated { .. } => {}
@@ -634,6 +726,28 @@ impl Engine {
             }
             self.spare_outputs = outputs;
         }
+    }
+}
+
+/// What routing needs of a request that is not a retransmission: its tags, parsed once, and
+/// its loop-detection hash (RFC 3261 §16.3 step 4).
+#[derive(Debug, Clone, Copy)]
+struct RequestFacts<'a> {
+    to_tag: Option<&'a [u8]>,
+    hash: u32,
+}
+
+impl<'a> RequestFacts<'a> {
+    /// None when From or To cannot be parsed.
+    fn of(msg: &Message<'a>) -> Option<RequestFacts<'a>> {
+        let (Ok(from), Ok(to)) = (msg.from(), msg.to()) else {
+            return None;
+        };
+        let (from_tag, to_tag) = (from.tag().unwrap_or_default(), to.tag());
+        Some(RequestFacts {
+            to_tag,
+            hash: branch::loop_hash(msg, from_tag, to_tag.unwrap_or_default()),
+        })
     }
 }
 

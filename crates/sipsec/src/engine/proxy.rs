@@ -3,9 +3,10 @@
 //! Timer C and branch timeouts as 408), CANCEL from upstream, and stateless response forwarding
 //! by Via.
 
+use super::failover::Failover;
 use super::{branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Side, Target};
 use crate::net::transport::{Peer, Transport};
-use crate::stats::inc;
+use crate::stats::{add, inc};
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
 use sip_core::message::uri::unbracket;
@@ -14,58 +15,140 @@ use sip_core::timer::Millis;
 use sip_core::transaction::{Kind, ResponseMatch, State, TxId};
 use smallvec::SmallVec;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+/// How every branch of one forwarded request is made: what `send_branch` needs besides the
+/// request and its destination (kept by a branch's failover to make the next one).
+#[derive(Debug, Clone)]
+pub(super) struct BranchPlan {
+    pub source: Peer,
+    pub hash: u32,
+    /// New work (announce RFC 7339 support on it).
+    pub new_work: bool,
+    pub request_uri: Option<Arc<str>>,
+    /// This branch's share of Max-Breadth (RFC 5393).
+    pub breadth: u32,
+    /// Our own Routes to consume.
+    pub pop_route: SmallVec<[(HeaderField, usize); 2]>,
+    pub record_route: bool,
+}
+
+/// One target of a request being forwarded: the destination chosen, our side that reaches
+/// it, and what is left to fail over to.
+struct Chosen<'t> {
+    target: &'t Target,
+    dest: Peer,
+    side: usize,
+    rest: SmallVec<[Peer; 2]>,
+}
 
 impl Engine {
+    /// Opens the server transaction of a request we proxy (and says 100 Trying to an INVITE).
+    pub(super) fn open_server(&mut self, now: Millis, source: Peer, msg: &Message<'_>) -> TxId {
+        let dest = response_peer(msg.top_via(), source);
+        let ctx = ProxyContext {
+            invite: msg.method() == Method::Invite,
+            ..Default::default()
+        };
+        let id = self.tx.create_server(
+            msg,
+            dest,
+            dest.transport.reliable(),
+            Link::Proxied(Box::new(ctx)),
+        );
+        if msg.method() == Method::Invite {
+            let mut out = Vec::with_capacity(msg.as_bytes().len() / 2);
+            let server = self.cfg.server_line.as_bytes();
+            build::response(msg, 100, "Trying", None, server, b"", &mut out);
+            self.tx
+                .respond(now, id, 100, Bytes::from(out), &mut self.outputs);
+        }
+        id
+    }
+
+    /// Forwards a request to `targets` (in parallel, as many as Max-Breadth allows), each to
+    /// the first of its destinations that can be used, the rest kept for failover. `existing`
+    /// is the server transaction of a request that waited for DNS.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn forward(
         &mut self,
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
-        (hash, new_work): (u32, bool),
+        (hash, new_work, existing): (u32, bool, Option<TxId>),
         targets: &[Target],
         (pop_route, record_route): (&[(HeaderField, usize)], bool),
         fx: &mut Effects,
     ) {
         let method = msg.method();
         let stateful = self.cfg.stateful && method != Method::Ack;
-        // Targets we can send to: on a transport we have, and not ourselves (a contact or
-        // route pointing back here would spiral, multiplying the request at each pass).
-        let mut usable: SmallVec<[(&Target, usize); 4]> = SmallVec::new();
-        let mut own = false;
+        let hop_control = new_work && !self.overload_hops_empty();
+        // Per target: the destination chosen, its side, and what is left to fail over to.
+        let mut chosen: SmallVec<[Chosen<'_>; 2]> = SmallVec::new();
+        let (mut own, mut throttled) = (false, false);
         for target in targets {
-            if self.is_own_listener(&target.dest) {
-                own = true;
-                inc(&self.stats.loops);
-            } else if let Some(side) = self.side(target.dest) {
-                usable.push((target, side));
+            // Destinations we can send to: on a transport we have, and not ourselves (a
+            // contact or route pointing back here would spiral, multiplying the request at
+            // each pass). Configuration decides which transports and address families we
+            // have; a destination on another one is unreachable from here.
+            let mut dests: SmallVec<[Peer; 2]> = SmallVec::new();
+            for d in &target.dests {
+                if self.is_own_listener(d) {
+                    own = true;
+                    inc(&self.stats.loops);
+                } else if self.side(*d).is_some() {
+                    dests.push(*d);
+                } else {
+                    inc(&self.stats.unroutable);
+                }
+            }
+            // Those that failed lately are skipped while another can be tried.
+            if dests.len() > 1 && dests.iter().any(|d| self.held_down(now, d)) {
+                let before = dests.len();
+                if dests.iter().any(|d| !self.held_down(now, d)) {
+                    dests.retain(|d| !self.held_down(now, d));
+                    add(&self.stats.held_down_skipped, before - dests.len());
+                }
+            }
+            // RFC 7339/7415 as a client: next hops that asked for less get less new work;
+            // the next destination is tried instead, and what all refuse is answered here.
+            let pick = if hop_control {
+                let pick = dests.iter().position(|d| self.hop_admits(now, d.addr));
+                throttled |= pick.is_none() && !dests.is_empty();
+                pick
             } else {
-                // Configuration decides which transports and address families we have; a
-                // target on another one is unreachable from here.
-                inc(&self.stats.unroutable);
+                (!dests.is_empty()).then_some(0)
+            };
+            if let Some(i) = pick {
+                let dest = dests[i];
+                let side = self.side(dest).expect("kept only destinations with a side");
+                let rest = if stateful {
+                    dests.drain(i + 1..).collect()
+                } else {
+                    SmallVec::new()
+                };
+                chosen.push(Chosen {
+                    target,
+                    dest,
+                    side,
+                    rest,
+                });
             }
         }
-        // RFC 7339/7415 as a client: next hops that asked for less get less new work; what
-        // they refuse is answered here.
-        let mut throttled = false;
-        if new_work && !self.overload_hops_empty() {
-            let before = usable.len();
-            usable.retain(|(t, _)| self.hop_admits(now, t.dest.addr));
-            throttled = usable.len() < before;
-        }
-        if usable.is_empty() && throttled {
-            inc(&self.stats.overload_throttled);
-            self.answer(now, source, msg, 503, "Service Unavailable", "", fx);
-            return;
-        }
-        if usable.is_empty() {
+        if chosen.is_empty() {
             if method != Method::Ack {
-                let (code, reason) = if own {
+                let (code, reason) = if throttled {
+                    inc(&self.stats.overload_throttled);
+                    (503, "Service Unavailable")
+                } else if own {
                     (482, "Loop Detected")
                 } else {
                     (503, "No Transport To Target")
                 };
-                self.answer(now, source, msg, code, reason, "", fx);
+                match existing {
+                    Some(id) => self.answer_in(now, id, msg, code, reason, ""),
+                    None => self.answer(now, source, msg, code, reason, "", fx),
+                }
             }
             return;
         }
@@ -78,118 +161,148 @@ impl Engine {
             .and_then(Result::ok)
             .map_or(self.cfg.max_breadth, |b| b.min(self.cfg.max_breadth))
             .max(1);
-        let parallel = if stateful { usable.len() } else { 1 };
+        let parallel = if stateful { chosen.len() } else { 1 };
         let forks = parallel.min(breadth as usize);
-        if forks < usable.len() && stateful {
+        if forks < chosen.len() && stateful {
             inc(&self.stats.breadth_limited);
         }
-        usable.truncate(forks);
+        chosen.truncate(forks);
         let share =
             |i: usize| breadth / forks as u32 + u32::from((i as u32) < breadth % forks as u32);
-        let server = if stateful {
-            let dest = response_peer(msg.top_via(), source);
-            let ctx = ProxyContext {
-                invite: method == Method::Invite,
-                ..Default::default()
-            };
-            let id = self.tx.create_server(
-                msg,
-                dest,
-                dest.transport.reliable(),
-                Link::Proxied(Box::new(ctx)),
-            );
-            if method == Method::Invite {
-                let mut out = Vec::with_capacity(msg.as_bytes().len() / 2);
-                let server = self.cfg.server_line.as_bytes();
-                build::response(msg, 100, "Trying", None, server, b"", &mut out);
-                self.tx
-                    .respond(now, id, 100, Bytes::from(out), &mut self.outputs);
+        let server = match (stateful, existing) {
+            (false, _) => None,
+            (true, Some(id)) => {
+                if let Some(Link::Proxied(ctx)) = self.tx.user_mut(id) {
+                    ctx.waiting = None;
+                }
+                Some(id)
             }
-            Some(id)
-        } else {
-            None
+            (true, None) => Some(self.open_server(now, source, msg)),
         };
+        for (i, c) in chosen.into_iter().enumerate() {
+            let Chosen {
+                target,
+                dest,
+                side,
+                rest,
+            } = c;
+            let plan = BranchPlan {
+                source,
+                hash,
+                new_work,
+                request_uri: target.request_uri.clone(),
+                breadth: share(i),
+                pop_route: pop_route.iter().copied().collect(),
+                record_route,
+            };
+            let failover = (!rest.is_empty()).then(|| {
+                Box::new(Failover {
+                    rest,
+                    request: Bytes::copy_from_slice(msg.as_bytes()),
+                    plan: plan.clone(),
+                })
+            });
+            if let Some(stateless) = self.send_branch(now, msg, server, dest, side, &plan, failover)
+            {
+                fx.transmits.push(stateless);
+            }
+        }
+    }
+
+    /// Sends one copy of `msg` to `dest` from our side `out_side` in a client transaction of
+    /// server transaction `server` (stateful); stateless, returns it for the caller to send.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_branch(
+        &mut self,
+        now: Millis,
+        msg: &Message<'_>,
+        server: Option<TxId>,
+        dest: Peer,
+        out_side: usize,
+        plan: &BranchPlan,
+        failover: Option<Box<Failover>>,
+    ) -> Option<(Peer, Bytes)> {
+        let source = plan.source;
         // Only new work is announced (feedback is about new requests; its responses bring
         // it): requests inside a dialog, and their responses, stay as short as ever.
-        let announce = if self.cfg.overload.announce && new_work {
+        let announce = if self.cfg.overload.announce && plan.new_work {
             sip_core::overload::ANNOUNCE
         } else {
             ""
         };
-        for (i, &(target, out_side)) in usable.iter().enumerate() {
-            // Between two transports, record-route twice (RFC 5658): each side of the
-            // dialog reaches us over its own.
-            let in_side = self.side(source).filter(|&i| i != out_side);
-            // Over UDP, from the socket whose address is in our Via.
-            let dest = match self.sides[out_side].udp_socket {
-                Some(socket) => Peer::udp_via(target.dest.addr, socket),
-                None => target.dest,
-            };
-            let branch = if stateful {
-                self.counter += 1;
-                branch::stateful(self.worker, hash, self.counter)
-            } else {
-                branch::stateless(self.worker, hash, msg)
-            };
-            let mut out = Vec::new();
-            {
-                let mut rw = Rewriter::new(msg, &mut self.splice);
-                let Side {
-                    via_host,
-                    record_route: rr_out,
-                    ..
-                } = &self.sides[out_side];
-                rw.stamp_top_via(source.addr, source.transport.reliable());
-                rw.push_via(
-                    target.dest.transport.via_token(),
-                    via_host,
-                    &branch,
-                    announce,
-                );
-                rw.decrement_max_forwards();
-                rw.set_max_breadth(share(i));
-                for (field, end) in pop_route {
-                    rw.remove_first_value(field, *end);
-                }
-                if record_route {
-                    // Inserted in this order, the downstream side's entry ends up on top.
-                    rw.push_record_route(rr_out);
-                    if let Some(i) = in_side {
-                        rw.push_record_route(&self.sides[i].record_route);
-                    }
-                }
-                if let Some(ruri) = &target.request_uri {
-                    rw.set_request_uri(ruri.as_bytes());
-                }
-                rw.finish(&mut out);
+        // Between two transports, record-route twice (RFC 5658): each side of the dialog
+        // reaches us over its own.
+        let in_side = self.side(source).filter(|&i| i != out_side);
+        // Over UDP, from the socket whose address is in our Via.
+        let via_dest = dest;
+        let dest = match self.sides[out_side].udp_socket {
+            Some(socket) => Peer::udp_via(dest.addr, socket),
+            None => dest,
+        };
+        let branch = if server.is_some() {
+            self.counter += 1;
+            branch::stateful(self.worker, plan.hash, self.counter)
+        } else {
+            branch::stateless(self.worker, plan.hash, msg)
+        };
+        let mut out = Vec::new();
+        {
+            let mut rw = Rewriter::new(msg, &mut self.splice);
+            let Side {
+                via_host,
+                record_route: rr_out,
+                ..
+            } = &self.sides[out_side];
+            rw.stamp_top_via(source.addr, source.transport.reliable());
+            rw.push_via(via_dest.transport.via_token(), via_host, &branch, announce);
+            rw.decrement_max_forwards();
+            rw.set_max_breadth(plan.breadth);
+            for (field, end) in &plan.pop_route {
+                rw.remove_first_value(field, *end);
             }
-            inc(&self.stats.forwarded_requests);
-            let data = Bytes::from(out);
-            match server {
-                Some(sid) => {
-                    let link = Link::Branch {
-                        server: sid,
-                        done: false,
-                        cancel_sent: false,
-                    };
-                    let cid = self.tx.create_client(
-                        now,
-                        data,
-                        branch.as_bytes(),
-                        msg.method_raw(),
-                        dest,
-                        dest.transport.reliable(),
-                        link,
-                        &mut self.outputs,
-                    );
-                    if let Some(Link::Proxied(ctx)) = self.tx.user_mut(sid) {
-                        ctx.branches.push(cid);
-                        ctx.pending += 1;
-                    }
+            if plan.record_route {
+                // Inserted in this order, the downstream side's entry ends up on top.
+                rw.push_record_route(rr_out);
+                if let Some(i) = in_side {
+                    rw.push_record_route(&self.sides[i].record_route);
                 }
-                None => fx.transmits.push((dest, data)),
             }
+            if let Some(ruri) = &plan.request_uri {
+                rw.set_request_uri(ruri.as_bytes());
+            }
+            rw.finish(&mut out);
         }
+        inc(&self.stats.forwarded_requests);
+        let data = Bytes::from(out);
+        let Some(sid) = server else {
+            return Some((dest, data));
+        };
+        let hurry = failover.is_some();
+        let link = Link::Branch {
+            server: sid,
+            done: false,
+            cancel_sent: false,
+            failover,
+        };
+        let cid = self.tx.create_client(
+            now,
+            data,
+            branch.as_bytes(),
+            msg.method_raw(),
+            dest,
+            dest.transport.reliable(),
+            link,
+            &mut self.outputs,
+        );
+        if hurry {
+            let within = self.cfg.routing.failover_timeout_ms;
+            self.tx.expect_response_within(now, cid, within);
+        }
+        if let Some(Link::Proxied(ctx)) = self.tx.user_mut(sid) {
+            ctx.branches.push(cid);
+            ctx.pending += 1;
+        }
+        None
     }
 
     /// A request we sent could not be delivered to `dest` (connection refused, failed
@@ -247,6 +360,16 @@ impl Engine {
         self.answer(now, source, msg, 200, "OK", "", fx);
         // A locally answered INVITE has no branches: cancel_branches leaves it alone.
         self.cancel_branches(now, invite);
+        // One still waiting for DNS has none yet: it ends here.
+        let waiting = match self.tx.user_mut(invite) {
+            Some(Link::Proxied(ctx)) => ctx.waiting.take(),
+            _ => None,
+        };
+        if let Some(request) = waiting {
+            if let Ok(req) = Message::parse(&request) {
+                self.answer_in(now, invite, &req, 487, "Request Terminated", "");
+            }
+        }
     }
 
     /// Sends CANCEL down a branch that has had a provisional response; a branch still in
@@ -358,6 +481,9 @@ impl Engine {
                 self.on_hop_feedback(now, dest.addr, msg);
             }
         }
+        if code == 503 && self.fail_over_on_503(now, cid, msg) {
+            return;
+        }
         let server = match self.tx.user_mut(cid) {
             Some(Link::Branch { server, done, .. }) => {
                 let server = *server;
@@ -460,17 +586,31 @@ impl Engine {
         self.tx.respond(now, server, code, data, &mut self.outputs);
     }
 
-    /// A branch timed out (timer B or F): it counts as a 408 from that branch.
-    pub(super) fn on_branch_timeout(&mut self, now: Millis, link: Link, request: &Bytes) {
+    /// A branch timed out (timer B or F, or C when `answered`): it fails over to the next
+    /// destination if it has one and nothing had answered, else counts as a 408 from that
+    /// branch.
+    pub(super) fn on_branch_timeout(
+        &mut self,
+        now: Millis,
+        link: Link,
+        request: &Bytes,
+        (dest, answered): (Peer, bool),
+    ) {
         inc(&self.stats.branch_timeouts);
         let Link::Branch {
             server,
             done: false,
+            failover,
             ..
         } = link
         else {
             return;
         };
+        if let Some(f) = failover.filter(|_| !answered) {
+            if self.fail_over_on_timeout(now, server, dest, f) {
+                return;
+            }
+        }
         let Ok(req) = Message::parse(request) else {
             return;
         };
@@ -510,7 +650,7 @@ pub(super) fn response_rank(code: u16) -> u16 {
 
 impl Engine {
     /// Which of our sides reaches `peer`: the same transport and address family.
-    fn side(&self, peer: Peer) -> Option<usize> {
+    pub(super) fn side(&self, peer: Peer) -> Option<usize> {
         let v6 = peer.addr.is_ipv6();
         self.sides
             .iter()

@@ -4,8 +4,10 @@
 
 use super::{branch, Decision, Engine, Target, ALLOW};
 use crate::config::Mode;
+use crate::dns::{Failure, Hop};
+use crate::engine::locate::Located;
 use crate::engine::location::Lookup;
-use crate::net::transport::{uri_peer, Peer};
+use crate::net::transport::Peer;
 use crate::stats::inc;
 use sip_core::message::{HeaderField, HeaderName, Message, Method, Scheme, Uri};
 use sip_core::timer::Millis;
@@ -106,7 +108,7 @@ impl Engine {
         // Loose routing (§16.4): the top Routes naming us are consumed (two of them after a
         // double Record-Route between transports).
         let mut pop_route: SmallVec<[(HeaderField, usize); 2]> = SmallVec::new();
-        let mut next_route: Option<Peer> = None;
+        let mut next_route: Option<Hop<'_>> = None;
         let mut route_error = false;
         let mut ours = true;
         let routes = msg.name_addrs(HeaderName::Route, |field, na| {
@@ -117,7 +119,7 @@ impl Engine {
                     _ => pop_route.push((*field, na.end)),
                 }
             } else if next_route.is_none() {
-                next_route = uri_peer(&na.uri);
+                next_route = crate::dns::hop(&na.uri);
                 route_error |= next_route.is_none();
             }
         });
@@ -134,14 +136,18 @@ impl Engine {
             inc(&self.stats.unroutable);
             return respond(404, "Not Found (unresolvable Route)");
         }
-        if let Some(dest) = next_route {
-            return Decision::Forward {
-                targets: smallvec::smallvec![Target {
-                    request_uri: None,
-                    dest
-                }],
-                pop_route,
-                record_route,
+        if let Some(hop) = next_route {
+            return match self.locator.locate(now, std::iter::once(hop), &self.stats) {
+                Located::Wait(queries) => Decision::Locate(queries),
+                Located::Peers { peers, failure } if peers.is_empty() => unlocated(failure),
+                Located::Peers { peers, .. } => Decision::Forward {
+                    targets: smallvec::smallvec![Target {
+                        request_uri: None,
+                        dests: peers
+                    }],
+                    pop_route,
+                    record_route,
+                },
             };
         }
 
@@ -157,9 +163,8 @@ impl Engine {
             let aor = self.aor_key(user, uri.host_unbracketed());
             let now_unix = self.unix_ms(now);
             let lookup = self.location.lookup(&aor, now_unix);
-            let fallback = (!explicit_domain)
-                .then_some(())
-                .and(self.cfg.default_route.as_ref());
+            let fallback =
+                (!explicit_domain && !self.cfg.routing.default_routes.is_empty()).then_some(());
             match (lookup, fallback) {
                 (Lookup::Found(bindings), _) => {
                     if self.cfg.mode == Mode::Redirect {
@@ -174,7 +179,7 @@ impl Engine {
                         .iter()
                         .map(|b| Target {
                             request_uri: Some(b.contact.clone()),
-                            dest: b.target,
+                            dests: smallvec::smallvec![b.target],
                         })
                         .collect();
                     return Decision::Forward {
@@ -193,29 +198,48 @@ impl Engine {
                 }
             }
         }
-        // Not one of our users: the default route for new requests, else the Request-URI.
-        let dest = match (&self.cfg.default_route, in_dialog) {
-            (Some((route_uri, addr)), false) => {
-                if self.cfg.mode == Mode::Redirect {
-                    return self.redirect_to(
-                        std::iter::once((route_uri.clone(), None)),
-                        self.unix_ms(now),
-                    );
-                }
-                Some(*addr)
-            }
-            _ => uri_peer(&uri).filter(|p| !self.cfg.names.addrs.contains(&p.addr)),
+        // Not one of our users: a route for the Request-URI's domain, else the default routes
+        // for new requests, else the Request-URI itself.
+        let routing = &self.cfg.routing;
+        let routes = match routing.domain_route(uri.host_unbracketed()) {
+            Some(route) if !in_dialog => std::slice::from_ref(route),
+            _ if !in_dialog => &routing.default_routes[..],
+            _ => &[],
         };
-        match dest {
-            Some(dest) if self.cfg.mode == Mode::Proxy || in_dialog => Decision::Forward {
+        if !routes.is_empty() && self.cfg.mode == Mode::Redirect {
+            let ordered = self.locator.order_routes(routes);
+            let contacts = ordered.iter().map(|r| (r.uri.clone(), None));
+            return self.redirect_to(contacts, self.unix_ms(now));
+        }
+        if self.cfg.mode != Mode::Proxy && !in_dialog {
+            inc(&self.stats.unroutable);
+            return respond(404, "Not Found");
+        }
+        let (locator, stats) = (&mut self.locator, &self.stats);
+        let located = if routes.is_empty() {
+            match crate::dns::hop(&uri) {
+                Some(Hop::Addr(p)) if self.cfg.names.addrs.contains(&p.addr) => None,
+                Some(hop) => Some(locator.locate(now, std::iter::once(hop), stats)),
+                None => None,
+            }
+        } else if let [only] = routes {
+            Some(locator.locate(now, std::iter::once(only.next.hop()), stats))
+        } else {
+            let ordered = locator.order_routes(routes);
+            Some(locator.locate(now, ordered.iter().map(|r| r.next.hop()), stats))
+        };
+        match located {
+            Some(Located::Wait(queries)) => Decision::Locate(queries),
+            Some(Located::Peers { peers, failure }) if peers.is_empty() => unlocated(failure),
+            Some(Located::Peers { peers, .. }) => Decision::Forward {
                 targets: smallvec::smallvec![Target {
                     request_uri: None,
-                    dest
+                    dests: peers
                 }],
                 pop_route,
                 record_route,
             },
-            _ => {
+            None => {
                 inc(&self.stats.unroutable);
                 respond(404, "Not Found")
             }
@@ -289,6 +313,15 @@ impl Engine {
             reason: "Moved Temporarily",
             headers,
         }
+    }
+}
+
+/// The answer when DNS gave a next hop no targets: 404 when the name has none, 503 when DNS
+/// could not be asked (a later try may work).
+fn unlocated(failure: Option<Failure>) -> Decision {
+    match failure {
+        Some(Failure::Unavailable) => respond(503, "Service Unavailable (DNS)"),
+        _ => respond(404, "Not Found (no such domain)"),
     }
 }
 

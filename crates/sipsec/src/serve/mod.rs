@@ -10,12 +10,13 @@
 //! - [`coalesce`]: letting datagrams accumulate briefly under load; [`busy`]: the busy
 //!   fraction overload control steers by;
 //! - [`fetch`]: credential fetches off the workers' threads, and the user-database fetcher;
-//!   [`authority`]: the Proxychain authority's channel.
+//!   [`authority`]: the Proxychain authority's channel; [`dns`]: DNS lookups (RFC 3263).
 
 pub mod authority;
 pub mod busy;
 pub mod coalesce;
 pub mod connections;
+pub mod dns;
 pub mod fetch;
 pub mod mailbox;
 pub mod token;
@@ -174,6 +175,7 @@ pub fn run(cfg: Config) -> Result<()> {
         )),
         _ => None,
     };
+    let resolver = dns::spawn(&runtime, dns::settings(&cfg), senders.clone());
     let common = Common {
         cfg: &cfg,
         tls_server: &tls_server,
@@ -186,6 +188,7 @@ pub fn run(cfg: Config) -> Result<()> {
         mailboxes: &senders,
         store: &store,
         fetcher: &fetcher,
+        resolver: &resolver,
         shutdown: &signals.stop,
     };
     let mut all_stats = Vec::new();
@@ -280,6 +283,7 @@ struct Common<'a> {
     mailboxes: &'a [mailbox::MailboxSender],
     store: &'a store::StoreHandle,
     fetcher: &'a Option<fetch::FetchHandle>,
+    resolver: &'a dns::LookupHandle,
     shutdown: &'a Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -346,6 +350,7 @@ impl Common<'_> {
             workers: self.mailboxes.to_vec(),
             store: Some(self.store.clone()),
             fetcher: self.fetcher.clone(),
+            resolver: Some(self.resolver.clone()),
             coalescer: coalesce::Coalescer::new(Duration::from_micros(cfg.max_batch_delay_us)),
             shutdown: self.shutdown.clone(),
             started: self.started,

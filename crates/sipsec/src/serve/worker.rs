@@ -13,7 +13,7 @@
 //! 5. everything the engine asked for ([`Effects`]): binding changes posted to the other
 //!    workers (without waking them: step 2 takes them first) and the store before any answer
 //!    leaves, datagrams with one `sendmmsg` per
-//!    socket, one write per connection, mail, credential fetches.
+//!    socket, one write per connection, mail, credential fetches, DNS lookups.
 //!
 //! A busy worker does not sleep between passes, and no pass makes a system call that can
 //! only answer "nothing". Under load it also lets datagrams accumulate briefly after waking
@@ -53,6 +53,8 @@ pub struct Parts {
     /// Where credential fetches go: the Proxychain authority's channel, or the user database
     /// for digest without the cache.
     pub fetcher: Option<FetchHandle>,
+    /// Where names to locate by DNS go.
+    pub resolver: Option<super::dns::LookupHandle>,
     pub coalescer: Coalescer,
     pub shutdown: Arc<AtomicBool>,
     /// Monotonic time 0 of every worker's clock.
@@ -72,6 +74,7 @@ pub struct Worker {
     workers: Vec<MailboxSender>,
     store: Option<StoreHandle>,
     fetcher: Option<FetchHandle>,
+    resolver: Option<super::dns::LookupHandle>,
     coalescer: Coalescer,
     shutdown: Arc<AtomicBool>,
     started: Instant,
@@ -103,6 +106,7 @@ impl Worker {
             workers: p.workers,
             store: p.store,
             fetcher: p.fetcher,
+            resolver: p.resolver,
             coalescer: p.coalescer,
             shutdown: p.shutdown,
             started: p.started,
@@ -371,6 +375,11 @@ impl Worker {
         for (user, prefetch) in fx.fetches.drain(..) {
             if let Some(fetcher) = &self.fetcher {
                 fetcher.fetch(user, prefetch, self.index);
+            }
+        }
+        for query in fx.lookups.drain(..) {
+            if let Some(resolver) = &self.resolver {
+                resolver.lookup(query, self.index);
             }
         }
     }

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::net::transport::{Peer, Transport};
 
 mod overload;
+mod routing;
 
 const PROXY: &str = "127.0.0.1:5060";
 const ALICE: &str = "127.0.0.2:5070";
@@ -45,29 +46,25 @@ impl Sent {
 fn deliver(e: &mut Engine, now: Millis, from: &str, text: &str) -> (Vec<Sent>, Effects) {
     let mut fx = Effects::default();
     e.on_message(now, Peer::udp(addr(from)), text.as_bytes(), &mut fx);
-    let sent = fx
-        .transmits
+    (sent(&mut fx), fx)
+}
+
+/// The messages an input sent, taken out of its effects.
+fn sent(fx: &mut Effects) -> Vec<Sent> {
+    fx.transmits
         .drain(..)
         .map(|(to, d)| Sent {
             to: to.addr,
             transport: to.transport,
             text: String::from_utf8(d.to_vec()).unwrap(),
         })
-        .collect();
-    (sent, fx)
+        .collect()
 }
 
 fn tick(e: &mut Engine, now: Millis) -> Vec<Sent> {
     let mut fx = Effects::default();
     e.on_tick(now, &mut fx);
-    fx.transmits
-        .into_iter()
-        .map(|(to, d)| Sent {
-            to: to.addr,
-            transport: to.transport,
-            text: String::from_utf8(d.to_vec()).unwrap(),
-        })
-        .collect()
+    sent(&mut fx)
 }
 
 fn request(method: &str, ruri: &str, branch: &str, extra: &str) -> String {

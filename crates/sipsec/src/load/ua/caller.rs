@@ -181,13 +181,7 @@ impl Ua {
             }
         }
         if self.cfg.honour_retry_after && msg.status() == Some(503) {
-            let secs = msg
-                .header_value(sip_core::message::HeaderName::RetryAfter)
-                .and_then(|v| {
-                    let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
-                    std::str::from_utf8(&v[..digits]).ok()?.parse::<u64>().ok()
-                });
-            if let Some(secs) = secs {
+            if let Some(secs) = msg.retry_after().map(u64::from) {
                 self.held_off_until_us = self.held_off_until_us.max(now_us + secs * 1_000_000);
             }
         }

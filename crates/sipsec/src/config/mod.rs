@@ -4,6 +4,11 @@
 //! The keys documented in README.md are public; unknown keys are rejected so a typo fails at
 //! start instead of being silently ignored.
 
+mod routing;
+
+use routing::RawRouting;
+pub use routing::{Next, Route, RoutingConfig};
+
 use crate::net::names::ServerNames;
 use crate::tls::ClientAuth;
 use anyhow::{bail, Context, Result};
@@ -88,12 +93,6 @@ impl Default for RawServer {
             max_connections_per_ip: 10_000,
         }
     }
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct RawRouting {
-    default_route: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -587,8 +586,8 @@ pub struct Config {
     pub server_line: String,
     /// Our domains and listen addresses, as routing and authentication ask about them.
     pub names: ServerNames,
-    /// The default route: its URI text and where it sends.
-    pub default_route: Option<(String, crate::net::transport::Peer)>,
+    /// Default and per-domain routes, DNS and failover (`[routing]`).
+    pub routing: RoutingConfig,
     pub database_url: String,
     pub registrar: RegistrarConfig,
     pub streams: StreamConfig,
@@ -666,48 +665,7 @@ impl Config {
             n if n > 36 => bail!("server.workers: at most 36 workers"),
             n => n,
         };
-        let default_route = match raw.routing.default_route {
-            None => None,
-            Some(r) => {
-                let uri = sip_core::message::Uri::parse(r.as_bytes()).map_err(|e| {
-                    anyhow::anyhow!(
-                        "routing.default_route: '{r}' is not a SIP URI ({})",
-                        e.as_str()
-                    )
-                })?;
-                if !matches!(
-                    uri.scheme,
-                    sip_core::message::Scheme::Sip | sip_core::message::Scheme::Sips
-                ) {
-                    bail!("routing.default_route: '{r}' must be a sip: or sips: URI");
-                }
-                if let Some(t) = uri.transport() {
-                    if crate::net::transport::Transport::parse(t).is_none() {
-                        bail!(
-                            "routing.default_route: unknown transport '{}' (udp, tcp or tls)",
-                            String::from_utf8_lossy(t)
-                        );
-                    }
-                }
-                let peer = crate::net::transport::uri_peer(&uri).ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "routing.default_route: host of '{r}' must be an IP address (no DNS yet)"
-                    )
-                })?;
-                if !listen
-                    .iter()
-                    .any(|l: &Listen| l.transport == peer.transport)
-                {
-                    bail!(
-                        "routing.default_route: '{r}' is reached over {}, but server.listen has \
-                         no {} address",
-                        peer.transport,
-                        peer.transport
-                    );
-                }
-                Some((r, peer))
-            }
-        };
+        let routing = raw.routing.validate(&listen)?;
         let url = raw.database.url;
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres:")
@@ -793,7 +751,7 @@ impl Config {
                 v => format!("Server: {v}\r\n"),
             },
             names: auth.server.clone(),
-            default_route,
+            routing,
             database_url: url,
             registrar: RegistrarConfig {
                 min_expires: reg.min_expires,
@@ -873,8 +831,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            c.default_route.unwrap().1,
-            crate::net::transport::Peer::udp("127.0.0.1:5080".parse().unwrap())
+            c.routing.default_routes[0].next,
+            Next::Addr(crate::net::transport::Peer::udp(
+                "127.0.0.1:5080".parse().unwrap()
+            ))
         );
     }
 
@@ -893,7 +853,22 @@ mod tests {
         assert!(err("[server]\nmode = \"relay\"").contains("mode"));
         assert!(err("[server]\nlisten_typo = []").contains("listen_typo"));
         assert!(err("[routing]\ndefault_route = \"nonsense\"").contains("routing.default_route"));
-        assert!(err("[routing]\ndefault_route = \"sip:proxy.example.com\"").contains("IP address"));
+        assert!(
+            err("[routing]\ndefault_route = \"sip:a.example\"\ndefault_routes = [{ uri = \"sip:b.example\" }]")
+                .contains("not both")
+        );
+        assert!(
+            err("[routing]\ndefault_routes = [{ uri = \"sip:b.example\", weight = -1 }]")
+                .contains("default_routes")
+        );
+        assert!(err("[routing.hosts]\n\"gw.example\" = [\"not-an-ip\"]")
+            .contains("routing.hosts.\"gw.example\""));
+        assert!(
+            err("[routing.domain_routes]\n\"partner.example\" = \"sips:gw.partner.example\"")
+                .contains("server.listen has no tls address")
+        );
+        assert!(err("[routing]\ndns_servers = [\"ns.example\"]").contains("routing.dns_servers"));
+        assert!(err("[routing]\nfailover_timeout_ms = 50").contains("routing.failover_timeout_ms"));
         assert!(err("[database]\nurl = \"redis://x\"").contains("database.url"));
         assert!(err("[registrar]\nmin_expires = 100\nmax_expires = 50")
             .contains("registrar.min_expires"));

@@ -1,0 +1,112 @@
+//! Failover (RFC 3263 §4.3): when a branch's destination fails — a transport error, no
+//! response at all within `[routing] failover_timeout_ms`, or a 503 — the same request goes to
+//! the next destination of its ordered list in a new client transaction of the same server
+//! transaction, and the one that failed is held down (skipped) for a while: for a 503's
+//! Retry-After, else `[routing] hold_down_s`, as Kamailio's blacklist does.
+//!
+//! Only a stateful proxy fails over (a stateless one keeps no state to do it with), and only
+//! while the caller has not cancelled and no final response has gone upstream.
+
+use super::proxy::BranchPlan;
+use super::*;
+
+/// What a branch needs to be sent again elsewhere.
+#[derive(Debug)]
+pub(super) struct Failover {
+    /// The destinations left, in the order to try.
+    pub rest: SmallVec<[Peer; 2]>,
+    /// The request as it came from upstream.
+    pub request: Bytes,
+    pub plan: BranchPlan,
+}
+
+impl Engine {
+    /// Branch `cid` failed with a 503 (a real one, or our own for a transport error): tries
+    /// the next destination. True when a new branch went out in its place.
+    pub(super) fn fail_over_on_503(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) -> bool {
+        let Some(Link::Branch {
+            server,
+            failover,
+            done: false,
+            ..
+        }) = self.tx.user_mut(cid)
+        else {
+            return false;
+        };
+        let server = *server;
+        let Some(f) = failover.take() else {
+            return false;
+        };
+        let Some(failed) = self.tx.dest(cid) else {
+            return false;
+        };
+        let hold_ms = msg
+            .retry_after()
+            .map_or(self.cfg.routing.hold_down_ms, |s| u64::from(s) * 1000);
+        if !self.fail_over(now, server, failed, hold_ms, f) {
+            return false;
+        }
+        if let Some(Link::Branch { done, .. }) = self.tx.user_mut(cid) {
+            *done = true;
+        }
+        if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
+            ctx.pending = ctx.pending.saturating_sub(1);
+        }
+        true
+    }
+
+    /// A branch of `server` timed out before anything answered it: tries the next
+    /// destination. True when a new branch went out in its place.
+    pub(super) fn fail_over_on_timeout(
+        &mut self,
+        now: Millis,
+        server: TxId,
+        failed: Peer,
+        failover: Box<Failover>,
+    ) -> bool {
+        let hold_ms = self.cfg.routing.hold_down_ms;
+        if !self.fail_over(now, server, failed, hold_ms, failover) {
+            return false;
+        }
+        if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
+            ctx.pending = ctx.pending.saturating_sub(1);
+        }
+        true
+    }
+
+    /// Holds `failed` down and sends the request to the next destination not held down.
+    fn fail_over(
+        &mut self,
+        now: Millis,
+        server: TxId,
+        failed: Peer,
+        hold_ms: u64,
+        mut f: Box<Failover>,
+    ) -> bool {
+        self.hold_down(now, failed, hold_ms);
+        match self.tx.user(server) {
+            Some(Link::Proxied(ctx)) if !ctx.cancelled && !ctx.final_sent => {}
+            _ => return false,
+        }
+        let Some(pos) = f.rest.iter().position(|d| !self.held_down(now, d)) else {
+            return false;
+        };
+        let dest = f.rest[pos];
+        f.rest.drain(..=pos);
+        let Some(side) = self.side(dest) else {
+            return false;
+        };
+        let request = f.request.clone();
+        let Ok(msg) = Message::parse(&request) else {
+            return false;
+        };
+        inc(&self.stats.failovers);
+        if self.log.allow(now) {
+            tracing::info!("failing over from {failed} to {dest}");
+        }
+        let plan = f.plan.clone();
+        let failover = (!f.rest.is_empty()).then_some(f);
+        self.send_branch(now, &msg, Some(server), dest, side, &plan, failover);
+        true
+    }
+}

@@ -1,0 +1,123 @@
+//! DNS off the workers' threads: the workers' lookups (`Effects::lookups`) go to one task on
+//! the server's runtime, which asks [`crate::dns::resolver`] once per name however many
+//! workers want it, and mails each of them the answer (`Mail::Resolved`).
+
+use super::mailbox::MailboxSender;
+use crate::dns::resolver::{Resolver, Settings};
+use crate::dns::{Failure, Query, Resolution};
+use crate::engine::Mail;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Where the workers send the names they need.
+#[derive(Clone)]
+pub struct LookupHandle {
+    tx: mpsc::UnboundedSender<(Query, usize)>,
+}
+
+impl LookupHandle {
+    /// Asks for `query` on behalf of worker `worker`.
+    pub fn lookup(&self, query: Query, worker: usize) {
+        let _ = self.tx.send((query, worker));
+    }
+}
+
+/// Starts the lookup task. A resolver that cannot start (no usable system configuration)
+/// is logged once and every lookup is answered "DNS unavailable": routes by address work
+/// regardless.
+pub fn spawn(
+    runtime: &tokio::runtime::Runtime,
+    settings: Settings,
+    workers: Vec<MailboxSender>,
+) -> LookupHandle {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Query, usize)>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Query, Resolution)>();
+    let _guard = runtime.enter();
+    let resolver = match Resolver::new(&settings) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!("DNS is unavailable: {e:#}; next hops named by DNS will fail");
+            None
+        }
+    };
+    // Each lookup is several queries (NAPTR, SRV per transport, A/AAAA per target), each
+    // tried twice: past this, the answer is "unavailable" whatever is still pending.
+    let limit = settings.timeout * 8;
+    runtime.spawn(async move {
+        let mut pending: HashMap<Query, Vec<usize>> = HashMap::new();
+        loop {
+            tokio::select! {
+                asked = rx.recv() => {
+                    let Some((query, worker)) = asked else { break };
+                    let waiting = pending.entry(query.clone()).or_default();
+                    if !waiting.contains(&worker) {
+                        waiting.push(worker);
+                    }
+                    if waiting.len() > 1 {
+                        continue;
+                    }
+                    let (resolver, done) = (resolver.clone(), done_tx.clone());
+                    tokio::spawn(async move {
+                        let answer = match resolver {
+                            Some(r) => tokio::time::timeout(limit, r.resolve(&query))
+                                .await
+                                .unwrap_or_else(|_| unavailable()),
+                            None => unavailable(),
+                        };
+                        log_answer(&query, &answer);
+                        let _ = done.send((query, answer));
+                    });
+                }
+                Some((query, answer)) = done_rx.recv() => {
+                    let answer = Arc::new(answer);
+                    for w in pending.remove(&query).unwrap_or_default() {
+                        if let Some(mailbox) = workers.get(w) {
+                            mailbox.send(Mail::Resolved {
+                                query: query.clone(),
+                                resolution: answer.clone(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    });
+    LookupHandle { tx }
+}
+
+fn unavailable() -> Resolution {
+    Resolution::failed(
+        Failure::Unavailable,
+        crate::dns::resolver::UNAVAILABLE_TTL_S,
+    )
+}
+
+fn log_answer(query: &Query, answer: &Resolution) {
+    match answer.error {
+        None => tracing::debug!(
+            "{query}: {} target(s), TTL {} s",
+            answer.entries.len(),
+            answer.ttl_s
+        ),
+        Some(Failure::NoRecords) => tracing::warn!("{query}: DNS has no SIP server for it"),
+        Some(Failure::Unavailable) => tracing::warn!("{query}: DNS did not answer"),
+    }
+}
+
+/// The resolver settings of a configuration.
+pub fn settings(cfg: &crate::config::Config) -> Settings {
+    use crate::net::transport::Transport;
+    // Without NAPTR, SRV is asked for the transports we can send over, UDP first.
+    let transports = [Transport::Udp, Transport::Tcp, Transport::Tls]
+        .into_iter()
+        .filter(|t| cfg.listen.iter().any(|l| l.transport == *t))
+        .collect();
+    Settings {
+        servers: cfg.routing.dns_servers.clone(),
+        hosts: cfg.routing.hosts.clone(),
+        transports,
+        timeout: Duration::from_millis(cfg.routing.dns_timeout_ms),
+    }
+}
