@@ -838,6 +838,24 @@ mod tests {
         );
     }
 
+    /// The configuration reference in README.md is a file the server accepts.
+    #[test]
+    fn the_readme_reference_parses() {
+        let readme = include_str!("../../../../README.md");
+        let start = readme
+            .find("## Configuration reference")
+            .and_then(|at| {
+                readme[at..]
+                    .find("```toml")
+                    .map(|i| at + i + "```toml".len())
+            })
+            .expect("the reference block");
+        let end = start + readme[start..].find("```").unwrap();
+        let c = Config::from_toml(&readme[start..end]).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(c.routing.domain_routes.len(), 1);
+        assert_eq!(c.routing.hosts["carrier.example.net"].len(), 2);
+    }
+
     #[test]
     fn errors_name_the_key() {
         assert!(err("[server]\nlisten = [\"udp:1.2.3:5060\"]").contains("server.listen[0]"));

@@ -258,7 +258,9 @@ impl Answer {
             };
         }
         let ttl_s = self.until.map_or(0, |u| {
-            u.saturating_duration_since(Instant::now()).as_secs() as u32
+            u.saturating_duration_since(Instant::now())
+                .as_secs_f64()
+                .ceil() as u32
         });
         Resolution {
             entries: self.entries,

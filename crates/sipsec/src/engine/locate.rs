@@ -102,6 +102,7 @@ impl Locator {
                     inc(&stats.dns_cache_hits);
                     if cached.expires <= now && !cached.refreshing {
                         cached.refreshing = true;
+                        inc(&stats.dns_lookups);
                         self.lookups.push(key.to_query());
                     }
                     let resolution = cached.resolution.clone();
@@ -198,6 +199,18 @@ impl Engine {
             }
             _ => resolution,
         };
+        // The certificate of a TLS destination must name the domain it was located from.
+        let domain: Arc<str> = query.name.clone().into();
+        for e in keep
+            .entries
+            .iter()
+            .filter(|e| e.transport == Transport::Tls)
+        {
+            for ip in &e.addrs {
+                fx.tls_names
+                    .push((SocketAddr::new(*ip, e.port), domain.clone()));
+            }
+        }
         let ttl_ms = if keep.error == Some(Failure::Unavailable) {
             u64::from(crate::dns::resolver::UNAVAILABLE_TTL_S) * 1000
         } else {

@@ -104,6 +104,9 @@ pub struct Effects {
     pub fetches: Vec<(String, bool)>,
     /// Next hops to locate by DNS: the answers come back as [`Mail::Resolved`].
     pub lookups: Vec<crate::dns::Query>,
+    /// TLS destinations located from a domain, which their certificates must name (RFC 5922):
+    /// the driver checks connections it opens to them against it.
+    pub tls_names: Vec<(SocketAddr, Arc<str>)>,
 }
 
 impl Effects {
@@ -114,6 +117,7 @@ impl Effects {
             && self.finished_calls.is_empty()
             && self.fetches.is_empty()
             && self.lookups.is_empty()
+            && self.tls_names.is_empty()
     }
 }
 

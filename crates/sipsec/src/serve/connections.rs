@@ -175,7 +175,13 @@ pub struct Connections {
     /// What this pass read, until [`Connections::release`].
     frames: Vec<Frame>,
     reads: Vec<Read>,
+    /// The domain a TLS destination was located from, which its certificate must name
+    /// (RFC 5922 §4); addresses not here are checked against their IP address.
+    tls_names: HashMap<SocketAddr, Arc<str>>,
 }
+
+/// Domains remembered for TLS destinations, per worker.
+const MAX_TLS_NAMES: usize = 4096;
 
 impl Connections {
     /// A worker's connection table. `listeners` are registered with `epoll` here.
@@ -210,6 +216,7 @@ impl Connections {
             tls_server,
             tls_client,
             scratch: vec![0; 64 * 1024],
+            tls_names: HashMap::new(),
             framed: Framed::default(),
             failed: Vec::new(),
             frames: Vec::new(),
@@ -642,7 +649,8 @@ impl Connections {
                 let cfg = self.tls_client.as_ref().ok_or_else(|| {
                     io::Error::other("no TLS client configuration ([tls] ca or verify_server)")
                 })?;
-                let name = crate::tls::server_name(None, to.addr.ip())
+                let domain = self.tls_names.get(&to.addr).map(|d| &**d);
+                let name = crate::tls::server_name(domain, to.addr.ip())
                     .map_err(|e| io::Error::other(e.to_string()))?;
                 Some(cfg.connect(name).map_err(io::Error::other)?)
             }
@@ -673,6 +681,15 @@ impl Connections {
         }
         inc(&self.stats.connections_opened);
         Ok(slot)
+    }
+
+    /// Remembers the domain TLS destination `addr` was located from (RFC 5922): connections
+    /// opened to it from now on check the server's certificate against that name.
+    pub fn name_tls_destination(&mut self, addr: SocketAddr, domain: Arc<str>) {
+        if self.tls_names.len() >= MAX_TLS_NAMES && !self.tls_names.contains_key(&addr) {
+            self.tls_names.clear();
+        }
+        self.tls_names.insert(addr, domain);
     }
 
     /// Marks the per-call connections whose call ended for closing once their output is out.

@@ -346,6 +346,10 @@ impl Worker {
                 store.send(self.index, change);
             }
         }
+        // Before any connection to them is opened.
+        for (addr, domain) in fx.tls_names.drain(..) {
+            self.connections.name_tls_destination(addr, domain);
+        }
         if !fx.transmits.is_empty() {
             for (to, data) in fx.transmits.drain(..) {
                 if to.transport == Transport::Udp {
