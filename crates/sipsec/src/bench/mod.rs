@@ -126,6 +126,11 @@ pub struct BenchArgs {
     /// The load speaks overload control as a client (`sipsec load --oc`).
     #[arg(long)]
     pub oc: bool,
+    /// With the default config: name the callee in the default route by a host name
+    /// (`uas.bench`, answered from `[routing.hosts]`), so each call goes the way of a next hop
+    /// located by DNS, from the worker's cached answer, instead of an IP route.
+    #[arg(long)]
+    pub route_by_name: bool,
     /// Run the started server under callgrind and count the user-space instructions it
     /// executes per operation over the measured run (valgrind; slow, so use a low rate and
     /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
@@ -336,6 +341,7 @@ pub fn default_config(
     s: &modes::StreamArgs,
     tls_dir: &Path,
     overload: bool,
+    route_by_name: bool,
 ) -> String {
     let tls_listen = if s.transport == Transport::Tls {
         format!(", \"tls:{SERVER_TLS}\"")
@@ -343,11 +349,20 @@ pub fn default_config(
         String::new()
     };
     let (server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
+    let (route, hosts) = if route_by_name {
+        let uas: std::net::SocketAddr = UAS.parse().expect("the bench's UAS address");
+        (
+            format!("uas.bench:{}", uas.port()),
+            format!("[routing.hosts]\n\"uas.bench\" = [\"{}\"]\n", uas.ip()),
+        )
+    } else {
+        (UAS.to_string(), String::new())
+    };
     format!(
         "[server]\nlisten = [\"udp:{SERVER}\", \"tcp:{SERVER}\"{tls_listen}]\n\
          domains = [\"bench.test\"]\nmode = \"{}\"\n\
          stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
-         default_route = \"sip:{UAS};transport={}\"\n[database]\nurl = \"sqlite://{}\"\n\
+         default_route = \"sip:{route};transport={}\"\n{hosts}[database]\nurl = \"sqlite://{}\"\n\
          [overload]\nenabled = {overload}\nfeedback = {overload}\nannounce = {overload}\n\
          {tls_table}",
         if role == Role::Redirect {
@@ -553,7 +568,14 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
                 let overload = a.overload == crate::load::cli::OnOff::On;
                 std::fs::write(
                     &p,
-                    default_config(dir.path(), role_of(&a), s, &tls_dir, overload),
+                    default_config(
+                        dir.path(),
+                        role_of(&a),
+                        s,
+                        &tls_dir,
+                        overload,
+                        a.route_by_name,
+                    ),
                 )?;
                 p
             }

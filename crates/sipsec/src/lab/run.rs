@@ -180,6 +180,7 @@ impl Workspace {
             &args.streams,
             self.dir.path(),
             overload,
+            args.route_by_name,
         ) + extra;
         let path = dir.join("sipsec.toml");
         std::fs::write(&path, config)?;
