@@ -11,9 +11,12 @@
 //!   typed errors — and `sipsec certs`.
 //! - [`net`]: sockets and connections: `Peer` and `Transport`, UDP batches, epoll, one
 //!   stream's buffers and framing, the names a server answers to.
+//! - [`dns`]: locating next hops by name (RFC 3263): queries, answers, the order to try
+//!   them in, and the resolver that asks DNS.
 //! - [`auth`]: the checks of a request's credentials, digest and Proxychain side by side.
 //! - [`config`]: `sipsec.toml`, the configuration contract, validated at start.
 //! - [`stats`]: a worker's counters, written by its engine and its I/O driver alike.
+//! - [`metrics`]: the Prometheus endpoint (`/metrics`) both daemons serve.
 //! - [`engine`]: the per-worker SIP engine, sans-IO: proxy, registrar and location service,
 //!   redirect, the auth gate.
 //! - [`db`]: the databases: registrations written behind the engine, users, revoked proxies.
@@ -39,6 +42,7 @@ pub mod dns;
 pub mod engine;
 pub mod lab;
 pub mod load;
+pub mod metrics;
 pub mod net;
 pub mod serve;
 pub mod signals;

@@ -9,12 +9,21 @@ macro_rules! counters {
         /// Counters of one worker.
         #[derive(Debug, Default)]
         #[repr(align(128))]
-        pub struct Stats { $(#[doc = $doc] pub $name: AtomicU64,)* }
+        pub struct Stats {
+            $(#[doc = $doc] pub $name: AtomicU64,)*
+            /// Messages by method and class, gauges and latencies, for `/metrics`.
+            pub traffic: Traffic,
+        }
 
         impl Stats {
             /// Name and value of every counter.
             pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+
+            /// Name and description of every counter.
+            pub fn descriptions() -> &'static [(&'static str, &'static str)] {
+                &[$((stringify!($name), $doc),)*]
             }
         }
     };
@@ -83,6 +92,99 @@ counters! {
     auth_waited: "requests that waited for a Proxychain chain from the authority",
 }
 
+/// The methods requests are counted by, in [`sip_core::message::Method`]'s order (extension
+/// methods are "other").
+pub const METHODS: [&str; 15] = [
+    "INVITE",
+    "ACK",
+    "BYE",
+    "CANCEL",
+    "REGISTER",
+    "OPTIONS",
+    "INFO",
+    "UPDATE",
+    "PRACK",
+    "SUBSCRIBE",
+    "NOTIFY",
+    "REFER",
+    "MESSAGE",
+    "PUBLISH",
+    "other",
+];
+
+/// The upper bounds of the latency histograms' buckets, in milliseconds (the engine's
+/// clock); Prometheus reads them as seconds.
+pub const LATENCY_BUCKETS_MS: [u64; 12] = [
+    5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
+];
+
+/// A latency histogram a worker writes alone: a count per bucket (not cumulative; the scrape
+/// adds them up), the sum and the count.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Per bucket of [`LATENCY_BUCKETS_MS`], and one past the last.
+    pub buckets: [AtomicU64; 13],
+    pub sum_ms: AtomicU64,
+    pub count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe_ms(&self, ms: u64) {
+        let i = LATENCY_BUCKETS_MS.partition_point(|&b| b < ms);
+        inc(&self.buckets[i]);
+        self.sum_ms.fetch_add(ms, Ordering::Relaxed);
+        inc(&self.count);
+    }
+}
+
+/// What `/metrics` reports beyond the plain counters, kept per worker like them: written
+/// with relaxed atomics by the worker alone, read by the scrape.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    /// Requests received, by method ([`METHODS`]).
+    pub requests: [AtomicU64; 15],
+    /// Responses received, by the method of their CSeq and their class (1xx to 6xx).
+    pub responses: [[AtomicU64; 6]; 15],
+    /// Responses made here, by class.
+    pub local_responses: [AtomicU64; 6],
+    /// INVITEs that got a 2xx through this proxy (first 2xx of each), and BYEs that did: the
+    /// dialogs set up and ended through it.
+    pub dialogs_established: AtomicU64,
+    pub dialogs_ended: AtomicU64,
+    /// Proxied INVITEs: time to the first response from downstream other than 100, and to
+    /// the final response sent upstream.
+    pub invite_first_response: Histogram,
+    pub invite_final_response: Histogram,
+    /// Gauges, refreshed by the worker every `[overload] interval_ms`: live transactions,
+    /// open connections, registered contacts (the same in every worker's replica), and the
+    /// busy fraction in millionths.
+    pub transactions: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub bindings: AtomicU64,
+    pub busy_ppm: AtomicU64,
+}
+
+impl Traffic {
+    /// Counts a response received.
+    pub fn response(&self, method: sip_core::message::Method, code: u16) {
+        if let Some(class) = class_index(code) {
+            inc(&self.responses[method as usize][class]);
+        }
+    }
+
+    /// Counts a response made here.
+    pub fn local_response(&self, code: u16) {
+        if let Some(class) = class_index(code) {
+            inc(&self.local_responses[class]);
+        }
+    }
+}
+
+/// 0 for 1xx … 5 for 6xx.
+fn class_index(code: u16) -> Option<usize> {
+    matches!(code, 100..=699).then(|| usize::from(code / 100 - 1))
+}
+
 pub fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
@@ -146,6 +248,26 @@ impl LogLimiter {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn methods_are_named_in_the_parsers_order_and_latencies_land_in_their_bucket() {
+        use sip_core::message::Method;
+        for name in &METHODS[..14] {
+            assert_eq!(METHODS[Method::from_bytes(name.as_bytes()) as usize], *name);
+        }
+        assert_eq!(METHODS[Method::from_bytes(b"FOO") as usize], "other");
+        let h = Histogram::default();
+        for ms in [0, 5, 6, 30_000, 30_001] {
+            h.observe_ms(ms);
+        }
+        let counts: Vec<u64> = h
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(counts, [2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1]);
+        assert_eq!(h.sum_ms.load(Ordering::Relaxed), 60_012);
+    }
+
     use super::*;
 
     #[test]

@@ -90,11 +90,12 @@ impl Lab {
             format!(
                 "[authd]\nlisten = \"127.0.0.1:{port}\"\nrealm = \"{REALM}\"\n\
                  database = \"sqlite://{}\"\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n\
-                 chain_length = 4\n",
+                 chain_length = 4\n[metrics]\nlisten = \"127.0.0.1:{}\"\n",
                 lab.path("users.db"),
                 lab.path("certs/server.pem"),
                 lab.path("certs/server-key.pem"),
                 lab.path("certs/ca.pem"),
+                port + 9,
             ),
         )
         .unwrap();
@@ -228,6 +229,24 @@ fn calls_authenticate_through_the_chain_and_a_new_password_is_pushed() {
     std::fs::write(lab.path("user0-new.csv"), "user0,changed\n").unwrap();
     let (code, summary, _) = lab.calls(&lab.path("user0-new.csv"), 3);
     assert_eq!((code, n(&summary, "succeeded")), (0, 3), "{summary}");
+    // The authority's own /metrics says the same, scraped as Prometheus would.
+    let out = Command::new("curl")
+        .arg(format!("http://127.0.0.1:{}/metrics", lab.port + 9))
+        .output()
+        .expect("curl");
+    let body = String::from_utf8_lossy(&out.stdout);
+    let value = |name: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{body}"))
+    };
+    assert!(
+        value("sipsec_authd_chains_issued_total") >= 24.0,
+        "two chains per user at least"
+    );
+    assert!(value("sipsec_authd_revocations_pushed_total") >= 1.0);
+    assert_eq!(value("sipsec_authd_users"), USERS as f64);
+    assert_eq!(value("sipsec_authd_proxies_connected"), 1.0);
     drop(uas);
     let c = proxy.stop_counters();
     assert!(c.get("auth_passed") >= 126, "INVITE and BYE of 63 calls");

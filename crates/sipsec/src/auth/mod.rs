@@ -30,6 +30,17 @@ pub enum Scheme {
     Proxychain,
 }
 
+impl Scheme {
+    /// The name in the config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::None => "none",
+            Scheme::Digest => "digest",
+            Scheme::Proxychain => "proxychain",
+        }
+    }
+}
+
 /// An address or a network (`10.0.0.0/8`, `::1`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Network {

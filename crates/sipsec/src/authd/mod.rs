@@ -100,29 +100,39 @@ impl Default for AuthdConfig {
 struct File {
     #[serde(default)]
     authd: AuthdConfig,
+    #[serde(default)]
+    metrics: MetricsTable,
+}
+
+/// `[metrics]`, as in `sipsec serve`'s file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsTable {
+    /// Where Prometheus metrics are served, if anywhere.
+    pub listen: Option<SocketAddr>,
 }
 
 impl AuthdConfig {
-    pub fn load(path: Option<&std::path::Path>) -> Result<AuthdConfig> {
-        let cfg = match path {
+    pub fn load(path: Option<&std::path::Path>) -> Result<(AuthdConfig, MetricsTable)> {
+        let (cfg, metrics) = match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("cannot read {}", p.display()))?;
-                let mut cfg = toml::from_str::<File>(&text)
-                    .with_context(|| format!("{}", p.display()))?
-                    .authd;
+                let file =
+                    toml::from_str::<File>(&text).with_context(|| format!("{}", p.display()))?;
+                let mut cfg = file.authd;
                 // Relative paths in the file mean relative to the file.
                 let base = p.parent().unwrap_or(std::path::Path::new(""));
                 cfg.database = crate::config::resolve_relative(&cfg.database, base);
                 for p in [&mut cfg.cert, &mut cfg.key, &mut cfg.ca] {
                     *p = base.join(&*p);
                 }
-                cfg
+                (cfg, file.metrics)
             }
-            None => AuthdConfig::default(),
+            None => (AuthdConfig::default(), MetricsTable::default()),
         };
         cfg.policy()?;
-        Ok(cfg)
+        Ok((cfg, metrics))
     }
 
     pub fn policy(&self) -> Result<authority::Policy> {
@@ -147,14 +157,14 @@ impl AuthdConfig {
 
 /// `sipsec authd`.
 pub fn run(args: AuthdArgs) -> Result<()> {
-    let cfg = AuthdConfig::load(args.config.as_deref())?;
+    let (cfg, metrics) = AuthdConfig::load(args.config.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     rt.block_on(async move {
         match args.command {
-            None => serve(cfg).await,
+            None => serve(cfg, metrics).await,
             Some(AuthdCommand::RevokeProxy { name }) => {
                 let store = Store::connect(&cfg.database).await?;
                 store.set_proxy_revoked(&name, true).await?;
@@ -197,7 +207,7 @@ pub fn run(args: AuthdArgs) -> Result<()> {
 }
 
 /// Runs the authority until the process is stopped.
-async fn serve(cfg: AuthdConfig) -> Result<()> {
+async fn serve(cfg: AuthdConfig, metrics: MetricsTable) -> Result<()> {
     let policy = cfg.policy()?;
     let tls = crate::tls::server_config(&crate::tls::ServerSide {
         cert: cfg.cert.clone(),
@@ -255,6 +265,16 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
             }
         }
     });
+    if let Some(addr) = metrics.listen {
+        let mut exposed = prometheus_client::registry::Registry::default();
+        exposed.register_collector(Box::new(AuthdMetrics {
+            authority: authority.clone(),
+            proxies: registry.clone(),
+        }));
+        let handle = tokio::runtime::Handle::current();
+        let bound = crate::metrics::serve(&handle, addr, exposed)?;
+        tracing::info!("metrics at http://{bound}/metrics");
+    }
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -281,6 +301,66 @@ async fn serve(cfg: AuthdConfig) -> Result<()> {
     }
     log_counters("stopped", &authority.stats);
     Ok(())
+}
+
+/// What `sipsec authd` exposes at `/metrics`.
+#[derive(Clone)]
+struct AuthdMetrics {
+    authority: Arc<authority::Authority>,
+    proxies: Arc<server::Registry>,
+}
+
+impl std::fmt::Debug for AuthdMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuthdMetrics")
+    }
+}
+
+impl prometheus_client::collector::Collector for AuthdMetrics {
+    fn encode(
+        &self,
+        mut enc: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> std::fmt::Result {
+        let w = &mut crate::metrics::Writer { enc: &mut enc };
+        let s = &self.authority.stats;
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        w.counter(
+            "sipsec_authd_chains_issued",
+            "Chains issued to proxies",
+            load(&s.issued),
+        )?;
+        w.counter(
+            "sipsec_authd_unknown_users",
+            "Chains asked for users the authority does not know",
+            load(&s.unknown),
+        )?;
+        w.counter(
+            "sipsec_authd_revocations_pushed",
+            "Revocations pushed to proxies holding a chain of a user whose key changed",
+            load(&s.revocations_pushed),
+        )?;
+        w.counter(
+            "sipsec_authd_received_bytes",
+            "Bytes read from proxies",
+            load(&s.bytes_in),
+        )?;
+        w.counter(
+            "sipsec_authd_sent_bytes",
+            "Bytes written to proxies",
+            load(&s.bytes_out),
+        )?;
+        w.gauge(
+            "sipsec_authd_proxies_connected",
+            "Proxies with a connection open",
+            self.proxies.connected() as f64,
+        )?;
+        w.gauge(
+            "sipsec_authd_users",
+            "Users whose keys the authority holds",
+            self.authority.users.len() as f64,
+        )?;
+        Ok(())
+    }
 }
 
 /// One log line with every counter, in the `name=value` form the lab scripts read.

@@ -63,6 +63,11 @@ impl Registry {
         !v.is_empty()
     }
 
+    /// Proxies with a connection open.
+    pub fn connected(&self) -> usize {
+        self.conns.lock().map_or(0, |c| c.len())
+    }
+
     pub fn is_revoked(&self, proxy: &str) -> bool {
         self.revoked.lock().is_ok_and(|r| r.contains(proxy))
     }

@@ -538,8 +538,15 @@ impl RawOverload {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+struct RawMetrics {
+    listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 struct RawConfig {
     server: RawServer,
+    metrics: RawMetrics,
     tls: RawTls,
     routing: RawRouting,
     database: RawDatabase,
@@ -594,6 +601,8 @@ pub struct Config {
     pub tls: TlsConfig,
     pub auth: crate::auth::AuthConfig,
     pub overload: OverloadConfig,
+    /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -666,6 +675,13 @@ impl Config {
             n => n,
         };
         let routing = raw.routing.validate(&listen)?;
+        let metrics_listen =
+            match raw.metrics.listen {
+                None => None,
+                Some(l) => Some(l.parse::<SocketAddr>().map_err(|_| {
+                    anyhow::anyhow!("metrics.listen: {l:?} is not an ip:port address")
+                })?),
+            };
         let url = raw.database.url;
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres:")
@@ -752,6 +768,7 @@ impl Config {
             },
             names: auth.server.clone(),
             routing,
+            metrics_listen,
             database_url: url,
             registrar: RegistrarConfig {
                 min_expires: reg.min_expires,

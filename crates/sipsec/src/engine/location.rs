@@ -191,6 +191,16 @@ impl Location {
         }
     }
 
+    /// Bindings held (each has exactly one expiry timer; expired ones leave at the next
+    /// `expire`).
+    pub fn len(&self) -> usize {
+        self.expiry.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.expiry.is_empty()
+    }
+
     /// When `expire` next has work.
     pub fn next_expiry(&self) -> Option<Millis> {
         self.expiry.next_deadline()

@@ -156,6 +156,25 @@ struct ProxyContext {
     invite: bool,
     /// While the request waits for DNS: the request, to answer a CANCEL with 487.
     waiting: Option<Bytes>,
+    /// When the request arrived, and whether a response other than 100 has come back yet
+    /// (the INVITE latency histograms).
+    started: Millis,
+    first_seen: bool,
+}
+
+impl ProxyContext {
+    /// Marks the final response sent; for an INVITE, records how long it took.
+    fn finish(&mut self, now: Millis, stats: &Stats) {
+        self.final_sent = true;
+        if self.invite {
+            let took = now.saturating_sub(self.started);
+            stats.traffic.invite_final_response.observe_ms(took);
+            if !self.first_seen {
+                self.first_seen = true;
+                stats.traffic.invite_first_response.observe_ms(took);
+            }
+        }
+    }
 }
 
 /// Where one forwarded copy of a request goes.
@@ -448,6 +467,8 @@ impl Engine {
                     return;
                 }
             }
+            let code = msg.status().unwrap_or(0);
+            self.stats.traffic.response(msg.method(), code);
             self.on_response(now, &msg, fx);
         }
         self.drain_outputs(now, fx);
@@ -455,6 +476,7 @@ impl Engine {
 
     fn on_request(&mut self, now: Millis, source: Peer, msg: &Message<'_>, fx: &mut Effects) {
         let method = msg.method();
+        inc(&self.stats.traffic.requests[method as usize]);
         if self.cfg.stateful {
             match self.tx.recv_request(now, msg, &mut self.outputs) {
                 RequestMatch::New | RequestMatch::Ack => {}
@@ -630,7 +652,7 @@ impl Engine {
         let data = self.add_feedback(now, data);
         inc(&self.stats.local_responses);
         if let Some(Link::Proxied(ctx)) = self.tx.user_mut(id) {
-            ctx.final_sent = true;
+            ctx.finish(now, &self.stats);
             ctx.waiting = None;
         }
         self.tx.respond(now, id, code, data, &mut self.outputs);
@@ -639,6 +661,7 @@ impl Engine {
     /// A response generated here: `headers` (CRLF-terminated lines) plus our Server header,
     /// with a deterministic To tag.
     fn local_response(&self, msg: &Message<'_>, code: u16, reason: &str, headers: &str) -> Bytes {
+        self.stats.traffic.local_response(code);
         let server = &self.cfg.server_line;
         let mut extra = String::with_capacity(headers.len() + server.len());
         extra.push_str(headers);

@@ -137,6 +137,13 @@ impl Engine {
     /// interval the worker was busy, and the longest a datagram waited in the kernel before
     /// it was read (0 when not measured).
     pub fn on_load(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        // The gauges `/metrics` reads.
+        let t = &self.stats.traffic;
+        t.busy_ppm
+            .store((busy.clamp(0.0, 1.0) * 1e6) as u64, Relaxed);
+        t.transactions.store(self.tx.len() as u64, Relaxed);
+        t.bindings.store(self.location.len() as u64, Relaxed);
         let cfg = &self.cfg.overload;
         let o = &mut self.overload;
         // A busy fraction cannot tell a worker just keeping up from one with a second of

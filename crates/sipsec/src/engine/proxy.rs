@@ -48,6 +48,7 @@ impl Engine {
         let dest = response_peer(msg.top_via(), source);
         let ctx = ProxyContext {
             invite: msg.method() == Method::Invite,
+            started: now,
             ..Default::default()
         };
         let id = self.tx.create_server(
@@ -60,6 +61,7 @@ impl Engine {
             let mut out = Vec::with_capacity(msg.as_bytes().len() / 2);
             let server = self.cfg.server_line.as_bytes();
             build::response(msg, 100, "Trying", None, server, b"", &mut out);
+            self.stats.traffic.local_response(100);
             self.tx
                 .respond(now, id, 100, Bytes::from(out), &mut self.outputs);
         }
@@ -523,6 +525,13 @@ impl Engine {
         inc(&self.stats.forwarded_responses);
         match code {
             100..=199 => {
+                if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
+                    if ctx.invite && !ctx.first_seen {
+                        ctx.first_seen = true;
+                        let took = now.saturating_sub(ctx.started);
+                        self.stats.traffic.invite_first_response.observe_ms(took);
+                    }
+                }
                 self.tx.respond(now, server, code, data, &mut self.outputs);
             }
             200..=299 => {
@@ -530,7 +539,14 @@ impl Engine {
                 // Accepted); other INVITE branches are cancelled.
                 self.tx.respond(now, server, code, data, &mut self.outputs);
                 if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
-                    ctx.final_sent = true;
+                    if !ctx.final_sent {
+                        ctx.finish(now, &self.stats);
+                        match msg.method() {
+                            Method::Invite => inc(&self.stats.traffic.dialogs_established),
+                            Method::Bye => inc(&self.stats.traffic.dialogs_ended),
+                            _ => {}
+                        }
+                    }
                 }
                 self.cancel_branches(now, server);
             }
@@ -582,7 +598,7 @@ impl Engine {
         let Some((code, data)) = ctx.best.take() else {
             return;
         };
-        ctx.final_sent = true;
+        ctx.finish(now, &self.stats);
         self.tx.respond(now, server, code, data, &mut self.outputs);
     }
 

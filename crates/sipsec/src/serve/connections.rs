@@ -683,6 +683,11 @@ impl Connections {
         Ok(slot)
     }
 
+    /// Connections open in this worker.
+    pub fn open(&self) -> usize {
+        self.open
+    }
+
     /// Remembers the domain TLS destination `addr` was located from (RFC 5922): connections
     /// opened to it from now on check the server's certificate against that name.
     pub fn name_tls_destination(&mut self, addr: SocketAddr, domain: Arc<str>) {

@@ -10,7 +10,8 @@
 //! - [`coalesce`]: letting datagrams accumulate briefly under load; [`busy`]: the busy
 //!   fraction overload control steers by;
 //! - [`fetch`]: credential fetches off the workers' threads, and the user-database fetcher;
-//!   [`authority`]: the Proxychain authority's channel; [`dns`]: DNS lookups (RFC 3263).
+//!   [`authority`]: the Proxychain authority's channel; [`dns`]: DNS lookups (RFC 3263);
+//! - [`metrics`]: what `/metrics` exposes (`[metrics] listen`).
 
 pub mod authority;
 pub mod busy;
@@ -19,6 +20,7 @@ pub mod connections;
 pub mod dns;
 pub mod fetch;
 pub mod mailbox;
+pub mod metrics;
 pub mod token;
 pub mod worker;
 
@@ -197,6 +199,15 @@ pub fn run(cfg: Config) -> Result<()> {
         let stats = Arc::new(stats::Stats::default());
         all_stats.push(stats.clone());
         workers.push(common.worker(index, mailbox, stats)?);
+    }
+    if let Some(addr) = cfg.metrics_listen {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(metrics::ServeMetrics {
+            workers: all_stats.clone(),
+            scheme: cfg.auth.scheme.name(),
+        }));
+        let bound = crate::metrics::serve(runtime.handle(), addr, registry)?;
+        tracing::info!("metrics at http://{bound}/metrics");
     }
     let handles: Vec<_> = workers
         .into_iter()

@@ -198,6 +198,9 @@ impl Worker {
             if let Some(load) = busy.take(woke) {
                 self.engine
                     .on_load(now, load.busy, load.queue_delay.as_millis() as u64);
+                let open = self.connections.open() as u64;
+                let traffic = &self.engine.stats().traffic;
+                traffic.connections_open.store(open, Ordering::Relaxed);
                 // Kernel timestamps only near capacity, where queue delay is worth knowing.
                 let want = load.busy >= TIMESTAMPS_FROM_BUSY || !load.queue_delay.is_zero();
                 if want != timestamps {

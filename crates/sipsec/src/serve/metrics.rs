@@ -1,0 +1,213 @@
+//! What `sipsec serve` exposes at `/metrics`: every worker's counters summed at scrape time —
+//! messages by method and class, transactions, dialogs and registrations, authentication by
+//! scheme and outcome, TLS handshakes, connections, DNS, overload control, each worker's busy
+//! fraction, and the INVITE latency histograms.
+
+use crate::metrics::Writer;
+use crate::stats::{Histogram, Stats, Traffic, LATENCY_BUCKETS_MS, METHODS};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Counters exported under a labelled family of their own instead of by name.
+const IN_FAMILIES: &[&str] = &[
+    "auth_passed",
+    "auth_challenged",
+    "auth_failed",
+    "auth_stale",
+    "auth_replays",
+    "auth_races",
+    "auth_identity_mismatches",
+    "auth_throttled",
+    "auth_malformed",
+    "auth_unavailable",
+    "tls_handshakes_full",
+    "tls_handshakes_resumed",
+    "tls_failures",
+    "overload_shed",
+    "overload_throttled",
+    "overload_rejected",
+];
+
+/// The collector: reads the workers' [`Stats`] on each scrape.
+#[derive(Debug)]
+pub struct ServeMetrics {
+    pub workers: Vec<Arc<Stats>>,
+    /// The authentication scheme in use ("none", "digest", "proxychain").
+    pub scheme: &'static str,
+}
+
+impl ServeMetrics {
+    fn sum(&self, f: impl Fn(&Stats) -> &AtomicU64) -> u64 {
+        self.workers.iter().map(|w| f(w).load(Relaxed)).sum()
+    }
+
+    fn traffic(&self, f: impl Fn(&Traffic) -> &AtomicU64) -> u64 {
+        self.sum(|s| f(&s.traffic))
+    }
+
+    fn histogram(
+        &self,
+        w: &mut Writer<'_, '_>,
+        name: &str,
+        help: &str,
+        h: impl Fn(&Traffic) -> &Histogram,
+    ) -> std::fmt::Result {
+        let counts: Vec<u64> = (0..LATENCY_BUCKETS_MS.len() + 1)
+            .map(|i| self.traffic(|t| &h(t).buckets[i]))
+            .collect();
+        let sum_ms = self.traffic(|t| &h(t).sum_ms);
+        w.histogram_seconds(name, help, &LATENCY_BUCKETS_MS, &counts, sum_ms)
+    }
+}
+
+impl Collector for ServeMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let w = &mut Writer { enc: &mut enc };
+        w.counters(
+            "sipsec_requests",
+            "Requests received, by method",
+            METHODS
+                .iter()
+                .enumerate()
+                .map(|(i, m)| ([("method", *m)], self.traffic(|t| &t.requests[i]))),
+        )?;
+        let classes = ["1xx", "2xx", "3xx", "4xx", "5xx", "6xx"];
+        w.counters(
+            "sipsec_responses",
+            "Responses received, by the method of their CSeq and their class",
+            METHODS.iter().enumerate().flat_map(|(i, m)| {
+                classes.iter().enumerate().filter_map(move |(c, class)| {
+                    let v = self.traffic(|t| &t.responses[i][c]);
+                    (v > 0).then_some(([("method", *m), ("class", *class)], v))
+                })
+            }),
+        )?;
+        w.counters(
+            "sipsec_local_responses",
+            "Responses made by this server, by class",
+            classes
+                .iter()
+                .enumerate()
+                .map(|(c, class)| ([("class", *class)], self.traffic(|t| &t.local_responses[c]))),
+        )?;
+        let auth = [
+            ("passed", self.sum(|s| &s.auth_passed)),
+            ("challenged", self.sum(|s| &s.auth_challenged)),
+            ("failed", self.sum(|s| &s.auth_failed)),
+            ("stale", self.sum(|s| &s.auth_stale)),
+            ("replay", self.sum(|s| &s.auth_replays)),
+            ("race", self.sum(|s| &s.auth_races)),
+            (
+                "identity_mismatch",
+                self.sum(|s| &s.auth_identity_mismatches),
+            ),
+            ("throttled", self.sum(|s| &s.auth_throttled)),
+            ("malformed", self.sum(|s| &s.auth_malformed)),
+            ("unavailable", self.sum(|s| &s.auth_unavailable)),
+        ];
+        w.counters(
+            "sipsec_auth",
+            "Authentication outcomes, by scheme (digest or proxychain) and result",
+            auth.map(|(result, v)| ([("scheme", self.scheme), ("result", result)], v)),
+        )?;
+        w.counters(
+            "sipsec_tls_handshakes",
+            "TLS handshakes, by result (full, resumed from an earlier session, failed)",
+            [
+                ("full", self.sum(|s| &s.tls_handshakes_full)),
+                ("resumed", self.sum(|s| &s.tls_handshakes_resumed)),
+                ("failed", self.sum(|s| &s.tls_failures)),
+            ]
+            .map(|(r, v)| ([("result", r)], v)),
+        )?;
+        w.counters(
+            "sipsec_overload_rejections",
+            "New requests answered 503 by overload control, by reason (shed: this server over \
+             its target; throttled: the next hop's RFC 7339 feedback; table_full: no room for \
+             another transaction)",
+            [
+                ("shed", self.sum(|s| &s.overload_shed)),
+                ("throttled", self.sum(|s| &s.overload_throttled)),
+                ("table_full", self.sum(|s| &s.overload_rejected)),
+            ]
+            .map(|(r, v)| ([("reason", r)], v)),
+        )?;
+        let established = self.traffic(|t| &t.dialogs_established);
+        let ended = self.traffic(|t| &t.dialogs_ended);
+        w.counter(
+            "sipsec_dialogs_established",
+            "INVITEs answered 2xx through this proxy",
+            established,
+        )?;
+        w.counter(
+            "sipsec_dialogs_ended",
+            "BYEs answered 2xx through this proxy",
+            ended,
+        )?;
+        w.gauge(
+            "sipsec_dialogs",
+            "Dialogs set up through this proxy and not yet ended by a BYE it saw",
+            established.saturating_sub(ended) as f64,
+        )?;
+        w.gauge(
+            "sipsec_transactions",
+            "Live transactions, all workers",
+            self.traffic(|t| &t.transactions) as f64,
+        )?;
+        w.gauge(
+            "sipsec_connections",
+            "Open TCP and TLS connections",
+            self.traffic(|t| &t.connections_open) as f64,
+        )?;
+        w.gauge(
+            "sipsec_bindings",
+            "Registered contacts held by the location service",
+            self.workers
+                .first()
+                .map_or(0, |s| s.traffic.bindings.load(Relaxed)) as f64,
+        )?;
+        w.gauges(
+            "sipsec_worker_busy_ratio",
+            "Share of the last overload interval each worker was busy",
+            self.workers.iter().enumerate().map(|(i, s)| {
+                let worker = i.to_string();
+                (
+                    [("worker", worker)],
+                    s.traffic.busy_ppm.load(Relaxed) as f64 / 1e6,
+                )
+            }),
+        )?;
+        self.histogram(
+            w,
+            "sipsec_invite_first_response",
+            "Proxied INVITEs: arrival to the first response from downstream other than 100",
+            |t| &t.invite_first_response,
+        )?;
+        self.histogram(
+            w,
+            "sipsec_invite_final_response",
+            "Proxied INVITEs: arrival to the final response sent upstream",
+            |t| &t.invite_final_response,
+        )?;
+        // Every other counter, under its own name.
+        let all = self
+            .workers
+            .iter()
+            .map(|s| s.snapshot())
+            .reduce(|mut acc, s| {
+                for (a, (_, v)) in acc.iter_mut().zip(s) {
+                    a.1 += v;
+                }
+                acc
+            })
+            .unwrap_or_default();
+        for ((name, value), (_, help)) in all.iter().zip(Stats::descriptions()) {
+            if !IN_FAMILIES.contains(name) {
+                w.counter(&format!("sipsec_{name}"), help, *value)?;
+            }
+        }
+        Ok(())
+    }
+}
