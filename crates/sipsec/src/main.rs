@@ -89,12 +89,11 @@ fn main() -> ExitCode {
         // The lab's no-op stages come first: the TLS configuration is built with them.
         Command::Serve { config } => sipsec::ablation::init_from_env()
             .and_then(|_| {
-                config.map_or_else(
-                    || Ok(config::Config::default()),
-                    |p| config::Config::load(&p),
-                )
+                config
+                    .as_deref()
+                    .map_or_else(|| Ok(config::Config::default()), config::Config::load)
             })
-            .and_then(serve::run),
+            .and_then(|cfg| serve::run(cfg, config)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

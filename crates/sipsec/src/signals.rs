@@ -1,8 +1,8 @@
 //! The signals an operator may send `sipsec serve` and `sipsec authd`, the same for both:
-//! SIGINT and SIGTERM stop cleanly, SIGUSR1 asks for the counters, SIGHUP (the habit for
-//! "reload") is logged and otherwise ignored until reloading exists. Unhandled, USR1 and HUP
-//! would kill the process without its clean shutdown. Handlers only set flags; the process's
-//! main loop polls them.
+//! SIGINT and SIGTERM stop cleanly, SIGUSR1 asks for the counters, SIGHUP reloads the
+//! configuration (`sipsec serve`; `sipsec authd` logs that it has nothing to reload).
+//! Unhandled, USR1 and HUP would kill the process without its clean shutdown. Handlers only
+//! set flags; the process's main loop polls them.
 
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
@@ -42,16 +42,14 @@ impl Signals {
         self.stop.load(Ordering::Relaxed)
     }
 
-    /// Handles what arrived since the last call: `report` runs once per SIGUSR1 (at least
-    /// once for several), SIGHUP is logged.
-    pub fn poll(&self, report: impl FnOnce()) {
+    /// Handles what arrived since the last call: `report` runs once per SIGUSR1, `hangup`
+    /// once per SIGHUP (at least once for several of either).
+    pub fn poll(&self, report: impl FnOnce(), hangup: impl FnOnce()) {
         if self.report.swap(false, Ordering::Relaxed) {
             report();
         }
         if self.hangup.swap(false, Ordering::Relaxed) {
-            tracing::warn!(
-                "SIGHUP: reloading the configuration is not supported yet; nothing changed"
-            );
+            hangup();
         }
     }
 }

@@ -291,7 +291,15 @@ async fn serve(cfg: AuthdConfig, metrics: MetricsTable) -> Result<()> {
     let stats = authority.clone();
     let stopped = async {
         while !signals.stopping() {
-            signals.poll(|| log_counters("counters", &stats.stats));
+            signals.poll(
+                || log_counters("counters", &stats.stats),
+                || {
+                    tracing::warn!(
+                        "SIGHUP: the authority reloads users and revoked proxies by itself \
+                         (every second); its own settings need a restart"
+                    )
+                },
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };

@@ -635,6 +635,99 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The keys that differ between this (running) configuration and `new` but cannot change
+    /// without a restart: what the server bound, spawned or connected to at start, and state
+    /// that outlives a request (transactions, nonces, the credential cache). Everything else
+    /// — routes, registrar limits, overload control, which methods are challenged and who is
+    /// trusted, the digest algorithms, domains, the server's own answers, TLS certificates —
+    /// a reload applies.
+    pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
+        let (a, b) = (self, new);
+        let (x, y) = (&a.auth, &b.auth);
+        [
+            ("server.listen", a.listen != b.listen),
+            ("server.workers", a.workers != b.workers),
+            ("server.stateful", a.stateful != b.stateful),
+            (
+                "server.max_message_size",
+                a.max_message_size != b.max_message_size,
+            ),
+            (
+                "server.max_batch_delay_us",
+                a.max_batch_delay_us != b.max_batch_delay_us,
+            ),
+            (
+                "server.outbound_connections",
+                a.streams.outbound != b.streams.outbound,
+            ),
+            (
+                "server.idle_timeout_s",
+                a.streams.idle_timeout_ms != b.streams.idle_timeout_ms,
+            ),
+            (
+                "server.message_timeout_ms",
+                a.streams.message_timeout_ms != b.streams.message_timeout_ms,
+            ),
+            // Held per worker: compared when the workers are the same.
+            (
+                "server.max_connections",
+                a.workers == b.workers
+                    && a.streams.max_connections_per_worker != b.streams.max_connections_per_worker,
+            ),
+            (
+                "server.max_connections_per_ip",
+                a.workers == b.workers
+                    && a.streams.max_per_ip_per_worker != b.streams.max_per_ip_per_worker,
+            ),
+            ("database.url", a.database_url != b.database_url),
+            ("metrics.listen", a.metrics_listen != b.metrics_listen),
+            (
+                "registrar.durable",
+                a.registrar.durable != b.registrar.durable,
+            ),
+            (
+                "overload.interval_ms",
+                a.overload.interval_ms != b.overload.interval_ms,
+            ),
+            ("auth.scheme", x.scheme != y.scheme),
+            ("auth.realm", x.scope.realm != y.scope.realm),
+            (
+                "auth.nonce_lifetime_s",
+                x.nonce_lifetime_ms != y.nonce_lifetime_ms,
+            ),
+            (
+                "auth.max_tracked_nonces",
+                x.max_tracked_nonces != y.max_tracked_nonces,
+            ),
+            (
+                "auth.max_failures_per_source",
+                x.max_failures_per_source != y.max_failures_per_source,
+            ),
+            (
+                "auth.max_failures_per_user",
+                x.max_failures_per_user != y.max_failures_per_user,
+            ),
+            (
+                "auth.failure_window_s",
+                x.failure_window_ms != y.failure_window_ms,
+            ),
+            (
+                "auth.credential_cache",
+                x.credential_cache != y.credential_cache,
+            ),
+            (
+                "auth.authority (or another Proxychain key)",
+                match (&x.proxychain, &y.proxychain) {
+                    (Some(p), Some(q)) => !p.same_setup(q),
+                    (p, q) => p.is_some() != q.is_some(),
+                },
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+    }
+
     /// Parses and validates TOML text (empty text gives the embedded defaults).
     pub fn from_toml(text: &str) -> Result<Config> {
         let raw: RawConfig =
@@ -871,6 +964,34 @@ mod tests {
         let c = Config::from_toml(&readme[start..end]).unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(c.routing.domain_routes.len(), 1);
         assert_eq!(c.routing.hosts["carrier.example.net"].len(), 2);
+    }
+
+    #[test]
+    fn a_reload_may_change_routes_but_not_what_was_bound_at_start() {
+        let base = "[server]\nlisten = [\"udp:127.0.0.1:5060\"]\nworkers = 2\n";
+        let running = Config::from_toml(base).unwrap();
+        let changes = |extra: &str| {
+            let new = Config::from_toml(&format!("{base}{extra}")).unwrap();
+            running.restart_only_changes(&new)
+        };
+        assert!(changes("[routing]\ndefault_route = \"sip:gw.example\"\n").is_empty());
+        assert!(changes("[registrar]\nmax_contacts = 2\n[overload]\ntarget = 0.97\n").is_empty());
+        assert!(changes("[auth]\nmethods = [\"INVITE\"]\ntrusted = [\"10.0.0.0/8\"]\n").is_empty());
+        let new = Config::from_toml("[server]\nlisten = [\"udp:127.0.0.1:5070\"]\nworkers = 3\n")
+            .unwrap();
+        assert_eq!(
+            running.restart_only_changes(&new),
+            ["server.listen", "server.workers"]
+        );
+        assert_eq!(changes("[auth]\nrealm = \"other\"\n"), ["auth.realm"]);
+        assert_eq!(
+            changes("[database]\nurl = \"sqlite://x.db\"\n"),
+            ["database.url"]
+        );
+        assert_eq!(
+            changes("[metrics]\nlisten = \"127.0.0.1:9090\"\n"),
+            ["metrics.listen"]
+        );
     }
 
     #[test]

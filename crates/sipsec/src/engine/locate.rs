@@ -143,6 +143,15 @@ impl Locator {
     }
 }
 
+impl Locator {
+    /// Drops every cached answer (a reload may have changed hosts or name servers); requests
+    /// waiting for an answer keep waiting for it.
+    pub(super) fn forget_answers(&mut self) {
+        self.cache.clear();
+        self.held_down.clear();
+    }
+}
+
 impl Engine {
     /// Seeds the worker's random numbers (route and SRV weighting).
     pub(super) fn seed_locator(&mut self) {

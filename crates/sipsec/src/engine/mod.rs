@@ -15,7 +15,9 @@
 //!   change), from the store (commits) or from a credential fetcher (an answer is in);
 //! - [`Engine::on_transport_error`]: a request the driver could not deliver;
 //! - [`Engine::on_tick`]: when [`Engine::next_deadline`] has passed;
-//! - [`Engine::on_load`]: every `[overload] interval_ms`, the share of it the worker was busy.
+//! - [`Engine::on_load`]: every `[overload] interval_ms`, the share of it the worker was busy;
+//! - [`Engine::reload`]: a new configuration (SIGHUP), already checked by
+//!   [`Config::restart_only_changes`] to differ only where it may.
 //!
 //! Outputs, all in [`Effects`], which the driver carries out after each input (or after a
 //! batch of them) and then clears: messages to send, mail for other workers, binding changes
@@ -360,6 +362,20 @@ impl Engine {
 
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
+    }
+
+    /// Takes a reloaded configuration: requests from now on are routed, registered, shed and
+    /// challenged by it; transactions in flight finish as they began. DNS answers are dropped
+    /// (hosts and name servers may have changed) and asked again as needed.
+    pub fn reload(&mut self, cfg: Arc<Config>) {
+        if let Some(auth) = self.auth.as_mut() {
+            auth.set_config(Arc::new(cfg.auth.clone()));
+        }
+        if let Some(pc) = self.proxychain.as_mut() {
+            pc.set_scope(cfg.auth.scope.clone());
+        }
+        self.locator.forget_answers();
+        self.cfg = cfg;
     }
 
     /// Loads a binding or known AOR from the store at start.

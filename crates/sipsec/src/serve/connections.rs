@@ -683,6 +683,13 @@ impl Connections {
         Ok(slot)
     }
 
+    /// TLS for connections accepted and opened from now on (a reload: a rotated certificate,
+    /// a new CA); those already up keep theirs.
+    pub fn set_tls(&mut self, server: Option<ServerTls>, client: Option<ClientTls>) {
+        self.tls_server = server;
+        self.tls_client = client;
+    }
+
     /// Connections open in this worker.
     pub fn open(&self) -> usize {
         self.open

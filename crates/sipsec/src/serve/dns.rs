@@ -11,16 +11,29 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// What the lookup task is asked.
+enum Ask {
+    /// `query`, for worker `usize`.
+    Lookup(Query, usize),
+    /// New name servers or hosts (a reload): lookups from now on use them.
+    Settings(Settings),
+}
+
 /// Where the workers send the names they need.
 #[derive(Clone)]
 pub struct LookupHandle {
-    tx: mpsc::UnboundedSender<(Query, usize)>,
+    tx: mpsc::UnboundedSender<Ask>,
 }
 
 impl LookupHandle {
     /// Asks for `query` on behalf of worker `worker`.
     pub fn lookup(&self, query: Query, worker: usize) {
-        let _ = self.tx.send((query, worker));
+        let _ = self.tx.send(Ask::Lookup(query, worker));
+    }
+
+    /// Resolves with these settings from now on.
+    pub fn reconfigure(&self, settings: Settings) {
+        let _ = self.tx.send(Ask::Settings(settings));
     }
 }
 
@@ -32,25 +45,27 @@ pub fn spawn(
     settings: Settings,
     workers: Vec<MailboxSender>,
 ) -> LookupHandle {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Query, usize)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Ask>();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Query, Resolution)>();
     let _guard = runtime.enter();
-    let resolver = match Resolver::new(&settings) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            tracing::error!("DNS is unavailable: {e:#}; next hops named by DNS will fail");
-            None
-        }
-    };
+    let mut resolver = start(&settings);
     // Each lookup is several queries (NAPTR, SRV per transport, A/AAAA per target), each
     // tried twice: past this, the answer is "unavailable" whatever is still pending.
-    let limit = settings.timeout * 8;
+    let mut limit = settings.timeout * 8;
     runtime.spawn(async move {
         let mut pending: HashMap<Query, Vec<usize>> = HashMap::new();
         loop {
             tokio::select! {
                 asked = rx.recv() => {
-                    let Some((query, worker)) = asked else { break };
+                    let (query, worker) = match asked {
+                        None => break,
+                        Some(Ask::Lookup(q, w)) => (q, w),
+                        Some(Ask::Settings(s)) => {
+                            resolver = start(&s);
+                            limit = s.timeout * 8;
+                            continue;
+                        }
+                    };
                     let waiting = pending.entry(query.clone()).or_default();
                     if !waiting.contains(&worker) {
                         waiting.push(worker);
@@ -85,6 +100,17 @@ pub fn spawn(
         }
     });
     LookupHandle { tx }
+}
+
+/// A resolver with `settings` (inside the runtime), or None, logged, when it cannot start.
+fn start(settings: &Settings) -> Option<Resolver> {
+    match Resolver::new(settings) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!("DNS is unavailable: {e:#}; next hops named by DNS will fail");
+            None
+        }
+    }
 }
 
 fn unavailable() -> Resolution {

@@ -1,6 +1,6 @@
 //! A worker's mailbox: how other threads reach a worker — other workers (handed-off
-//! messages, binding changes, bytes for a connection it owns), the store's writer (commits)
-//! and the credential fetchers (answers in). A channel plus an eventfd in the worker's epoll
+//! messages, binding changes, bytes for a connection it owns), the store's writer (commits),
+//! the credential fetchers and DNS (answers in), and the main thread (a reload). A channel plus an eventfd in the worker's epoll
 //! set, so mail wakes it from its wait.
 
 use crate::engine::Mail;
@@ -17,6 +17,8 @@ pub enum Letter {
     Engine(Mail),
     /// Bytes for a connection the receiving worker owns: I/O, which its engine never sees.
     Transmit { to: Peer, data: Bytes },
+    /// A reloaded configuration and the TLS made from it (SIGHUP).
+    Reload(Arc<super::reload::Reloaded>),
 }
 
 impl From<Mail> for Letter {

@@ -11,7 +11,7 @@
 //!   fraction overload control steers by;
 //! - [`fetch`]: credential fetches off the workers' threads, and the user-database fetcher;
 //!   [`authority`]: the Proxychain authority's channel; [`dns`]: DNS lookups (RFC 3263);
-//! - [`metrics`]: what `/metrics` exposes (`[metrics] listen`).
+//! - [`metrics`]: what `/metrics` exposes (`[metrics] listen`); [`reload`]: SIGHUP.
 
 pub mod authority;
 pub mod busy;
@@ -21,6 +21,7 @@ pub mod dns;
 pub mod fetch;
 pub mod mailbox;
 pub mod metrics;
+pub mod reload;
 pub mod token;
 pub mod worker;
 
@@ -101,19 +102,11 @@ fn start_proxychain(
     Ok(Some((shared, tls)))
 }
 
-pub fn run(cfg: Config) -> Result<()> {
+/// Runs the server with `cfg`, read from `path` (which SIGHUP reads again) if from a file.
+pub fn run(cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
     crate::net::raise_fd_limit();
     let cfg = Arc::new(cfg);
-    let tls_server = match cfg.listen.iter().any(|l| l.transport == Transport::Tls) {
-        true => Some(cfg.tls.server()?),
-        false => None,
-    };
-    // Without a CA (or verification turned off) the server cannot open TLS connections; it
-    // still accepts them. Connecting out over TLS then fails with a clear log line.
-    let tls_client = match cfg.tls.ca.is_some() || !cfg.tls.verify_server {
-        true => Some(cfg.tls.client()?),
-        false => None,
-    };
+    let (tls_server, tls_client) = reload::tls(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("sipsec-store")
@@ -243,9 +236,27 @@ pub fn run(cfg: Config) -> Result<()> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect()
     };
+    let mut running = cfg.clone();
     while !signals.stopping() {
         std::thread::sleep(Duration::from_millis(50));
-        signals.poll(|| report_counters(&totals()));
+        signals.poll(
+            || report_counters(&totals()),
+            || match &path {
+                None => tracing::warn!(
+                    "SIGHUP: the server runs on its embedded defaults (no --config): nothing to \
+                     reload"
+                ),
+                Some(p) => match reload::reload(p, &running, &senders, &resolver) {
+                    Ok(new) => {
+                        running = new;
+                        tracing::info!("SIGHUP: {} reloaded", p.display());
+                    }
+                    Err(e) => tracing::error!(
+                        "SIGHUP: reload refused, the running configuration is unchanged: {e:#}"
+                    ),
+                },
+            },
+        );
     }
     tracing::info!("shutting down");
     for h in handles {

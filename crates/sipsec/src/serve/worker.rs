@@ -235,6 +235,11 @@ impl Worker {
                     self.engine.on_mail(now, mail, fx);
                 }
                 Letter::Transmit { to, data } => fx.transmits.push((to, data)),
+                Letter::Reload(r) => {
+                    self.engine.reload(r.cfg.clone());
+                    self.connections
+                        .set_tls(r.tls_server.clone(), r.tls_client.clone());
+                }
             }
         }
     }

@@ -95,6 +95,12 @@ impl DigestAuthenticator {
         }
     }
 
+    /// A reload's settings: the methods challenged, the sources trusted and the algorithms
+    /// offered change; nonces, counts and the failure throttle (shared, set up at start) stay.
+    pub fn set_config(&mut self, cfg: Arc<AuthConfig>) {
+        self.cfg = cfg;
+    }
+
     /// Without the cache: `user`'s answer has come (or the query failed). Takes it for the
     /// requests that waited, which run again next; [`Self::release`] after them.
     pub fn claim(&mut self, user: &str) {

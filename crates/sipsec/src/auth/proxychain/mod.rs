@@ -56,6 +56,32 @@ pub struct PcConfig {
     pub wait_ms: u64,
 }
 
+impl PcConfig {
+    /// Whether `other` sets up the same Proxychain (authority, chains, cache, backup): what a
+    /// reload cannot change. The scope (methods, trusted) may differ.
+    pub fn same_setup(&self, other: &PcConfig) -> bool {
+        (
+            self.authority,
+            &self.authority_name,
+            self.chain_length,
+            self.hash,
+            self.cache_size,
+            self.prefetch_at,
+            &self.backup,
+            self.wait_ms,
+        ) == (
+            other.authority,
+            &other.authority_name,
+            other.chain_length,
+            other.hash,
+            other.cache_size,
+            other.prefetch_at,
+            &other.backup,
+            other.wait_ms,
+        )
+    }
+}
+
 /// What the workers share.
 pub struct PcShared {
     pub cfg: Arc<PcConfig>,
@@ -180,6 +206,9 @@ impl PcShared {
 /// A worker's Proxychain authenticator.
 pub struct PcAuthenticator {
     shared: Arc<PcShared>,
+    /// Which methods are challenged and who is trusted: the shared setup's until a reload
+    /// changes them.
+    scope: Arc<super::Scope>,
     /// Users to ask the authority for, with whether it is a prefetch; the engine hands them
     /// to the driver.
     pub fetches: Vec<(String, bool)>,
@@ -197,9 +226,15 @@ fn identity(msg: &Message<'_>, to: bool) -> Option<Vec<u8>> {
 impl PcAuthenticator {
     pub fn new(shared: Arc<PcShared>) -> PcAuthenticator {
         PcAuthenticator {
+            scope: shared.cfg.scope.clone(),
             shared,
             fetches: Vec::new(),
         }
+    }
+
+    /// A reload's methods and trusted sources (the realm cannot change without a restart).
+    pub fn set_scope(&mut self, scope: Arc<super::Scope>) {
+        self.scope = scope;
     }
 
     pub fn shared(&self) -> &Arc<PcShared> {
@@ -208,8 +243,7 @@ impl PcAuthenticator {
 
     /// Not challenged: ACK, CANCEL, a method not configured, or a trusted source.
     pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
-        let cfg = &self.shared.cfg;
-        cfg.scope.exempt(msg, source)
+        self.scope.exempt(msg, source)
     }
 
     /// The realm of challenges: P, or the configured realm until the authority names us.
