@@ -1,7 +1,9 @@
 //! The engine (`sipsec serve`'s whole decision layer) fed structured sequences: requests built
 //! from pieces that matter (our domain, registered users, contacts that point back at the
 //! server, Max-Forwards, Max-Breadth), responses to what it forwarded, raw and mutated bytes,
-//! clock ticks, store commits and transport failures, in any order, under four server roles.
+//! clock ticks, store commits, transport failures and DNS answers (to the names the engine asked
+//! about: addresses anywhere, the server's own included, or failures), in any order, under four
+//! server roles.
 //! Everything the engine sends to its own address is delivered back to it, as the network
 //! would. Invariants: no panic; one input message never yields more than a fork's worth of
 //! datagrams; and what one message sets off, fed back through the server, stays within
@@ -14,7 +16,8 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use sip_core::message::{build, Message};
 use sipsec::config::Config;
-use sipsec::engine::{Effects, Engine};
+use sipsec::dns::{Entry, Failure, Query, Resolution};
+use sipsec::engine::{Effects, Engine, Mail};
 use sipsec::net::transport::{Peer, Transport};
 use sipsec::stats::Stats;
 use std::net::SocketAddr;
@@ -66,6 +69,14 @@ enum Step {
     TransportError {
         nth: u8,
     },
+    /// DNS answers the `nth` most recent lookup the engine asked for: a target per byte, or
+    /// a failure.
+    Resolve {
+        nth: u8,
+        targets: Vec<u8>,
+        fail: Option<bool>,
+        ttl: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -97,6 +108,8 @@ const TARGETS: &[&str] = &[
     "sip:dave@127.0.0.9:5070;transport=tcp",
     "sips:bob@example.test",
     "tel:+15551234",
+    "sip:carol@gw.example.net",
+    "sips:erin@secure.example.net;transport=tls",
 ];
 /// Contact patterns; `#` becomes a number from the input, so one user can have many
 /// distinct contacts of one kind (sixteen pointing back at the server, say).
@@ -117,6 +130,18 @@ fn peer(i: u8) -> Peer {
         0 | 1 => Peer::udp_via(addr, if addr.is_ipv6() { 1 } else { 0 }),
         2 => Peer::new(Transport::Tcp, addr),
         _ => Peer::new(Transport::Tls, addr),
+    }
+}
+
+/// A DNS target from one byte: any of the peers (the server itself too), any transport.
+fn entry(b: u8) -> Entry {
+    let addr: SocketAddr = PEERS[b as usize % PEERS.len()].parse().unwrap();
+    Entry {
+        rank: u32::from(b / 64),
+        weight: u16::from(b % 5),
+        transport: [Transport::Udp, Transport::Tcp, Transport::Tls][(b / 4) as usize % 3],
+        port: addr.port(),
+        addrs: [addr.ip()].into_iter().collect(),
     }
 }
 
@@ -164,6 +189,8 @@ struct Net {
     /// Recent datagrams, newest last: (where they went, what they were).
     recent: Vec<(Peer, Bytes)>,
     me: [SocketAddr; 2],
+    /// Names the engine asked DNS about lately, newest last.
+    lookups: Vec<Query>,
 }
 
 impl Net {
@@ -180,6 +207,12 @@ impl Net {
         first(&mut self.engine, self.now, &mut fx);
         let mut cascade = 0;
         loop {
+            for q in fx.lookups.drain(..) {
+                if self.lookups.len() == 16 {
+                    self.lookups.remove(0);
+                }
+                self.lookups.push(q);
+            }
             if bounded {
                 assert!(
                     fx.transmits.len() <= STEP_BOUND,
@@ -216,8 +249,11 @@ impl Net {
 fuzz_target!(|input: (Role, Vec<Step>)| {
     let (role, steps) = input;
     let role = match role {
-        Role::Stateful => "mode = \"proxy\"\nrecord_route = true",
-        Role::Stateless => "mode = \"proxy\"\nstateful = false",
+        Role::Stateful => "mode = \"proxy\"\nrecord_route = true\n[routing]\n\
+                           default_routes = [{ uri = \"sip:gw.example.net\", priority = 1 }, \
+                           { uri = \"sip:127.0.0.3:5080\", priority = 2 }]\nprobe_interval_s = 1",
+        Role::Stateless => "mode = \"proxy\"\nstateful = false\n[routing]\n\
+                            default_route = \"sip:gw.example.net;transport=udp\"",
         Role::Redirect => "mode = \"redirect\"",
         Role::DurableRegistrar => "mode = \"proxy\"\n[registrar]\ndurable = true",
     };
@@ -231,6 +267,7 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
         now: 0,
         recent: Vec::new(),
         me: [ME.parse().unwrap(), ME6.parse().unwrap()],
+        lookups: Vec::new(),
     };
     let mut saved = 0u64;
     for step in steps.into_iter().take(64) {
@@ -302,6 +339,31 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                 };
                 let (to, data) = (*to, data.clone());
                 net.run(|e, now, fx| e.on_transport_error(now, to, &data, fx), true);
+            }
+            Step::Resolve {
+                nth,
+                targets,
+                fail,
+                ttl,
+            } => {
+                let Some(query) = net.lookups.get(nth as usize % net.lookups.len().max(1)) else {
+                    continue;
+                };
+                let query = query.clone();
+                let resolution = match fail {
+                    Some(true) => Resolution::failed(Failure::Unavailable, u32::from(ttl)),
+                    Some(false) => Resolution::failed(Failure::NoRecords, u32::from(ttl)),
+                    None => Resolution {
+                        entries: targets.iter().take(8).map(|&b| entry(b)).collect(),
+                        ttl_s: u32::from(ttl),
+                        error: None,
+                    },
+                };
+                let mail = Mail::Resolved {
+                    query,
+                    resolution: Arc::new(resolution),
+                };
+                net.run(|e, now, fx| e.on_mail(now, mail, fx), true);
             }
         }
     }

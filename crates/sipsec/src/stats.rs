@@ -63,6 +63,8 @@ counters! {
     failovers: "branches sent to the next destination after theirs failed (RFC 3263 §4.3)",
     targets_held_down: "destinations held down after failing (transport error, timeout, 503)",
     held_down_skipped: "destinations skipped because they were held down",
+    probes: "OPTIONS probes sent to the destinations of configured routes",
+    probe_failures: "probes unanswered (or answered 503): their destination is marked down",
     send_errors: "datagrams the kernel refused to send",
     connections_accepted: "TCP and TLS connections accepted",
     connections_opened: "TCP and TLS connections opened to a next hop",

@@ -144,6 +144,38 @@ impl Locator {
 }
 
 impl Locator {
+    /// The addresses of a cached answer for `q`, in no particular order.
+    pub(super) fn cached_peers(&self, q: &Query) -> Option<SmallVec<[Peer; 2]>> {
+        let cached = self.cache.get(q)?;
+        let mut peers = SmallVec::new();
+        for e in &cached.resolution.entries {
+            peers.extend(
+                e.addrs
+                    .iter()
+                    .map(|ip| Peer::new(e.transport, SocketAddr::new(*ip, e.port))),
+            );
+        }
+        Some(peers)
+    }
+
+    /// Asks DNS about `q` (unless a request is waiting for it already).
+    pub(super) fn ask(&mut self, q: Query, stats: &Stats) {
+        if !self.waiting.contains_key(&q) {
+            inc(&stats.dns_lookups);
+            self.lookups.push(q);
+        }
+    }
+
+    /// Holds `peer` down until `until`.
+    pub(super) fn hold_until(&mut self, peer: &Peer, until: Millis) {
+        self.held_down.insert((peer.transport, peer.addr), until);
+    }
+
+    /// Lets `peer` be used again.
+    pub(super) fn release(&mut self, peer: &Peer) {
+        self.held_down.remove(&(peer.transport, peer.addr));
+    }
+
     /// Drops every cached answer (a reload may have changed hosts or name servers); requests
     /// waiting for an answer keep waiting for it.
     pub(super) fn forget_answers(&mut self) {

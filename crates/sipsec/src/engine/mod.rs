@@ -46,6 +46,7 @@ mod gate;
 mod locate;
 pub mod location;
 mod overload;
+mod probe;
 mod proxy;
 mod registrar;
 mod reject;
@@ -80,6 +81,8 @@ pub enum Mail {
     /// From the store: it has committed the first `count` binding changes this worker sent
     /// (durable registration only).
     Saved { count: u64 },
+    /// Worker 0's probes found a route's destination up or down.
+    TargetState { peer: Peer, up: bool },
     /// DNS answered a lookup this worker asked for (`Effects::lookups`).
     Resolved {
         query: crate::dns::Query,
@@ -145,6 +148,8 @@ enum Link {
     },
     /// A CANCEL we sent downstream.
     Cancel,
+    /// An OPTIONS probe of a route's destination (`probe`).
+    Probe,
 }
 
 /// The response context of a proxied request (RFC 3261 §16.7).
@@ -265,6 +270,8 @@ pub struct Engine {
     overload: overload::Overload,
     /// DNS answers, requests waiting for them, targets held down (`locate`).
     locator: locate::Locator,
+    /// OPTIONS probes of the configured routes (`probe`, worker 0).
+    prober: probe::Prober,
 }
 
 /// How often an authentication outage is logged, per worker.
@@ -354,6 +361,7 @@ impl Engine {
             held: std::collections::VecDeque::new(),
             overload: overload::Overload::new(),
             locator: locate::Locator::default(),
+            prober: probe::Prober::default(),
             cfg,
         };
         engine.seed_locator();
@@ -399,10 +407,15 @@ impl Engine {
             .location
             .next_expiry()
             .map(|u| u.saturating_sub(self.epoch_unix_ms));
-        [self.tx.next_deadline(), loc, self.next_held_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.tx.next_deadline(),
+            loc,
+            self.next_held_deadline(),
+            self.next_probe(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn unix_ms(&self, now: Millis) -> u64 {
@@ -417,6 +430,7 @@ impl Engine {
         self.tx.advance(now, &mut self.outputs);
         self.location.expire(self.unix_ms(now));
         self.expire_held(now, fx);
+        self.probe(now, fx);
         self.drain_outputs(now, fx);
     }
 
@@ -427,6 +441,9 @@ impl Engine {
             Mail::Binding(change) => self.location.apply(&change),
             Mail::Credential { user } => self.on_credential(now, &user, fx),
             Mail::Saved { count } => self.on_saved(now, count, fx),
+            Mail::TargetState { peer, up } => {
+                self.mark(now, peer, up);
+            }
             Mail::Resolved { query, resolution } => {
                 self.on_resolved(now, query, resolution, fx);
                 self.drain_outputs(now, fx);
@@ -747,6 +764,11 @@ impl Engine {
             for o in outputs.drain(..) {
                 match o {
                     Output::Transmit { dest, data } => fx.transmits.push((dest, data)),
+                    Output::Timeout {
+                        user: Link::Probe,
+                        dest,
+                        ..
+                    } => self.on_probe(now, dest, false, fx),
                     Output::Timeout {
                         kind,
                         state,

@@ -422,11 +422,19 @@ impl Engine {
     }
 
     pub(super) fn on_response(&mut self, now: Millis, msg: &Message<'_>, fx: &mut Effects) {
-        if !self.cfg.stateful {
+        // A stateless proxy's only client transactions are its probes.
+        if !self.cfg.stateful && self.tx.is_empty() {
             self.forward_response_by_via(now, msg, fx);
             return;
         }
         match self.tx.recv_response(now, msg, &mut self.outputs) {
+            ResponseMatch::Deliver(cid) if matches!(self.tx.user(cid), Some(Link::Probe)) => {
+                let code = msg.status().unwrap_or(0);
+                if let (Some(dest), true) = (self.tx.dest(cid), code >= 200) {
+                    self.on_probe(now, dest, code != 503, fx);
+                }
+            }
+            _ if !self.cfg.stateful => self.forward_response_by_via(now, msg, fx),
             ResponseMatch::Deliver(cid) => self.on_branch_response(now, cid, msg),
             ResponseMatch::Absorbed => inc(&self.stats.retransmissions_absorbed),
             ResponseMatch::Unmatched => {

@@ -290,3 +290,54 @@ fn weighted_routes_share_new_calls_by_their_weights() {
     let share = to_bob1 as f64 / 4000.0;
     assert!((share - 0.75).abs() < 0.03, "{share}");
 }
+
+#[test]
+fn probes_mark_a_silent_route_down_in_every_worker_and_up_when_it_answers() {
+    let mut e = engine(&format!(
+        "{TWO}probe_interval_s = 5\nfailover_timeout_ms = 1000\n"
+    ));
+    let probes = tick(&mut e, 0);
+    let to = |sent: &[Sent], a: &str| -> Option<String> {
+        sent.iter()
+            .find(|s| s.to == addr(a) && s.msg().is_request())
+            .map(|s| s.text.clone())
+    };
+    let p1 = to(&probes, BOB1).expect("BOB1 probed");
+    let p2 = to(&probes, BOB2).expect("BOB2 probed");
+    assert!(p1.starts_with("OPTIONS sip:127.0.0.3:5080 SIP/2.0"), "{p1}");
+    // BOB2 answers; BOB1 says nothing.
+    let sent = |t: &str| Sent {
+        to: addr(PROXY),
+        transport: Transport::Udp,
+        text: t.to_string(),
+    };
+    deliver(&mut e, 10, BOB2, &answer(&sent(&p2), 200, "p"));
+    let mut fx = Effects::default();
+    e.on_tick(1_000, &mut fx);
+    assert!(
+        fx.mail
+            .iter()
+            .any(|(w, m)| *w == 1 && matches!(m, Mail::TargetState { up: false, .. })),
+        "the other worker is told"
+    );
+    // Calls skip BOB1 while it is down.
+    let (sent_now, _) = deliver(
+        &mut e,
+        1_100,
+        ALICE,
+        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKp1", ""),
+    );
+    assert!(sent_now.iter().any(|s| is_invite(s) && s.to == addr(BOB2)));
+    assert_eq!(e.stats.probe_failures.load(Ordering::Relaxed), 1);
+    // The next round: BOB1 answers and has its calls back.
+    let probes = tick(&mut e, 5_000);
+    let p1 = to(&probes, BOB1).expect("BOB1 probed again");
+    deliver(&mut e, 5_010, BOB1, &answer(&sent(&p1), 200, "p"));
+    let (sent_now, _) = deliver(
+        &mut e,
+        5_100,
+        ALICE,
+        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKp2", ""),
+    );
+    assert!(sent_now.iter().any(|s| is_invite(s) && s.to == addr(BOB1)));
+}
