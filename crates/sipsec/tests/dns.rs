@@ -191,6 +191,7 @@ fn calls_spread_over_weighted_srv_targets_found_by_naptr() {
     let (one, two) = (answered(uas1), answered(uas2));
     assert_eq!(one + two, 10_000);
     let share = one as f64 / 10_000.0;
+    eprintln!("weights 3:1 gave {one} : {two}");
     // Within 5% of the weights: 0.75 ± 0.0375 and 0.25 ± 0.0125.
     assert!((share - 0.75).abs() <= 0.0375, "{one} to a, {two} to b");
     assert!(
@@ -262,6 +263,12 @@ fn failover_from_a_dead_and_a_503_target_completes_the_calls() {
     assert!(ok * 100 >= 2000 * 99, "{ok} of 2000: {v} {err}");
     assert_eq!(answered(uas), ok);
     let c = server.stop_counters();
+    eprintln!(
+        "{ok} of 2000 calls completed; {} failovers, {} destinations held down, {} skipped",
+        c.get("failovers"),
+        c.get("targets_held_down"),
+        c.get("held_down_skipped")
+    );
     assert!(c.get("failovers") >= 2, "{:?}", c.0);
     assert!(c.get("targets_held_down") >= 2, "{:?}", c.0);
     assert!(c.get("held_down_skipped") > 1000, "{:?}", c.0);

@@ -101,15 +101,15 @@ impl Resolver {
         let name = format!("{}.", q.name);
         if let Some(port) = q.port {
             self.addresses(&mut answer, &name, 0, 0, plain, port).await;
-        } else if q.transport.is_some() || q.secure {
+        } else if q.transport.is_some() {
             let srv = format!("{}{name}", srv_prefix(plain));
             if !self.srv(&mut answer, &srv, 0, plain).await {
                 self.addresses(&mut answer, &name, 0, 0, plain, plain.default_port())
                     .await;
             }
-        } else if !self.naptr(&mut answer, &name).await {
+        } else if !self.naptr(&mut answer, &name, self.allowed(q)).await {
             let mut any = false;
-            for (i, &t) in self.transports.iter().enumerate() {
+            for (i, &t) in self.allowed(q).iter().enumerate() {
                 let srv = format!("{}{name}", srv_prefix(t));
                 any |= self.srv(&mut answer, &srv, (i as u32) << 16, t).await;
             }
@@ -121,8 +121,17 @@ impl Resolver {
         answer.finish()
     }
 
-    /// NAPTR for the services we speak; true when it gave any usable SRV name.
-    async fn naptr(&self, answer: &mut Answer, name: &str) -> bool {
+    /// The transports a query may use: TLS alone for `sips:`, else every one we speak.
+    fn allowed(&self, q: &Query) -> &[Transport] {
+        if q.secure {
+            &[Transport::Tls]
+        } else {
+            &self.transports
+        }
+    }
+
+    /// NAPTR for the services of `allowed`; true when it gave any usable SRV name.
+    async fn naptr(&self, answer: &mut Answer, name: &str, allowed: &[Transport]) -> bool {
         let lookup = match self.dns.lookup(name, RecordType::NAPTR).await {
             Ok(l) => l,
             Err(e) => {
@@ -136,8 +145,7 @@ impl Resolver {
             .iter()
             .filter_map(|r| match &r.data {
                 RData::NAPTR(n) if n.flags.eq_ignore_ascii_case(b"s") => {
-                    let t = self
-                        .transports
+                    let t = allowed
                         .iter()
                         .copied()
                         .find(|&t| n.services.eq_ignore_ascii_case(naptr_service(t)))?;

@@ -66,9 +66,11 @@ pub fn reload(
         tls_server,
         tls_client,
     });
+    // DNS first: a worker that drops its answers on the reload asks again under the new
+    // name servers and hosts (the lookup task takes its mail in order).
+    resolver.reconfigure(super::dns::settings(&cfg));
     for w in workers {
         w.send(Letter::Reload(reloaded.clone()));
     }
-    resolver.reconfigure(super::dns::settings(&cfg));
     Ok(cfg)
 }
