@@ -12,7 +12,8 @@
 //!   (the [`Peer`] says which, and names the connection);
 //! - [`Engine::on_oversize`]: the start of a stream message over `max_message_size`;
 //! - [`Engine::on_mail`]: [`Mail`] from another worker (a handed-off message, a binding
-//!   change), from the store (commits) or from a credential fetcher (an answer is in);
+//!   change, a route's destination found down or up), from the store (commits), from a
+//!   credential fetcher or from DNS (an answer is in);
 //! - [`Engine::on_transport_error`]: a request the driver could not deliver;
 //! - [`Engine::on_tick`]: when [`Engine::next_deadline`] has passed;
 //! - [`Engine::on_load`]: every `[overload] interval_ms`, the share of it the worker was busy;
@@ -23,7 +24,8 @@
 //! batch of them) and then clears: messages to send, mail for other workers, binding changes
 //! for the other workers and the store (before any message of the same batch leaves: a 200 OK
 //! to REGISTER must not overtake its binding), calls whose per-call connections may close,
-//! and credentials to fetch.
+//! credentials to fetch, names to look up in DNS, and the domains TLS destinations must prove
+//! (before any connection to them is opened).
 //!
 //! Timers: after any input, [`Engine::next_deadline`] may have moved; the driver must call
 //! [`Engine::on_tick`] no later than it says. Nothing else advances the engine's time.
@@ -34,10 +36,13 @@
 //!
 //! One `impl Engine` spread over files by concern: this module holds the state and the
 //! inputs; `gate` is the auth gate (digest or Proxychain, and requests parked for
-//! credentials); `routing` decides what a request needs, `proxy` forwards and tracks branches, `registrar` handles
-//! REGISTER against the [`location`] service, `durable` holds its 200s until the store
-//! commits, `reject` answers what the parser refused, `branch` makes and reads our Via
-//! branches, and `overload` decides what to admit under load (and what to tell neighbours).
+//! credentials); `routing` decides what a request needs, `locate` finds where its next hop is
+//! (DNS answers, requests waiting for them, destinations held down), `proxy` forwards and
+//! tracks branches, `failover` moves a failed branch to the next destination, `probe` pings
+//! the configured routes, `registrar` handles REGISTER against the [`location`] service,
+//! `durable` holds its 200s until the store commits, `reject` answers what the parser refused,
+//! `branch` makes and reads our Via branches, and `overload` decides what to admit under load
+//! (and what to tell neighbours).
 
 mod branch;
 mod durable;
