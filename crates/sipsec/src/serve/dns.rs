@@ -1,6 +1,7 @@
 //! DNS off the workers' threads: the workers' lookups (`Effects::lookups`) go to one task on
 //! the server's runtime, which asks [`crate::dns::resolver`] once per name however many
-//! workers want it, and mails each of them the answer (`Mail::Resolved`).
+//! workers want it, and mails every worker the answer (`Mail::Resolved`), so the others have
+//! it before they need it.
 
 use super::mailbox::MailboxSender;
 use crate::dns::resolver::{Resolver, Settings};
@@ -46,53 +47,67 @@ pub fn spawn(
     workers: Vec<MailboxSender>,
 ) -> LookupHandle {
     let (tx, mut rx) = mpsc::unbounded_channel::<Ask>();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Query, Resolution)>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Query, Resolution, u64)>();
     let _guard = runtime.enter();
     let mut resolver = start(&settings);
     // Each lookup is several queries (NAPTR, SRV per transport, A/AAAA per target), each
     // tried twice: past this, the answer is "unavailable" whatever is still pending.
     let mut limit = settings.timeout * 8;
+    // Bumped by each reload: an answer asked under older settings is asked again.
+    let mut generation = 0u64;
     runtime.spawn(async move {
+        // Names being asked, and the workers waiting for each.
         let mut pending: HashMap<Query, Vec<usize>> = HashMap::new();
+        let ask = |query: Query, resolver: Option<Resolver>, limit, generation| {
+            let done = done_tx.clone();
+            tokio::spawn(async move {
+                let answer = match resolver {
+                    Some(r) => tokio::time::timeout(limit, r.resolve(&query))
+                        .await
+                        .unwrap_or_else(|_| unavailable()),
+                    None => unavailable(),
+                };
+                log_answer(&query, &answer);
+                let _ = done.send((query, answer, generation));
+            });
+        };
         loop {
             tokio::select! {
-                asked = rx.recv() => {
-                    let (query, worker) = match asked {
-                        None => break,
-                        Some(Ask::Lookup(q, w)) => (q, w),
-                        Some(Ask::Settings(s)) => {
-                            resolver = start(&s);
-                            limit = s.timeout * 8;
-                            continue;
-                        }
-                    };
-                    let waiting = pending.entry(query.clone()).or_default();
-                    if !waiting.contains(&worker) {
-                        waiting.push(worker);
+                asked = rx.recv() => match asked {
+                    None => break,
+                    Some(Ask::Settings(s)) => {
+                        resolver = start(&s);
+                        limit = s.timeout * 8;
+                        generation += 1;
                     }
-                    if waiting.len() > 1 {
+                    Some(Ask::Lookup(query, worker)) => {
+                        let waiting = pending.entry(query.clone()).or_default();
+                        if !waiting.contains(&worker) {
+                            waiting.push(worker);
+                        }
+                        if waiting.len() == 1 {
+                            ask(query, resolver.clone(), limit, generation);
+                        }
+                    }
+                },
+                Some((query, answer, asked_in)) = done_rx.recv() => {
+                    if asked_in != generation {
+                        ask(query, resolver.clone(), limit, generation);
                         continue;
                     }
-                    let (resolver, done) = (resolver.clone(), done_tx.clone());
-                    tokio::spawn(async move {
-                        let answer = match resolver {
-                            Some(r) => tokio::time::timeout(limit, r.resolve(&query))
-                                .await
-                                .unwrap_or_else(|_| unavailable()),
-                            None => unavailable(),
-                        };
-                        log_answer(&query, &answer);
-                        let _ = done.send((query, answer));
-                    });
-                }
-                Some((query, answer)) = done_rx.recv() => {
+                    // Every worker gets the answer, so none asks for it again: those waiting
+                    // are woken, the others read it at their next wake-up.
+                    let waiting = pending.remove(&query).unwrap_or_default();
                     let answer = Arc::new(answer);
-                    for w in pending.remove(&query).unwrap_or_default() {
-                        if let Some(mailbox) = workers.get(w) {
-                            mailbox.send(Mail::Resolved {
-                                query: query.clone(),
-                                resolution: answer.clone(),
-                            });
+                    for (w, mailbox) in workers.iter().enumerate() {
+                        let mail = Mail::Resolved {
+                            query: query.clone(),
+                            resolution: answer.clone(),
+                        };
+                        if waiting.contains(&w) {
+                            mailbox.send(mail);
+                        } else {
+                            mailbox.post(mail);
                         }
                     }
                 }
