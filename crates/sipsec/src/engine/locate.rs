@@ -53,6 +53,9 @@ pub(super) struct Locator {
     held_down: HashMap<(Transport, SocketAddr), Millis>,
     /// Names to ask DNS about, drained into `Effects::lookups`.
     lookups: Vec<Query>,
+    /// Holds set here since the last input ended, for the other workers (until when; 0: the
+    /// destination is up again).
+    told: Vec<(Peer, Millis)>,
     rng: u64,
 }
 
@@ -166,14 +169,18 @@ impl Locator {
         }
     }
 
-    /// Holds `peer` down until `until`.
-    pub(super) fn hold_until(&mut self, peer: &Peer, until: Millis) {
-        self.held_down.insert((peer.transport, peer.addr), until);
-    }
-
-    /// Lets `peer` be used again.
-    pub(super) fn release(&mut self, peer: &Peer) {
-        self.held_down.remove(&(peer.transport, peer.addr));
+    /// Holds `peer` down until `until` (0: lets it be used again), as told by another worker
+    /// or decided here (`tell`: to be told to the others).
+    pub(super) fn hold_until(&mut self, peer: Peer, until: Millis, tell: bool) {
+        let key = (peer.transport, peer.addr);
+        if until == 0 {
+            self.held_down.remove(&key);
+        } else {
+            self.held_down.insert(key, until);
+        }
+        if tell {
+            self.told.push((peer, until));
+        }
     }
 
     /// Drops every cached answer (a reload may have changed hosts or name servers); requests
@@ -323,7 +330,18 @@ impl Engine {
                 for_ms.div_ceil(1000)
             );
         }
-        held.insert((peer.transport, peer.addr), now + for_ms);
+        let peer = Peer::new(peer.transport, peer.addr);
+        self.locator.hold_until(peer, now + for_ms, true);
+    }
+
+    /// Tells the other workers the holds set here (their clocks are this one's), so none of
+    /// them has to find a dead destination for itself.
+    pub(super) fn tell_holds(&mut self, fx: &mut Effects) {
+        for (peer, until) in self.locator.told.drain(..) {
+            for w in (0..self.cfg.workers).filter(|&w| w != self.worker) {
+                fx.mail.push((w, Mail::HoldDown { peer, until }));
+            }
+        }
     }
 }
 

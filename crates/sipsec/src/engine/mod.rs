@@ -86,8 +86,9 @@ pub enum Mail {
     /// From the store: it has committed the first `count` binding changes this worker sent
     /// (durable registration only).
     Saved { count: u64 },
-    /// Worker 0's probes found a route's destination up or down.
-    TargetState { peer: Peer, up: bool },
+    /// Another worker held a destination down until `until` (a failure, or its probe found
+    /// it down: `Millis::MAX`), or found it up again (`until` 0).
+    HoldDown { peer: Peer, until: Millis },
     /// DNS answered a lookup this worker asked for (`Effects::lookups`).
     Resolved {
         query: crate::dns::Query,
@@ -446,9 +447,7 @@ impl Engine {
             Mail::Binding(change) => self.location.apply(&change),
             Mail::Credential { user } => self.on_credential(now, &user, fx),
             Mail::Saved { count } => self.on_saved(now, count, fx),
-            Mail::TargetState { peer, up } => {
-                self.mark(now, peer, up);
-            }
+            Mail::HoldDown { peer, until } => self.locator.hold_until(peer, until, false),
             Mail::Resolved { query, resolution } => {
                 self.on_resolved(now, query, resolution, fx);
                 self.drain_outputs(now, fx);
@@ -773,7 +772,7 @@ impl Engine {
                         user: Link::Probe,
                         dest,
                         ..
-                    } => self.on_probe(now, dest, false, fx),
+                    } => self.on_probe(now, dest, false),
                     Output::Timeout {
                         kind,
                         state,
@@ -796,6 +795,7 @@ impl Engine {
             }
             self.spare_outputs = outputs;
         }
+        self.tell_holds(fx);
     }
 }
 

@@ -91,34 +91,24 @@ impl Engine {
             .expect_response_within(now, id, cfg.routing.failover_timeout_ms);
     }
 
-    /// A probe of `peer` was answered (`up`) or not: marked here and in every other worker.
-    pub(super) fn on_probe(&mut self, now: Millis, peer: Peer, up: bool, fx: &mut Effects) {
+    /// A probe of `peer` was answered (`up`) or not: it is marked up (no longer held down) or
+    /// down (held down until marked up), here and, through `tell_holds`, in every other worker.
+    pub(super) fn on_probe(&mut self, now: Millis, peer: Peer, up: bool) {
         let peer = Peer::new(peer.transport, peer.addr);
         if !up {
             inc(&self.stats.probe_failures);
         }
-        if self.mark(now, peer, up) {
-            for w in (0..self.cfg.workers).filter(|&w| w != self.worker) {
-                fx.mail.push((w, Mail::TargetState { peer, up }));
-            }
-        }
-    }
-
-    /// Marks `peer` up (no longer held down) or down (held down until marked up); true when
-    /// that changed something.
-    pub(super) fn mark(&mut self, now: Millis, peer: Peer, up: bool) -> bool {
         let was_down = self.held_down(now, &peer);
         // Up and not held down, or down and held down already: nothing to do.
         if up != was_down {
-            return false;
+            return;
         }
         if up {
-            self.locator.release(&peer);
             tracing::info!("next hop {peer} is up (it answered OPTIONS)");
+            self.locator.hold_until(peer, 0, true);
         } else {
-            self.locator.hold_until(&peer, Millis::MAX);
             tracing::warn!("next hop {peer} is down (OPTIONS unanswered); calls go elsewhere");
+            self.locator.hold_until(peer, Millis::MAX, true);
         }
-        true
     }
 }

@@ -431,7 +431,7 @@ impl Engine {
             ResponseMatch::Deliver(cid) if matches!(self.tx.user(cid), Some(Link::Probe)) => {
                 let code = msg.status().unwrap_or(0);
                 if let (Some(dest), true) = (self.tx.dest(cid), code >= 200) {
-                    self.on_probe(now, dest, code != 503, fx);
+                    self.on_probe(now, dest, code != 503);
                 }
             }
             _ if !self.cfg.stateful => self.forward_response_by_via(now, msg, fx),

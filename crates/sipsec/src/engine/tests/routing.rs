@@ -210,7 +210,17 @@ fn a_503_fails_over_to_the_next_route_which_is_then_preferred_for_retry_after() 
     assert_eq!(first.to, addr(BOB1), "priority 1 first");
     let busy =
         answer(first, 503, "b").replace("Content-Length", "Retry-After: 2\r\nContent-Length");
-    let (sent, _) = deliver(&mut e, 10, BOB1, &busy);
+    let (sent, fx) = deliver(&mut e, 10, BOB1, &busy);
+    // The other worker is told to skip BOB1 for as long.
+    let told: Vec<_> = fx
+        .mail
+        .iter()
+        .filter_map(|(w, m)| match m {
+            Mail::HoldDown { peer, until } => Some((*w, peer.addr, *until)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(told, [(1, addr(BOB1), 2_010)]);
     let ack = sent.iter().find(|s| s.method() == Method::Ack).unwrap();
     assert_eq!(ack.to, addr(BOB1));
     let next = sent.iter().find(|s| is_invite(s)).unwrap();
@@ -317,7 +327,8 @@ fn probes_mark_a_silent_route_down_in_every_worker_and_up_when_it_answers() {
     assert!(
         fx.mail
             .iter()
-            .any(|(w, m)| *w == 1 && matches!(m, Mail::TargetState { up: false, .. })),
+            .any(|(w, m)| *w == 1
+                && matches!(m, Mail::HoldDown { until, .. } if *until == Millis::MAX)),
         "the other worker is told"
     );
     // Calls skip BOB1 while it is down.
@@ -340,4 +351,25 @@ fn probes_mark_a_silent_route_down_in_every_worker_and_up_when_it_answers() {
         &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKp2", ""),
     );
     assert!(sent_now.iter().any(|s| is_invite(s) && s.to == addr(BOB1)));
+}
+
+#[test]
+fn a_hold_told_by_another_worker_is_kept_until_it_ends() {
+    let mut e = engine(TWO);
+    let mut fx = Effects::default();
+    let bob1 = Peer::udp(addr(BOB1));
+    e.on_mail(
+        0,
+        Mail::HoldDown {
+            peer: bob1,
+            until: 1_000,
+        },
+        &mut fx,
+    );
+    assert!(fx.mail.is_empty(), "not told back");
+    let invite = |b: &str| request("INVITE", "sip:x@elsewhere.test", b, "");
+    let (sent, _) = deliver(&mut e, 500, ALICE, &invite("z9hG4bKh1"));
+    assert!(sent.iter().any(|s| is_invite(s) && s.to == addr(BOB2)));
+    let (sent, _) = deliver(&mut e, 1_000, ALICE, &invite("z9hG4bKh2"));
+    assert!(sent.iter().any(|s| is_invite(s) && s.to == addr(BOB1)));
 }
