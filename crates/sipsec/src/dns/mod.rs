@@ -153,31 +153,16 @@ pub fn hop<'a>(uri: &Uri<'a>) -> Option<Hop<'a>> {
         Some(t) => Some(Transport::parse(t)?),
         None => None,
     };
-    let secure = uri.scheme == Scheme::Sips;
+    if let Some(peer) = crate::net::transport::uri_peer(uri) {
+        return Some(Hop::Addr(peer));
+    }
     let host = uri.param(b"maddr").flatten().unwrap_or(uri.host);
-    let host = sip_core::message::uri::unbracket(host);
-    let ip: Option<IpAddr> = if host.eq_ignore_ascii_case(b"localhost") {
-        Some(IpAddr::from([127, 0, 0, 1]))
-    } else {
-        std::str::from_utf8(host).ok().and_then(|h| h.parse().ok())
-    };
-    Some(match ip {
-        Some(ip) => {
-            let t = match (transport, secure) {
-                (Some(t), _) => t,
-                (None, true) => Transport::Tls,
-                (None, false) => Transport::Udp,
-            };
-            let port = uri.port.unwrap_or(t.default_port());
-            Hop::Addr(Peer::new(t, SocketAddr::new(ip, port)))
-        }
-        None => Hop::Name(QueryKey {
-            name: host,
-            transport,
-            port: uri.port,
-            secure,
-        }),
-    })
+    Some(Hop::Name(QueryKey {
+        name: sip_core::message::uri::unbracket(host),
+        transport,
+        port: uri.port,
+        secure: uri.scheme == Scheme::Sips,
+    }))
 }
 
 /// One SRV target (or the single A/AAAA target when there is no SRV): where to send and its

@@ -60,8 +60,8 @@ impl Transport {
         }
     }
 
-    /// The transport a URI asks for: its `transport` parameter, else TLS for `sips:`, else
-    /// UDP (no DNS, so no NAPTR/SRV choice).
+    /// The transport a URI asks for without DNS: its `transport` parameter, else TLS for
+    /// `sips:`, else UDP (a name's NAPTR/SRV choice is `dns`'s).
     pub fn of_uri(uri: &Uri<'_>) -> Option<Transport> {
         match uri.param(b"transport").flatten() {
             Some(t) => Transport::parse(t),
