@@ -179,6 +179,15 @@ pub struct Entry {
     pub addrs: SmallVec<[IpAddr; 2]>,
 }
 
+impl Entry {
+    /// Where this target is reached: each of its addresses at its port, over its transport.
+    pub fn peers(&self) -> impl Iterator<Item = Peer> + '_ {
+        self.addrs
+            .iter()
+            .map(|ip| Peer::new(self.transport, SocketAddr::new(*ip, self.port)))
+    }
+}
+
 /// What DNS answered for a [`Query`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolution {
@@ -272,11 +281,7 @@ pub fn weighted_order(
 }
 
 fn push_entry(e: &Entry, out: &mut SmallVec<[Peer; 2]>) {
-    out.extend(
-        e.addrs
-            .iter()
-            .map(|ip| Peer::new(e.transport, SocketAddr::new(*ip, e.port))),
-    );
+    out.extend(e.peers());
 }
 
 /// The NAPTR service field for a transport (RFC 3263 §4.1).

@@ -144,21 +144,18 @@ impl Locator {
         );
         out
     }
-}
 
-impl Locator {
     /// The addresses of a cached answer for `q`, in no particular order.
     pub(super) fn cached_peers(&self, q: &Query) -> Option<SmallVec<[Peer; 2]>> {
         let cached = self.cache.get(q)?;
-        let mut peers = SmallVec::new();
-        for e in &cached.resolution.entries {
-            peers.extend(
-                e.addrs
-                    .iter()
-                    .map(|ip| Peer::new(e.transport, SocketAddr::new(*ip, e.port))),
-            );
-        }
-        Some(peers)
+        Some(
+            cached
+                .resolution
+                .entries
+                .iter()
+                .flat_map(|e| e.peers())
+                .collect(),
+        )
     }
 
     /// Asks DNS about `q` (unless a request is waiting for it already).
@@ -207,10 +204,7 @@ impl Engine {
         }
         inc(&self.stats.dns_waited);
         for q in &queries {
-            if !loc.waiting.contains_key(q) {
-                inc(&self.stats.dns_lookups);
-                loc.lookups.push(q.clone());
-            }
+            loc.ask(q.clone(), &self.stats);
         }
         let first = queries.into_iter().next().expect("something to wait for");
         loc.waiting.entry(first).or_default().push(waiter);
@@ -254,10 +248,8 @@ impl Engine {
             .iter()
             .filter(|e| e.transport == Transport::Tls)
         {
-            for ip in &e.addrs {
-                fx.tls_names
-                    .push((SocketAddr::new(*ip, e.port), domain.clone()));
-            }
+            fx.tls_names
+                .extend(e.peers().map(|p| (p.addr, domain.clone())));
         }
         let ttl_ms = if keep.error == Some(Failure::Unavailable) {
             u64::from(crate::dns::resolver::UNAVAILABLE_TTL_S) * 1000

@@ -238,6 +238,17 @@ struct Side {
     udp_socket: Option<usize>,
 }
 
+impl Side {
+    /// `peer` as this side sends to it: over UDP, from the socket whose address is in our
+    /// Via.
+    fn send_to(&self, peer: Peer) -> Peer {
+        match self.udp_socket {
+            Some(socket) => Peer::udp_via(peer.addr, socket),
+            None => peer,
+        }
+    }
+}
+
 /// The SIP engine of one worker.
 pub struct Engine {
     cfg: Arc<Config>,
@@ -591,10 +602,10 @@ impl Engine {
                 code,
                 reason,
                 headers,
-            } => match existing {
-                Some(id) => self.answer_in(now, id, msg, code, reason, &headers),
-                None => self.answer(now, source, msg, code, reason, &headers, fx),
-            },
+            } => {
+                let to = (source, existing);
+                self.answer_at(now, to, msg, code, reason, &headers, fx);
+            }
             Decision::Locate(queries) => {
                 let server = match resumed {
                     Some(r) => r.server,
@@ -615,13 +626,13 @@ impl Engine {
                 };
                 if !self.wait_for_dns(queries, waiter) && method != Method::Ack {
                     inc(&self.stats.overload_rejected);
-                    let (code, reason) = (503, "Service Unavailable (DNS)");
-                    match server {
-                        Some(id) => {
-                            self.answer_in(now, id, msg, code, reason, "Retry-After: 5\r\n")
-                        }
-                        None => self.answer(now, source, msg, code, reason, "", fx),
-                    }
+                    let headers = if server.is_some() {
+                        "Retry-After: 5\r\n"
+                    } else {
+                        ""
+                    };
+                    let reason = "Service Unavailable (DNS)";
+                    self.answer_at(now, (source, server), msg, 503, reason, headers, fx);
                 }
             }
             Decision::Register { aor } => {
@@ -675,6 +686,25 @@ impl Engine {
         self.take_lookups(fx);
     }
 
+    /// Answers a request here: in the server transaction it waited for DNS in, when `to`
+    /// names one, else as [`Engine::answer`] does.
+    #[allow(clippy::too_many_arguments)]
+    fn answer_at(
+        &mut self,
+        now: Millis,
+        to: (Peer, Option<TxId>),
+        msg: &Message<'_>,
+        code: u16,
+        reason: &str,
+        headers: &str,
+        fx: &mut Effects,
+    ) {
+        match to {
+            (_, Some(id)) => self.answer_in(now, id, msg, code, reason, headers),
+            (source, None) => self.answer(now, source, msg, code, reason, headers, fx),
+        }
+    }
+
     /// Answers a request that waited for DNS through the server transaction it waited in.
     fn answer_in(
         &mut self,
@@ -685,9 +715,7 @@ impl Engine {
         reason: &str,
         headers: &str,
     ) {
-        let data = self.local_response(msg, code, reason, headers);
-        let data = self.add_feedback(now, data);
-        inc(&self.stats.local_responses);
+        let data = self.answer_data(now, msg, code, reason, headers);
         if let Some(Link::Proxied(ctx)) = self.tx.user_mut(id) {
             ctx.finish(now, &self.stats);
             ctx.waiting = None;
@@ -730,11 +758,23 @@ impl Engine {
         headers: &str,
         fx: &mut Effects,
     ) {
-        let data = self.local_response(msg, code, reason, headers);
-        let data = self.add_feedback(now, data);
-        inc(&self.stats.local_responses);
+        let data = self.answer_data(now, msg, code, reason, headers);
         let to = self.local_reply(msg, response_peer(msg.top_via(), source));
         self.release(now, to, code, data, fx);
+    }
+
+    /// An answer made here, with overload feedback for a neighbour that asked, counted.
+    fn answer_data(
+        &mut self,
+        now: Millis,
+        msg: &Message<'_>,
+        code: u16,
+        reason: &str,
+        headers: &str,
+    ) -> Bytes {
+        let data = self.local_response(msg, code, reason, headers);
+        inc(&self.stats.local_responses);
+        self.add_feedback(now, data)
     }
 
     /// Opens the server transaction for an answer generated here (stateful), or names the

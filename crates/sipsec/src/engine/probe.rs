@@ -72,10 +72,7 @@ impl Engine {
             epoch = self.epoch_unix_ms,
             server = cfg.server_line.replace("Server:", "User-Agent:"),
         );
-        let dest = match s.udp_socket {
-            Some(socket) => Peer::udp_via(peer.addr, socket),
-            None => peer,
-        };
+        let dest = s.send_to(peer);
         inc(&self.stats.probes);
         let id = self.tx.create_client(
             now,

@@ -147,10 +147,7 @@ impl Engine {
                 } else {
                     (503, "No Transport To Target")
                 };
-                match existing {
-                    Some(id) => self.answer_in(now, id, msg, code, reason, ""),
-                    None => self.answer(now, source, msg, code, reason, "", fx),
-                }
+                self.answer_at(now, (source, existing), msg, code, reason, "", fx);
             }
             return;
         }
@@ -235,12 +232,8 @@ impl Engine {
         // Between two transports, record-route twice (RFC 5658): each side of the dialog
         // reaches us over its own.
         let in_side = self.side(source).filter(|&i| i != out_side);
-        // Over UDP, from the socket whose address is in our Via.
         let via_dest = dest;
-        let dest = match self.sides[out_side].udp_socket {
-            Some(socket) => Peer::udp_via(dest.addr, socket),
-            None => dest,
-        };
+        let dest = self.sides[out_side].send_to(dest);
         let branch = if server.is_some() {
             self.counter += 1;
             branch::stateful(self.worker, plan.hash, self.counter)

@@ -137,18 +137,8 @@ impl Engine {
             return respond(404, "Not Found (unresolvable Route)");
         }
         if let Some(hop) = next_route {
-            return match self.locator.locate(now, std::iter::once(hop), &self.stats) {
-                Located::Wait(queries) => Decision::Locate(queries),
-                Located::Peers { peers, failure } if peers.is_empty() => unlocated(failure),
-                Located::Peers { peers, .. } => Decision::Forward {
-                    targets: smallvec::smallvec![Target {
-                        request_uri: None,
-                        dests: peers
-                    }],
-                    pop_route,
-                    record_route,
-                },
-            };
+            let located = self.locator.locate(now, std::iter::once(hop), &self.stats);
+            return forward_located(located, pop_route, record_route);
         }
 
         let addressed_to_us = self.is_local_host(&uri);
@@ -229,16 +219,7 @@ impl Engine {
             Some(locator.locate(now, ordered.iter().map(|r| r.next.hop()), stats))
         };
         match located {
-            Some(Located::Wait(queries)) => Decision::Locate(queries),
-            Some(Located::Peers { peers, failure }) if peers.is_empty() => unlocated(failure),
-            Some(Located::Peers { peers, .. }) => Decision::Forward {
-                targets: smallvec::smallvec![Target {
-                    request_uri: None,
-                    dests: peers
-                }],
-                pop_route,
-                record_route,
-            },
+            Some(located) => forward_located(located, pop_route, record_route),
             None => {
                 inc(&self.stats.unroutable);
                 respond(404, "Not Found")
@@ -316,12 +297,28 @@ impl Engine {
     }
 }
 
-/// The answer when DNS gave a next hop no targets: 404 when the name has none, 503 when DNS
-/// could not be asked (a later try may work).
-fn unlocated(failure: Option<Failure>) -> Decision {
-    match failure {
-        Some(Failure::Unavailable) => respond(503, "Service Unavailable (DNS)"),
-        _ => respond(404, "Not Found (no such domain)"),
+/// Forwarding to one next hop once located: to its destinations in order, else waiting for
+/// DNS, else — DNS gave it no targets — 404 when the name has none, 503 when DNS could not be
+/// asked (a later try may work).
+fn forward_located(
+    located: Located,
+    pop_route: SmallVec<[(HeaderField, usize); 2]>,
+    record_route: bool,
+) -> Decision {
+    match located {
+        Located::Wait(queries) => Decision::Locate(queries),
+        Located::Peers { failure, peers } if peers.is_empty() => match failure {
+            Some(Failure::Unavailable) => respond(503, "Service Unavailable (DNS)"),
+            _ => respond(404, "Not Found (no such domain)"),
+        },
+        Located::Peers { peers, .. } => Decision::Forward {
+            targets: smallvec::smallvec![Target {
+                request_uri: None,
+                dests: peers
+            }],
+            pop_route,
+            record_route,
+        },
     }
 }
 

@@ -192,17 +192,7 @@ impl Collector for ServeMetrics {
             |t| &t.invite_final_response,
         )?;
         // Every other counter, under its own name.
-        let all = self
-            .workers
-            .iter()
-            .map(|s| s.snapshot())
-            .reduce(|mut acc, s| {
-                for (a, (_, v)) in acc.iter_mut().zip(s) {
-                    a.1 += v;
-                }
-                acc
-            })
-            .unwrap_or_default();
+        let all = crate::stats::total(&self.workers);
         for ((name, value), (_, help)) in all.iter().zip(Stats::descriptions()) {
             if !IN_FAMILIES.contains(name) {
                 w.counter(&format!("sipsec_{name}"), help, *value)?;
