@@ -373,3 +373,27 @@ fn a_hold_told_by_another_worker_is_kept_until_it_ends() {
     let (sent, _) = deliver(&mut e, 1_000, ALICE, &invite("z9hG4bKh2"));
     assert!(sent.iter().any(|s| is_invite(s) && s.to == addr(BOB1)));
 }
+
+#[test]
+fn a_flood_waiting_for_dns_is_bounded_and_the_excess_answered_503() {
+    let mut e = engine(NAMED);
+    let mut refused = 0;
+    for i in 0..10_050 {
+        let (sent, _) = deliver(
+            &mut e,
+            0,
+            ALICE,
+            &request(
+                "OPTIONS",
+                "sip:x@elsewhere.test",
+                &format!("z9hG4bKfl{i}"),
+                "",
+            ),
+        );
+        refused += sent.iter().filter(|s| s.status() == Some(503)).count();
+    }
+    assert_eq!(refused, 50, "10,000 wait; the rest are refused at once");
+    // The answer releases every one that waited.
+    let (sent, _) = resolved(&mut e, 10, carrier(), answer_a([10, 0, 0, 9], 60));
+    assert_eq!(sent.iter().filter(|s| s.msg().is_request()).count(), 10_000);
+}
