@@ -25,7 +25,8 @@
 //!   credential fetchers.
 //! - [`authd`]: `sipsec authd`, Proxychain's authority.
 //! - [`load`]: `sipsec load`, the load generator: a sans-IO user agent and its driver.
-//! - [`cmd`]: the small subcommands that manage state: `sipsec users`.
+//! - [`cmd`]: the small subcommands that manage state or a running server: `sipsec users`,
+//!   `sipsec ctl`.
 //! - [`bench`](mod@bench): `sipsec bench`, a server and `load` run side by side and measured; the lab's
 //!   delay relay.
 //! - [`lab`]: `sipsec lab`, the seeds' experiments: suites run in rounds, results as JSON

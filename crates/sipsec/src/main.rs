@@ -1,6 +1,6 @@
 //! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-use sipsec::cmd::users;
+use sipsec::cmd::{ctl, users};
 use sipsec::tls::certs;
 use sipsec::{authd, bench, config, lab, load, serve};
 
@@ -42,6 +42,10 @@ enum Command {
     /// Manage the users digest and Proxychain authentication check: add, remove, list,
     /// import a CSV.
     Users(users::UsersArgs),
+    /// Ask a running server (through its `[control] socket`): `reload` its configuration,
+    /// or its `counters`. Exits 0 when done, 1 when refused (the reason on stderr), 2 when
+    /// the server cannot be reached.
+    Ctl(ctl::CtlArgs),
     /// Run Proxychain's central authentication service (or write backup credentials, or
     /// revoke a proxy).
     Authd(authd::AuthdArgs),
@@ -74,6 +78,22 @@ fn main() -> ExitCode {
         Command::DelayRelay(args) => bench::relay::run(args),
         Command::Users(args) => users::run(args),
         Command::HoldConnections { to, count } => bench::modes::hold_idle(to, count),
+        Command::Ctl(args) => {
+            return match ctl::run(&args) {
+                Ok(Ok(text)) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Ok(Err(why)) => {
+                    eprint!("sipsec ctl {}: {why}", args.command.name());
+                    ExitCode::from(1)
+                }
+                Err(e) => {
+                    eprintln!("sipsec ctl: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Command::Load(args) => {
             let peak = args.find_peak;
             return match load::run(*args) {

@@ -1,5 +1,5 @@
-//! Reloading the configuration on SIGHUP: under TLS load, with certificates rotated, with
-//! bad files and with changes only a restart may make.
+//! Reloading the configuration on SIGHUP and by `sipsec ctl reload`: under TLS load, with
+//! certificates rotated, with bad files and with changes only a restart may make.
 
 mod common;
 
@@ -158,4 +158,152 @@ fn bad_files_and_restart_only_changes_leave_the_running_configuration() {
     assert_eq!(n(&one.finish(), "uas_answered"), 5);
     assert_eq!(n(&two.finish(), "uas_answered"), 10);
     server.stop();
+}
+
+/// `sipsec ctl` against the control socket: counters as the server counts them, a reload's
+/// outcome (refused with the key named, or done) in its exit code and output; the socket
+/// private, refused to a second server, removed at exit; bad commands answered, not obeyed.
+#[test]
+fn ctl_answers_what_sighup_only_logs() {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = ports(21750);
+    let (sip, tls, uas1, uas2) = (base, base + 1, base + 2, base + 3);
+    certs(d, "live", &["127.0.0.1"]);
+    let control = "[control]\nsocket = \"ctl.sock\"\n";
+    let one = LoadUas::start(d, &format!("udp:127.0.0.3:{uas1}"), &[]);
+    let two = LoadUas::start(d, &format!("udp:127.0.0.3:{uas2}"), &[]);
+    let server = Server::start_logged(d, &config(d, sip, tls, uas1, control));
+    let file = d.join("sipsec.toml");
+    let socket = d.join("ctl.sock");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let ctl = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .arg("ctl")
+            .args(args)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let config_arg = ["--config", file.to_str().unwrap()];
+    let calls = || {
+        let (code, v, err) = load(d, &[&format!("udp:127.0.0.1:{sip}"), "--calls", "5"]);
+        assert_eq!(code, 0, "{v} {err}");
+    };
+    calls();
+
+    // Counters: every one, zeros included, as the server counts them.
+    let (code, out, err) = ctl(&["counters", config_arg[0], config_arg[1]]);
+    assert_eq!(code, Some(0), "{err}");
+    let counted: std::collections::HashMap<&str, u64> = out
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            (k, v.parse().unwrap())
+        })
+        .collect();
+    assert!(counted.contains_key("failovers"), "{out}");
+    assert!(counted["requests_in"] >= 10, "{out}");
+
+    // A bad value: refused, exit 1, the key named; the route stays.
+    std::fs::write(
+        &file,
+        config(
+            d,
+            sip,
+            tls,
+            uas2,
+            &format!("failover_timeout_ms = 5\n{control}"),
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = ctl(&["reload", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("reload refused"), "{err}");
+    assert!(err.contains("routing.failover_timeout_ms"), "{err}");
+    // Not TOML: the socket is still found by --socket, and the server says what is wrong.
+    std::fs::write(&file, "[server\n").unwrap();
+    let (code, _, err) = ctl(&["reload", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("give --socket"), "{err}");
+    let (code, _, err) = ctl(&["reload", "--socket", socket.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("invalid config file"), "{err}");
+    calls();
+    // A good one: done, exit 0, and the route moves.
+    std::fs::write(&file, config(d, sip, tls, uas2, control)).unwrap();
+    let (code, out, err) = ctl(&["reload", "--config", file.to_str().unwrap()]);
+    assert_eq!(
+        (code, out.trim_end()),
+        (Some(0), &*format!("{} reloaded", file.display())),
+        "{err}"
+    );
+    calls();
+
+    // Nobody there; a second server on the same socket; words that are not commands.
+    let (code, _, err) = ctl(&["reload", "--socket", d.join("none.sock").to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot reach a server"), "{err}");
+    let other = d.join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(
+        other.join("sipsec.toml"),
+        format!(
+            "[server]\nlisten = [\"udp:127.0.0.1:{}\"]\n[control]\nsocket = \"{}\"\n",
+            base + 4,
+            socket.display()
+        ),
+    )
+    .unwrap();
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args([
+            "serve",
+            "--config",
+            other.join("sipsec.toml").to_str().unwrap(),
+        ])
+        .current_dir(&other)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{err}");
+    assert!(err.contains("another server is listening there"), "{err}");
+    for (sent, expect) in [
+        ("status\n", "error\nunknown command \"status\""),
+        (&*"x".repeat(300), "error\na command is one line"),
+    ] {
+        let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        s.write_all(sent.as_bytes()).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with(expect), "{reply}");
+    }
+
+    let log = server.log();
+    assert_eq!(
+        log.matches("sipsec ctl: reload refused").count(),
+        2,
+        "{log}"
+    );
+    assert_eq!(log.matches("sipsec ctl: ").count(), 3, "{log}");
+    let (_, out, _) = ctl(&["counters", "--socket", socket.to_str().unwrap()]);
+    let last = out
+        .lines()
+        .find_map(|l| l.strip_prefix("requests_in "))
+        .unwrap();
+    let stopped = server.stop_counters();
+    assert_eq!(
+        stopped.get("requests_in").to_string(),
+        last,
+        "{:?}",
+        stopped.0
+    );
+    assert!(stopped.get("requests_in") > counted["requests_in"]);
+    assert!(!socket.exists(), "the socket outlived the server");
+    assert_eq!(n(&one.finish(), "uas_answered"), 10);
+    assert_eq!(n(&two.finish(), "uas_answered"), 5);
 }

@@ -544,9 +544,16 @@ struct RawMetrics {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+struct RawControl {
+    socket: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 struct RawConfig {
     server: RawServer,
     metrics: RawMetrics,
+    control: RawControl,
     tls: RawTls,
     routing: RawRouting,
     database: RawDatabase,
@@ -603,6 +610,8 @@ pub struct Config {
     pub overload: OverloadConfig,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// The Unix socket `sipsec ctl` talks to (`[control] socket`), if any.
+    pub control_socket: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -631,6 +640,9 @@ impl Config {
             if let Some(b) = pc.backup.as_mut() {
                 *b = base.join(&*b);
             }
+        }
+        if let Some(s) = cfg.control_socket.as_mut() {
+            *s = base.join(&*s);
         }
         Ok(cfg)
     }
@@ -681,6 +693,7 @@ impl Config {
             ),
             ("database.url", a.database_url != b.database_url),
             ("metrics.listen", a.metrics_listen != b.metrics_listen),
+            ("control.socket", a.control_socket != b.control_socket),
             (
                 "registrar.durable",
                 a.registrar.durable != b.registrar.durable,
@@ -775,6 +788,10 @@ impl Config {
                     anyhow::anyhow!("metrics.listen: {l:?} is not an ip:port address")
                 })?),
             };
+        let control_socket = match raw.control.socket {
+            Some(s) if s.trim().is_empty() => bail!("control.socket: an empty path"),
+            s => s.map(PathBuf::from),
+        };
         let url = raw.database.url;
         if !(url.starts_with("sqlite:")
             || url.starts_with("postgres:")
@@ -862,6 +879,7 @@ impl Config {
             names: auth.server.clone(),
             routing,
             metrics_listen,
+            control_socket,
             database_url: url,
             registrar: RegistrarConfig {
                 min_expires: reg.min_expires,
@@ -991,6 +1009,10 @@ mod tests {
         assert_eq!(
             changes("[metrics]\nlisten = \"127.0.0.1:9090\"\n"),
             ["metrics.listen"]
+        );
+        assert_eq!(
+            changes("[control]\nsocket = \"sipsec.sock\"\n"),
+            ["control.socket"]
         );
     }
 

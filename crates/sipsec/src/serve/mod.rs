@@ -11,12 +11,14 @@
 //!   fraction overload control steers by;
 //! - [`fetch`]: credential fetches off the workers' threads, and the user-database fetcher;
 //!   [`authority`]: the Proxychain authority's channel; [`dns`]: DNS lookups (RFC 3263);
-//! - [`metrics`]: what `/metrics` exposes (`[metrics] listen`); [`reload`]: SIGHUP.
+//! - [`metrics`]: what `/metrics` exposes (`[metrics] listen`); [`reload`]: SIGHUP and
+//!   `sipsec ctl reload`; [`control`]: the socket `sipsec ctl` talks to (`[control] socket`).
 
 pub mod authority;
 pub mod busy;
 pub mod coalesce;
 pub mod connections;
+pub mod control;
 pub mod dns;
 pub mod fetch;
 pub mod mailbox;
@@ -152,6 +154,10 @@ pub fn run(cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
     let proxychain = start_proxychain(&cfg)?;
 
     let signals = crate::signals::Signals::install()?;
+    let control = match &cfg.control_socket {
+        Some(p) => Some(control::Control::bind(runtime.handle(), p)?),
+        None => None,
+    };
     let channel_stats = Arc::new(crate::serve::authority::ChannelStats::default());
     let fetcher = match (&proxychain, &auth) {
         (Some((shared, tls)), _) => Some(crate::serve::authority::spawn(
@@ -237,27 +243,45 @@ pub fn run(cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
             .collect()
     };
     let mut running = cfg.clone();
+    let mut reload = |by: &str| -> control::Reply {
+        let Some(p) = &path else {
+            let why = "the server runs on its embedded defaults (no --config): nothing to reload";
+            tracing::warn!("{by}: {why}");
+            return Err(why.into());
+        };
+        match reload::reload(p, &running, &senders, &resolver) {
+            Ok(new) => {
+                running = new;
+                tracing::info!("{by}: {} reloaded", p.display());
+                Ok(format!("{} reloaded", p.display()))
+            }
+            Err(e) => {
+                let why = format!("reload refused, the running configuration is unchanged: {e:#}");
+                tracing::error!("{by}: {why}");
+                Err(why)
+            }
+        }
+    };
     while !signals.stopping() {
         std::thread::sleep(Duration::from_millis(50));
         signals.poll(
             || report_counters(&totals()),
-            || match &path {
-                None => tracing::warn!(
-                    "SIGHUP: the server runs on its embedded defaults (no --config): nothing to \
-                     reload"
-                ),
-                Some(p) => match reload::reload(p, &running, &senders, &resolver) {
-                    Ok(new) => {
-                        running = new;
-                        tracing::info!("SIGHUP: {} reloaded", p.display());
-                    }
-                    Err(e) => tracing::error!(
-                        "SIGHUP: reload refused, the running configuration is unchanged: {e:#}"
-                    ),
-                },
+            || {
+                let _ = reload("SIGHUP");
             },
         );
+        while let Some(request) = control.as_ref().and_then(control::Control::next) {
+            let reply = match request.command {
+                control::Command::Reload => reload("sipsec ctl"),
+                control::Command::Counters => Ok(stats::total(&all_stats)
+                    .into_iter()
+                    .map(|(k, v)| format!("{k} {v}\n"))
+                    .collect()),
+            };
+            request.answer(reply);
+        }
     }
+    drop(control);
     tracing::info!("shutting down");
     for h in handles {
         let _ = h.join();
