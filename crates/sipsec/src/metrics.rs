@@ -1,6 +1,9 @@
 //! The Prometheus endpoint both daemons serve (`[metrics] listen`): `GET /metrics` answered with
 //! the text exposition of a `prometheus-client` registry, over HTTP/1.1 (hyper) on the
-//! daemon's async runtime, never on a worker.
+//! daemon's async runtime, never on a worker. At most [`MAX_CONNECTIONS`] at once, each closed
+//! after [`HEADER_TIMEOUT`] without a request: the endpoint has no authentication (bind it to a
+//! management address), and a flood of connections must not take the SIP listeners'
+//! descriptors.
 //!
 //! What is exposed is each daemon's business (`serve::metrics`, `authd`): their collectors read
 //! counters the workers keep for themselves and sum them at scrape time, so counting costs the
@@ -19,6 +22,17 @@ use std::sync::Arc;
 /// The OpenMetrics text format `prometheus-client` writes (Prometheus reads it).
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Connections served at once; more are closed as they come, so a flood of them cannot take
+/// the descriptors the SIP listeners need. A scraper needs one.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// How long a connection may take to send a request's headers, and may sit idle between
+/// requests, before it is closed (a scraper sends its request at once).
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long accepting pauses after it fails (out of descriptors).
+pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Binds `addr` now (so a taken address stops the daemon at start) and serves `registry` there
 /// on `runtime`'s threads. Returns the address bound (for port 0).
 pub fn serve(
@@ -33,19 +47,32 @@ pub fn serve(
     let registry = Arc::new(registry);
     let _guard = runtime.enter();
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     runtime.spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                // Out of descriptors, most likely: wait rather than spin.
+                Err(_) => {
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
+            // Past the cap the connection is closed at once.
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
                 continue;
             };
             let registry = registry.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let service = hyper::service::service_fn(move |req| {
                     let registry = registry.clone();
                     async move { Ok::<_, std::convert::Infallible>(answer(&registry, &req)) }
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
                     .serve_connection(io, service)
                     .await;
             });

@@ -109,3 +109,63 @@ fn scraped_counts_match_the_load_generators_summary() {
     assert_eq!(curl(&format!("http://127.0.0.1:{metrics}/")).0, 404);
     server.stop();
 }
+
+/// The endpoint has no authentication, so it must not be a way to starve the server: past
+/// `MAX_CONNECTIONS` (16) a connection is closed at once, and one that sends half a request
+/// is closed after `HEADER_TIMEOUT` (5 s), after which a scrape gets through again.
+#[test]
+#[cfg_attr(
+    sipsec_skip_curl,
+    ignore = "curl is not installed (apt-get install curl)"
+)]
+fn a_flood_of_half_requests_is_capped_and_timed_out() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let base = ports(21550);
+    let (sip, metrics) = (base, base + 1);
+    let server = Server::start(
+        dir.path(),
+        &format!(
+            "[server]\nlisten = [\"udp:127.0.0.1:{sip}\"]\n\
+             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
+             [database]\nurl = \"sqlite://{}\"\n",
+            dir.path().join("m.db").display()
+        ),
+    );
+    let started = Instant::now();
+    let held: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut c = TcpStream::connect(("127.0.0.1", metrics)).unwrap();
+            c.write_all(b"GET /metr").unwrap();
+            c
+        })
+        .collect();
+    // Closed (EOF or reset) within `wait`?
+    let closed = |c: &TcpStream, wait: Duration| {
+        c.set_read_timeout(Some(wait)).unwrap();
+        let mut byte = [0u8; 1];
+        match (&*c).read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    };
+    let refused = held
+        .iter()
+        .filter(|c| closed(c, Duration::from_millis(100)))
+        .count();
+    assert_eq!(refused, 4, "past the cap of 16");
+    // The half requests are closed at the header timeout, not before and not much after.
+    for c in &held {
+        assert!(closed(c, Duration::from_secs(10)));
+    }
+    let after = started.elapsed();
+    assert!(
+        (Duration::from_millis(4_500)..Duration::from_secs(8)).contains(&after),
+        "{after:?}"
+    );
+    assert_eq!(curl(&format!("http://127.0.0.1:{metrics}/metrics")).0, 200);
+    server.stop();
+}

@@ -115,8 +115,12 @@ impl Control {
         let (tx, requests) = mpsc::channel();
         let task = runtime.spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(_) => {
+                        tokio::time::sleep(crate::metrics::ACCEPT_BACKOFF).await;
+                        continue;
+                    }
                 };
                 tokio::spawn(serve(stream, owner, tx.clone()));
             }
