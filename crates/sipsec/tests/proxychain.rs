@@ -11,7 +11,9 @@
 //! - a proxy whose certificate the authority does not know is refused, and its callers get
 //!   503, not a hang;
 //! - the authority down: with backup credentials calls still authenticate, without them they
-//!   get 503; a revoked proxy is cut off.
+//!   get 503; a revoked proxy is cut off;
+//! - a flood of connections that never handshake, past the authority's descriptors, neither
+//!   stops it nor shuts a proxy out.
 
 mod common;
 
@@ -30,8 +32,32 @@ struct Authd(Child);
 
 impl Authd {
     fn start(dir: &Path, config: &Path) -> Authd {
+        Self::start_with(dir, config, Command::new(env!("CARGO_BIN_EXE_sipsec")))
+    }
+
+    /// Started with at most `files` descriptors (soft and hard, so it cannot raise them).
+    fn start_limited(dir: &Path, config: &Path, files: u64) -> Authd {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sipsec"));
+        // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: files,
+                    rlim_max: files,
+                };
+                match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            });
+        }
+        Self::start_with(dir, config, cmd)
+    }
+
+    fn start_with(dir: &Path, config: &Path, mut cmd: Command) -> Authd {
         let log = std::fs::File::create(dir.join("authd.log")).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        let mut child = cmd
             .args(["authd", "--config", config.to_str().unwrap()])
             .current_dir(dir)
             .env("SIPSEC_LOG", "info")
@@ -513,4 +539,75 @@ fn a_revoked_proxy_is_cut_off() {
     drop(proxy);
     let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
     assert!(log.contains("proxy refused: revoked"), "{log}");
+}
+
+/// Connections from `ip` to the authority that never say a word.
+fn silent_connections(ip: [u8; 4], port: u16, count: usize) -> Vec<std::net::TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    (0..count)
+        .map(|_| {
+            let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+            s.bind(&std::net::SocketAddr::from((ip, 0)).into()).unwrap();
+            s.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
+                .unwrap();
+            s.into()
+        })
+        .collect()
+}
+
+/// Closed by the other side (EOF or reset) within `wait`?
+fn closed(c: &std::net::TcpStream, wait: Duration) -> bool {
+    use std::io::Read;
+    c.set_read_timeout(Some(wait)).unwrap();
+    match (&*c).read(&mut [0u8; 1]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+#[test]
+fn a_flood_of_silent_connections_neither_stops_the_authority_nor_shuts_a_proxy_out() {
+    let lab = Lab::new();
+    // 64 descriptors: the flood runs the authority out of them.
+    let authd = Authd::start_limited(lab.dir.path(), Path::new(&lab.path("authd.toml")), 64);
+    let log = || std::fs::read_to_string(lab.path("authd.log")).unwrap();
+    let flood: Vec<_> = (2..6)
+        .flat_map(|i| silent_connections([127, 0, 0, i], lab.port, 32))
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        log().contains("accepting a proxy connection failed"),
+        "{}",
+        log()
+    );
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(500));
+    // One address holds its 32 handshakes; its next connections are closed at once.
+    let held = silent_connections([127, 0, 0, 6], lab.port, 40);
+    let opened = std::time::Instant::now();
+    let refused = held
+        .iter()
+        .filter(|c| closed(c, Duration::from_millis(100)))
+        .count();
+    assert_eq!(refused, 8, "past 32 handshakes from one address");
+    // Meanwhile a proxy from another address connects, and its callers authenticate.
+    let proxy = lab.proxy("");
+    let uas = lab.uas();
+    let (code, summary, stderr) = lab.calls(&lab.path("users.csv"), 12);
+    assert_eq!(code, 0, "{summary}\n{stderr}");
+    assert_eq!(n(&summary, "succeeded"), 12, "{summary}");
+    // The silent ones are closed at the handshake timeout (10 s).
+    for c in &held {
+        assert!(closed(c, Duration::from_secs(15)));
+    }
+    let after = opened.elapsed();
+    assert!(
+        (Duration::from_secs(9)..Duration::from_secs(14)).contains(&after),
+        "{after:?}"
+    );
+    assert!(log().contains("no TLS handshake within 10 s"), "{}", log());
+    drop(uas);
+    proxy.stop();
+    drop(authd);
 }

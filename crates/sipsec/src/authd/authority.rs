@@ -50,6 +50,11 @@ pub struct AuthorityStats {
     pub revocations_pushed: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
+    /// Connections closed at accept: too many handshakes in progress (in all or from their
+    /// address), or accepting failed (out of descriptors).
+    pub connections_refused: AtomicU64,
+    /// Connections whose TLS handshake failed or did not finish in time.
+    pub handshake_failures: AtomicU64,
 }
 
 /// The authority.

@@ -158,6 +158,8 @@ impl AuthdConfig {
 /// `sipsec authd`.
 pub fn run(args: AuthdArgs) -> Result<()> {
     let (cfg, metrics) = AuthdConfig::load(args.config.as_deref())?;
+    // Every proxy connection, and every connection still handshaking, is a descriptor.
+    crate::net::raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -357,6 +359,17 @@ impl prometheus_client::collector::Collector for AuthdMetrics {
             "Bytes written to proxies",
             load(&s.bytes_out),
         )?;
+        w.counter(
+            "sipsec_authd_connections_refused",
+            "Connections closed at accept: too many TLS handshakes in progress, or out of \
+             descriptors",
+            load(&s.connections_refused),
+        )?;
+        w.counter(
+            "sipsec_authd_handshake_failures",
+            "Connections whose TLS handshake failed or did not finish in time",
+            load(&s.handshake_failures),
+        )?;
         w.gauge(
             "sipsec_authd_proxies_connected",
             "Proxies with a connection open",
@@ -375,11 +388,14 @@ impl prometheus_client::collector::Collector for AuthdMetrics {
 fn log_counters(event: &str, s: &authority::AuthorityStats) {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     tracing::info!(
-        "{event}; issued={} unknown={} revocations_pushed={} bytes_in={} bytes_out={}",
+        "{event}; issued={} unknown={} revocations_pushed={} bytes_in={} bytes_out={} \
+         connections_refused={} handshake_failures={}",
         load(&s.issued),
         load(&s.unknown),
         load(&s.revocations_pushed),
         load(&s.bytes_in),
-        load(&s.bytes_out)
+        load(&s.bytes_out),
+        load(&s.connections_refused),
+        load(&s.handshake_failures)
     );
 }

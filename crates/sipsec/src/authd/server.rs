@@ -3,18 +3,77 @@
 //! task per proxy connection, so requests are answered as they arrive however many are in
 //! flight; revocations pushed to the connections of the proxies concerned; revoked proxies
 //! refused and cut off.
+//!
+//! Anyone may connect before the handshake says who they are, so what a connection that is
+//! not yet a proxy can hold is bounded: [`HANDSHAKE_TIMEOUT`] to finish its handshake, at most
+//! [`MAX_HANDSHAKES_PER_IP`] of them from one address and [`MAX_HANDSHAKES`] in all; an
+//! accept that fails (out of descriptors) is logged and retried, never the end of the
+//! authority.
 
 use super::authority::Authority;
 use crate::auth::proxychain::wire::{self, Reply, Request};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use sip_core::proxychain::HashKind;
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 use tokio_rustls::TlsAcceptor;
+
+/// How long a connection has to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS handshakes in progress from one address, and in all, past which a new connection is
+/// closed at once: a flood of connections that never handshake cannot hold the descriptors
+/// the proxies need, and one flooding address cannot shut out the others.
+pub const MAX_HANDSHAKES_PER_IP: usize = 32;
+pub const MAX_HANDSHAKES: usize = 1024;
+
+/// The handshakes in progress, by address.
+#[derive(Default)]
+struct Handshakes(Mutex<(usize, HashMap<IpAddr, usize>)>);
+
+/// One handshake's place in [`Handshakes`], given back when dropped.
+struct Handshaking {
+    all: Arc<Handshakes>,
+    ip: IpAddr,
+}
+
+impl Handshakes {
+    fn enter(all: &Arc<Handshakes>, ip: IpAddr) -> Option<Handshaking> {
+        let mut guard = all.0.lock().ok()?;
+        let (total, by_ip) = &mut *guard;
+        let from_ip = by_ip.entry(ip).or_default();
+        if *total >= MAX_HANDSHAKES || *from_ip >= MAX_HANDSHAKES_PER_IP {
+            return None;
+        }
+        *from_ip += 1;
+        *total += 1;
+        Some(Handshaking {
+            all: all.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        if let Ok(mut guard) = self.all.0.lock() {
+            let (total, by_ip) = &mut *guard;
+            *total -= 1;
+            if let Some(n) = by_ip.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    by_ip.remove(&self.ip);
+                }
+            }
+        }
+    }
+}
 
 /// One open proxy connection.
 struct Conn {
@@ -116,18 +175,73 @@ pub async fn run(
     registry: Arc<Registry>,
 ) -> Result<()> {
     let acceptor = TlsAcceptor::from(tls);
+    let handshakes = Arc::new(Handshakes::default());
+    let log = Arc::new(Mutex::new(crate::stats::LogLimiter::new(10)));
+    let started = std::time::Instant::now();
+    // A warning from the network path, at most ten a second.
+    let warn = move |line: std::fmt::Arguments| {
+        let now = started.elapsed().as_millis() as u64;
+        if log.lock().is_ok_and(|mut l| l.allow(now)) {
+            tracing::warn!("{line}");
+        }
+    };
     let mut next = 0u64;
     loop {
-        let (tcp, from) = listener.accept().await.context("accept")?;
+        let (tcp, from) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                authority
+                    .stats
+                    .connections_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                warn(format_args!("accepting a proxy connection failed: {e}"));
+                tokio::time::sleep(crate::metrics::ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Some(handshaking) = Handshakes::enter(&handshakes, from.ip()) else {
+            authority
+                .stats
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            warn(format_args!(
+                "connection from {from} refused: too many TLS handshakes in progress"
+            ));
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         next += 1;
-        let (acceptor, authority, registry, n) =
-            (acceptor.clone(), authority.clone(), registry.clone(), next);
+        let (acceptor, authority, registry, n, warn) = (
+            acceptor.clone(),
+            authority.clone(),
+            registry.clone(),
+            next,
+            warn.clone(),
+        );
         tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::warn!(%from, "proxy refused: TLS handshake failed ({e})");
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+            drop(handshaking);
+            let tls = match handshake {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
+                    authority
+                        .stats
+                        .handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn(format_args!(
+                        "proxy {from} refused: TLS handshake failed ({e})"
+                    ));
+                    return;
+                }
+                Err(_) => {
+                    authority
+                        .stats
+                        .handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn(format_args!(
+                        "proxy {from} refused: no TLS handshake within {} s",
+                        HANDSHAKE_TIMEOUT.as_secs()
+                    ));
                     return;
                 }
             };

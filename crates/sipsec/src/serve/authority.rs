@@ -113,10 +113,15 @@ async fn session(
     let name = ServerName::try_from(cfg.authority_name.clone())
         .context("authority server name")?
         .to_owned();
-    let stream = tokio_rustls::TlsConnector::from(tls.clone())
-        .connect(name, tcp)
-        .await
-        .context("TLS")?;
+    // Bounded like the rest: an authority that accepted but never handshakes (its descriptors
+    // run out under a flood) must not hold the channel forever.
+    let stream = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp),
+    )
+    .await
+    .context("TLS handshake timed out")?
+    .context("TLS")?;
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut inbox = Vec::with_capacity(16 * 1024);
     let mut chunk = vec![0u8; 16 * 1024];
