@@ -229,7 +229,7 @@ pub async fn run(
                         .handshake_failures
                         .fetch_add(1, Ordering::Relaxed);
                     warn(format_args!(
-                        "proxy {from} refused: TLS handshake failed ({e})"
+                        "proxy refused: TLS handshake with {from} failed ({e})"
                     ));
                     return;
                 }
@@ -239,7 +239,7 @@ pub async fn run(
                         .handshake_failures
                         .fetch_add(1, Ordering::Relaxed);
                     warn(format_args!(
-                        "proxy {from} refused: no TLS handshake within {} s",
+                        "proxy refused: no TLS handshake from {from} within {} s",
                         HANDSHAKE_TIMEOUT.as_secs()
                     ));
                     return;

@@ -22,6 +22,18 @@ pub fn ports(base: u16) -> u16 {
     base + NEXT.fetch_add(10, Ordering::Relaxed)
 }
 
+/// Whether the other side closed `c` (EOF or reset) within `wait`, for the tests of what a
+/// daemon does to connections that never finish a request or a handshake.
+pub fn closed_by_peer(c: &std::net::TcpStream, wait: Duration) -> bool {
+    use std::io::Read;
+    c.set_read_timeout(Some(wait)).unwrap();
+    match (&*c).read(&mut [0u8; 1]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
 pub fn shared_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
 }
