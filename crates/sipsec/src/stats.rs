@@ -121,13 +121,12 @@ pub const LATENCY_BUCKETS_MS: [u64; 12] = [
 ];
 
 /// A latency histogram a worker writes alone: a count per bucket (not cumulative; the scrape
-/// adds them up), the sum and the count.
+/// adds them up, and their total is the count) and the sum.
 #[derive(Debug, Default)]
 pub struct Histogram {
     /// Per bucket of [`LATENCY_BUCKETS_MS`], and one past the last.
-    pub buckets: [AtomicU64; 13],
+    pub buckets: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
     pub sum_ms: AtomicU64,
-    pub count: AtomicU64,
 }
 
 impl Histogram {
@@ -135,7 +134,6 @@ impl Histogram {
         let i = LATENCY_BUCKETS_MS.partition_point(|&b| b < ms);
         inc(&self.buckets[i]);
         self.sum_ms.fetch_add(ms, Ordering::Relaxed);
-        inc(&self.count);
     }
 }
 
@@ -144,9 +142,9 @@ impl Histogram {
 #[derive(Debug, Default)]
 pub struct Traffic {
     /// Requests received, by method ([`METHODS`]).
-    pub requests: [AtomicU64; 15],
+    pub requests: [AtomicU64; METHODS.len()],
     /// Responses received, by the method of their CSeq and their class (1xx to 6xx).
-    pub responses: [[AtomicU64; 6]; 15],
+    pub responses: [[AtomicU64; 6]; METHODS.len()],
     /// Responses made here, by class.
     pub local_responses: [AtomicU64; 6],
     /// INVITEs that got a 2xx through this proxy (first 2xx of each), and BYEs that did: the

@@ -176,16 +176,24 @@ struct ProxyContext {
 }
 
 impl ProxyContext {
-    /// Marks the final response sent; for an INVITE, records how long it took.
+    /// A response other than 100 is going upstream: for an INVITE, records how long the
+    /// first one took.
+    fn first_response(&mut self, now: Millis, stats: &Stats) {
+        if self.invite && !self.first_seen {
+            self.first_seen = true;
+            let took = now.saturating_sub(self.started);
+            stats.traffic.invite_first_response.observe_ms(took);
+        }
+    }
+
+    /// Marks the final response sent; for an INVITE, records how long it took (and, when it
+    /// is the first response, that too).
     fn finish(&mut self, now: Millis, stats: &Stats) {
         self.final_sent = true;
+        self.first_response(now, stats);
         if self.invite {
             let took = now.saturating_sub(self.started);
             stats.traffic.invite_final_response.observe_ms(took);
-            if !self.first_seen {
-                self.first_seen = true;
-                stats.traffic.invite_first_response.observe_ms(took);
-            }
         }
     }
 }

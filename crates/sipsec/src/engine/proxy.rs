@@ -527,11 +527,7 @@ impl Engine {
         match code {
             100..=199 => {
                 if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
-                    if ctx.invite && !ctx.first_seen {
-                        ctx.first_seen = true;
-                        let took = now.saturating_sub(ctx.started);
-                        self.stats.traffic.invite_first_response.observe_ms(took);
-                    }
+                    ctx.first_response(now, &self.stats);
                 }
                 self.tx.respond(now, server, code, data, &mut self.outputs);
             }

@@ -36,6 +36,12 @@ fn resolved(e: &mut Engine, now: Millis, query: Query, r: Arc<Resolution>) -> (V
     (sent(&mut fx), fx)
 }
 
+/// A new request from ALICE for a domain not ours (so routed by `[routing]`), with `branch`.
+fn to_elsewhere(e: &mut Engine, now: Millis, method: &str, branch: &str) -> (Vec<Sent>, Effects) {
+    let text = request(method, "sip:x@elsewhere.test", branch, "");
+    deliver(e, now, ALICE, &text)
+}
+
 fn is_invite(s: &Sent) -> bool {
     s.msg().is_request() && s.method() == Method::Invite
 }
@@ -61,12 +67,7 @@ fn a_named_route_waits_for_dns_then_uses_the_answer_until_it_expires() {
     assert!(is_invite(&sent[0]));
     assert_eq!(sent[0].to, addr("10.0.0.9:5060"));
     // The next call goes at once, from the cache.
-    let (sent, fx) = deliver(
-        &mut e,
-        700,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKd2", ""),
-    );
+    let (sent, fx) = to_elsewhere(&mut e, 700, "INVITE", "z9hG4bKd2");
     assert_eq!(
         sent.iter()
             .filter(|s| s.to == addr("10.0.0.9:5060"))
@@ -76,12 +77,7 @@ fn a_named_route_waits_for_dns_then_uses_the_answer_until_it_expires() {
     assert!(fx.lookups.is_empty());
     assert_eq!(e.stats.dns_lookups.load(Ordering::Relaxed), 1);
     // Expired: used still, and asked again once.
-    let (sent, fx) = deliver(
-        &mut e,
-        61_000,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKd3", ""),
-    );
+    let (sent, fx) = to_elsewhere(&mut e, 61_000, "INVITE", "z9hG4bKd3");
     assert_eq!(
         sent.iter()
             .filter(|s| s.to == addr("10.0.0.9:5060"))
@@ -89,21 +85,11 @@ fn a_named_route_waits_for_dns_then_uses_the_answer_until_it_expires() {
         1
     );
     assert_eq!(fx.lookups, vec![carrier()]);
-    let (_, fx) = deliver(
-        &mut e,
-        61_001,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKd4", ""),
-    );
+    let (_, fx) = to_elsewhere(&mut e, 61_001, "INVITE", "z9hG4bKd4");
     assert!(fx.lookups.is_empty(), "one refresh at a time");
     // The new answer moves the calls.
     resolved(&mut e, 61_010, carrier(), answer_a([10, 0, 0, 10], 60));
-    let (sent, _) = deliver(
-        &mut e,
-        61_020,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKd5", ""),
-    );
+    let (sent, _) = to_elsewhere(&mut e, 61_020, "INVITE", "z9hG4bKd5");
     assert_eq!(
         sent.iter()
             .filter(|s| s.to == addr("10.0.0.10:5060"))
@@ -117,12 +103,7 @@ fn a_named_route_waits_for_dns_then_uses_the_answer_until_it_expires() {
         carrier(),
         Arc::new(Resolution::failed(Failure::Unavailable, 5)),
     );
-    let (sent, _) = deliver(
-        &mut e,
-        130_010,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKd6", ""),
-    );
+    let (sent, _) = to_elsewhere(&mut e, 130_010, "INVITE", "z9hG4bKd6");
     assert_eq!(
         sent.iter()
             .filter(|s| s.to == addr("10.0.0.10:5060"))
@@ -135,12 +116,7 @@ fn a_named_route_waits_for_dns_then_uses_the_answer_until_it_expires() {
 fn names_without_servers_get_404_and_dns_outages_503() {
     for (failure, code) in [(Failure::NoRecords, 404), (Failure::Unavailable, 503)] {
         let mut e = engine(NAMED);
-        deliver(
-            &mut e,
-            0,
-            ALICE,
-            &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKn1", ""),
-        );
+        to_elsewhere(&mut e, 0, "INVITE", "z9hG4bKn1");
         let (sent, _) = resolved(
             &mut e,
             10,
@@ -200,12 +176,7 @@ fn cancel_while_waiting_for_dns_ends_the_call_with_487() {
 #[test]
 fn a_503_fails_over_to_the_next_route_which_is_then_preferred_for_retry_after() {
     let mut e = engine(TWO);
-    let (sent, _) = deliver(
-        &mut e,
-        0,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKf1", ""),
-    );
+    let (sent, _) = to_elsewhere(&mut e, 0, "INVITE", "z9hG4bKf1");
     let first = sent.iter().find(|s| is_invite(s)).unwrap();
     assert_eq!(first.to, addr(BOB1), "priority 1 first");
     let busy =
@@ -235,19 +206,9 @@ fn a_503_fails_over_to_the_next_route_which_is_then_preferred_for_retry_after() 
         Some(200)
     );
     // For its Retry-After, the first route is skipped; then it has its calls back.
-    let (sent, _) = deliver(
-        &mut e,
-        1_000,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKf2", ""),
-    );
+    let (sent, _) = to_elsewhere(&mut e, 1_000, "INVITE", "z9hG4bKf2");
     assert!(sent.iter().any(|s| is_invite(s) && s.to == addr(BOB2)));
-    let (sent, _) = deliver(
-        &mut e,
-        2_100,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKf3", ""),
-    );
+    let (sent, _) = to_elsewhere(&mut e, 2_100, "INVITE", "z9hG4bKf3");
     assert!(sent.iter().any(|s| is_invite(s) && s.to == addr(BOB1)));
     assert_eq!(e.stats.failovers.load(Ordering::Relaxed), 1);
 }
@@ -255,12 +216,7 @@ fn a_503_fails_over_to_the_next_route_which_is_then_preferred_for_retry_after() 
 #[test]
 fn a_silent_route_is_failed_over_after_failover_timeout_ms_and_the_last_503_reaches_the_caller() {
     let mut e = engine(&format!("{TWO}failover_timeout_ms = 1500\n"));
-    let (sent, _) = deliver(
-        &mut e,
-        0,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKt1", ""),
-    );
+    let (sent, _) = to_elsewhere(&mut e, 0, "INVITE", "z9hG4bKt1");
     assert!(sent.iter().any(|s| is_invite(s) && s.to == addr(BOB1)));
     assert!(tick(&mut e, 1_499).iter().all(|s| s.to != addr(BOB2)));
     let sent = tick(&mut e, 1_500);
@@ -284,17 +240,7 @@ fn weighted_routes_share_new_calls_by_their_weights() {
     );
     let mut to_bob1 = 0;
     for i in 0..4000 {
-        let (sent, _) = deliver(
-            &mut e,
-            i,
-            ALICE,
-            &request(
-                "OPTIONS",
-                "sip:x@elsewhere.test",
-                &format!("z9hG4bKw{i}"),
-                "",
-            ),
-        );
+        let (sent, _) = to_elsewhere(&mut e, i, "OPTIONS", &format!("z9hG4bKw{i}"));
         to_bob1 += sent.iter().filter(|s| s.to == addr(BOB1)).count();
     }
     let share = to_bob1 as f64 / 4000.0;
@@ -332,24 +278,14 @@ fn probes_mark_a_silent_route_down_in_every_worker_and_up_when_it_answers() {
         "the other worker is told"
     );
     // Calls skip BOB1 while it is down.
-    let (sent_now, _) = deliver(
-        &mut e,
-        1_100,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKp1", ""),
-    );
+    let (sent_now, _) = to_elsewhere(&mut e, 1_100, "INVITE", "z9hG4bKp1");
     assert!(sent_now.iter().any(|s| is_invite(s) && s.to == addr(BOB2)));
     assert_eq!(e.stats.probe_failures.load(Ordering::Relaxed), 1);
     // The next round: BOB1 answers and has its calls back.
     let probes = tick(&mut e, 5_000);
     let p1 = to(&probes, BOB1).expect("BOB1 probed again");
     deliver(&mut e, 5_010, BOB1, &answer(&sent(&p1), 200, "p"));
-    let (sent_now, _) = deliver(
-        &mut e,
-        5_100,
-        ALICE,
-        &request("INVITE", "sip:x@elsewhere.test", "z9hG4bKp2", ""),
-    );
+    let (sent_now, _) = to_elsewhere(&mut e, 5_100, "INVITE", "z9hG4bKp2");
     assert!(sent_now.iter().any(|s| is_invite(s) && s.to == addr(BOB1)));
 }
 
@@ -367,10 +303,9 @@ fn a_hold_told_by_another_worker_is_kept_until_it_ends() {
         &mut fx,
     );
     assert!(fx.mail.is_empty(), "not told back");
-    let invite = |b: &str| request("INVITE", "sip:x@elsewhere.test", b, "");
-    let (sent, _) = deliver(&mut e, 500, ALICE, &invite("z9hG4bKh1"));
+    let (sent, _) = to_elsewhere(&mut e, 500, "INVITE", "z9hG4bKh1");
     assert!(sent.iter().any(|s| is_invite(s) && s.to == addr(BOB2)));
-    let (sent, _) = deliver(&mut e, 1_000, ALICE, &invite("z9hG4bKh2"));
+    let (sent, _) = to_elsewhere(&mut e, 1_000, "INVITE", "z9hG4bKh2");
     assert!(sent.iter().any(|s| is_invite(s) && s.to == addr(BOB1)));
 }
 
@@ -379,17 +314,7 @@ fn a_flood_waiting_for_dns_is_bounded_and_the_excess_answered_503() {
     let mut e = engine(NAMED);
     let mut refused = 0;
     for i in 0..10_050 {
-        let (sent, _) = deliver(
-            &mut e,
-            0,
-            ALICE,
-            &request(
-                "OPTIONS",
-                "sip:x@elsewhere.test",
-                &format!("z9hG4bKfl{i}"),
-                "",
-            ),
-        );
+        let (sent, _) = to_elsewhere(&mut e, 0, "OPTIONS", &format!("z9hG4bKfl{i}"));
         refused += sent.iter().filter(|s| s.status() == Some(503)).count();
     }
     assert_eq!(refused, 50, "10,000 wait; the rest are refused at once");
