@@ -57,6 +57,72 @@ pub struct AuthorityStats {
     pub handshake_failures: AtomicU64,
 }
 
+/// One counter as it is reported: its name in the log line (`name=value`, which the lab
+/// reads), its Prometheus name (without `_total`), its help text and its value.
+pub struct Reported {
+    pub log: &'static str,
+    pub metric: &'static str,
+    pub help: &'static str,
+    pub value: u64,
+}
+
+impl AuthorityStats {
+    /// Every counter, for the log line and `/metrics` alike.
+    pub fn report(&self) -> [Reported; 7] {
+        let r = |log, metric, help, c: &AtomicU64| Reported {
+            log,
+            metric,
+            help,
+            value: c.load(Ordering::Relaxed),
+        };
+        [
+            r(
+                "issued",
+                "sipsec_authd_chains_issued",
+                "Chains issued to proxies",
+                &self.issued,
+            ),
+            r(
+                "unknown",
+                "sipsec_authd_unknown_users",
+                "Chains asked for users the authority does not know",
+                &self.unknown,
+            ),
+            r(
+                "revocations_pushed",
+                "sipsec_authd_revocations_pushed",
+                "Revocations pushed to proxies holding a chain of a user whose key changed",
+                &self.revocations_pushed,
+            ),
+            r(
+                "bytes_in",
+                "sipsec_authd_received_bytes",
+                "Bytes read from proxies",
+                &self.bytes_in,
+            ),
+            r(
+                "bytes_out",
+                "sipsec_authd_sent_bytes",
+                "Bytes written to proxies",
+                &self.bytes_out,
+            ),
+            r(
+                "connections_refused",
+                "sipsec_authd_connections_refused",
+                "Connections closed at accept: too many TLS handshakes in progress, or out of \
+                 descriptors",
+                &self.connections_refused,
+            ),
+            r(
+                "handshake_failures",
+                "sipsec_authd_handshake_failures",
+                "Connections whose TLS handshake failed or did not finish in time",
+                &self.handshake_failures,
+            ),
+        ]
+    }
+}
+
 /// The authority.
 pub struct Authority {
     pub policy: Policy,

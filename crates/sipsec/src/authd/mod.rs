@@ -332,44 +332,9 @@ impl prometheus_client::collector::Collector for AuthdMetrics {
         mut enc: prometheus_client::encoding::DescriptorEncoder<'_>,
     ) -> std::fmt::Result {
         let w = &mut crate::metrics::Writer { enc: &mut enc };
-        let s = &self.authority.stats;
-        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-        w.counter(
-            "sipsec_authd_chains_issued",
-            "Chains issued to proxies",
-            load(&s.issued),
-        )?;
-        w.counter(
-            "sipsec_authd_unknown_users",
-            "Chains asked for users the authority does not know",
-            load(&s.unknown),
-        )?;
-        w.counter(
-            "sipsec_authd_revocations_pushed",
-            "Revocations pushed to proxies holding a chain of a user whose key changed",
-            load(&s.revocations_pushed),
-        )?;
-        w.counter(
-            "sipsec_authd_received_bytes",
-            "Bytes read from proxies",
-            load(&s.bytes_in),
-        )?;
-        w.counter(
-            "sipsec_authd_sent_bytes",
-            "Bytes written to proxies",
-            load(&s.bytes_out),
-        )?;
-        w.counter(
-            "sipsec_authd_connections_refused",
-            "Connections closed at accept: too many TLS handshakes in progress, or out of \
-             descriptors",
-            load(&s.connections_refused),
-        )?;
-        w.counter(
-            "sipsec_authd_handshake_failures",
-            "Connections whose TLS handshake failed or did not finish in time",
-            load(&s.handshake_failures),
-        )?;
+        for c in self.authority.stats.report() {
+            w.counter(c.metric, c.help, c.value)?;
+        }
         w.gauge(
             "sipsec_authd_proxies_connected",
             "Proxies with a connection open",
@@ -386,16 +351,10 @@ impl prometheus_client::collector::Collector for AuthdMetrics {
 
 /// One log line with every counter, in the `name=value` form the lab scripts read.
 fn log_counters(event: &str, s: &authority::AuthorityStats) {
-    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-    tracing::info!(
-        "{event}; issued={} unknown={} revocations_pushed={} bytes_in={} bytes_out={} \
-         connections_refused={} handshake_failures={}",
-        load(&s.issued),
-        load(&s.unknown),
-        load(&s.revocations_pushed),
-        load(&s.bytes_in),
-        load(&s.bytes_out),
-        load(&s.connections_refused),
-        load(&s.handshake_failures)
-    );
+    let counters: Vec<String> = s
+        .report()
+        .iter()
+        .map(|c| format!("{}={}", c.log, c.value))
+        .collect();
+    tracing::info!("{event}; {}", counters.join(" "));
 }

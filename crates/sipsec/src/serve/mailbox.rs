@@ -1,7 +1,7 @@
 //! A worker's mailbox: how other threads reach a worker — other workers (handed-off
 //! messages, binding changes, bytes for a connection it owns), the store's writer (commits),
-//! the credential fetchers and DNS (answers in), and the main thread (a reload). A channel plus an eventfd in the worker's epoll
-//! set, so mail wakes it from its wait.
+//! the credential fetchers and DNS (answers in), and the main thread (a reload). A channel
+//! plus an eventfd in the worker's epoll set, so mail wakes it from its wait.
 
 use crate::engine::Mail;
 use crate::net::transport::Peer;
@@ -17,7 +17,7 @@ pub enum Letter {
     Engine(Mail),
     /// Bytes for a connection the receiving worker owns: I/O, which its engine never sees.
     Transmit { to: Peer, data: Bytes },
-    /// A reloaded configuration and the TLS made from it (SIGHUP).
+    /// A reloaded configuration and the TLS made from it (SIGHUP, `sipsec ctl reload`).
     Reload(Arc<super::reload::Reloaded>),
 }
 
