@@ -7,8 +7,12 @@
 //! address), so a datagram with a spoofed source or made-up credentials counts against no one.
 //! A user's block does not apply to addresses that user authenticated from recently
 //! ([`Throttle::succeeded`]): someone guessing bob's password from elsewhere cannot lock bob's
-//! own phone out. This is fail2ban's per-address ban plus a per-user limit that, unlike a plain
-//! account lock-out, is no button an attacker can press against the user.
+//! own phone out. Nor can one address lock a user out of new addresses (a phone that moved to
+//! another network): each address adds at most [`SOURCE_SHARE`] of the per-user limit to the
+//! user's count, so the per-user limit answers guessing spread over several addresses, and
+//! guessing from one address meets the per-source limit instead. This is fail2ban's
+//! per-address ban plus a per-user limit that, unlike a plain account lock-out, is no button
+//! an attacker can press against the user from one address.
 //!
 //! Shared by the workers (the limits mean what they say however the kernel spreads sources
 //! over workers) and sharded so they rarely meet on a lock; only requests carrying credentials
@@ -25,6 +29,10 @@ const SHARDS: usize = 16;
 
 /// How long a successful authentication makes its source address known for the user.
 pub const KNOWN_SOURCE_MS: u64 = 24 * 3_600_000;
+
+/// The share of `max_failures_per_user` one source address can add to a user's count (a
+/// quarter, at least one failure): blocking a user takes failures from four addresses.
+pub const SOURCE_SHARE: u32 = 4;
 
 #[derive(Clone, Copy)]
 struct Window {
@@ -102,6 +110,8 @@ struct Shard {
     users: Windows<Box<str>>,
     /// (user, address) pairs that authenticated within [`KNOWN_SOURCE_MS`].
     known: Windows<(Box<str>, IpAddr)>,
+    /// Failures per (user, address) pair in the window: what each address added to a user.
+    pairs: Windows<(Box<str>, IpAddr)>,
 }
 
 /// Failure counts and known sources, shared by the workers.
@@ -125,6 +135,7 @@ impl Throttle {
                         sources: Windows::new(per_shard),
                         users: Windows::new(per_shard),
                         known: Windows::new(per_shard),
+                        pairs: Windows::new(per_shard),
                     })
                 })
                 .collect(),
@@ -166,15 +177,19 @@ impl Throttle {
             .is_none()
     }
 
-    /// Counts one failure of `user` from `ip`.
+    /// Counts one failure of `user` from `ip`: against the source, and against the user while
+    /// this source has added less than its share to the user's count.
     pub fn fail(&self, ip: IpAddr, user: &str, now_ms: u64) {
         if self.per_source > 0 {
             self.shard(ip).sources.add(ip, now_ms, self.window_ms);
         }
         if self.per_user > 0 {
-            self.shard(user)
-                .users
-                .add(user.into(), now_ms, self.window_ms);
+            let share = (self.per_user / SOURCE_SHARE).max(1);
+            let mut shard = self.shard(user);
+            let from_here = shard.pairs.add((user.into(), ip), now_ms, self.window_ms);
+            if from_here <= share {
+                shard.users.add(user.into(), now_ms, self.window_ms);
+            }
         }
     }
 
@@ -197,7 +212,7 @@ impl Throttle {
             .iter()
             .map(|s| {
                 let s = s.lock().unwrap_or_else(|e| e.into_inner());
-                s.sources.map.len() + s.users.map.len() + s.known.map.len()
+                s.sources.map.len() + s.users.map.len() + s.known.map.len() + s.pairs.map.len()
             })
             .sum()
     }
@@ -218,7 +233,10 @@ mod tests {
         t.fail(a, "alice", 0);
         assert!(!t.source_blocked(a, 1) && !t.user_blocked("alice", b, 1));
         t.fail(b, "alice", 1);
-        assert!(t.user_blocked("alice", a, 2), "two failures for alice");
+        assert!(
+            t.user_blocked("alice", a, 2),
+            "two failures for alice, from two addresses"
+        );
         assert!(!t.user_blocked("bob", a, 2));
         t.fail(a, "bob", 2);
         t.fail(a, "carol", 3);
@@ -232,12 +250,48 @@ mod tests {
     #[test]
     fn a_blocked_user_still_gets_in_from_where_it_authenticated_before() {
         let t = Throttle::new(100, 2, 60_000, 1000);
-        let (phone, attacker) = (ip("10.0.0.7"), ip("192.0.2.66"));
+        let (phone, attacker, other) = (ip("10.0.0.7"), ip("192.0.2.66"), ip("192.0.2.67"));
         t.succeeded(phone, "bob", 0);
         t.fail(attacker, "bob", 10);
-        t.fail(attacker, "bob", 11);
+        t.fail(other, "bob", 11);
         assert!(t.user_blocked("bob", attacker, 12));
         assert!(!t.user_blocked("bob", phone, 12), "bob's phone is known");
+    }
+
+    #[test]
+    fn one_address_cannot_lock_a_user_out_of_new_addresses() {
+        // The defaults: 30 per source, 10 per user. Ten wrong answers from the attacker's
+        // address used to block alice from every address she had not authenticated from.
+        let t = Throttle::new(30, 10, 60_000, 1000);
+        let attacker = ip("192.0.2.66");
+        for i in 0..29 {
+            t.fail(attacker, "alice", i);
+        }
+        let new_network = ip("198.51.100.7");
+        assert!(
+            !t.user_blocked("alice", new_network, 30),
+            "one address locked alice out"
+        );
+        assert!(!t.source_blocked(attacker, 30));
+        t.fail(attacker, "alice", 30);
+        assert!(
+            t.source_blocked(attacker, 31),
+            "the guesser meets the per-source limit"
+        );
+        // Guessing spread over four addresses (a quarter of the limit each) blocks the user.
+        for n in 1..=3u8 {
+            let from = IpAddr::from([192, 0, 2, 100 + n]);
+            for i in 0..3u64 {
+                t.fail(from, "alice", 40 + i);
+            }
+        }
+        assert!(
+            !t.user_blocked("alice", new_network, 50),
+            "8 of 10 counted so far"
+        );
+        t.fail(ip("192.0.2.110"), "alice", 51);
+        t.fail(ip("192.0.2.111"), "alice", 52);
+        assert!(t.user_blocked("alice", new_network, 53));
     }
 
     #[test]
@@ -247,11 +301,12 @@ mod tests {
         for i in 0..200_000u32 {
             t.fail(attacker, &format!("user{i}"), u64::from(i) / 10);
         }
-        // 16 shards of 100: the table never grows past its capacity.
-        assert!(t.len() <= 1_600, "{}", t.len());
+        // 16 shards of 100 per table (users, and what each address added): the tables never
+        // grow past their capacity.
+        assert!(t.len() <= 2 * 1_600, "{}", t.len());
         // The newest names are still counted; the oldest were forgotten first.
-        for _ in 0..4 {
-            t.fail(attacker, "user199999", 20_000);
+        for n in 1..=4u8 {
+            t.fail(IpAddr::from([192, 0, 2, 10 + n]), "user199999", 20_000);
         }
         assert!(t.user_blocked("user199999", attacker, 20_000));
         assert!(!t.user_blocked("user0", attacker, 20_000));

@@ -20,8 +20,8 @@ fn config(trusted: &[&str]) -> AuthConfig {
         }),
         algorithms: vec![Algorithm::Sha256, Algorithm::Md5],
         nonce_lifetime_ms: 30_000,
-        max_failures_per_source: 100,
-        max_failures_per_user: 4,
+        max_failures_per_source: 4,
+        max_failures_per_user: 100,
         failure_window_ms: 60_000,
         max_tracked_nonces: 10_000,
         proxychain: None,
@@ -453,13 +453,17 @@ fn a_guesser_locks_itself_out_but_not_the_users_own_device() {
         check(&mut a, &request("INVITE", "alice", &right), NOW),
         Verdict::Pass
     );
-    // Someone at 192.0.2.9 fetches real challenges and guesses: 4 failures (the limit).
-    let mut from_elsewhere = |password: &str| {
-        let c = challenge_of(
-            &check_from(&mut a, &request("INVITE", "alice", ""), "192.0.2.9", NOW),
-            "MD5",
-        );
-        let creds = answer(&c, "alice", password, "INVITE", 1, false);
+    // Someone at 192.0.2.9 fetches real challenges and guesses: 4 failures (its limit).
+    let challenges: Vec<Challenge> = (0..5)
+        .map(|_| {
+            challenge_of(
+                &check_from(&mut a, &request("INVITE", "alice", ""), "192.0.2.9", NOW),
+                "MD5",
+            )
+        })
+        .collect();
+    let mut from_elsewhere = |c: &Challenge, password: &str| {
+        let creds = answer(c, "alice", password, "INVITE", 1, false);
         code_and_why(&check_from(
             &mut a,
             &request("INVITE", "alice", &creds),
@@ -467,11 +471,14 @@ fn a_guesser_locks_itself_out_but_not_the_users_own_device() {
             NOW,
         ))
     };
-    for _ in 0..4 {
-        assert_eq!(from_elsewhere("guess"), (407, Why::Failed));
+    for c in &challenges[..4] {
+        assert_eq!(from_elsewhere(c, "guess"), (407, Why::Failed));
     }
     // The guesser is refused even with the right password; alice's phone is not.
-    assert_eq!(from_elsewhere("wonderland"), (403, Why::Throttled));
+    assert_eq!(
+        from_elsewhere(&challenges[4], "wonderland"),
+        (403, Why::Throttled)
+    );
     let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
     let phone = answer(&c, "alice", "wonderland", "INVITE", 1, false);
     assert_eq!(
@@ -491,7 +498,12 @@ fn failure_limits_are_shared_by_the_workers() {
         DigestAuthenticator::new(cfg.clone(), shared.clone(), 0),
         DigestAuthenticator::new(cfg, shared, 1),
     ];
-    // Four failures for mallory (the per-user limit), alternating between two workers.
+    let c = challenge_of(
+        &check(&mut workers[0], &request("INVITE", "mallory", ""), NOW),
+        "MD5",
+    );
+    let fifth = answer(&c, "mallory", "x", "INVITE", 1, false);
+    // Four failures from one address (the per-source limit), alternating between two workers.
     for i in 0..4 {
         let w = &mut workers[i % 2];
         let c = challenge_of(&check(w, &request("INVITE", "mallory", ""), NOW), "MD5");
@@ -501,11 +513,6 @@ fn failure_limits_are_shared_by_the_workers() {
             (407, Why::Failed)
         );
     }
-    let c = challenge_of(
-        &check(&mut workers[0], &request("INVITE", "mallory", ""), NOW),
-        "MD5",
-    );
-    let fifth = answer(&c, "mallory", "x", "INVITE", 1, false);
     assert_eq!(
         code_and_why(&check(
             &mut workers[0],
