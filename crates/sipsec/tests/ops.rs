@@ -50,6 +50,29 @@ fn mkfifo(path: &Path) {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
 }
 
+/// A server config on `port` with a control socket `ctl.sock`.
+fn with_control(port: u16) -> String {
+    format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\nworkers = 1\n\
+         [control]\nsocket = \"ctl.sock\"\n"
+    )
+}
+
+/// `sipsec serve` as `command` has it, once it has printed its banner.
+fn started(dir: &Path, command: &mut Command) -> Server {
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
+    let mut banner = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut banner)
+        .unwrap();
+    assert!(banner.starts_with("sipsec listening"), "{banner:?}");
+    Server {
+        child,
+        dir: dir.to_path_buf(),
+        banner,
+    }
+}
+
 /// `serve --check`: a good file exits 0 and says what it would listen on — with its ports
 /// held by someone else meanwhile, its database unreachable, and nothing created; a broken
 /// file exits 1 naming the key; a FIFO is refused at once.
@@ -206,13 +229,7 @@ fn a_fifo_config_does_not_block_sighup() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let port = ports(31300);
-    let server = Server::start_logged(
-        d,
-        &format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\nworkers = 1\n\
-             [control]\nsocket = \"ctl.sock\"\n"
-        ),
-    );
+    let server = Server::start_logged(d, &with_control(port));
     std::fs::remove_file(d.join("sipsec.toml")).unwrap();
     mkfifo(&d.join("sipsec.toml"));
     // SAFETY: a signal to our own child.
@@ -274,24 +291,14 @@ fn wrong_password_log(format: &str) -> String {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     std::fs::write(d.join("users.csv"), "alice,wrong\n").unwrap();
-    let mut child = Command::new(BIN)
+    let mut serve = Command::new(BIN);
+    serve
         .args(["serve", "-c", "sipsec.toml"])
         .current_dir(d)
         .env("SIPSEC_LOG", "info")
         .env("SIPSEC_LOG_FORMAT", format)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(d.join("serve.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut banner = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut banner)
-        .unwrap();
-    let server = Server {
-        child,
-        dir: d.to_path_buf(),
-        banner,
-    };
+        .stderr(std::fs::File::create(d.join("serve.log")).unwrap());
+    let server = started(d, &mut serve);
     let target = format!("udp:127.0.0.1:{port}");
     let (code, _, err) = load(
         d,
@@ -427,31 +434,15 @@ fn ctl_refuses_a_server_run_by_another_user() {
     let d = dir.path();
     std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
     let port = ports(31300);
-    std::fs::write(
-        d.join("sipsec.toml"),
-        format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\nworkers = 1\n\
-             [control]\nsocket = \"ctl.sock\"\n"
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "-c", "sipsec.toml"])
-        .current_dir(d)
-        .uid(65534)
-        .gid(65534)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut banner = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut banner)
-        .unwrap();
-    let server = Server {
-        child,
-        dir: d.to_path_buf(),
-        banner,
-    };
+    std::fs::write(d.join("sipsec.toml"), with_control(port)).unwrap();
+    let server = started(
+        d,
+        Command::new(BIN)
+            .args(["serve", "-c", "sipsec.toml"])
+            .current_dir(d)
+            .uid(65534)
+            .gid(65534),
+    );
     // The server itself would answer root ...
     let mut raw = UnixStream::connect(d.join("ctl.sock")).unwrap();
     raw.write_all(b"counters\n").unwrap();
@@ -477,13 +468,7 @@ fn the_control_socket_caps_its_connections() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let port = ports(31300);
-    let server = Server::start(
-        d,
-        &format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\nworkers = 1\n\
-             [control]\nsocket = \"ctl.sock\"\n"
-        ),
-    );
+    let server = Server::start(d, &with_control(port));
     let socket = d.join("ctl.sock");
     let idle: Vec<UnixStream> = (0..8)
         .map(|_| UnixStream::connect(&socket).unwrap())
