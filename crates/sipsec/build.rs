@@ -5,6 +5,7 @@
 //! Flags: `sipsec_skip_sipp` (no `sipp` on PATH), `sipsec_skip_baresip` (no `baresip`),
 //! `sipsec_skip_svcrack` (no sipvicious `svcrack`), `sipsec_skip_chromium` (no `chromium`),
 //! `sipsec_skip_valgrind` (no `valgrind`), `sipsec_skip_curl` (no `curl`),
+//! `sipsec_skip_fail2ban` (no `fail2ban-regex`), `sipsec_skip_systemd` (no `systemd-analyze`),
 //! `sipsec_skip_kamailio` (no Kamailio with its
 //! TLS module), `sipsec_skip_postgres` and `sipsec_skip_mariadb` (no SIPSEC_TEST_POSTGRES or
 //! SIPSEC_TEST_MARIADB).
@@ -35,6 +36,8 @@ fn main() {
         ("sipsec_skip_chromium", !on_path("chromium")),
         ("sipsec_skip_valgrind", !on_path("valgrind")),
         ("sipsec_skip_curl", !on_path("curl")),
+        ("sipsec_skip_fail2ban", !on_path("fail2ban-regex")),
+        ("sipsec_skip_systemd", !on_path("systemd-analyze")),
         (
             "sipsec_skip_kamailio",
             !on_path("kamailio") || !Path::new(KAMAILIO_TLS).exists(),

@@ -26,7 +26,7 @@
 //! - [`authd`]: `sipsec authd`, Proxychain's authority.
 //! - [`load`]: `sipsec load`, the load generator: a sans-IO user agent and its driver.
 //! - [`cmd`]: the small subcommands that manage state or a running server: `sipsec users`,
-//!   `sipsec ctl`.
+//!   `sipsec ctl`; and `--check`, what `serve` or `authd` would run with.
 //! - [`bench`](mod@bench): `sipsec bench`, a server and `load` run side by side and measured; the lab's
 //!   delay relay.
 //! - [`lab`]: `sipsec lab`, the seeds' experiments: suites run in rounds, results as JSON

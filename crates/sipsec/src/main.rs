@@ -1,10 +1,10 @@
 //! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
 
-use sipsec::cmd::{ctl, users};
+use sipsec::cmd::{check, ctl, users};
 use sipsec::tls::certs;
 use sipsec::{authd, bench, config, lab, load, serve};
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -27,6 +27,11 @@ enum Command {
         /// 127.0.0.1:5060, stateful proxy, domain localhost, SQLite sipsec.db).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Load and validate the configuration (its TLS files too), print what the server
+        /// would listen on, and exit: 0 when it is good, 1 with the offending key when not.
+        /// Binds nothing, opens no database, creates no file.
+        #[arg(long)]
+        check: bool,
     },
     /// Generate SIP load, open loop: calls, registrations, redirects or OPTIONS, as a
     /// caller (UAC), a callee (UAS), or both.
@@ -51,30 +56,80 @@ enum Command {
     Authd(authd::AuthdArgs),
     /// Lab helper: a TCP relay that adds a fixed round-trip time (the proxy-authority WAN).
     DelayRelay(bench::relay::RelayArgs),
+    /// Print a shell completion script for sipsec (e.g. `sipsec completions bash >
+    /// /usr/share/bash-completion/completions/sipsec`).
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print sipsec's manual page (roff), or write one page per subcommand into a directory.
+    Man {
+        /// Write sipsec.1 and a sipsec-SUBCOMMAND.1 page for each subcommand here (created if
+        /// missing) instead of printing sipsec.1.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Bench helper: holds idle TCP connections open in a process of their own (so they do
     /// not count against the bench's own file limit) until stdin closes.
     #[command(hide = true)]
     HoldConnections {
+        /// The TCP address to connect to.
         to: std::net::SocketAddr,
+        /// How many connections to hold.
         count: usize,
     },
 }
 
+/// The log on stderr: its level from `SIPSEC_LOG` (default info), its format from
+/// `SIPSEC_LOG_FORMAT`: `text` (the default; coloured on a terminal) or `json`, one JSON
+/// object a line with the event's fields at the top level (`timestamp`, `level`, `target`,
+/// `message`, and fields such as `source_ip` and `user`).
+fn init_log() -> Result<(), String> {
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("SIPSEC_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        .with_writer(std::io::stderr);
+    match std::env::var("SIPSEC_LOG_FORMAT").as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("" | "text") => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        Ok("json") => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        Ok(other) => return Err(format!("SIPSEC_LOG_FORMAT={other:?}: text or json")),
+        Err(_) => return Err("SIPSEC_LOG_FORMAT is not text or json".into()),
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SIPSEC_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    if let Err(e) = init_log() {
+        eprintln!("sipsec: {e}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::main(*args),
         Command::Lab(command) => lab::main(command),
         Command::Certs(args) => certs::run(&args),
+        Command::Authd(args) if args.check => match args.command {
+            Some(_) => Err(anyhow::anyhow!(
+                "--check checks the authority's configuration: give it no subcommand"
+            )),
+            None => check::authd(args.config.as_deref()).map(|t| print!("{t}")),
+        },
         Command::Authd(args) => authd::run(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "sipsec", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { out } => man(out.as_deref()),
         Command::DelayRelay(args) => bench::relay::run(args),
         Command::Users(args) => users::run(args),
         Command::HoldConnections { to, count } => bench::modes::hold_idle(to, count),
@@ -107,7 +162,16 @@ fn main() -> ExitCode {
             };
         }
         // The lab's no-op stages come first: the TLS configuration is built with them.
-        Command::Serve { config } => sipsec::ablation::init_from_env()
+        Command::Serve {
+            config,
+            check: true,
+        } => sipsec::ablation::init_from_env()
+            .and_then(|_| check::serve(config.as_deref()))
+            .map(|t| print!("{t}")),
+        Command::Serve {
+            config,
+            check: false,
+        } => sipsec::ablation::init_from_env()
             .and_then(|_| {
                 config
                     .as_deref()
@@ -121,5 +185,112 @@ fn main() -> ExitCode {
             eprintln!("sipsec: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `sipsec man`: the top page on stdout, or every page into `out`.
+fn man(out: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    match out {
+        None => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .context("cannot write the manual page"),
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), dir)
+                .with_context(|| format!("cannot write manual pages into {}", dir.display()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every argument of every subcommand, hidden ones included, says what it is for.
+    #[test]
+    fn every_argument_has_a_description() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(format!("{path} {} (the subcommand)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut missing = Vec::new();
+        walk(&cmd, "sipsec", &mut missing);
+        assert!(missing.is_empty(), "without a description: {missing:#?}");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    fn help(args: &[&str]) -> String {
+        let mut all = vec!["sipsec"];
+        all.extend_from_slice(args);
+        all.push("--help");
+        match Cli::try_parse_from(all) {
+            Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => e.to_string(),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("--help parsed as a command"),
+        }
+    }
+
+    /// The lab's no-op stages are for lab builds: production help does not offer them.
+    #[test]
+    fn lab_noop_is_only_in_lab_builds_help() {
+        for args in [&["load"][..], &["bench"]] {
+            assert_eq!(
+                help(args).contains("--lab-noop"),
+                cfg!(feature = "lab-noop"),
+                "sipsec {args:?} --help"
+            );
+        }
+    }
+
+    /// `lab run --help` names every suite there is.
+    #[test]
+    fn lab_run_help_names_every_suite() {
+        let text = help(&["lab", "run"]);
+        for suite in sipsec::lab::suite::all() {
+            assert!(
+                text.contains(suite.name),
+                "{} missing from:\n{text}",
+                suite.name
+            );
+        }
+    }
+
+    /// Each subcommand that reads a config file takes it as `-c` too.
+    #[test]
+    fn every_config_option_has_c() {
+        fn walk(cmd: &clap::Command, path: &str, without: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                if arg.get_id() == "config" && arg.get_short() != Some('c') {
+                    without.push(path.to_string());
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), without);
+            }
+        }
+        let mut without = Vec::new();
+        walk(&Cli::command(), "sipsec", &mut without);
+        assert!(without.is_empty(), "--config without -c: {without:?}");
     }
 }

@@ -195,6 +195,30 @@ pub(crate) fn unavailable() -> Verdict {
     )
 }
 
+/// The target of the log line of each failed authentication (`WARN sipsec::auth:
+/// authentication failed: …`), a name that stays when code moves: fail2ban filters match it.
+pub const LOG_TARGET: &str = "sipsec::auth";
+
+/// Who a refused request is logged against: the user its credentials name (digest's
+/// `username`, Proxychain's user), or, without any, the user it claims to be (the To of a
+/// REGISTER, the From of other requests). As sent: escape it before showing it.
+pub fn named_user(msg: &Message<'_>) -> Option<String> {
+    for h in msg.headers_named(credentials_header(msg)) {
+        let value = msg.value(h);
+        if let Ok(c) = sip_core::digest::Credentials::parse(value) {
+            return Some(String::from_utf8_lossy(&c.username).into_owned());
+        }
+        if let Ok(a) = sip_core::proxychain::Authorization::parse(value) {
+            return Some(a.username().to_string());
+        }
+    }
+    let claimed = match msg.method() {
+        Method::Register => HeaderName::To,
+        _ => HeaderName::From,
+    };
+    user_of(msg, claimed).map(|u| String::from_utf8_lossy(&u).into_owned())
+}
+
 /// The header carrying a request's credentials: the one answering the challenge we send it
 /// (401 for REGISTER, 407 otherwise).
 pub fn credentials_header(msg: &Message<'_>) -> HeaderName {

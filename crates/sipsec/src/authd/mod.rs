@@ -31,8 +31,13 @@ use std::time::Duration;
 pub struct AuthdArgs {
     /// TOML configuration (`[authd]` table); without it, the defaults: 127.0.0.1:5070, realm
     /// localhost, the database and certificates `sipsec serve` and `sipsec certs` use.
-    #[arg(long)]
+    #[arg(long, short, global = true)]
     pub config: Option<PathBuf>,
+    /// Load and validate the configuration (its TLS files too), print what the authority
+    /// would listen on, and exit: 0 when it is good, 1 with the offending key when not.
+    /// Binds nothing, opens no database, creates no file.
+    #[arg(long)]
+    pub check: bool,
     #[command(subcommand)]
     pub command: Option<AuthdCommand>,
 }
@@ -53,9 +58,15 @@ pub enum AuthdCommand {
     },
     /// Refuse a proxy from now on (compromised): running authorities cut it off within a
     /// second.
-    RevokeProxy { name: String },
+    RevokeProxy {
+        /// The proxy's identifier (its certificate's common name).
+        name: String,
+    },
     /// Accept a revoked proxy again.
-    AllowProxy { name: String },
+    AllowProxy {
+        /// The proxy's identifier (its certificate's common name).
+        name: String,
+    },
 }
 
 /// The `[authd]` table.
@@ -116,8 +127,7 @@ impl AuthdConfig {
     pub fn load(path: Option<&std::path::Path>) -> Result<(AuthdConfig, MetricsTable)> {
         let (cfg, metrics) = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("cannot read {}", p.display()))?;
+                let text = crate::config::read_file(p)?;
                 let file =
                     toml::from_str::<File>(&text).with_context(|| format!("{}", p.display()))?;
                 let mut cfg = file.authd;
@@ -208,17 +218,23 @@ pub fn run(args: AuthdArgs) -> Result<()> {
     })
 }
 
-/// Runs the authority until the process is stopped.
-async fn serve(cfg: AuthdConfig, metrics: MetricsTable) -> Result<()> {
-    let policy = cfg.policy()?;
-    let tls = crate::tls::server_config(&crate::tls::ServerSide {
+/// The authority's TLS: its certificate, and proxies' certificates required and checked
+/// against its CA.
+pub fn tls(cfg: &AuthdConfig) -> Result<Arc<rustls::ServerConfig>> {
+    crate::tls::server_config(&crate::tls::ServerSide {
         cert: cfg.cert.clone(),
         key: cfg.key.clone(),
         ca: Some(cfg.ca.clone()),
         client_auth: crate::tls::ClientAuth::Required,
         protocol: crate::tls::Protocol::default(),
     })
-    .context("authd TLS")?;
+    .context("authd TLS")
+}
+
+/// Runs the authority until the process is stopped.
+async fn serve(cfg: AuthdConfig, metrics: MetricsTable) -> Result<()> {
+    let policy = cfg.policy()?;
+    let tls = tls(&cfg)?;
     // Fail early on a database that cannot be opened or migrated.
     let store = Store::connect(&cfg.database).await?;
     let users = Arc::new(Credentials::new(&cfg.realm));

@@ -46,6 +46,7 @@ pub enum BenchScenario {
 /// `sipsec bench` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// What each measured operation is.
     #[arg(long, value_enum, default_value = "call")]
     pub scenario: BenchScenario,
     /// Operations per second during the measured run.
@@ -59,7 +60,7 @@ pub struct BenchArgs {
     pub warmup_calls: Option<u64>,
     /// sipsec config to start (default: a stateful record-routing UDP proxy on
     /// 127.0.0.1:35060 with one worker, routing to the UAS on 127.0.0.3:35080).
-    #[arg(long, conflicts_with = "server_pid")]
+    #[arg(long, short, conflicts_with = "server_pid")]
     pub config: Option<PathBuf>,
     /// With the default config: a stateless proxy.
     #[arg(long)]
@@ -143,8 +144,9 @@ pub struct BenchArgs {
     #[arg(long, short)]
     pub quiet: bool,
     /// Lab builds only (`--features lab-noop`): stages the started server and the load do
-    /// without cryptography (`kx,sign,aead,digest`), seed 002's ablation.
-    #[arg(long, default_value = "")]
+    /// without cryptography (`kx,sign,aead,digest`), seed 002's ablation. Hidden from the
+    /// help of production builds.
+    #[arg(long, default_value = "", hide = !cfg!(feature = "lab-noop"))]
     pub lab_noop: String,
     #[command(flatten)]
     pub streams: modes::StreamArgs,

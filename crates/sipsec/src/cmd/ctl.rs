@@ -5,6 +5,11 @@
 //! The socket is found in the server's config file. That file is read leniently, for
 //! `[control] socket` alone: `reload` is most needed when the file has just been edited, and
 //! the server, not this command, says what is wrong with it.
+//!
+//! Whoever listens on the socket path is not trusted for being there: the answer counts only
+//! if the process holding the socket runs as this user or as root (`SO_PEERCRED`, as the
+//! server checks its clients), and what it says is shown as plain text, with escape sequences
+//! and other control characters made visible instead of acted on by the terminal.
 
 use crate::serve::control::{self, Command, Reply};
 use anyhow::{bail, Context, Result};
@@ -52,6 +57,17 @@ pub fn run(args: &CtlArgs) -> Result<Reply> {
             socket.display()
         )
     })?;
+    let peer = peer_uid(&stream)
+        .with_context(|| format!("cannot tell who listens on {}", socket.display()))?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let own = unsafe { libc::getuid() };
+    if !trusted_peer(peer, own) {
+        bail!(
+            "{} is held by uid {peer}, neither this user (uid {own}) nor root: not a server \
+             to trust (run ctl as the server's user)",
+            socket.display()
+        );
+    }
     let timeout = Some(Duration::from_secs(args.timeout_s.max(1)));
     stream.set_read_timeout(timeout)?;
     stream.set_write_timeout(timeout)?;
@@ -60,13 +76,88 @@ pub fn run(args: &CtlArgs) -> Result<Reply> {
     stream
         .read_to_string(&mut wire)
         .with_context(|| format!("no answer from {}", socket.display()))?;
-    Ok(control::decode(&wire))
+    Ok(match control::decode(&wire) {
+        Ok(text) => Ok(plain(&text)),
+        Err(text) => Err(plain(&text)),
+    })
+}
+
+/// Whether a server whose socket is held by `peer` may be believed by a client running as
+/// `own`: the same user, or root.
+pub fn trusted_peer(peer: u32, own: u32) -> bool {
+    peer == own || peer == 0
+}
+
+/// The uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
+fn peer_uid(stream: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` is `cred`'s size.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    match r {
+        0 => Ok(cred.uid),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// `text` safe to print on a terminal: ANSI escape sequences (CSI `ESC [ … final`, OSC
+/// `ESC ] … BEL or ESC \\`, and two-byte `ESC x`) removed, and every other control character
+/// but newline and tab — C0, DEL and C1 alike — shown as `\xNN` / `\u{NN}`.
+pub fn plain(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\x1b' => match chars.next() {
+                // CSI: parameters and intermediates up to a final byte in @..~.
+                Some('[') => {
+                    for c in chars.by_ref() {
+                        if ('@'..='~').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+                // OSC (and the other string commands): up to BEL or ST (ESC \\).
+                Some(']' | 'P' | 'X' | '^' | '_') => {
+                    while let Some(c) = chars.next() {
+                        if c == '\x07' || (c == '\x1b' && chars.next_if_eq(&'\\').is_some()) {
+                            break;
+                        }
+                    }
+                }
+                // ESC followed by one character: both gone.
+                _ => {}
+            },
+            '\n' | '\t' => out.push(c),
+            c if (c as u32) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if ('\u{80}'..='\u{9f}').contains(&c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `[control] socket` of a config file, taken relative to the file as the server takes it.
 fn socket_of(config: &Path) -> Result<PathBuf> {
-    let text = std::fs::read_to_string(config)
-        .with_context(|| format!("cannot read config file {}", config.display()))?;
+    let text = crate::config::read_file(config)?;
     let table: toml::Table = text.parse().with_context(|| {
         format!(
             "cannot find [control] socket in {}, which is not TOML (the server would refuse it \

@@ -42,7 +42,10 @@ pub enum UsersAction {
     /// List the realm's users.
     List,
     /// Add or replace users from a CSV file of `username,password` lines.
-    Import { file: PathBuf },
+    Import {
+        /// The CSV file: one `username,password` a line.
+        file: PathBuf,
+    },
 }
 
 pub fn run(args: UsersArgs) -> Result<()> {

@@ -623,8 +623,7 @@ impl Default for Config {
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let text = read_file(path)?;
         let mut cfg = Config::from_toml(&text)
             .with_context(|| format!("invalid config file {}", path.display()))?;
         // Relative paths in the file mean relative to the file, wherever the command runs.
@@ -893,6 +892,47 @@ impl Config {
             auth,
             overload,
         })
+    }
+}
+
+/// The text of the config file at `path`, which must be a regular file (or a link to one).
+///
+/// A FIFO, socket or device is refused, never read: a read from a FIFO with no writer would
+/// block the thread that asked — the server's main thread, on SIGHUP — until someone writes.
+/// The file is opened without blocking and checked once open, so a path swapped for a FIFO
+/// between a check and the open cannot block either.
+pub fn read_file(path: &Path) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = || format!("cannot read config file {}", path.display());
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(cannot)?;
+    let kind = file.metadata().with_context(cannot)?.file_type();
+    if !kind.is_file() {
+        bail!(
+            "config file {} is not a regular file (a {}): give the path of a file",
+            path.display(),
+            file_kind(kind)
+        );
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).with_context(cannot)?;
+    Ok(text)
+}
+
+/// What a file that is not a regular file is, in words.
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    match kind {
+        k if k.is_dir() => "directory",
+        k if k.is_fifo() => "FIFO",
+        k if k.is_socket() => "socket",
+        k if k.is_char_device() => "character device",
+        k if k.is_block_device() => "block device",
+        _ => "special file",
     }
 }
 

@@ -115,9 +115,19 @@ impl Engine {
         if matches!(
             why,
             Why::Failed | Why::IdentityMismatch | Why::Replay | Why::Throttled
-        ) && self.log.allow(now)
+        ) && self.auth_log.allow(now)
         {
-            tracing::warn!(%source, "authentication refused: {why:?} ({code} {reason})");
+            // The line fail2ban matches (contrib/fail2ban): only our own words before the
+            // address, the user last and quoted with its escapes, so what a client sends as its
+            // name cannot pass for another address.
+            let user = crate::auth::named_user(msg);
+            tracing::warn!(
+                target: crate::auth::LOG_TARGET,
+                source_ip = %ip,
+                source = %source,
+                user = user.as_deref().unwrap_or(""),
+                "authentication failed: {why:?} ({code} {reason})"
+            );
         }
         if why == Why::Unavailable
             && self

@@ -274,6 +274,9 @@ pub struct Engine {
     counter: u64,
     stats: Arc<Stats>,
     log: LogLimiter,
+    /// Failed authentications' log lines (what fail2ban reads), limited apart from the other
+    /// warnings so that a flood of malformed messages cannot crowd them out.
+    auth_log: LogLimiter,
     /// Digest authentication, when `[auth] scheme = "digest"`.
     auth: Option<crate::auth::digest::DigestAuthenticator>,
     /// Proxychain, when `[auth] scheme = "proxychain"`.
@@ -375,6 +378,7 @@ impl Engine {
             counter: 0,
             stats,
             log: LogLimiter::new(10),
+            auth_log: LogLimiter::new(10),
             auth: None,
             proxychain: None,
             parked: std::collections::HashMap::new(),

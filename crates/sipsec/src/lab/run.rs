@@ -20,7 +20,7 @@ use std::sync::Arc;
 /// `sipsec lab run` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Suites to run (default: all): seed000, seed001, seed002, seed004.
+    /// Suites to run (default: all): seed000, seed001, seed002, seed004, overload.
     pub suites: Vec<String>,
     /// Directory for results.jsonl (created if missing).
     #[arg(long, default_value = "lab-results")]

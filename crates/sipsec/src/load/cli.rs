@@ -22,8 +22,11 @@ pub enum ScenarioArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Role {
+    /// The caller: sends requests to the target.
     Uac,
+    /// The callee: answers at --uas.
     Uas,
+    /// Caller and callee in one process.
     Both,
 }
 
@@ -37,7 +40,9 @@ pub enum ConnectionArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
+    /// Enabled.
     On,
+    /// Disabled.
     Off,
 }
 
@@ -55,8 +60,12 @@ pub struct LoadArgs {
     /// Where requests go: `[udp:|tcp:|tls:]ip:port` (a server, or a UAS directly). With `--role both`
     /// it defaults to the `--uas` address.
     pub target: Option<String>,
+    /// What each operation is: a call, a registration, an INVITE a redirect server answers,
+    /// or an OPTIONS.
     #[arg(long, value_enum, default_value = "call")]
     pub scenario: ScenarioArg,
+    /// Which side this run plays: the caller (UAC) sending to the target, the callee (UAS)
+    /// answering at --uas, or both in one process.
     #[arg(long, value_enum, default_value = "uac")]
     pub role: Role,
     /// Address the UAS listens on, `[udp:|tcp:|tls:]ip:port` (roles uas and both).
@@ -92,8 +101,9 @@ pub struct LoadArgs {
     #[arg(long)]
     pub tls_server_name: Option<String>,
     /// Lab builds only (`--features lab-noop`): TLS stages done without cryptography, as the
-    /// server under test does them (`kx,sign,aead`); seed 002's ablation. Never for real use.
-    #[arg(long, default_value = "")]
+    /// server under test does them (`kx,sign,aead`); seed 002's ablation. Never for real use;
+    /// hidden from the help of production builds.
+    #[arg(long, default_value = "", hide = !cfg!(feature = "lab-noop"))]
     pub lab_noop: String,
     /// TLS versions to offer: 1.2, 1.3 (repeatable; default both).
     #[arg(long = "tls-version", value_delimiter = ',')]
@@ -156,6 +166,7 @@ pub struct LoadArgs {
     /// Expires of REGISTER.
     #[arg(long, default_value_t = 3600)]
     pub expires: u32,
+    /// With --scenario redirect: what the caller does with the 3xx.
     #[arg(long, value_enum, default_value = "stop")]
     pub redirect: RedirectArg,
     /// host:port registered as Contact (default: the UAC's own address).

@@ -5,6 +5,9 @@
 //! One command a connection: the client writes one line (`reload`, `counters`); the server
 //! answers `ok` or `error` on the first line, then text, and closes. Only the user the server
 //! runs as and root may connect: the socket is made 0600 and each peer's uid is checked too.
+//! At most [`MAX_CLIENTS`] connections are served at once (more are told so and closed), and
+//! one that sends no command within [`READ_TIMEOUT`], or does not take its answer within as
+//! long, is closed.
 //! The listener runs on the server's runtime; the commands themselves are carried out by the
 //! server's main thread, the one that handles signals ([`Control::next`]), so reloads by
 //! either way happen one at a time.
@@ -19,8 +22,11 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 /// The longest command line read; anything longer is refused.
 const MAX_LINE: usize = 256;
 
-/// How long a client has to send its command.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client has to send its command, and to take its answer.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections served at once.
+pub const MAX_CLIENTS: usize = 8;
 
 /// What `sipsec ctl` can ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +119,7 @@ impl Control {
         let _guard = runtime.enter();
         let listener = tokio::net::UnixListener::from_std(listener)?;
         let (tx, requests) = mpsc::channel();
+        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
         let task = runtime.spawn(async move {
             loop {
                 let stream = match listener.accept().await {
@@ -122,7 +129,20 @@ impl Control {
                         continue;
                     }
                 };
-                tokio::spawn(serve(stream, owner, tx.clone()));
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            serve(stream, owner, &tx).await;
+                            drop(slot);
+                        });
+                    }
+                    // Told without waiting (the answer fits any socket buffer), then closed.
+                    Err(_) => {
+                        let busy: Reply = Err(format!("busy: {MAX_CLIENTS} connections already\n"));
+                        let _ = stream.try_write(encode(&busy).as_bytes());
+                    }
+                }
             }
         });
         Ok(Control {
@@ -146,14 +166,17 @@ impl Drop for Control {
 }
 
 /// One connection: one command in, one reply out.
-async fn serve(mut stream: tokio::net::UnixStream, owner: u32, requests: mpsc::Sender<Request>) {
+async fn serve(mut stream: tokio::net::UnixStream, owner: u32, requests: &mpsc::Sender<Request>) {
     let reply = match stream.peer_cred() {
-        Ok(c) if c.uid() == owner || c.uid() == 0 => read_and_run(&mut stream, &requests).await,
+        Ok(c) if c.uid() == owner || c.uid() == 0 => read_and_run(&mut stream, requests).await,
         Ok(c) => Err(format!("uid {} may not control this server\n", c.uid())),
         Err(e) => Err(format!("cannot tell who is asking: {e}\n")),
     };
-    let _ = stream.write_all(encode(&reply).as_bytes()).await;
-    let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(READ_TIMEOUT, async {
+        let _ = stream.write_all(encode(&reply).as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 async fn read_and_run(

@@ -76,7 +76,7 @@ fn start_auth(
 
 /// With Proxychain: the chain cache the workers share, and the TLS client configuration of
 /// the channel to the authority (this server's certificate is its identity there).
-fn start_proxychain(
+pub(crate) fn start_proxychain(
     cfg: &Config,
 ) -> Result<
     Option<(
