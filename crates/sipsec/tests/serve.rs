@@ -733,7 +733,7 @@ fn registrations_through_a_sigkill(durable: bool, until: usize, window: usize) -
     let stored: std::collections::HashSet<String> = runtime.block_on(async {
         let url = format!("sqlite://{}", dir.path().join("s.db").display());
         let store = sipsec::db::store::Store::connect(&url).await.unwrap();
-        let loaded = store.load(0).await.unwrap();
+        let loaded = store.load(0, usize::MAX).await.unwrap();
         loaded.bindings.into_iter().map(|(aor, _)| aor).collect()
     });
     let lost = acked
