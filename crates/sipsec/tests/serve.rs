@@ -281,6 +281,65 @@ fn a_restart_loses_no_registration() {
     server.stop();
 }
 
+/// Issue 32: 640,000 bindings in the database were all loaded at the next start (9.3 s,
+/// 1 GB). At most `[registrar] max_bindings` are: five registered, three loaded.
+#[test]
+fn a_start_loads_no_more_bindings_than_max_bindings() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(27300);
+    let proxy = format!("127.0.0.1:{port}");
+    let server = Server::start(dir.path(), &server_config(port, dir.path(), ""));
+    let carol = Endpoint::bind("127.0.0.5:0");
+    for i in 0..5 {
+        let text = register_text(port, &carol.addr, &format!("z9hG4bKcap{i}"))
+            .replace("carol", &format!("user{i}"))
+            .replace(&format!("reg-{port}"), &format!("reg-{port}-{i}"));
+        carol.send(&proxy, &text);
+        assert!(carol.recv().starts_with("SIP/2.0 200"));
+    }
+    assert!(server.stop().success());
+    let capped = server_config(port, dir.path(), "") + "[registrar]\nmax_bindings = 3\n";
+    let server = Server::start(dir.path(), &capped);
+    assert!(
+        server.banner.contains("3 registrations loaded"),
+        "{}",
+        server.banner
+    );
+    server.stop();
+}
+
+/// Issue 32: a listener on `0.0.0.0` took only loopback for itself, so a Contact naming the
+/// host's other address was bound, and calls to it came back to the server. The server
+/// reads the host's addresses at start; a Contact at one of them is refused.
+#[test]
+fn a_wildcard_listener_refuses_contacts_at_the_hosts_other_addresses() {
+    let host = sipsec::net::names::host_addresses();
+    let Some(ip) = host.iter().find(|ip| ip.is_ipv4() && !ip.is_loopback()) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the test needs an IPv4 address besides loopback under CI: {host:?}"
+        );
+        eprintln!("skipped: no IPv4 address besides loopback here");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(27400);
+    let config = server_config(port, dir.path(), "")
+        .replace(&format!("udp:127.0.0.1:{port}"), &format!("udp:0.0.0.0:{port}"));
+    let server = Server::start(dir.path(), &config);
+    let carol = Endpoint::bind("127.0.0.5:0");
+    let itself = format!("{ip}:{port}");
+    let text = register_text(port, &carol.addr, "z9hG4bKwild")
+        .replace(&format!("<sip:carol@{}>", carol.addr), &format!("<sip:carol@{itself}>"));
+    carol.send(&format!("127.0.0.1:{port}"), &text);
+    let answer = carol.recv();
+    assert!(
+        answer.starts_with("SIP/2.0 403 Contact Points At This Server"),
+        "{itself}: {answer}"
+    );
+    server.stop();
+}
+
 /// Bindings reach the other workers without waking them, yet before anything that depends
 /// on them: 16 users register, and for each a caller (the callers' source ports spread them
 /// over both workers) sends a request the moment the 200 OK comes; every request reaches the

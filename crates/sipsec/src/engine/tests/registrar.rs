@@ -5,6 +5,7 @@
 use super::*;
 use std::sync::atomic::Ordering;
 
+const CONTACT: &str = "<sip:x@192.0.2.1>";
 const LIMITS: &str = "[registrar]\nmax_bindings = 5\nmax_bindings_per_source = 3\n";
 
 /// Two workers, each applying the other's binding changes.
@@ -22,9 +23,9 @@ impl Pair {
         Pair([0, 1].map(|w| Engine::new(cfg.clone(), w, 1_000_000, stats.clone())))
     }
 
-    /// `user` registers `contact` from `from` through worker `w`; the answer's status line.
-    fn register(&mut self, w: usize, from: &str, user: &str, contact: &str, cseq: u32) -> String {
-        let text = register(user, contact, "", &format!("z9hG4bKc{user}{cseq}"), cseq);
+    /// `user` registers [`CONTACT`] from `from` through worker `w`; the answer's status line.
+    fn register(&mut self, w: usize, from: &str, user: &str, cseq: u32) -> String {
+        let text = register(user, CONTACT, "", &format!("z9hG4bKc{user}{cseq}"), cseq);
         let (sent, fx) = deliver(&mut self.0[w], 10, from, &text);
         for change in fx.changes {
             self.0[1 - w].on_mail(10, Mail::Binding(change), &mut Effects::default());
@@ -36,6 +37,15 @@ impl Pair {
                 ""
             }
     }
+
+    /// Users `{prefix}0`, `{prefix}1`… register from `from`, through each worker in turn, and
+    /// are all bound.
+    fn fill(&mut self, from: &str, prefix: &str, count: usize) {
+        for n in 0..count {
+            let status = self.register(n % 2, from, &format!("{prefix}{n}"), 1);
+            assert_eq!(status, "SIP/2.0 200 OK");
+        }
+    }
 }
 
 /// Issue 32: with no authentication, one address registered 640,000 bindings in 20 s.
@@ -44,26 +54,20 @@ fn bindings_stop_at_the_caps_across_workers() {
     let mut p = Pair::new();
     let (a, b) = (ALICE, BOB2);
     // Alice's address, through both workers: three bindings, then the per-source cap.
-    for n in 0..3 {
-        let status = p.register(n % 2, a, &format!("u{n}"), "<sip:u@192.0.2.1>", 1);
-        assert_eq!(status, "SIP/2.0 200 OK");
-    }
-    let status = p.register(1, a, "u3", "<sip:u@192.0.2.1>", 1);
+    p.fill(a, "u", 3);
+    let status = p.register(1, a, "u3", 1);
     assert_eq!(
         status,
         "SIP/2.0 503 Service Unavailable (too many bindings from this address) (Retry-After)"
     );
     // At the cap, a refresh of a binding it holds is still answered.
     assert_eq!(
-        p.register(1, a, "u0", "<sip:u@192.0.2.1>", 2),
+        p.register(1, a, "u0", 2),
         "SIP/2.0 200 OK"
     );
     // Another address: two more make five in all, the global cap.
-    for n in 0..2 {
-        let status = p.register(n % 2, b, &format!("v{n}"), "<sip:v@192.0.2.2>", 1);
-        assert_eq!(status, "SIP/2.0 200 OK");
-    }
-    let status = p.register(0, b, "v2", "<sip:v@192.0.2.2>", 1);
+    p.fill(b, "v", 2);
+    let status = p.register(0, b, "v2", 1);
     assert_eq!(
         status,
         "SIP/2.0 503 Service Unavailable (registrar full) (Retry-After)"
@@ -71,14 +75,14 @@ fn bindings_stop_at_the_caps_across_workers() {
     let refused = p.0[0].stats.registrations_refused.load(Ordering::Relaxed);
     assert_eq!(refused, 2);
     // A removal makes room, on the other worker too.
-    let remove = register("u1", "<sip:u@192.0.2.1>", "Expires: 0\r\n", "z9hG4bKrm", 2);
+    let remove = register("u1", CONTACT, "Expires: 0\r\n", "z9hG4bKrm", 2);
     let (sent, fx) = deliver(&mut p.0[0], 20, a, &remove);
     assert_eq!(sent[0].status(), Some(200));
     for change in fx.changes {
         p.0[1].on_mail(20, Mail::Binding(change), &mut Effects::default());
     }
     assert_eq!(
-        p.register(1, b, "v2", "<sip:v@192.0.2.2>", 1),
+        p.register(1, b, "v2", 1),
         "SIP/2.0 200 OK"
     );
 }
@@ -97,7 +101,7 @@ fn a_per_source_cap_of_zero_leaves_only_the_global_one() {
         .map(|n| {
             let text = register(
                 &format!("u{n}"),
-                "<sip:u@192.0.2.1>",
+                CONTACT,
                 "",
                 &format!("z9hG4bKz{n}"),
                 1,
