@@ -324,13 +324,17 @@ fn a_wildcard_listener_refuses_contacts_at_the_hosts_other_addresses() {
     };
     let dir = tempfile::tempdir().unwrap();
     let port = ports(27400);
-    let config = server_config(port, dir.path(), "")
-        .replace(&format!("udp:127.0.0.1:{port}"), &format!("udp:0.0.0.0:{port}"));
+    let config = server_config(port, dir.path(), "").replace(
+        &format!("udp:127.0.0.1:{port}"),
+        &format!("udp:0.0.0.0:{port}"),
+    );
     let server = Server::start(dir.path(), &config);
     let carol = Endpoint::bind("127.0.0.5:0");
     let itself = format!("{ip}:{port}");
-    let text = register_text(port, &carol.addr, "z9hG4bKwild")
-        .replace(&format!("<sip:carol@{}>", carol.addr), &format!("<sip:carol@{itself}>"));
+    let text = register_text(port, &carol.addr, "z9hG4bKwild").replace(
+        &format!("<sip:carol@{}>", carol.addr),
+        &format!("<sip:carol@{itself}>"),
+    );
     carol.send(&format!("127.0.0.1:{port}"), &text);
     let answer = carol.recv();
     assert!(

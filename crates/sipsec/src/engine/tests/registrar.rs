@@ -61,10 +61,7 @@ fn bindings_stop_at_the_caps_across_workers() {
         "SIP/2.0 503 Service Unavailable (too many bindings from this address) (Retry-After)"
     );
     // At the cap, a refresh of a binding it holds is still answered.
-    assert_eq!(
-        p.register(1, a, "u0", 2),
-        "SIP/2.0 200 OK"
-    );
+    assert_eq!(p.register(1, a, "u0", 2), "SIP/2.0 200 OK");
     // Another address: two more make five in all, the global cap.
     p.fill(b, "v", 2);
     let status = p.register(0, b, "v2", 1);
@@ -81,10 +78,7 @@ fn bindings_stop_at_the_caps_across_workers() {
     for change in fx.changes {
         p.0[1].on_mail(20, Mail::Binding(change), &mut Effects::default());
     }
-    assert_eq!(
-        p.register(1, b, "v2", 1),
-        "SIP/2.0 200 OK"
-    );
+    assert_eq!(p.register(1, b, "v2", 1), "SIP/2.0 200 OK");
 }
 
 /// `max_bindings_per_source = 0` lifts the per-source cap (a site of phones behind one
@@ -99,13 +93,7 @@ fn a_per_source_cap_of_zero_leaves_only_the_global_one() {
     let mut e = Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()));
     let codes: Vec<_> = (0..6)
         .map(|n| {
-            let text = register(
-                &format!("u{n}"),
-                CONTACT,
-                "",
-                &format!("z9hG4bKz{n}"),
-                1,
-            );
+            let text = register(&format!("u{n}"), CONTACT, "", &format!("z9hG4bKz{n}"), 1);
             deliver(&mut e, 10, ALICE, &text).0[0].status().unwrap()
         })
         .collect();
