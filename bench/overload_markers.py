@@ -11,11 +11,13 @@ goodput (calls completed within 500 ms, per second of the run) per case, per bin
 case by case in every round.
 
     python3 bench/overload_markers.py --binary before=/tmp/sipsec-main --binary after=target/release/sipsec \
-        [--rate 850] [--flood 3000] [--seconds 15] [--rounds 5] [--quota 0.25]
+        [--rate 2700] [--flood 6000] [--seconds 10] [--rounds 5] [--quota 0.25] \
+        [--auth none,digest] [--cases plain,resource-priority,to-tag,oc]
 
 --rate is the legitimate call rate (~90% of the peak at the quota:
 `sipsec load 127.0.0.1:PORT --find-peak` against the same server). The bar: under every
-marker, goodput >= 0.9 of what the plain flood leaves.
+marker, goodput >= 0.9 of what the plain flood leaves main's binary. Figures and their
+reading: BENCHMARKS.md, "Floods that carry a marker".
 """
 import argparse
 import json
@@ -89,7 +91,8 @@ def run(binary, work, case, digest, a):
     open(cfg, "w").write(config(work, digest))
     if digest:
         subprocess.run([binary, "users", "--config", cfg, "import",
-                        os.path.join(work, "users.csv")], check=True, stdout=subprocess.DEVNULL)
+                        os.path.join(work, "users.csv")], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
     env = dict(os.environ, SIPSEC_LOG="error")
     server = subprocess.Popen(["taskset", "-c", "0", binary, "serve", "--config", cfg],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -142,10 +145,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--binary", action="append", required=True,
                     help="NAME=PATH, repeatable; alternated case by case")
-    ap.add_argument("--rate", type=int, default=850)
+    ap.add_argument("--rate", type=int, default=2700)
     ap.add_argument("--digest-rate", type=int, help="the legitimate rate with digest (default --rate)")
-    ap.add_argument("--flood", type=int, default=3000)
-    ap.add_argument("--seconds", type=int, default=15)
+    ap.add_argument("--flood", type=int, default=6000)
+    ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quota", type=float, default=0.25)
     ap.add_argument("--cases", default=",".join(CASES))
