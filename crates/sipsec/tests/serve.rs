@@ -232,6 +232,19 @@ Contact: <sip:carol@{contact}>\r\nExpires: 600\r\nContent-Length: 0\r\n\r\n"
     )
 }
 
+/// `user0`, `user1`… register `from`'s address with the server on `port`, each 200 awaited
+/// before the next REGISTER (a burst of replies could overflow the test socket's receive
+/// buffer, and raw UDP here has no retransmission).
+fn register_users(port: u16, from: &Endpoint, count: usize) {
+    for i in 0..count {
+        let text = register_text(port, &from.addr, &format!("z9hG4bKo{i}"))
+            .replace("carol", &format!("user{i}"))
+            .replace(&format!("reg-{port}"), &format!("reg-{port}-{i}"));
+        from.send(&format!("127.0.0.1:{port}"), &text);
+        assert!(from.recv().starts_with("SIP/2.0 200"));
+    }
+}
+
 fn options_to_carol(caller: &Endpoint, branch: &str) -> String {
     format!(
         "OPTIONS sip:carol@example.test SIP/2.0\r\nVia: SIP/2.0/UDP {};branch={branch}\r\nMax-Forwards: 70\r\n\
@@ -251,19 +264,10 @@ fn a_restart_loses_no_registration() {
     let caller = Endpoint::bind("127.0.0.6:0");
 
     // Register 201 AORs back to back, then stop at once: write-behind must flush them all.
-    // Each 200 is awaited before the next REGISTER (a burst of replies could overflow this
-    // test socket's receive buffer, and raw UDP here has no retransmission).
     let server = Server::start(dir.path(), &config);
     carol.send(&proxy, &register_text(port, &carol.addr, "z9hG4bKreg1"));
     assert!(carol.recv().starts_with("SIP/2.0 200"));
-    let others = Endpoint::bind("127.0.0.7:0");
-    for i in 0..200 {
-        let text = register_text(port, &others.addr, &format!("z9hG4bKo{i}"))
-            .replace("carol", &format!("user{i}"))
-            .replace(&format!("reg-{port}"), &format!("reg-{port}-{i}"));
-        others.send(&proxy, &text);
-        assert!(others.recv().starts_with("SIP/2.0 200"));
-    }
+    register_users(port, &Endpoint::bind("127.0.0.7:0"), 200);
     assert!(server.stop().success());
 
     let server = Server::start(dir.path(), &config);
@@ -287,16 +291,8 @@ fn a_restart_loses_no_registration() {
 fn a_start_loads_no_more_bindings_than_max_bindings() {
     let dir = tempfile::tempdir().unwrap();
     let port = ports(27300);
-    let proxy = format!("127.0.0.1:{port}");
     let server = Server::start(dir.path(), &server_config(port, dir.path(), ""));
-    let carol = Endpoint::bind("127.0.0.5:0");
-    for i in 0..5 {
-        let text = register_text(port, &carol.addr, &format!("z9hG4bKcap{i}"))
-            .replace("carol", &format!("user{i}"))
-            .replace(&format!("reg-{port}"), &format!("reg-{port}-{i}"));
-        carol.send(&proxy, &text);
-        assert!(carol.recv().starts_with("SIP/2.0 200"));
-    }
+    register_users(port, &Endpoint::bind("127.0.0.5:0"), 5);
     assert!(server.stop().success());
     let capped = server_config(port, dir.path(), "") + "[registrar]\nmax_bindings = 3\n";
     let server = Server::start(dir.path(), &capped);
