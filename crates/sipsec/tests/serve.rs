@@ -232,6 +232,19 @@ Contact: <sip:carol@{contact}>\r\nExpires: 600\r\nContent-Length: 0\r\n\r\n"
     )
 }
 
+/// `user0`, `user1`… register `from`'s address with the server on `port`, each 200 awaited
+/// before the next REGISTER (a burst of replies could overflow the test socket's receive
+/// buffer, and raw UDP here has no retransmission).
+fn register_users(port: u16, from: &Endpoint, count: usize) {
+    for i in 0..count {
+        let text = register_text(port, &from.addr, &format!("z9hG4bKo{i}"))
+            .replace("carol", &format!("user{i}"))
+            .replace(&format!("reg-{port}"), &format!("reg-{port}-{i}"));
+        from.send(&format!("127.0.0.1:{port}"), &text);
+        assert!(from.recv().starts_with("SIP/2.0 200"));
+    }
+}
+
 fn options_to_carol(caller: &Endpoint, branch: &str) -> String {
     format!(
         "OPTIONS sip:carol@example.test SIP/2.0\r\nVia: SIP/2.0/UDP {};branch={branch}\r\nMax-Forwards: 70\r\n\
@@ -251,19 +264,10 @@ fn a_restart_loses_no_registration() {
     let caller = Endpoint::bind("127.0.0.6:0");
 
     // Register 201 AORs back to back, then stop at once: write-behind must flush them all.
-    // Each 200 is awaited before the next REGISTER (a burst of replies could overflow this
-    // test socket's receive buffer, and raw UDP here has no retransmission).
     let server = Server::start(dir.path(), &config);
     carol.send(&proxy, &register_text(port, &carol.addr, "z9hG4bKreg1"));
     assert!(carol.recv().starts_with("SIP/2.0 200"));
-    let others = Endpoint::bind("127.0.0.7:0");
-    for i in 0..200 {
-        let text = register_text(port, &others.addr, &format!("z9hG4bKo{i}"))
-            .replace("carol", &format!("user{i}"))
-            .replace(&format!("reg-{port}"), &format!("reg-{port}-{i}"));
-        others.send(&proxy, &text);
-        assert!(others.recv().starts_with("SIP/2.0 200"));
-    }
+    register_users(port, &Endpoint::bind("127.0.0.7:0"), 200);
     assert!(server.stop().success());
 
     let server = Server::start(dir.path(), &config);
@@ -277,6 +281,61 @@ fn a_restart_loses_no_registration() {
     assert!(
         forwarded.starts_with(&format!("OPTIONS sip:carol@{} SIP/2.0", carol.addr)),
         "{forwarded}"
+    );
+    server.stop();
+}
+
+/// Issue 32: 640,000 bindings in the database were all loaded at the next start (9.3 s,
+/// 1 GB). At most `[registrar] max_bindings` are: five registered, three loaded.
+#[test]
+fn a_start_loads_no_more_bindings_than_max_bindings() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(27300);
+    let server = Server::start(dir.path(), &server_config(port, dir.path(), ""));
+    register_users(port, &Endpoint::bind("127.0.0.5:0"), 5);
+    assert!(server.stop().success());
+    let capped = server_config(port, dir.path(), "") + "[registrar]\nmax_bindings = 3\n";
+    let server = Server::start(dir.path(), &capped);
+    assert!(
+        server.banner.contains("3 registrations loaded"),
+        "{}",
+        server.banner
+    );
+    server.stop();
+}
+
+/// Issue 32: a listener on `0.0.0.0` took only loopback for itself, so a Contact naming the
+/// host's other address was bound, and calls to it came back to the server. The server
+/// reads the host's addresses at start; a Contact at one of them is refused.
+#[test]
+fn a_wildcard_listener_refuses_contacts_at_the_hosts_other_addresses() {
+    let host = sipsec::net::names::host_addresses();
+    let Some(ip) = host.iter().find(|ip| ip.is_ipv4() && !ip.is_loopback()) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the test needs an IPv4 address besides loopback under CI: {host:?}"
+        );
+        eprintln!("skipped: no IPv4 address besides loopback here");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(27400);
+    let config = server_config(port, dir.path(), "").replace(
+        &format!("udp:127.0.0.1:{port}"),
+        &format!("udp:0.0.0.0:{port}"),
+    );
+    let server = Server::start(dir.path(), &config);
+    let carol = Endpoint::bind("127.0.0.5:0");
+    let itself = format!("{ip}:{port}");
+    let text = register_text(port, &carol.addr, "z9hG4bKwild").replace(
+        &format!("<sip:carol@{}>", carol.addr),
+        &format!("<sip:carol@{itself}>"),
+    );
+    carol.send(&format!("127.0.0.1:{port}"), &text);
+    let answer = carol.recv();
+    assert!(
+        answer.starts_with("SIP/2.0 403 Contact Points At This Server"),
+        "{itself}: {answer}"
     );
     server.stop();
 }
@@ -733,7 +792,7 @@ fn registrations_through_a_sigkill(durable: bool, until: usize, window: usize) -
     let stored: std::collections::HashSet<String> = runtime.block_on(async {
         let url = format!("sqlite://{}", dir.path().join("s.db").display());
         let store = sipsec::db::store::Store::connect(&url).await.unwrap();
-        let loaded = store.load(0).await.unwrap();
+        let loaded = store.load(0, usize::MAX).await.unwrap();
         loaded.bindings.into_iter().map(|(aor, _)| aor).collect()
     });
     let lost = acked

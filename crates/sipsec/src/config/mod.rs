@@ -116,6 +116,8 @@ struct RawRegistrar {
     max_expires: u32,
     default_expires: u32,
     max_contacts: usize,
+    max_bindings: usize,
+    max_bindings_per_source: usize,
     durable: bool,
 }
 
@@ -126,6 +128,8 @@ impl Default for RawRegistrar {
             max_expires: 86_400,
             default_expires: 3_600,
             max_contacts: 16,
+            max_bindings: 100_000,
+            max_bindings_per_source: 1_000,
             durable: false,
         }
     }
@@ -249,13 +253,7 @@ impl RawAuth {
         if self.nonce_lifetime_s == 0 {
             bail!("auth.nonce_lifetime_s must be positive");
         }
-        let trusted = self
-            .trusted
-            .iter()
-            .map(|t| {
-                crate::auth::Network::parse(t).map_err(|e| anyhow::anyhow!("auth.trusted: {e}"))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let trusted = network_list("auth.trusted", &self.trusted)?;
         let realm = self.realm.clone().unwrap_or_else(|| domains[0].clone());
         if realm.is_empty() || realm.contains(['"', '\\', '\r', '\n']) {
             bail!("auth.realm: {realm:?} cannot be used as a realm");
@@ -287,6 +285,14 @@ impl RawAuth {
             },
         })
     }
+}
+
+/// A list of IP networks from the file (`key` names the list in the error).
+fn network_list(key: &str, networks: &[String]) -> Result<Vec<crate::auth::Network>> {
+    networks
+        .iter()
+        .map(|t| crate::auth::Network::parse(t).map_err(|e| anyhow::anyhow!("{key}: {e}")))
+        .collect()
 }
 
 /// A list of SIP methods from the file, upper-cased, each checked to be a method token
@@ -422,6 +428,7 @@ struct RawOverload {
     methods: Vec<String>,
     retry_after_s: u32,
     priority: bool,
+    priority_sources: Vec<String>,
     feedback: bool,
     algorithm: String,
     validity_ms: u32,
@@ -448,6 +455,7 @@ impl Default for RawOverload {
             .to_vec(),
             retry_after_s: 1,
             priority: true,
+            priority_sources: Vec::new(),
             feedback: true,
             algorithm: "loss".into(),
             validity_ms: 500,
@@ -476,8 +484,13 @@ pub struct OverloadConfig {
     /// `Retry-After` of the 503s that shed a request (0: none), for clients that do not
     /// speak RFC 7339 (those that do get feedback instead).
     pub retry_after_s: u32,
-    /// Requests with a `Resource-Priority` header (RFC 4412, emergency calls) are never shed.
+    /// Requests with a `Resource-Priority` header (RFC 4412, emergency calls) from
+    /// `priority_sources` are never shed.
     pub priority: bool,
+    /// The networks whose `Resource-Priority` is honoured: shedding runs before
+    /// authentication, so only the source address can say a request is entitled to priority
+    /// (RFC 4412 §11: priority is granted to authorised requests only). Empty: nobody.
+    pub priority_sources: Vec<crate::auth::Network>,
     /// Answer neighbours that announce `oc` in their Via with feedback (RFC 7339).
     pub feedback: bool,
     /// The algorithm offered to a neighbour that supports both.
@@ -528,6 +541,7 @@ impl RawOverload {
             methods,
             retry_after_s: self.retry_after_s,
             priority: self.priority,
+            priority_sources: network_list("overload.priority_sources", &self.priority_sources)?,
             feedback: self.feedback,
             algorithm,
             validity_ms: self.validity_ms,
@@ -569,6 +583,12 @@ pub struct RegistrarConfig {
     pub max_expires: u32,
     pub default_expires: u32,
     pub max_contacts: usize,
+    /// Bindings held in all, across workers; a REGISTER that would add one more is answered
+    /// 503 (with Retry-After), and no more than this many are loaded from the database.
+    pub max_bindings: usize,
+    /// Bindings registered from one source IP address (0: no limit); beyond, 503. Phones
+    /// behind one NAT share an address: size it for the largest site.
+    pub max_bindings_per_source: usize,
     /// Answer a REGISTER only once its binding is committed to the database (group commit),
     /// instead of writing behind.
     pub durable: bool,
@@ -600,6 +620,10 @@ pub struct Config {
     pub server_line: String,
     /// Our domains and listen addresses, as routing and authentication ask about them.
     pub names: ServerNames,
+    /// The host's interface addresses: what a listener on the unspecified address
+    /// (`0.0.0.0`, `[::]`) is reachable at. Not from the file: `serve` enumerates them at
+    /// start and on reload ([`crate::net::names::host_addresses`]); empty otherwise.
+    pub host_addrs: Vec<std::net::IpAddr>,
     /// Default and per-domain routes, DNS and failover (`[routing]`).
     pub routing: RoutingConfig,
     pub database_url: String,
@@ -818,6 +842,9 @@ impl Config {
         if reg.max_contacts == 0 {
             bail!("registrar.max_contacts: must be at least 1");
         }
+        if reg.max_bindings == 0 {
+            bail!("registrar.max_bindings: must be at least 1");
+        }
         let server = &raw.server;
         if !(1..=86_400).contains(&server.idle_timeout_s) {
             bail!("server.idle_timeout_s: between 1 and 86400 seconds");
@@ -876,6 +903,7 @@ impl Config {
                 v => format!("Server: {v}\r\n"),
             },
             names: auth.server.clone(),
+            host_addrs: Vec::new(),
             routing,
             metrics_listen,
             control_socket,
@@ -885,6 +913,8 @@ impl Config {
                 max_expires: reg.max_expires,
                 default_expires: reg.default_expires,
                 max_contacts: reg.max_contacts,
+                max_bindings: reg.max_bindings,
+                max_bindings_per_source: reg.max_bindings_per_source,
                 durable: reg.durable,
             },
             streams,

@@ -312,8 +312,9 @@ impl Store {
         Ok(())
     }
 
-    /// Loads live bindings and known AORs; expired rows are deleted on the way.
-    pub async fn load(&self, now_unix_ms: u64) -> Result<Loaded> {
+    /// Loads live bindings, at most `max_bindings` (`[registrar] max_bindings`: those that
+    /// live longest), and known AORs; expired rows are deleted on the way.
+    pub async fn load(&self, now_unix_ms: u64, max_bindings: usize) -> Result<Loaded> {
         sqlx::query(
             &self
                 .dialect
@@ -322,9 +323,11 @@ impl Store {
         .bind(now_unix_ms as i64)
         .execute(&self.pool)
         .await?;
-        let rows: Vec<AnyRow> = sqlx::query(
-            "SELECT aor, contact, target, expires_at, q, call_id, cseq FROM location_bindings",
-        )
+        let limit = max_bindings.min(i64::MAX as usize);
+        let rows: Vec<AnyRow> = sqlx::query(&format!(
+            "SELECT aor, contact, target, expires_at, q, call_id, cseq FROM location_bindings \
+             ORDER BY expires_at DESC LIMIT {limit}"
+        ))
         .fetch_all(&self.pool)
         .await?;
         let mut bindings = Vec::with_capacity(rows.len());
@@ -343,6 +346,7 @@ impl Store {
                     q: q.map(Into::into),
                     call_id: r.try_get::<String, _>(5)?.into(),
                     cseq: r.try_get::<i64, _>(6)? as u32,
+                    source: None,
                 },
             ));
         }
@@ -833,6 +837,7 @@ mod tests {
             q: Some("0.7".into()),
             call_id: "call".into(),
             cseq: 3,
+            source: None,
         }
     }
 
@@ -1017,13 +1022,13 @@ mod tests {
         let refused = store.write_isolating(&batch).await.unwrap();
         assert_eq!(refused.len(), 1, "{refused:?}");
         assert!(refused[0].1.contains("too long"), "{}", refused[0].1);
-        let loaded = store.load(0).await.unwrap();
+        let loaded = store.load(0, usize::MAX).await.unwrap();
         let mut contacts: Vec<_> = loaded.bindings.iter().map(|(_, b)| &*b.contact).collect();
         contacts.sort();
         assert_eq!(contacts, ["sip:a@1.2.3.4", "sip:a@5.6.7.8"]);
         // A refresh of a stored binding updates it in place (the upsert's conflict path).
         store.write(&[refresh()]).await.unwrap();
-        let mut loaded: Vec<_> = (store.load(0).await.unwrap().bindings)
+        let mut loaded: Vec<_> = (store.load(0, usize::MAX).await.unwrap().bindings)
             .into_iter()
             .map(|(_, b)| (b.contact.to_string(), b.expires_at))
             .collect();
@@ -1035,6 +1040,10 @@ mod tests {
                 ("sip:a@5.6.7.8".to_string(), 10_000)
             ]
         );
+        // `[registrar] max_bindings` holds at start too: the bindings that live longest.
+        let capped = store.load(0, 1).await.unwrap().bindings;
+        assert_eq!(capped.len(), 1);
+        assert_eq!(&*capped[0].1.contact, "sip:a@1.2.3.4");
     }
 
     /// a@x's binding at 1.2.3.4, refreshed to expire at 20,000.
@@ -1139,7 +1148,7 @@ mod tests {
             store.write(&[refresh()]).await.unwrap();
             drop(store);
             let store = Store::connect(&url).await.unwrap();
-            let loaded = store.load(1_000).await.unwrap();
+            let loaded = store.load(1_000, usize::MAX).await.unwrap();
             assert_eq!(
                 loaded.bindings,
                 vec![("a@x".to_string(), binding("sip:a@1.2.3.4", 20_000))]

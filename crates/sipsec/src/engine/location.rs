@@ -9,6 +9,7 @@
 use crate::net::transport::Peer;
 use sip_core::timer::{Millis, TimerHandle, TimerWheel};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// One contact bound to an address-of-record. Its strings are shared (`Arc<str>`): a binding
@@ -26,6 +27,9 @@ pub struct Binding {
     pub q: Option<Arc<str>>,
     pub call_id: Arc<str>,
     pub cseq: u32,
+    /// The address the REGISTER came from, for the per-source limit; `None` for a binding
+    /// loaded from the database, which does not keep it (a refresh attributes it again).
+    pub source: Option<IpAddr>,
 }
 
 /// A change to the location service, applied by every replica and by the store.
@@ -77,6 +81,8 @@ pub enum Lookup<'a> {
 /// One replica of the location service. Times are Unix milliseconds.
 pub struct Location {
     aors: HashMap<Arc<str>, Vec<Bound>>,
+    /// Bindings held per source address (those with one), for the registrar's limit.
+    per_source: HashMap<IpAddr, usize>,
     expiry: TimerWheel<(Arc<str>, Arc<str>)>,
     fired: Vec<(Arc<str>, Arc<str>)>,
 }
@@ -96,6 +102,7 @@ impl Location {
     pub fn new(now_unix_ms: u64) -> Self {
         Location {
             aors: HashMap::new(),
+            per_source: HashMap::new(),
             expiry: TimerWheel::new(now_unix_ms),
             fired: Vec::new(),
         }
@@ -117,6 +124,7 @@ impl Location {
                     Some(list) => list,
                     None => self.aors.entry(aor.clone()).or_default(),
                 };
+                count(&mut self.per_source, binding.source, true);
                 let bound = Bound {
                     binding: binding.clone(),
                     timer,
@@ -127,6 +135,7 @@ impl Location {
                 {
                     Some(old) => {
                         self.expiry.cancel(old.timer);
+                        count(&mut self.per_source, old.binding.source, false);
                         *old = bound;
                     }
                     None => list.push(bound),
@@ -134,11 +143,12 @@ impl Location {
             }
             BindingChange::Remove { aor, contact } => {
                 if let Some(list) = self.aors.get_mut(aor) {
-                    let expiry = &mut self.expiry;
+                    let (expiry, per_source) = (&mut self.expiry, &mut self.per_source);
                     list.retain(|b| {
                         let keep = &b.binding.contact != contact;
                         if !keep {
                             expiry.cancel(b.timer);
+                            count(per_source, b.binding.source, false);
                         }
                         keep
                     });
@@ -148,6 +158,7 @@ impl Location {
                 if let Some(list) = self.aors.get_mut(aor) {
                     for b in list.drain(..) {
                         self.expiry.cancel(b.timer);
+                        count(&mut self.per_source, b.binding.source, false);
                     }
                 }
             }
@@ -184,8 +195,13 @@ impl Location {
         self.expiry.advance(now_unix_ms, &mut self.fired);
         for (aor, contact) in self.fired.drain(..) {
             if let Some(list) = self.aors.get_mut(&aor) {
+                let per_source = &mut self.per_source;
                 list.retain(|b| {
-                    !(b.binding.contact == contact && b.binding.expires_at <= now_unix_ms)
+                    let gone = b.binding.contact == contact && b.binding.expires_at <= now_unix_ms;
+                    if gone {
+                        count(per_source, b.binding.source, false);
+                    }
+                    !gone
                 });
             }
         }
@@ -201,9 +217,27 @@ impl Location {
         self.expiry.is_empty()
     }
 
+    /// Bindings held that were registered from `source`.
+    pub fn from_source(&self, source: IpAddr) -> usize {
+        self.per_source.get(&source).copied().unwrap_or(0)
+    }
+
     /// When `expire` next has work.
     pub fn next_expiry(&self) -> Option<Millis> {
         self.expiry.next_deadline()
+    }
+}
+
+/// One more (`add`) or one fewer binding from `source`.
+fn count(per_source: &mut HashMap<IpAddr, usize>, source: Option<IpAddr>, add: bool) {
+    let Some(source) = source else { return };
+    if add {
+        *per_source.entry(source).or_default() += 1;
+    } else if let Some(n) = per_source.get_mut(&source) {
+        *n -= 1;
+        if *n == 0 {
+            per_source.remove(&source);
+        }
     }
 }
 
@@ -230,6 +264,7 @@ mod tests {
             q: q.map(Into::into),
             call_id: "c".into(),
             cseq: 1,
+            source: None,
         }
     }
 

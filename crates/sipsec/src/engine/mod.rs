@@ -550,7 +550,7 @@ impl Engine {
         // decisions below use the tags.
         let facts = RequestFacts::of(msg);
         let from_ok = facts.is_some();
-        let in_dialog = facts.is_some_and(|f| f.to_tag.is_some());
+        let to_tagged = facts.is_some_and(|f| f.to_tag.is_some());
         if self.cfg.stateful && method == Method::Cancel && from_ok {
             self.on_cancel(now, source, msg, fx);
             return;
@@ -559,7 +559,7 @@ impl Engine {
             inc(&self.stats.retransmissions_absorbed);
             return;
         }
-        if from_ok && self.shed(now, source, msg, in_dialog, fx) {
+        if from_ok && self.shed(now, source, msg, to_tagged, fx) {
             return;
         }
         if self.cfg.stateful
@@ -690,7 +690,8 @@ impl Engine {
                 record_route,
             } => {
                 let route = (&pop_route[..], record_route);
-                let new_work = !in_dialog && self.sheddable(msg);
+                // What a next hop's feedback may refuse: what local admission may shed.
+                let new_work = self.sheddable(msg) && !self.in_our_dialog(msg, in_dialog);
                 let how = (facts.hash, new_work, existing);
                 self.forward(now, source, msg, how, &targets, route, fx);
             }

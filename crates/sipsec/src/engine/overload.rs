@@ -26,9 +26,17 @@
 //!   its requests are never shed twice; one that only pretends to (it announces `oc` and sends
 //!   everything) is shed locally like any other.
 //!
-//! What is never shed: responses, ACK, CANCEL, BYE, any request inside a dialog (To tag), a
-//! retransmission of a request already in progress (its transaction absorbs it first), and,
-//! with `priority`, requests carrying `Resource-Priority` (RFC 4412).
+//! What is never shed: responses, ACK, CANCEL, BYE, a request inside a dialog this server
+//! is in, a retransmission of a request already in progress (its transaction absorbs it
+//! first), and, with `priority`, requests carrying `Resource-Priority` (RFC 4412) from
+//! `priority_sources`. Shedding runs before authentication, so neither exemption may rest on
+//! what a sender merely writes: a To tag alone is not a dialog (a flood of To-tagged INVITEs
+//! aimed elsewhere would pass), only a To tag with our own Route on top, which is what the
+//! route set we recorded makes every in-dialog request through us carry
+//! ([`Engine::in_our_dialog`]); and `Resource-Priority` counts only from networks the
+//! operator names (none by default), never from whoever claims it. A re-INVITE from a UA
+//! that sends through us without a Route (Record-Route off, no preloaded route) is therefore
+//! new work and may be shed; a 503 to a re-INVITE leaves its dialog intact (RFC 3261 §14.1).
 //!
 //! **As a client** (forwarding to a next hop), with `announce` the Via we add carries
 //! [`sip_core::overload::ANNOUNCE`]; feedback in our Via of a response updates that hop's
@@ -39,7 +47,7 @@ use crate::net::transport::Peer;
 use crate::stats::inc;
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
-use sip_core::message::{Message, Method, Via};
+use sip_core::message::{HeaderName, Message, Method, Via};
 use sip_core::overload::{self, Algorithm, Feedback, Throttle};
 use sip_core::timer::Millis;
 use std::collections::HashMap;
@@ -196,11 +204,11 @@ impl Engine {
 
     /// Whether a request must be shed: it is new work of a sheddable kind and local
     /// admission refuses it. Counts the arrival either way.
-    fn must_shed(&mut self, source: Peer, msg: &Message<'_>, in_dialog: bool) -> bool {
-        let cfg = &self.cfg.overload;
-        if in_dialog || !self.sheddable(msg) {
+    fn must_shed(&mut self, source: Peer, msg: &Message<'_>, to_tagged: bool) -> bool {
+        if !self.sheddable(msg) || self.in_our_dialog(msg, to_tagged) {
             return false;
         }
+        let cfg = &self.cfg.overload;
         let o = &mut self.overload;
         o.arrivals += 1;
         // Neighbours sharing a rate are counted only while feedback is given: below the
@@ -215,7 +223,13 @@ impl Engine {
         if !cfg.enabled || o.admit >= 1.0 {
             return false;
         }
-        if cfg.priority && msg.other_header(b"Resource-Priority").is_some() {
+        if cfg.priority
+            && cfg
+                .priority_sources
+                .iter()
+                .any(|n| n.contains(source.addr.ip()))
+            && msg.other_header(b"Resource-Priority").is_some()
+        {
             return false;
         }
         o.owed += 1.0 - o.admit;
@@ -225,6 +239,22 @@ impl Engine {
         } else {
             false
         }
+    }
+
+    /// Whether a request is inside a dialog this server is in: it has a To tag (`to_tagged`)
+    /// and its top Route is ours — the Record-Route we added when the dialog was made, or
+    /// the preloaded route of a UA that sends everything through us. A To tag alone proves
+    /// nothing: anyone can write one.
+    pub(super) fn in_our_dialog(&self, msg: &Message<'_>, to_tagged: bool) -> bool {
+        if !to_tagged {
+            return false;
+        }
+        let mut top_is_ours = None;
+        // A malformed Route is not ours; routing answers it 400 later.
+        let _ = msg.name_addrs(HeaderName::Route, |_, na| {
+            top_is_ours.get_or_insert_with(|| self.is_local_host(&na.uri));
+        });
+        top_is_ours == Some(true)
     }
 
     /// Whether this request's method is one overload control may refuse (out of dialog).
@@ -244,10 +274,10 @@ impl Engine {
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
-        in_dialog: bool,
+        to_tagged: bool,
         fx: &mut Effects,
     ) -> bool {
-        if !self.must_shed(source, msg, in_dialog) {
+        if !self.must_shed(source, msg, to_tagged) {
             return false;
         }
         inc(&self.stats.overload_shed);

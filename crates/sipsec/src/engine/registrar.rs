@@ -3,6 +3,14 @@
 //!
 //! Pure logic over a [`Location`] replica: it returns the response to send and the
 //! [`BindingChange`]s to apply everywhere; the engine applies and distributes them.
+//!
+//! Bindings are bounded in all (`max_bindings`) and per source address
+//! (`max_bindings_per_source`): with no authentication, anyone may register anything, and
+//! each binding is memory in every worker and a row in the database. Every replica holds
+//! every binding, so its count is the server's, across workers (give or take the
+//! registrations other workers took in the same instant, not yet delivered). A REGISTER that
+//! would add bindings beyond either is answered 503 with Retry-After: refreshing, removing
+//! and moving existing bindings still work at the cap.
 
 use crate::config::RegistrarConfig;
 use crate::engine::location::{Binding, BindingChange, Location};
@@ -192,18 +200,66 @@ pub fn register(
                     .map(|q| String::from_utf8_lossy(q).into()),
                 call_id: call_id.clone(),
                 cseq,
+                source: Some(source.addr.ip()),
             },
         });
     }
     let Some(headers) = contact_lines(cfg, &existing, &changes, now_unix_ms) else {
         return Outcome::reject(403, "Too Many Contacts");
     };
+    if let Some(full) = over_limits(cfg, location, &existing, &changes, source) {
+        return full;
+    }
     Outcome {
         code: 200,
         reason: "OK",
         headers,
         changes,
     }
+}
+
+/// How long a client refused for a full registrar is asked to wait: bindings leave only as
+/// they expire or are removed.
+const FULL_RETRY_AFTER_S: u32 = 60;
+
+/// The refusal when `changes` would take the bindings held beyond `max_bindings`, or those
+/// from `source` beyond `max_bindings_per_source`.
+fn over_limits(
+    cfg: &RegistrarConfig,
+    location: &Location,
+    existing: &[&Binding],
+    changes: &[BindingChange],
+    source: Peer,
+) -> Option<Outcome> {
+    let ip = source.addr.ip();
+    // New bindings, and bindings that become this source's (new, or moved from another).
+    let (mut added, mut added_here) = (0, 0);
+    for c in changes {
+        let BindingChange::Upsert { binding, .. } = c else {
+            continue;
+        };
+        match existing.iter().find(|b| b.contact == binding.contact) {
+            None => (added, added_here) = (added + 1, added_here + 1),
+            Some(b) if b.source != Some(ip) => added_here += 1,
+            Some(_) => {}
+        }
+    }
+    let reason = if added > 0 && location.len() + added > cfg.max_bindings {
+        "Service Unavailable (registrar full)"
+    } else if added_here > 0
+        && cfg.max_bindings_per_source > 0
+        && location.from_source(ip) + added_here > cfg.max_bindings_per_source
+    {
+        "Service Unavailable (too many bindings from this address)"
+    } else {
+        return None;
+    };
+    Some(Outcome {
+        code: 503,
+        reason,
+        headers: format!("Retry-After: {FULL_RETRY_AFTER_S}\r\n"),
+        changes: Vec::new(),
+    })
 }
 
 /// The Contact lines of a 200 OK: the bindings current once `changes` apply (the existing

@@ -26,16 +26,19 @@ impl Engine {
     }
 
     /// True when `peer` is one of our own listeners: sending there would hand the request
-    /// back to ourselves. A listener on the unspecified address owns the loopback addresses
-    /// at its port.
+    /// back to ourselves. A listener on the unspecified address owns, at its port, every
+    /// address of the host's interfaces (read at start and on reload) and the loopback ones.
     pub(super) fn is_own_listener(&self, peer: &Peer) -> bool {
+        let ip = peer.addr.ip();
         self.cfg.listen.iter().any(|l| {
             l.transport == peer.transport
                 && l.addr.port() == peer.addr.port()
-                && (l.addr.ip() == peer.addr.ip()
+                && (l.addr.ip() == ip
                     || (l.addr.ip().is_unspecified()
                         && l.addr.is_ipv4() == peer.addr.is_ipv4()
-                        && (peer.addr.ip().is_loopback() || peer.addr.ip().is_unspecified())))
+                        && (ip.is_loopback()
+                            || ip.is_unspecified()
+                            || self.cfg.host_addrs.contains(&ip))))
         })
     }
 

@@ -1,6 +1,44 @@
-//! The names a server answers to, for "is this for us?" questions.
+//! The names a server answers to, for "is this for us?" questions, and the host's own
+//! addresses, which a listener on the unspecified address answers at.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The addresses of the host's interfaces (`getifaddrs`), loopback included; empty if they
+/// cannot be read.
+pub fn host_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list that stays valid until
+    // freeifaddrs; each `ifa_addr` is null or points at a sockaddr of the family it names.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut at = list;
+        while let Some(ifa) = at.as_ref() {
+            if let Some(sa) = ifa.ifa_addr.as_ref() {
+                match i32::from(sa.sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                            sin.sin_addr.s_addr,
+                        ))));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                        out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            at = ifa.ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
 
 /// The names this server answers to: its domains and listen addresses. The engine's routing
 /// ("is this for us?") and digest's `uri` check both ask it.

@@ -105,8 +105,9 @@ pub(crate) fn start_proxychain(
 }
 
 /// Runs the server with `cfg`, read from `path` (which SIGHUP reads again) if from a file.
-pub fn run(cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
+pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
     crate::net::raise_fd_limit();
+    cfg.host_addrs = crate::net::names::host_addresses();
     let cfg = Arc::new(cfg);
     let (tls_server, tls_client) = reload::tls(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -128,9 +129,15 @@ pub fn run(cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         };
         let store = Store::connect_with(&cfg.database_url, commits).await?;
         let loaded = store
-            .load(epoch_unix_ms)
+            .load(epoch_unix_ms, cfg.registrar.max_bindings)
             .await
             .context("cannot load registrations")?;
+        if loaded.bindings.len() >= cfg.registrar.max_bindings {
+            tracing::warn!(
+                "loaded the {} registrations that live longest: registrar.max_bindings",
+                loaded.bindings.len()
+            );
+        }
         anyhow::Ok((store, loaded))
     })?;
     let mut senders = Vec::new();

@@ -54,7 +54,8 @@ pub fn reload(
     workers: &[MailboxSender],
     resolver: &LookupHandle,
 ) -> Result<Arc<Config>> {
-    let new = Config::load(path)?;
+    let mut new = Config::load(path)?;
+    new.host_addrs = crate::net::names::host_addresses();
     let refused = running.restart_only_changes(&new);
     if !refused.is_empty() {
         bail!("{} cannot change without a restart", refused.join(", "));

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::net::transport::{Peer, Transport};
 
 mod overload;
+mod registrar;
 mod routing;
 
 const PROXY: &str = "127.0.0.1:5060";
@@ -1063,6 +1064,7 @@ fn contacts_pointing_at_the_server_itself_are_refused_and_never_followed() {
             q: None,
             call_id: "old".into(),
             cseq: 1,
+            source: None,
         },
     });
     let (sent, _) = deliver(

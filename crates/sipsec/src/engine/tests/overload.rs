@@ -9,7 +9,14 @@ const ROUTE: &str = "[routing]\ndefault_route = \"sip:127.0.0.3:5080\"\n";
 /// An engine measured saturated for a second, in intervals of 20 ms; `keys` go in its
 /// `[overload]` table.
 fn overloaded(keys: &str) -> Engine {
-    let mut e = engine(&format!("{ROUTE}[overload]\ninterval_ms = 20\n{keys}"));
+    overloaded_with("", keys)
+}
+
+/// As [`overloaded`], with `server` keys in the `[server]` table.
+fn overloaded_with(server: &str, keys: &str) -> Engine {
+    let mut e = engine(&format!(
+        "{server}{ROUTE}[overload]\ninterval_ms = 20\n{keys}"
+    ));
     for i in 1..=50 {
         e.on_load(i * 20, 1.0, 0);
     }
@@ -137,14 +144,15 @@ fn calls_in_progress_and_emergency_calls_are_never_shed() {
         );
         assert_eq!(sent.len(), 1);
     }
-    // RFC 4412 priority.
+    // RFC 4412 priority, from a source the operator trusts with it.
+    let mut e = overloaded("priority_sources = [\"127.0.0.0/24\"]\n");
     for n in 0..20 {
         let o = offer(&mut e, 1000, n, "", "Resource-Priority: esnet.0\r\n");
         assert!(o.shed.is_empty());
         assert_eq!(o.forwarded.len(), 1);
     }
     // Unless the operator says otherwise.
-    let mut e = overloaded("priority = false\n");
+    let mut e = overloaded("priority = false\npriority_sources = [\"127.0.0.0/24\"]\n");
     let shed: usize = (0..20)
         .map(|n| {
             offer(&mut e, 1000, n, "", "Resource-Priority: esnet.0\r\n")
@@ -153,6 +161,85 @@ fn calls_in_progress_and_emergency_calls_are_never_shed() {
         })
         .sum();
     assert!(shed > 10);
+}
+
+/// How many of 100 new INVITEs from ALICE carrying `extra` an overloaded worker configured
+/// with `keys` sheds.
+fn shed_of_100(keys: &str, extra: &str) -> usize {
+    let mut e = overloaded(keys);
+    (0..100)
+        .map(|n| offer(&mut e, 1000, n, "", extra).shed.len())
+        .sum()
+}
+
+/// Shedding runs before authentication, so `Resource-Priority` is a claim anyone can write:
+/// a flood carrying it must be shed like any other unless its source is one the operator
+/// trusts with priority (issue 32: 0 of 72,000 such INVITEs were shed).
+#[test]
+fn resource_priority_exempts_only_trusted_sources() {
+    let rp = "Resource-Priority: wps.0\r\n";
+    let plain = shed_of_100("", "");
+    assert!(plain > 50, "{plain}");
+    // Nobody is trusted by default, nor is a network that does not hold the source.
+    assert_eq!(shed_of_100("", rp), plain);
+    assert_eq!(
+        shed_of_100("priority_sources = [\"10.0.0.0/8\"]\n", rp),
+        plain
+    );
+    // Trusted: never shed; the same source without the header is shed as ever.
+    let trusted = "priority_sources = [\"127.0.0.2\"]\n";
+    assert_eq!(shed_of_100(trusted, rp), 0);
+    assert_eq!(shed_of_100(trusted, ""), plain);
+}
+
+/// A To tag alone does not make a request part of a dialog: a flood of To-tagged INVITEs
+/// aimed elsewhere must be shed. One whose top Route is ours (our Record-Route, recorded
+/// when the dialog was made) is in a dialog through us and is never shed.
+#[test]
+fn a_to_tag_counts_as_in_dialog_only_under_our_route() {
+    let reinvite = |n: usize, route: &str| {
+        request(
+            "INVITE",
+            &format!("sip:bob@{BOB1}"),
+            &format!("z9hG4bKt{n}"),
+            route,
+        )
+        .replace(
+            "To: <sip:bob@example.test>",
+            "To: <sip:bob@example.test>;tag=b1",
+        )
+    };
+    // Each batch its own branches: a branch seen before would be a retransmission.
+    let count = |e: &mut Engine, batch: usize, route: &str| {
+        let (mut shed, mut forwarded) = (0, 0);
+        for n in batch * 100..(batch + 1) * 100 {
+            let (sent, _) = deliver(e, 1000, ALICE, &reinvite(n, route));
+            shed += sent.iter().filter(|s| s.status() == Some(503)).count();
+            forwarded += sent
+                .iter()
+                .filter(|s| s.status().is_none() && s.to == addr(BOB1))
+                .count();
+        }
+        (shed, forwarded)
+    };
+    // The transaction-stateful proxy and the stateless one alike.
+    for server in ["", "stateful = false\n"] {
+        let mut e = overloaded_with(server, "");
+        let (shed, forwarded) = count(&mut e, 0, "");
+        assert!(
+            shed > 50,
+            "{server}To-tagged without our Route: {shed} shed"
+        );
+        assert_eq!(shed + forwarded, 100);
+        // A foreign top Route is no better.
+        let (shed, _) = count(&mut e, 1, "Route: <sip:192.0.2.9;lr>\r\n");
+        assert!(shed > 50, "{server}under a foreign Route: {shed} shed");
+        let ours = format!("Route: <sip:{PROXY};lr>\r\n");
+        assert_eq!(count(&mut e, 2, &ours), (0, 100), "{server}");
+        // Our domain names us as well as our address.
+        let domain = "Route: <sip:example.test;lr>\r\n";
+        assert_eq!(count(&mut e, 3, domain), (0, 100), "{server}");
+    }
 }
 
 #[test]
