@@ -54,7 +54,9 @@ pub fn reload(
     workers: &[MailboxSender],
     resolver: &LookupHandle,
 ) -> Result<Arc<Config>> {
-    let new = Config::load(path)?;
+    let mut new = Config::load(path)?;
+    // Fitted to the open-file limit as at start, so an unchanged file compares equal.
+    super::connections::fit_to_descriptors(&mut new, crate::net::fd_limit());
     let refused = running.restart_only_changes(&new);
     if !refused.is_empty() {
         bail!("{} cannot change without a restart", refused.join(", "));
