@@ -47,13 +47,7 @@ fn scraped_counts_match_the_load_generators_summary() {
     let uas = LoadUas::start(dir.path(), &format!("udp:127.0.0.3:{uas_port}"), &[]);
     let server = Server::start(
         dir.path(),
-        &format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{sip}\"]\nworkers = 2\n\
-             [routing]\ndefault_route = \"sip:127.0.0.3:{uas_port}\"\n\
-             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-             [database]\nurl = \"sqlite://{}\"\n",
-            dir.path().join("m.db").display()
-        ),
+        &config(dir.path(), false, 2, Some(uas_port), sip, metrics),
     );
     let calls = 500;
     let (code, v, err) = load(
@@ -129,12 +123,7 @@ fn a_flood_of_half_requests_is_capped_and_timed_out() {
     let (sip, metrics) = (base, base + 1);
     let server = Server::start(
         dir.path(),
-        &format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{sip}\"]\n\
-             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-             [database]\nurl = \"sqlite://{}\"\n",
-            dir.path().join("m.db").display()
-        ),
+        &config(dir.path(), false, 1, None, sip, metrics),
     );
     let started = Instant::now();
     // Four from each of five addresses: within the cap per address, past the cap in all.
@@ -162,6 +151,32 @@ fn a_flood_of_half_requests_is_capped_and_timed_out() {
     );
     assert_eq!(curl(&format!("http://127.0.0.1:{metrics}/metrics")).0, 200);
     server.stop();
+}
+
+/// A server on UDP (and TCP with `tcp`) at 127.0.0.1:`sip` with `workers`, routing to a UAS
+/// at 127.0.0.3:`uas` if given, serving /metrics at 127.0.0.1:`metrics`.
+fn config(
+    dir: &std::path::Path,
+    tcp: bool,
+    workers: usize,
+    uas: Option<u16>,
+    sip: u16,
+    metrics: u16,
+) -> String {
+    let tcp = if tcp {
+        format!(", \"tcp:127.0.0.1:{sip}\"")
+    } else {
+        String::new()
+    };
+    let route = uas
+        .map(|p| format!("[routing]\ndefault_route = \"sip:127.0.0.3:{p}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{sip}\"{tcp}]\nworkers = {workers}\n{route}\
+         [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
+         [database]\nurl = \"sqlite://{}\"\n",
+        dir.join("m.db").display()
+    )
 }
 
 fn metrics_addr(port: u16) -> SocketAddr {
@@ -270,13 +285,7 @@ fn a_scrape_during_load_passes_a_strict_openmetrics_parser() {
     let _uas = LoadUas::start(dir.path(), &format!("udp:127.0.0.3:{uas_port}"), &[]);
     let _server = Server::start(
         dir.path(),
-        &format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{sip}\"]\nworkers = 2\n\
-             [routing]\ndefault_route = \"sip:127.0.0.3:{uas_port}\"\n\
-             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-             [database]\nurl = \"sqlite://{}\"\n",
-            dir.path().join("m.db").display()
-        ),
+        &config(dir.path(), false, 2, Some(uas_port), sip, metrics),
     );
     let url = format!("http://127.0.0.1:{metrics}/metrics");
     let calls = std::thread::spawn({
@@ -366,12 +375,7 @@ fn idle_sockets_from_one_address_leave_scrapes_from_another_through() {
     let (sip, metrics) = (base, base + 1);
     let _server = Server::start(
         dir.path(),
-        &format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{sip}\"]\n\
-             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-             [database]\nurl = \"sqlite://{}\"\n",
-            dir.path().join("m.db").display()
-        ),
+        &config(dir.path(), false, 1, None, sip, metrics),
     );
     let stop = Arc::new(AtomicBool::new(false));
     let holders: Vec<_> = (0..16)
@@ -414,20 +418,6 @@ fn idle_sockets_from_one_address_leave_scrapes_from_another_through() {
     );
 }
 
-/// CPU time of process `pid` so far (user + system), from /proc.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis((f[11] + f[12]) * 1000 / hz)
-}
-
 /// The issue's burn: four keep-alive connections scraping as fast as they could took 70% of
 /// a core. Answers are paced and the exposition cached, so the server's CPU while clients
 /// scrape in a tight loop stays a few percent of a core (README's bar: 5%). The figure is
@@ -442,16 +432,12 @@ fn scraping_in_a_tight_loop_costs_the_server_little_cpu() {
     let (sip, metrics) = (base, base + 1);
     let server = Server::start(
         dir.path(),
-        &format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{sip}\"]\nworkers = 2\n\
-             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-             [database]\nurl = \"sqlite://{}\"\n",
-            dir.path().join("m.db").display()
-        ),
+        &config(dir.path(), false, 2, None, sip, metrics),
     );
     let pid = server.child.id();
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));
+    let cpu_time = |pid| Duration::from_secs_f64(sipsec::bench::cpu::cpu_of(&[pid]).total_s());
     let (cpu0, t0) = (cpu_time(pid), Instant::now());
     let scrapers: Vec<_> = (0..4)
         .map(|i| {
@@ -502,14 +488,7 @@ fn max_connections_follows_the_descriptor_limit() {
     let _uas = LoadUas::start(dir.path(), &format!("udp:127.0.0.3:{uas_port}"), &[]);
     let server = Server::start_with_fd_limit(
         dir.path(),
-        &format!(
-            "[server]\nlisten = [\"udp:127.0.0.1:{sip}\", \"tcp:127.0.0.1:{sip}\"]\n\
-             workers = 1\n\
-             [routing]\ndefault_route = \"sip:127.0.0.3:{uas_port}\"\n\
-             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-             [database]\nurl = \"sqlite://{}\"\n",
-            dir.path().join("m.db").display()
-        ),
+        &config(dir.path(), true, 1, Some(uas_port), sip, metrics),
         512,
     );
     assert!(

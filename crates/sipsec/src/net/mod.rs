@@ -37,7 +37,7 @@ pub fn raise_fd_limit() {
 /// None when it cannot be read or is unlimited.
 pub fn fd_limit() -> Option<u64> {
     let lim = fd_limit_raw()?;
-    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur as u64)
+    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
 fn fd_limit_raw() -> Option<libc::rlimit> {

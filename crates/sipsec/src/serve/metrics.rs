@@ -230,7 +230,8 @@ impl Collector for ServeMetrics {
         for ((name, value), (_, help)) in all.iter().zip(Stats::descriptions()) {
             let off = (AUTH_ONLY.contains(name) && !authenticating)
                 || (TLS_ONLY.contains(name) && !self.tls);
-            if !IN_FAMILIES.contains(name) && !(off && *value == 0) {
+            let said_elsewhere = IN_FAMILIES.contains(name);
+            if !said_elsewhere && (!off || *value > 0) {
                 w.counter(&format!("sipsec_{name}"), help, *value)?;
             }
         }

@@ -84,21 +84,16 @@ impl Server {
     /// Like [`Server::start`], with the log (at info, so the counters printed at exit are in
     /// it) going to `dir/serve.log` for [`Server::stop_counters`] and [`Server::log`].
     pub fn start_logged(dir: &Path, config: &str) -> Server {
-        let path = dir.join("sipsec.toml");
-        std::fs::write(&path, config).unwrap();
-        let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-        Self::spawn_with(
-            dir,
-            &["serve", "--config", path.to_str().unwrap()],
-            Stdio::from(log),
-            "info",
-            None,
-        )
+        Self::start_logged_limited(dir, config, None)
     }
 
     /// Like [`Server::start_logged`], in a process allowed only `nofile` open files (soft and
     /// hard limit, so the server cannot raise it), as `ulimit -n` would leave it.
     pub fn start_with_fd_limit(dir: &Path, config: &str, nofile: u64) -> Server {
+        Self::start_logged_limited(dir, config, Some(nofile))
+    }
+
+    fn start_logged_limited(dir: &Path, config: &str, nofile: Option<u64>) -> Server {
         let path = dir.join("sipsec.toml");
         std::fs::write(&path, config).unwrap();
         let log = std::fs::File::create(dir.join("serve.log")).unwrap();
@@ -107,7 +102,7 @@ impl Server {
             &["serve", "--config", path.to_str().unwrap()],
             Stdio::from(log),
             "info",
-            Some(nofile),
+            nofile,
         )
     }
 
