@@ -6,6 +6,8 @@
 //! `sipsec_skip_svcrack` (no sipvicious `svcrack`), `sipsec_skip_chromium` (no `chromium`),
 //! `sipsec_skip_valgrind` (no `valgrind`), `sipsec_skip_curl` (no `curl`),
 //! `sipsec_skip_fail2ban` (no `fail2ban-regex`), `sipsec_skip_systemd` (no `systemd-analyze`),
+//! `sipsec_skip_prometheus_client` (no Python `prometheus_client`, the strict parser of
+//! `/metrics`: `pip install prometheus-client`),
 //! `sipsec_skip_kamailio` (no Kamailio with its
 //! TLS module), `sipsec_skip_postgres` and `sipsec_skip_mariadb` (no SIPSEC_TEST_POSTGRES or
 //! SIPSEC_TEST_MARIADB).
@@ -18,6 +20,15 @@ const KAMAILIO_TLS: &str = "/usr/lib/x86_64-linux-gnu/kamailio/modules/tls.so";
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
+
+/// Whether `python3` can import `module`. Installing one changes no file this script watches:
+/// `touch build.rs` (or set `CI`) after `pip install` for the tests to run.
+fn python_has(module: &str) -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|out| out.status.success())
 }
 
 fn main() {
@@ -38,6 +49,10 @@ fn main() {
         ("sipsec_skip_curl", !on_path("curl")),
         ("sipsec_skip_fail2ban", !on_path("fail2ban-regex")),
         ("sipsec_skip_systemd", !on_path("systemd-analyze")),
+        (
+            "sipsec_skip_prometheus_client",
+            !python_has("prometheus_client"),
+        ),
         (
             "sipsec_skip_kamailio",
             !on_path("kamailio") || !Path::new(KAMAILIO_TLS).exists(),

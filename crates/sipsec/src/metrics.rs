@@ -1,9 +1,17 @@
 //! The Prometheus endpoint both daemons serve (`[metrics] listen`): `GET /metrics` answered with
 //! the text exposition of a `prometheus-client` registry, over HTTP/1.1 (hyper) on the
-//! daemon's async runtime, never on a worker. At most [`MAX_CONNECTIONS`] at once, each closed
-//! after [`HEADER_TIMEOUT`] without a request: the endpoint has no authentication (bind it to a
-//! management address), and a flood of connections must not take the SIP listeners'
-//! descriptors.
+//! daemon's async runtime, never on a worker.
+//!
+//! The endpoint has no authentication (bind it to a management address), so neither a flood
+//! of connections nor a scraper in a tight loop may cost the server much:
+//! - at most [`MAX_CONNECTIONS`] connections at once, and [`MAX_PER_ADDRESS`] from one IP
+//!   address (so one host's idle sockets cannot lock everyone else out); more are closed as
+//!   they come, and a connection is closed after [`HEADER_TIMEOUT`] without a request;
+//! - the exposition is rendered at most once per [`RENDER_EVERY`] and the cached bytes served
+//!   in between;
+//! - answers are paced, one per [`ANSWER_EVERY`] for all connections together, in the order
+//!   their requests came (a fair queue: a scraper waits behind at most one request per
+//!   other connection).
 //!
 //! What is exposed is each daemon's business (`serve::metrics`, `authd`): their collectors read
 //! counters the workers keep for themselves and sum them at scrape time, so counting costs the
@@ -16,8 +24,10 @@ use hyper::{Request, Response, StatusCode};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The OpenMetrics text format `prometheus-client` writes (Prometheus reads it).
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -26,12 +36,103 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 /// the descriptors the SIP listeners need. A scraper needs one.
 pub const MAX_CONNECTIONS: usize = 16;
 
+/// Connections served at once from one IP address: a few Prometheus servers behind one
+/// address fit, and one host cannot hold every slot.
+pub const MAX_PER_ADDRESS: usize = 4;
+
 /// How long a connection may take to send a request's headers, and may sit idle between
 /// requests, before it is closed (a scraper sends its request at once).
-pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long accepting pauses after it fails (out of descriptors).
-pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How long a rendered exposition is served before the counters are read again.
+pub const RENDER_EVERY: Duration = Duration::from_millis(250);
+
+/// The least time between two answers, all connections together: at most 100 scrapes a
+/// second, whatever the clients do (Prometheus scrapes every 15 s by default).
+pub const ANSWER_EVERY: Duration = Duration::from_millis(10);
+
+/// What the connections share: the registry, the cached exposition, the pacing and the
+/// connection counts.
+struct Endpoint {
+    registry: Registry,
+    /// The last exposition and when it was rendered.
+    rendered: Mutex<Option<(Instant, Bytes)>>,
+    /// When the next answer may go.
+    next_answer: Mutex<Instant>,
+    /// Connections open, in all and per address.
+    open: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    total: usize,
+    by_address: HashMap<IpAddr, usize>,
+}
+
+/// A connection's place in [`Open`], given back when it closes.
+struct Slot {
+    endpoint: Arc<Endpoint>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.endpoint.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.total -= 1;
+        if let Some(n) = open.by_address.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_address.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Endpoint {
+    /// A slot for a connection from `ip`, unless the endpoint or that address is full.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let from = open.by_address.get(&ip).copied().unwrap_or(0);
+        if open.total >= MAX_CONNECTIONS || from >= MAX_PER_ADDRESS {
+            return None;
+        }
+        open.total += 1;
+        *open.by_address.entry(ip).or_default() += 1;
+        Some(Slot {
+            endpoint: self.clone(),
+            ip,
+        })
+    }
+
+    /// Waits for this answer's turn: one per [`ANSWER_EVERY`], first come first served.
+    async fn turn(&self) {
+        let at = {
+            let mut next = self.next_answer.lock().unwrap_or_else(|e| e.into_inner());
+            let at = (*next).max(Instant::now());
+            *next = at + ANSWER_EVERY;
+            at
+        };
+        tokio::time::sleep_until(at.into()).await;
+    }
+
+    /// The exposition: the cached one while it is younger than [`RENDER_EVERY`].
+    fn exposition(&self) -> Result<Bytes, std::fmt::Error> {
+        let mut rendered = self.rendered.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, bytes)) = &*rendered {
+            if at.elapsed() < RENDER_EVERY {
+                return Ok(bytes.clone());
+            }
+        }
+        let mut body = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut body, &self.registry)?;
+        let bytes = Bytes::from(body);
+        *rendered = Some((Instant::now(), bytes.clone()));
+        Ok(bytes)
+    }
+}
 
 /// Binds `addr` now (so a taken address stops the daemon at start) and serves `registry` there
 /// on `runtime`'s threads. Returns the address bound (for port 0).
@@ -44,30 +145,37 @@ pub fn serve(
         .with_context(|| format!("metrics.listen: cannot listen on {addr}"))?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
-    let registry = Arc::new(registry);
+    let endpoint = Arc::new(Endpoint {
+        registry,
+        rendered: Mutex::new(None),
+        next_answer: Mutex::new(Instant::now()),
+        open: Mutex::new(Open::default()),
+    });
     let _guard = runtime.enter();
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     runtime.spawn(async move {
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, remote) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 // Out of descriptors, most likely: wait rather than spin.
                 Err(_) => {
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             };
-            // Past the cap the connection is closed at once.
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Past a cap the connection is closed at once.
+            let Some(slot) = endpoint.admit(remote.ip()) else {
                 continue;
             };
-            let registry = registry.clone();
+            let endpoint = endpoint.clone();
             tokio::spawn(async move {
                 let _slot = slot;
                 let service = hyper::service::service_fn(move |req| {
-                    let registry = registry.clone();
-                    async move { Ok::<_, std::convert::Infallible>(answer(&registry, &req)) }
+                    let endpoint = endpoint.clone();
+                    async move {
+                        endpoint.turn().await;
+                        Ok::<_, std::convert::Infallible>(answer(&endpoint, &req))
+                    }
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -81,31 +189,34 @@ pub fn serve(
     Ok(bound)
 }
 
-fn answer<B>(registry: &Registry, req: &Request<B>) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, kind: &str, body: String| {
+fn answer<B>(endpoint: &Endpoint, req: &Request<B>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, kind: &str, body: Bytes| {
         Response::builder()
             .status(status)
             .header(hyper::header::CONTENT_TYPE, kind)
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(body))
             .expect("a valid response")
     };
     if req.uri().path() != "/metrics" {
-        return reply(StatusCode::NOT_FOUND, "text/plain", "try /metrics\n".into());
+        return reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            Bytes::from_static(b"try /metrics\n"),
+        );
     }
     if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "GET only\n".into(),
+            Bytes::from_static(b"GET only\n"),
         );
     }
-    let mut body = String::with_capacity(16 * 1024);
-    match prometheus_client::encoding::text::encode(&mut body, registry) {
-        Ok(()) => reply(StatusCode::OK, CONTENT_TYPE, body),
+    match endpoint.exposition() {
+        Ok(body) => reply(StatusCode::OK, CONTENT_TYPE, body),
         Err(_) => reply(
             StatusCode::INTERNAL_SERVER_ERROR,
             "text/plain",
-            "encoding failed\n".into(),
+            Bytes::from_static(b"encoding failed\n"),
         ),
     }
 }
@@ -167,14 +278,14 @@ impl Writer<'_, '_> {
     }
 
     /// A histogram in seconds (`name` gets `_seconds`): per-bucket counts (not cumulative)
-    /// with their upper bounds in milliseconds, the last bucket unbounded.
+    /// with their upper bounds in microseconds, the last bucket unbounded.
     pub fn histogram_seconds(
         &mut self,
         name: &str,
         help: &str,
-        bounds_ms: &[u64],
+        bounds_us: &[u64],
         counts: &[u64],
-        sum_ms: u64,
+        sum_us: u64,
     ) -> std::fmt::Result {
         let mut m =
             self.enc
@@ -184,13 +295,11 @@ impl Writer<'_, '_> {
             .iter()
             .enumerate()
             .map(|(i, &c)| {
-                let bound = bounds_ms
-                    .get(i)
-                    .map_or(f64::INFINITY, |&b| b as f64 / 1000.0);
+                let bound = bounds_us.get(i).map_or(f64::INFINITY, |&b| b as f64 / 1e6);
                 (bound, c)
             })
             .collect();
         let count = counts.iter().sum();
-        m.encode_histogram::<NoLabelSet>(sum_ms as f64 / 1000.0, count, &buckets, None)
+        m.encode_histogram::<NoLabelSet>(sum_us as f64 / 1e6, count, &buckets, None)
     }
 }

@@ -39,6 +39,7 @@ counters! {
     oversize: "messages over max_message_size (answered 513 where possible)",
     keepalives: "CRLF keep-alives",
     retransmissions_absorbed: "request and response retransmissions absorbed by transactions",
+    local_answer_acks: "ACKs of INVITEs answered here without a transaction (an overload 503), absorbed",
     forwarded_requests: "requests forwarded",
     forwarded_responses: "responses forwarded",
     local_responses: "responses generated here",
@@ -114,26 +115,28 @@ pub const METHODS: [&str; 15] = [
     "other",
 ];
 
-/// The upper bounds of the latency histograms' buckets, in milliseconds (the engine's
-/// clock); Prometheus reads them as seconds.
-pub const LATENCY_BUCKETS_MS: [u64; 12] = [
-    5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000,
+/// The upper bounds of the latency histograms' buckets, in microseconds; Prometheus reads
+/// them as seconds. From 0.1 ms (a proxy on one host answers in well under a millisecond) to
+/// 30 s (an INVITE's timer B).
+pub const LATENCY_BUCKETS_US: [u64; 18] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000, 20_000_000, 30_000_000,
 ];
 
 /// A latency histogram a worker writes alone: a count per bucket (not cumulative; the scrape
 /// adds them up, and their total is the count) and the sum.
 #[derive(Debug, Default)]
 pub struct Histogram {
-    /// Per bucket of [`LATENCY_BUCKETS_MS`], and one past the last.
-    pub buckets: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
-    pub sum_ms: AtomicU64,
+    /// Per bucket of [`LATENCY_BUCKETS_US`], and one past the last.
+    pub buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+    pub sum_us: AtomicU64,
 }
 
 impl Histogram {
-    pub fn observe_ms(&self, ms: u64) {
-        let i = LATENCY_BUCKETS_MS.partition_point(|&b| b < ms);
+    pub fn observe_us(&self, us: u64) {
+        let i = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
         inc(&self.buckets[i]);
-        self.sum_ms.fetch_add(ms, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
     }
 }
 
@@ -155,10 +158,11 @@ pub struct Traffic {
     /// the final response sent upstream.
     pub invite_first_response: Histogram,
     pub invite_final_response: Histogram,
-    /// Gauges, refreshed by the worker every `[overload] interval_ms`: live transactions,
-    /// open connections, registered contacts (the same in every worker's replica), and the
-    /// busy fraction in millionths.
+    /// Gauges, refreshed by the worker every `[overload] interval_ms`: transactions in
+    /// progress and finished ones waiting out their timers, open connections, registered
+    /// contacts (the same in every worker's replica), and the busy fraction in millionths.
     pub transactions: AtomicU64,
+    pub transactions_lingering: AtomicU64,
     pub connections_open: AtomicU64,
     pub bindings: AtomicU64,
     pub busy_ppm: AtomicU64,
@@ -256,16 +260,19 @@ mod tests {
         }
         assert_eq!(METHODS[Method::from_bytes(b"FOO") as usize], "other");
         let h = Histogram::default();
-        for ms in [0, 5, 6, 30_000, 30_001] {
-            h.observe_ms(ms);
+        for us in [0, 100, 101, 30_000_000, 30_000_001] {
+            h.observe_us(us);
         }
         let counts: Vec<u64> = h
             .buckets
             .iter()
             .map(|b| b.load(Ordering::Relaxed))
             .collect();
-        assert_eq!(counts, [2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1]);
-        assert_eq!(h.sum_ms.load(Ordering::Relaxed), 60_012);
+        assert_eq!(
+            counts,
+            [2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1]
+        );
+        assert_eq!(h.sum_us.load(Ordering::Relaxed), 60_000_202);
     }
 
     use super::*;

@@ -169,31 +169,51 @@ struct ProxyContext {
     invite: bool,
     /// While the request waits for DNS: the request, to answer a CANCEL with 487.
     waiting: Option<Bytes>,
-    /// When the request arrived, and whether a response other than 100 has come back yet
-    /// (the INVITE latency histograms).
-    started: Millis,
+    /// When the request arrived, in microseconds ([`FineClock`]), and whether a response
+    /// other than 100 has come back yet (the INVITE latency histograms).
+    started_us: u64,
     first_seen: bool,
+}
+
+/// The time in microseconds, for the latency histograms: a proxy on one host answers in well
+/// under the millisecond the engine's timers count in. The driver sets it from the same clock
+/// reading it passes as `now` ([`Engine::set_clock_us`]); where it did not (a caller that
+/// gives milliseconds only), the millisecond `now` stands in.
+#[derive(Debug, Default, Clone, Copy)]
+struct FineClock {
+    us: u64,
+}
+
+impl FineClock {
+    /// `now` in microseconds: the driver's reading when it is of this millisecond.
+    fn at(self, now: Millis) -> u64 {
+        if self.us / 1000 == now {
+            self.us
+        } else {
+            now.saturating_mul(1000)
+        }
+    }
 }
 
 impl ProxyContext {
     /// A response other than 100 is going upstream: for an INVITE, records how long the
     /// first one took.
-    fn first_response(&mut self, now: Millis, stats: &Stats) {
+    fn first_response(&mut self, now_us: u64, stats: &Stats) {
         if self.invite && !self.first_seen {
             self.first_seen = true;
-            let took = now.saturating_sub(self.started);
-            stats.traffic.invite_first_response.observe_ms(took);
+            let took = now_us.saturating_sub(self.started_us);
+            stats.traffic.invite_first_response.observe_us(took);
         }
     }
 
     /// Marks the final response sent; for an INVITE, records how long it took (and, when it
     /// is the first response, that too).
-    fn finish(&mut self, now: Millis, stats: &Stats) {
+    fn finish(&mut self, now_us: u64, stats: &Stats) {
         self.final_sent = true;
-        self.first_response(now, stats);
+        self.first_response(now_us, stats);
         if self.invite {
-            let took = now.saturating_sub(self.started);
-            stats.traffic.invite_final_response.observe_ms(took);
+            let took = now_us.saturating_sub(self.started_us);
+            stats.traffic.invite_final_response.observe_us(took);
         }
     }
 }
@@ -300,6 +320,8 @@ pub struct Engine {
     locator: locate::Locator,
     /// OPTIONS probes of the configured routes (`probe`, worker 0).
     prober: probe::Prober,
+    /// The driver's clock in microseconds, for the latency histograms.
+    clock: FineClock,
 }
 
 /// How often an authentication outage is logged, per worker.
@@ -391,6 +413,7 @@ impl Engine {
             overload: overload::Overload::new(),
             locator: locate::Locator::default(),
             prober: probe::Prober::default(),
+            clock: FineClock::default(),
             cfg,
         };
         engine.seed_locator();
@@ -399,6 +422,12 @@ impl Engine {
 
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
+    }
+
+    /// The driver's clock in microseconds (the same reading as the `now` it passes next, in
+    /// milliseconds): the INVITE latency histograms measure with it.
+    pub fn set_clock_us(&mut self, us: u64) {
+        self.clock = FineClock { us };
     }
 
     /// Takes a reloaded configuration: requests from now on are routed, registered, shed and
@@ -556,7 +585,7 @@ impl Engine {
             return;
         }
         if self.is_ack_for_local_answer(msg, facts.and_then(|f| f.to_tag)) {
-            inc(&self.stats.retransmissions_absorbed);
+            inc(&self.stats.local_answer_acks);
             return;
         }
         if from_ok && self.shed(now, source, msg, to_tagged, fx) {
@@ -730,7 +759,7 @@ impl Engine {
     ) {
         let data = self.answer_data(now, msg, code, reason, headers);
         if let Some(Link::Proxied(ctx)) = self.tx.user_mut(id) {
-            ctx.finish(now, &self.stats);
+            ctx.finish(self.clock.at(now), &self.stats);
             ctx.waiting = None;
         }
         self.tx.respond(now, id, code, data, &mut self.outputs);

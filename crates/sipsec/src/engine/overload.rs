@@ -150,7 +150,10 @@ impl Engine {
         let t = &self.stats.traffic;
         t.busy_ppm
             .store((busy.clamp(0.0, 1.0) * 1e6) as u64, Relaxed);
-        t.transactions.store(self.tx.len() as u64, Relaxed);
+        let lingering = self.tx.lingering();
+        t.transactions
+            .store(self.tx.len().saturating_sub(lingering) as u64, Relaxed);
+        t.transactions_lingering.store(lingering as u64, Relaxed);
         t.bindings.store(self.location.len() as u64, Relaxed);
         let cfg = &self.cfg.overload;
         let o = &mut self.overload;

@@ -48,7 +48,7 @@ impl Engine {
         let dest = response_peer(msg.top_via(), source);
         let ctx = ProxyContext {
             invite: msg.method() == Method::Invite,
-            started: now,
+            started_us: self.clock.at(now),
             ..Default::default()
         };
         let id = self.tx.create_server(
@@ -527,7 +527,7 @@ impl Engine {
         match code {
             100..=199 => {
                 if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
-                    ctx.first_response(now, &self.stats);
+                    ctx.first_response(self.clock.at(now), &self.stats);
                 }
                 self.tx.respond(now, server, code, data, &mut self.outputs);
             }
@@ -537,7 +537,7 @@ impl Engine {
                 self.tx.respond(now, server, code, data, &mut self.outputs);
                 if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
                     if !ctx.final_sent {
-                        ctx.finish(now, &self.stats);
+                        ctx.finish(self.clock.at(now), &self.stats);
                         match msg.method() {
                             Method::Invite => inc(&self.stats.traffic.dialogs_established),
                             Method::Bye => inc(&self.stats.traffic.dialogs_ended),
@@ -595,7 +595,7 @@ impl Engine {
         let Some((code, data)) = ctx.best.take() else {
             return;
         };
-        ctx.finish(now, &self.stats);
+        ctx.finish(self.clock.at(now), &self.stats);
         self.tx.respond(now, server, code, data, &mut self.outputs);
     }
 

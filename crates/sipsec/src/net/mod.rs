@@ -13,22 +13,38 @@ pub mod udp;
 /// `nr_open`); otherwise the soft limit goes up to the hard one.
 pub fn raise_fd_limit() {
     const WANTED: libc::rlim_t = 1 << 20;
+    let Some(lim) = fd_limit_raw() else { return };
+    if lim.rlim_cur >= WANTED {
+        return;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: WANTED,
+        rlim_max: WANTED.max(lim.rlim_max),
+    };
+    // SAFETY: setrlimit with live rlimit structs.
+    unsafe {
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+            let soft_to_hard = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &soft_to_hard);
+        }
+    }
+}
+
+/// The open-file limit in force (the soft one): how many descriptors this process may hold.
+/// None when it cannot be read or is unlimited.
+pub fn fd_limit() -> Option<u64> {
+    let lim = fd_limit_raw()?;
+    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+fn fd_limit_raw() -> Option<libc::rlimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit/setrlimit with live rlimit structs.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= WANTED {
-            return;
-        }
-        let raised = libc::rlimit {
-            rlim_cur: WANTED,
-            rlim_max: WANTED.max(lim.rlim_max),
-        };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    // SAFETY: getrlimit with a live rlimit struct.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim)
 }

@@ -60,6 +60,47 @@ pub fn listen_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(socket.into())
 }
 
+/// Descriptors kept for everything but SIP connections when `max_connections` is fitted to
+/// the open-file limit: the database pools, the async runtime, DNS lookups, the control
+/// socket and its clients, logs. Per worker and per listen address, and for the metrics
+/// endpoint, more is kept on top ([`fit_to_descriptors`]).
+const RESERVED_DESCRIPTORS: usize = 256;
+
+/// `max_connections` (and `max_connections_per_ip` in proportion) lowered as far as the open-
+/// file limit requires, so that connections run out before descriptors do: a server out of
+/// descriptors accepts nothing — no call on any transport, no scrape — until some close.
+/// Descriptors are kept for the listeners, the workers' own, the metrics endpoint and the rest
+/// ([`RESERVED_DESCRIPTORS`]). Returns the configured and effective totals when lowered.
+pub fn fit_to_descriptors(
+    cfg: &mut crate::config::Config,
+    fd_limit: Option<u64>,
+) -> Option<(usize, usize)> {
+    let limit = usize::try_from(fd_limit?).unwrap_or(usize::MAX);
+    let workers = cfg.workers.max(1);
+    // Per worker: its epoll set, mailbox and timers, and one socket per listen address.
+    let per_worker = 4 + cfg.listen.len();
+    let metrics = if cfg.metrics_listen.is_some() {
+        crate::metrics::MAX_CONNECTIONS + 1
+    } else {
+        0
+    };
+    let reserved = RESERVED_DESCRIPTORS + workers * per_worker + metrics;
+    let s = &mut cfg.streams;
+    let (was, configured) = (
+        s.max_connections_per_worker,
+        s.max_connections_per_worker * workers,
+    );
+    let fits = limit.saturating_sub(reserved).max(workers);
+    if configured <= fits {
+        return None;
+    }
+    s.max_connections_per_worker = fits / workers;
+    // One address keeps the share of the whole it was configured to have.
+    let per_ip = s.max_per_ip_per_worker * s.max_connections_per_worker / was;
+    s.max_per_ip_per_worker = per_ip.clamp(1, s.max_connections_per_worker);
+    Some((configured, s.max_connections_per_worker * workers))
+}
+
 fn conn_id(worker: usize, slot: usize) -> ConnId {
     ((worker as u32) << 24) | (slot as u32 + 1)
 }
@@ -866,4 +907,36 @@ fn call_hash(data: &[u8]) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     msg.call_id().hash(&mut h);
     Some(h.finish())
+}
+
+#[cfg(test)]
+mod descriptor_tests {
+    use super::fit_to_descriptors;
+    use crate::config::Config;
+
+    #[test]
+    fn max_connections_follows_the_open_file_limit() {
+        let toml =
+            "[server]\nworkers = 2\nlisten = [\"udp:127.0.0.1:5060\", \"tcp:127.0.0.1:5060\"]\n\
+                    [metrics]\nlisten = \"127.0.0.1:9090\"\n";
+        let mut c = Config::from_toml(toml).unwrap();
+        // The defaults: 100,000 connections, 10,000 from one address, against 20,000 files.
+        assert_eq!(
+            fit_to_descriptors(&mut c, Some(20_000)),
+            Some((100_000, 19_714))
+        );
+        // Kept: 256, six per worker (two listen addresses), 17 for the metrics endpoint.
+        assert_eq!(c.streams.max_connections_per_worker, 9_857);
+        // One address keeps its tenth of the whole.
+        assert_eq!(c.streams.max_per_ip_per_worker, 985);
+        // Room enough, or no limit: nothing changes.
+        let mut c = Config::from_toml(toml).unwrap();
+        assert_eq!(fit_to_descriptors(&mut c, Some(1 << 20)), None);
+        assert_eq!(fit_to_descriptors(&mut c, None), None);
+        assert_eq!(c.streams.max_connections_per_worker, 50_000);
+        // A limit below what is kept still leaves each worker a connection.
+        let mut c = Config::from_toml(toml).unwrap();
+        assert_eq!(fit_to_descriptors(&mut c, Some(100)), Some((100_000, 2)));
+        assert_eq!(c.streams.max_per_ip_per_worker, 1);
+    }
 }

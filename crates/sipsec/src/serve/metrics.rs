@@ -2,9 +2,13 @@
 //! messages by method and class, transactions, dialogs and registrations, authentication by
 //! scheme and outcome, TLS handshakes, connections, DNS, overload control, each worker's busy
 //! fraction, and the INVITE latency histograms.
+//!
+//! One family per name, and nothing for a feature that is off: without authentication no
+//! `sipsec_auth` series, without TLS no handshake counts, and so on — unless a reload switched
+//! the feature on and its counters moved.
 
 use crate::metrics::Writer;
-use crate::stats::{Histogram, Stats, Traffic, LATENCY_BUCKETS_MS, METHODS};
+use crate::stats::{Histogram, Stats, Traffic, LATENCY_BUCKETS_US, METHODS};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -12,6 +16,7 @@ use std::sync::Arc;
 
 /// Counters exported under a labelled family of their own instead of by name.
 const IN_FAMILIES: &[&str] = &[
+    "local_responses",
     "auth_passed",
     "auth_challenged",
     "auth_failed",
@@ -30,12 +35,27 @@ const IN_FAMILIES: &[&str] = &[
     "overload_rejected",
 ];
 
+/// Counters that only authentication moves, exported by name only with it on.
+const AUTH_ONLY: &[&str] = &[
+    "digest_checks",
+    "proxychain_checks",
+    "credential_fetches",
+    "auth_waited",
+];
+
+/// Counters that only TLS moves.
+const TLS_ONLY: &[&str] = &["tls_client_certificates"];
+
 /// The collector: reads the workers' [`Stats`] on each scrape.
 #[derive(Debug)]
 pub struct ServeMetrics {
     pub workers: Vec<Arc<Stats>>,
     /// The authentication scheme in use ("none", "digest", "proxychain").
     pub scheme: &'static str,
+    /// Whether the server accepts or opens TLS connections.
+    pub tls: bool,
+    /// Whether local admission control (`[overload] enabled`) is on.
+    pub shedding: bool,
 }
 
 impl ServeMetrics {
@@ -54,11 +74,11 @@ impl ServeMetrics {
         help: &str,
         h: impl Fn(&Traffic) -> &Histogram,
     ) -> std::fmt::Result {
-        let counts: Vec<u64> = (0..LATENCY_BUCKETS_MS.len() + 1)
+        let counts: Vec<u64> = (0..LATENCY_BUCKETS_US.len() + 1)
             .map(|i| self.traffic(|t| &h(t).buckets[i]))
             .collect();
-        let sum_ms = self.traffic(|t| &h(t).sum_ms);
-        w.histogram_seconds(name, help, &LATENCY_BUCKETS_MS, &counts, sum_ms)
+        let sum_us = self.traffic(|t| &h(t).sum_us);
+        w.histogram_seconds(name, help, &LATENCY_BUCKETS_US, &counts, sum_us)
     }
 }
 
@@ -107,31 +127,39 @@ impl Collector for ServeMetrics {
             ("malformed", self.sum(|s| &s.auth_malformed)),
             ("unavailable", self.sum(|s| &s.auth_unavailable)),
         ];
-        w.counters(
-            "sipsec_auth",
-            "Authentication outcomes, by scheme (digest or proxychain) and result",
-            auth.map(|(result, v)| ([("scheme", self.scheme), ("result", result)], v)),
-        )?;
-        w.counters(
-            "sipsec_tls_handshakes",
-            "TLS handshakes, by result (full, resumed from an earlier session, failed)",
-            [
-                ("full", self.sum(|s| &s.tls_handshakes_full)),
-                ("resumed", self.sum(|s| &s.tls_handshakes_resumed)),
-                ("failed", self.sum(|s| &s.tls_failures)),
-            ]
-            .map(|(r, v)| ([("result", r)], v)),
-        )?;
+        let authenticating = self.scheme != "none";
+        if authenticating || auth.iter().any(|(_, v)| *v > 0) {
+            w.counters(
+                "sipsec_auth",
+                "Authentication outcomes, by scheme (digest or proxychain) and result",
+                auth.map(|(result, v)| ([("scheme", self.scheme), ("result", result)], v)),
+            )?;
+        }
+        let tls = [
+            ("full", self.sum(|s| &s.tls_handshakes_full)),
+            ("resumed", self.sum(|s| &s.tls_handshakes_resumed)),
+            ("failed", self.sum(|s| &s.tls_failures)),
+        ];
+        if self.tls || tls.iter().any(|(_, v)| *v > 0) {
+            w.counters(
+                "sipsec_tls_handshakes",
+                "TLS handshakes, by result (full, resumed from an earlier session, failed)",
+                tls.map(|(r, v)| ([("result", r)], v)),
+            )?;
+        }
+        let shed = self.sum(|s| &s.overload_shed);
         w.counters(
             "sipsec_overload_rejections",
             "New requests answered 503 by overload control, by reason (shed: this server over \
              its target; throttled: the next hop's RFC 7339 feedback; table_full: no room for \
              another transaction)",
             [
-                ("shed", self.sum(|s| &s.overload_shed)),
+                ("shed", shed),
                 ("throttled", self.sum(|s| &s.overload_throttled)),
                 ("table_full", self.sum(|s| &s.overload_rejected)),
             ]
+            .into_iter()
+            .filter(|&(r, v)| r != "shed" || self.shedding || v > 0)
             .map(|(r, v)| ([("reason", r)], v)),
         )?;
         let established = self.traffic(|t| &t.dialogs_established);
@@ -153,8 +181,14 @@ impl Collector for ServeMetrics {
         )?;
         w.gauge(
             "sipsec_transactions",
-            "Live transactions, all workers",
+            "Transactions in progress (not those only waiting out their timers), all workers",
             self.traffic(|t| &t.transactions) as f64,
+        )?;
+        w.gauge(
+            "sipsec_transactions_lingering",
+            "Finished transactions kept to absorb retransmissions until their timers end \
+             (RFC 3261 timers D, I, J, K; RFC 6026 L, M), all workers",
+            self.traffic(|t| &t.transactions_lingering) as f64,
         )?;
         w.gauge(
             "sipsec_connections",
@@ -194,7 +228,10 @@ impl Collector for ServeMetrics {
         // Every other counter, under its own name.
         let all = crate::stats::total(&self.workers);
         for ((name, value), (_, help)) in all.iter().zip(Stats::descriptions()) {
-            if !IN_FAMILIES.contains(name) {
+            let off = (AUTH_ONLY.contains(name) && !authenticating)
+                || (TLS_ONLY.contains(name) && !self.tls);
+            let said_elsewhere = IN_FAMILIES.contains(name);
+            if !said_elsewhere && (!off || *value > 0) {
                 w.counter(&format!("sipsec_{name}"), help, *value)?;
             }
         }

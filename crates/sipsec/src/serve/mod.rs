@@ -108,6 +108,16 @@ pub(crate) fn start_proxychain(
 pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
     crate::net::raise_fd_limit();
     cfg.host_addrs = crate::net::names::host_addresses();
+    let fd_limit = crate::net::fd_limit();
+    if let Some((configured, effective)) = connections::fit_to_descriptors(&mut cfg, fd_limit) {
+        tracing::info!(
+            "server.max_connections lowered from {configured} to {effective} (and \
+             max_connections_per_ip to {} per worker): the open-file limit is {}, and \
+             descriptors are kept for the listeners, database, metrics and control socket",
+            cfg.streams.max_per_ip_per_worker,
+            fd_limit.unwrap_or_default()
+        );
+    }
     let cfg = Arc::new(cfg);
     let (tls_server, tls_client) = reload::tls(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -211,6 +221,8 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         registry.register_collector(Box::new(metrics::ServeMetrics {
             workers: all_stats.clone(),
             scheme: cfg.auth.scheme.name(),
+            tls: tls_server.is_some() || tls_client.is_some(),
+            shedding: cfg.overload.enabled,
         }));
         let bound = crate::metrics::serve(runtime.handle(), addr, registry)?;
         tracing::info!("metrics at http://{bound}/metrics");

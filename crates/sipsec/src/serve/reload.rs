@@ -56,6 +56,8 @@ pub fn reload(
 ) -> Result<Arc<Config>> {
     let mut new = Config::load(path)?;
     new.host_addrs = crate::net::names::host_addresses();
+    // Fitted to the open-file limit as at start, so an unchanged file compares equal.
+    super::connections::fit_to_descriptors(&mut new, crate::net::fd_limit());
     let refused = running.restart_only_changes(&new);
     if !refused.is_empty() {
         bail!("{} cannot change without a restart", refused.join(", "));

@@ -78,12 +78,22 @@ impl Server {
     }
 
     pub fn spawn(dir: &Path, args: &[&str]) -> Server {
-        Self::spawn_with(dir, args, Stdio::inherit(), "warn")
+        Self::spawn_with(dir, args, Stdio::inherit(), "warn", None)
     }
 
     /// Like [`Server::start`], with the log (at info, so the counters printed at exit are in
     /// it) going to `dir/serve.log` for [`Server::stop_counters`] and [`Server::log`].
     pub fn start_logged(dir: &Path, config: &str) -> Server {
+        Self::start_logged_limited(dir, config, None)
+    }
+
+    /// Like [`Server::start_logged`], in a process allowed only `nofile` open files (soft and
+    /// hard limit, so the server cannot raise it), as `ulimit -n` would leave it.
+    pub fn start_with_fd_limit(dir: &Path, config: &str, nofile: u64) -> Server {
+        Self::start_logged_limited(dir, config, Some(nofile))
+    }
+
+    fn start_logged_limited(dir: &Path, config: &str, nofile: Option<u64>) -> Server {
         let path = dir.join("sipsec.toml");
         std::fs::write(&path, config).unwrap();
         let log = std::fs::File::create(dir.join("serve.log")).unwrap();
@@ -92,11 +102,35 @@ impl Server {
             &["serve", "--config", path.to_str().unwrap()],
             Stdio::from(log),
             "info",
+            nofile,
         )
     }
 
-    fn spawn_with(dir: &Path, args: &[&str], stderr: Stdio, level: &str) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+    fn spawn_with(
+        dir: &Path,
+        args: &[&str],
+        stderr: Stdio,
+        level: &str,
+        nofile: Option<u64>,
+    ) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sipsec"));
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            let lim = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: setrlimit is async-signal-safe, and `lim` is a plain copy.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command
             .args(args)
             .current_dir(dir)
             .env("SIPSEC_LOG", level)
