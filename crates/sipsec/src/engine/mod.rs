@@ -767,7 +767,19 @@ impl Engine {
         fx: &mut Effects,
     ) {
         let data = self.answer_data(now, msg, code, reason, headers);
-        let to = self.local_reply(msg, response_peer(msg.top_via(), source));
+        let dest = response_peer(msg.top_via(), source);
+        if msg.method() == Method::Invite && code >= 300 {
+            // A final answer made here to an INVITE, before anything was forwarded (a
+            // challenge, 403, 404, ...), is sent once and kept nowhere, as Kamailio's
+            // `sl_send_reply` does: a server transaction would repeat it to the address the
+            // Via names until Timer H, eleven times over 32 s, to whoever a spoofed datagram
+            // named (27.9x reflection). A caller that lost it retransmits its INVITE and is
+            // answered again; its ACK carries our deterministic tag and is absorbed
+            // (`is_ack_for_local_answer`).
+            fx.transmits.push((dest, data));
+            return;
+        }
+        let to = self.local_reply(msg, dest);
         self.release(now, to, code, data, fx);
     }
 
