@@ -228,14 +228,17 @@ impl<'m, 'a> Rewriter<'m, 'a> {
         }
     }
 
-    /// Adds a Record-Route above any existing ones.
-    pub fn push_record_route(&mut self, uri: &str) {
+    /// Adds a Record-Route above any existing ones: `uri`, then the pieces of `params`
+    /// (`;name=value` text) written after it.
+    pub fn push_record_route(&mut self, uri: &str, params: &[&[u8]]) {
         let at = self
             .msg
             .header(HeaderName::RecordRoute)
             .map_or(self.msg.headers_end(), |h| h.line_start as usize);
         self.splice.replace_with(at, at, |t| {
-            push_all(t, &[b"Record-Route: <", uri.as_bytes(), b">\r\n"]);
+            push_all(t, &[b"Record-Route: <", uri.as_bytes()]);
+            push_all(t, params);
+            t.extend_from_slice(b">\r\n");
         });
     }
 

@@ -223,7 +223,7 @@ fn proxy_rewrite_splices_only_what_changes() {
     rw.stamp_top_via("192.0.2.7:5071".parse().unwrap(), false);
     rw.push_via("UDP", "127.0.0.1:5060", "z9hG4bKnew", "");
     rw.decrement_max_forwards();
-    rw.push_record_route("sip:127.0.0.1:5060;lr");
+    rw.push_record_route("sip:127.0.0.1:5060;lr", &[]);
     let route = m.header(HeaderName::Route).copied().unwrap();
     let mut first_route_end = 0;
     m.name_addrs(HeaderName::Route, |_, na| {

@@ -36,7 +36,8 @@
 //!
 //! One `impl Engine` spread over files by concern: this module holds the state and the
 //! inputs; `gate` is the auth gate (digest or Proxychain, and requests parked for
-//! credentials); `routing` decides what a request needs, `locate` finds where its next hop is
+//! credentials); `relay` says who may be forwarded where (and makes and checks the dialog
+//! tokens in our Record-Route); `routing` decides what a request needs, `locate` finds where its next hop is
 //! (DNS answers, requests waiting for them, destinations held down), `proxy` forwards and
 //! tracks branches, `failover` moves a failed branch to the next destination, `probe` pings
 //! the configured routes, `registrar` handles REGISTER against the [`location`] service,
@@ -55,6 +56,7 @@ mod probe;
 mod proxy;
 mod registrar;
 mod reject;
+mod relay;
 mod routing;
 
 #[cfg(test)]
@@ -62,6 +64,7 @@ mod tests;
 
 use crate::config::Config;
 use crate::engine::location::{BindingChange, Location, SharedChange};
+use crate::engine::relay::Vouched;
 use crate::net::transport::{ConnId, Peer, Transport};
 use crate::stats::{add, inc, LogLimiter, Stats};
 use bytes::Bytes;
@@ -576,11 +579,16 @@ impl Engine {
                 .push((response_peer(msg.top_via(), source), busy));
             return;
         }
-        if from_ok && !self.authenticated(now, source, msg, fx) {
-            return;
-        }
+        let vouched = if from_ok {
+            match self.authenticated(now, source, msg, fx) {
+                Some(vouched) => vouched,
+                None => return,
+            }
+        } else {
+            Vouched::No
+        };
         match facts {
-            Some(facts) => self.route_request(now, source, msg, facts, None, fx),
+            Some(facts) => self.route_request(now, source, msg, (facts, vouched), None, fx),
             None if method != Method::Ack => {
                 self.answer(now, source, msg, 400, "Bad From or To header", "", fx)
             }
@@ -595,13 +603,13 @@ impl Engine {
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
-        facts: RequestFacts<'_>,
+        (facts, vouched): (RequestFacts<'_>, Vouched),
         resumed: Option<locate::Resumed>,
         fx: &mut Effects,
     ) {
         let method = msg.method();
         let in_dialog = facts.to_tag.is_some();
-        let decision = self.decide(now, msg, in_dialog, facts.hash);
+        let decision = self.decide(now, msg, (in_dialog, vouched), facts.hash);
         let existing = resumed.and_then(|r| r.server);
         match decision {
             Decision::Drop => {}
@@ -631,6 +639,7 @@ impl Engine {
                     source,
                     data,
                     waits: resumed.map_or(0, |r| r.waits),
+                    vouched,
                 };
                 if !self.wait_for_dns(queries, waiter) && method != Method::Ack {
                     inc(&self.stats.overload_rejected);
@@ -646,7 +655,8 @@ impl Engine {
             Decision::Register { aor } => {
                 let outcome = registrar::register(
                     &self.cfg.registrar,
-                    |peer| self.is_own_listener(peer),
+                    // Our listeners (a loop) and our management ports (no relay there).
+                    |peer| self.is_own_listener(peer) || self.refused_destination(peer),
                     &self.location,
                     &aor,
                     msg,

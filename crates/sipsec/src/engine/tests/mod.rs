@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::net::transport::{Peer, Transport};
 
 mod overload;
+mod relay;
 mod routing;
 
 const PROXY: &str = "127.0.0.1:5060";
