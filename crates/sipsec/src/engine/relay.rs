@@ -29,7 +29,10 @@
 //!
 //! An in-dialog request whose Routes of ours carry a token for the hop it is going to (its
 //! next Route, else its Request-URI) is vouched for; one without falls under the rule for
-//! requests outside a dialog. Between two transports both entries of ours (RFC 5658) carry
+//! requests outside a dialog, but for one thing: a Request-URI that names a configured route
+//! itself (a peer behind the default route that did not keep our Record-Route, as SIPp's
+//! built-in UAS does not) is still let through — it reaches nothing a configured route does
+//! not. Between two transports both entries of ours (RFC 5658) carry
 //! the same token. A restart changes the secret: dialogs set up before it can no longer send
 //! unauthenticated in-dialog requests to foreign hops (they still can once authenticated,
 //! or through the configured routes).
@@ -140,6 +143,17 @@ impl Engine {
                             || addr.ip().is_unspecified()
                             || self.cfg.names.addrs.iter().any(|a| a.ip() == addr.ip()))))
         })
+    }
+
+    /// Whether `hop` is where a configured route (default or per domain) goes.
+    pub(super) fn is_configured_route(&self, hop: &crate::dns::Hop<'_>) -> bool {
+        let routing = &self.cfg.routing;
+        let domain = routing.domain_routes.iter().map(|(_, r)| r);
+        routing
+            .default_routes
+            .iter()
+            .chain(domain)
+            .any(|r| r.next.hop() == *hop)
     }
 
     /// Whether a destination is refused whoever asks: ours to manage, not to relay to.

@@ -222,12 +222,15 @@ impl Engine {
             inc(&self.stats.unroutable);
             return respond(404, "Not Found");
         }
+        let hop = routes.is_empty().then(|| crate::dns::hop(&uri)).flatten();
+        // In a dialog with no Route of ours (a peer that did not keep our Record-Route), the
+        // Request-URI may still name a configured route: that is not a relay.
+        if restricted && routes.is_empty() && !hop.is_some_and(|h| self.is_configured_route(&h)) {
+            return self.relay_forbidden();
+        }
         let (locator, stats) = (&mut self.locator, &self.stats);
         let located = if routes.is_empty() {
-            if restricted {
-                return self.relay_forbidden();
-            }
-            match crate::dns::hop(&uri) {
+            match hop {
                 Some(Hop::Addr(p)) if self.cfg.names.addrs.contains(&p.addr) => None,
                 Some(hop) => Some(locator.locate(now, std::iter::once(hop), stats)),
                 None => None,

@@ -133,6 +133,12 @@ fn unauthenticated_requests_reach_only_registered_contacts_and_configured_routes
         Err(Some(403)),
         "a Route is not a configured route"
     );
+    // In a dialog whose peer kept no Record-Route, a Request-URI naming the route itself.
+    let to_route = |port: u16| message(&format!("sip:127.0.0.3:{port}"), ";tag=b1", "", ALICE);
+    let (sent, _) = deliver(&mut e, 0, ALICE, &to_route(5080));
+    assert_eq!(outcome(&sent), Ok(addr("127.0.0.3:5080")));
+    let (sent, _) = deliver(&mut e, 0, ALICE, &to_route(5081));
+    assert_eq!(outcome(&sent), Err(Some(403)));
 
     // Without authentication the proxy is open by configuration, as before.
     let mut e = engine("");
