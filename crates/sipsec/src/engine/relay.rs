@@ -32,10 +32,10 @@
 //! requests outside a dialog, but for one thing: a Request-URI that names a configured route
 //! itself (a peer behind the default route that did not keep our Record-Route, as SIPp's
 //! built-in UAS does not) is still let through — it reaches nothing a configured route does
-//! not. Between two transports both entries of ours (RFC 5658) carry
-//! the same token. A restart changes the secret: dialogs set up before it can no longer send
-//! unauthenticated in-dialog requests to foreign hops (they still can once authenticated,
-//! or through the configured routes).
+//! not. Between two transports both entries of ours (RFC 5658) carry the same token. A
+//! restart changes the secret: dialogs set up before it can no longer send unauthenticated
+//! in-dialog requests to foreign hops (they still can once authenticated, or through the
+//! configured routes).
 
 use super::Engine;
 use crate::net::transport::Peer;
