@@ -562,3 +562,79 @@ Call-ID: te-{what}\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n",
         assert!(log.contains("cannot deliver INVITE"), "{what}: {log}");
     }
 }
+
+/// Framing across transports: a datagram whose body has no Content-Length reaches a TCP next
+/// hop with one (without it, the next hop closes the shared connection or runs the body as a
+/// second, smuggled request), and a request with two Content-Lengths on TCP is answered 400
+/// and its connection closed (nothing after it can be framed with confidence).
+#[test]
+fn stream_framing_is_never_left_to_guesswork() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(29300);
+    let next_hop = std::net::TcpListener::bind(("127.0.0.1", port + 2)).unwrap();
+    let (udp, tcp) = (
+        format!("udp:127.0.0.1:{port}"),
+        format!("tcp:127.0.0.1:{port}"),
+    );
+    let _server = Server::start(
+        dir.path(),
+        &config(
+            dir.path(),
+            &[udp, tcp.clone()],
+            "",
+            &format!("sip:127.0.0.1:{};transport=tcp", port + 2),
+            None,
+        ),
+    );
+    let smuggled = "OPTIONS sip:victim@example.test SIP/2.0\r\nVia: SIP/2.0/TCP 10.9.9.9\r\n\r\n";
+    let caller = Endpoint::bind("127.0.0.1:0");
+    caller.send(
+        &format!("127.0.0.1:{port}"),
+        &format!(
+            "MESSAGE sip:bob@elsewhere.test SIP/2.0\r\nVia: SIP/2.0/UDP {};branch=z9hG4bKnocl\r\n\
+From: <sip:a@example.test>;tag=1\r\nTo: <sip:bob@elsewhere.test>\r\nCall-ID: nocl\r\n\
+CSeq: 1 MESSAGE\r\nMax-Forwards: 70\r\nContent-Type: text/plain\r\n\r\n{smuggled}",
+            caller.addr
+        ),
+    );
+    next_hop.set_nonblocking(false).unwrap();
+    let (mut conn, _) = next_hop.accept().unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got
+        .windows(smuggled.len())
+        .any(|w| w == smuggled.as_bytes())
+    {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let head = &text[..text.find("\r\n\r\n").unwrap()];
+    assert!(
+        head.lines()
+            .any(|l| l == format!("Content-Length: {}", smuggled.len())),
+        "forwarded onto TCP without the body's Content-Length:\n{text}"
+    );
+
+    // Two Content-Lengths (equal or not): 400, then the connection closes.
+    for (first, second) in [(0, 0), (0, 40)] {
+        let mut c = TcpStream::connect(&tcp[4..]).unwrap();
+        c.write_all(
+            format!(
+                "OPTIONS sip:example.test SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:9;branch=z9hG4bKdup\r\n\
+From: <sip:a@example.test>;tag=1\r\nTo: <sip:example.test>\r\nCall-ID: dup\r\nCSeq: 1 OPTIONS\r\n\
+Max-Forwards: 70\r\nContent-Length: {first}\r\nContent-Length: {second}\r\n\r\n{smuggled}"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut answer = String::new();
+        let closed = c.read_to_string(&mut answer);
+        assert!(answer.starts_with("SIP/2.0 400"), "{answer:?}");
+        assert_eq!(answer.matches("SIP/2.0 ").count(), 1, "{answer:?}");
+        assert!(closed.is_ok(), "not closed after the 400: {closed:?}");
+    }
+}

@@ -20,6 +20,11 @@ pub enum Frame {
     TooLarge,
     /// The stream is unusable; close it.
     Invalid(&'static str),
+    /// A message with more than one Content-Length: where it ends, and so where the next one
+    /// starts, cannot be known. Its head (this many bytes) can still be answered 400; then
+    /// the stream must close, whatever the values said (a proxy and its next hop that each
+    /// believed another would frame the rest of the stream differently: request smuggling).
+    Ambiguous(usize),
 }
 
 /// The empty line ending a message's headers. The searcher is built once: building it is
@@ -70,6 +75,9 @@ pub fn next_frame(buf: &[u8], max: usize) -> Frame {
             continue;
         };
         if HeaderName::from_bytes(trim(&line[..colon])) == HeaderName::ContentLength {
+            if content_length.is_some() {
+                return Frame::Ambiguous(body_start);
+            }
             match parse_u64(trim(&line[colon + 1..])).and_then(|v| usize::try_from(v).ok()) {
                 Some(v) => content_length = Some(v),
                 None => return Frame::Invalid("bad Content-Length"),
@@ -124,5 +132,18 @@ mod tests {
             Frame::TooLarge
         );
         assert_eq!(next_frame(&[b'a'; 200], 100), Frame::TooLarge);
+    }
+
+    #[test]
+    fn two_content_lengths_leave_the_stream_unframeable() {
+        for second in ["Content-Length: 3", "l: 0", "content-length:3"] {
+            let m = format!("OPTIONS sip:a SIP/2.0\r\nl: 3\r\n{second}\r\n\r\nabcNEXT");
+            let head = m.find("\r\n\r\n").unwrap() + 4;
+            assert_eq!(
+                next_frame(m.as_bytes(), 1000),
+                Frame::Ambiguous(head),
+                "{second}"
+            );
+        }
     }
 }

@@ -153,6 +153,36 @@ fn find_line_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
     Some((content_end, nl + 1))
 }
 
+/// Bytes that may not appear in a header line: the ASCII controls but horizontal tab, and DEL.
+fn is_forbidden_control(b: u8) -> bool {
+    (b < 0x20 && b != b'\t') || b == 0x7f
+}
+
+/// Whether a header line holds a control character that is not escaped by a quoted-pair
+/// inside a quoted string (`"\<NUL>"` is text, RFC 3261 §25.1 and RFC 4475's intmeth).
+fn has_bare_control(line: &[u8]) -> bool {
+    if !line.iter().any(|&b| is_forbidden_control(b)) {
+        return false;
+    }
+    let (mut quoted, mut escaped) = (false, false);
+    for &b in line {
+        if escaped {
+            // A quoted-pair may escape any control but CR and LF.
+            if b == b'\r' {
+                return true;
+            }
+            escaped = false;
+        } else if is_forbidden_control(b) {
+            return true;
+        } else if quoted && b == b'\\' {
+            escaped = true;
+        } else if b == b'"' {
+            quoted = !quoted;
+        }
+    }
+    false
+}
+
 fn is_sip_version(v: &[u8]) -> bool {
     v.len() == 7 && v[..4].eq_ignore_ascii_case(b"SIP/") && &v[4..] == b"2.0"
 }
@@ -265,6 +295,12 @@ impl<'a> Message<'a> {
                 headers_end = pos;
                 body_start = next;
                 break;
+            }
+            // A control character (NUL, a bare CR, ...) has no place in a header line
+            // (RFC 3261 §25.1: TEXT-UTF8 and LWS); forwarded, it could end a C string or a
+            // line early at the next hop.
+            if has_bare_control(&buf[pos..content_end]) {
+                return Err(ParseError::HeaderLine("control character"));
             }
             let first = buf[pos];
             if first == b' ' || first == b'\t' {

@@ -228,14 +228,17 @@ impl<'m, 'a> Rewriter<'m, 'a> {
         }
     }
 
-    /// Adds a Record-Route above any existing ones.
-    pub fn push_record_route(&mut self, uri: &str) {
+    /// Adds a Record-Route above any existing ones: `uri`, then the pieces of `params`
+    /// (`;name=value` text) written after it.
+    pub fn push_record_route(&mut self, uri: &str, params: &[&[u8]]) {
         let at = self
             .msg
             .header(HeaderName::RecordRoute)
             .map_or(self.msg.headers_end(), |h| h.line_start as usize);
         self.splice.replace_with(at, at, |t| {
-            push_all(t, &[b"Record-Route: <", uri.as_bytes(), b">\r\n"]);
+            push_all(t, &[b"Record-Route: <", uri.as_bytes()]);
+            push_all(t, params);
+            t.extend_from_slice(b">\r\n");
         });
     }
 
@@ -261,7 +264,22 @@ impl<'m, 'a> Rewriter<'m, 'a> {
             .map_or(self.msg.headers_end(), |h| h.line_start as usize)
     }
 
+    /// Writes the rewritten message. One that came without Content-Length (legal on UDP,
+    /// where the datagram ends the body) gets one naming its body: forwarded onto a stream
+    /// without it, the next hop could not tell where it ends, and would close the shared
+    /// connection or read the body as a second, smuggled message (RFC 3261 §18.3).
     pub fn finish(self, out: &mut Vec<u8>) {
+        if self.msg.header(HeaderName::ContentLength).is_none() {
+            let at = self.msg.headers_end();
+            let len = self.msg.body().len();
+            // A datagram may even lack the empty line ending its headers.
+            let unterminated = self.msg.body_start() == at;
+            self.splice.replace_with(at, at, |t| {
+                t.extend_from_slice(b"Content-Length: ");
+                push_int(t, len);
+                t.extend_from_slice(if unterminated { b"\r\n\r\n" } else { b"\r\n" });
+            });
+        }
         self.splice.apply(self.msg.as_bytes(), out);
     }
 }

@@ -223,7 +223,7 @@ fn proxy_rewrite_splices_only_what_changes() {
     rw.stamp_top_via("192.0.2.7:5071".parse().unwrap(), false);
     rw.push_via("UDP", "127.0.0.1:5060", "z9hG4bKnew", "");
     rw.decrement_max_forwards();
-    rw.push_record_route("sip:127.0.0.1:5060;lr");
+    rw.push_record_route("sip:127.0.0.1:5060;lr", &[]);
     let route = m.header(HeaderName::Route).copied().unwrap();
     let mut first_route_end = 0;
     m.name_addrs(HeaderName::Route, |_, na| {
@@ -360,4 +360,115 @@ fn max_breadth_is_read_and_set_in_place_or_added() {
     assert_eq!(breadth(with.as_bytes(), 4), (Some(Some(17)), Some(Some(4))));
     let bad = with.replace("max-breadth: 17", "Max-Breadth: many");
     assert_eq!(breadth(bad.as_bytes(), 4).0, Some(None));
+}
+
+/// A request that came without Content-Length (a datagram's end ends its body) leaves with one
+/// naming its body: forwarded onto a stream without it, the next hop could not frame it.
+#[test]
+fn a_rewrite_adds_the_content_length_a_datagram_left_out() {
+    let forward = |text: &[u8]| {
+        let m = Message::parse(text).unwrap();
+        let mut splice = Splice::new();
+        let mut rw = Rewriter::new(&m, &mut splice);
+        rw.decrement_max_forwards();
+        let mut out = Vec::new();
+        rw.finish(&mut out);
+        out
+    };
+    let without = String::from_utf8(INVITE.to_vec())
+        .unwrap()
+        .replace("Content-Length: 4\r\n", "")
+        .replace("body", "OPTIONS sip:x SIP/2.0\r\n\r\n");
+    let out = forward(without.as_bytes());
+    let body_len = "OPTIONS sip:x SIP/2.0\r\n\r\n".len();
+    assert_eq!(
+        framing::next_frame(&out, 4096),
+        framing::Frame::Message(out.len()),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    let m = Message::parse(&out).unwrap();
+    assert_eq!(m.body().len(), body_len);
+    let named = body_len.to_string();
+    assert_eq!(
+        m.header_value(HeaderName::ContentLength),
+        Some(named.as_bytes())
+    );
+    // Headers without the empty line after them, and no body: a whole frame too.
+    let bare = "OPTIONS sip:x SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\n\
+                From: <sip:a@h>;tag=1\r\nTo: <sip:x>\r\nCall-ID: c\r\nCSeq: 1 OPTIONS\r\n";
+    let out = forward(bare.as_bytes());
+    assert_eq!(
+        framing::next_frame(&out, 4096),
+        framing::Frame::Message(out.len())
+    );
+    // One that had it keeps it, unchanged.
+    let out = forward(INVITE);
+    assert_eq!(Message::parse(&out).unwrap().body(), b"body");
+    assert_eq!(out.len(), INVITE.len());
+}
+
+/// A control character inside a header line is refused (forwarded, a NUL could end a C string
+/// early at the next hop), tab included in what is allowed.
+#[test]
+fn control_characters_in_header_lines_are_refused() {
+    let with = |bad: &str| {
+        String::from_utf8(INVITE.to_vec())
+            .unwrap()
+            .replace("Call-ID: c1", &format!("Subject: a{bad}b\r\nCall-ID: c1"))
+    };
+    for bad in ["\0", "\x01", "\r", "\x1b", "\x7f"] {
+        assert_eq!(
+            Message::parse(with(bad).as_bytes()).err(),
+            Some(ParseError::HeaderLine("control character")),
+            "{bad:?}"
+        );
+    }
+    assert!(Message::parse(with("\t").as_bytes()).is_ok());
+    // Escaped in a quoted string (a quoted-pair, RFC 4475's intmeth), a control is text.
+    let quoted = |q: &str| {
+        String::from_utf8(INVITE.to_vec())
+            .unwrap()
+            .replace("To: <sip:bob", &format!("To: {q} <sip:bob"))
+    };
+    assert!(Message::parse(quoted("\"NUL:\\\0\"").as_bytes()).is_ok());
+    for bad in ["\"NUL:\0\"", "\\\0", "\"a\\\\\0\""] {
+        assert_eq!(
+            Message::parse(quoted(bad).as_bytes()).err(),
+            Some(ParseError::HeaderLine("control character")),
+            "{bad:?}"
+        );
+    }
+    // In the body, anything goes.
+    let body = String::from_utf8(INVITE.to_vec())
+        .unwrap()
+        .replace("body", "b\0d\x01");
+    assert!(Message::parse(body.as_bytes()).is_ok());
+}
+
+/// An IPv6 reference must hold an IPv6 address: three colons in a row are a 400, not a name
+/// to route.
+#[test]
+fn ipv6_references_are_validated() {
+    let with_ruri = |host: &str| {
+        String::from_utf8(INVITE.to_vec())
+            .unwrap()
+            .replace("sip:bob@example.test SIP", &format!("sip:bob@{host} SIP"))
+    };
+    for bad in [
+        "[2001:db8:::192.0.2.1]",
+        "[::1::2]",
+        "[12345::1]",
+        "[:]",
+        "[]",
+    ] {
+        let err = Message::parse(with_ruri(bad).as_bytes()).err();
+        assert_eq!(err, Some(ParseError::RequestUri("bad host")), "{bad}");
+        assert_eq!(err.map(|e| e.status()), Some(400));
+    }
+    for good in ["[2001:db8::192.0.2.1]", "[::1]:5060", "[2001:db8::10:5070]"] {
+        assert!(Message::parse(with_ruri(good).as_bytes()).is_ok(), "{good}");
+    }
+    assert!(!uri::valid_host(b"[2001:db8:::1]"));
+    assert!(uri::valid_host(b"[::ffff:192.0.2.1]"));
 }

@@ -59,15 +59,16 @@ pub struct Uri<'a> {
     pub headers: &'a [u8],
 }
 
-/// Validates a host: a hostname or IPv4 address, or an IPv6 reference in brackets.
+/// Validates a host: a hostname or IPv4 address, or an IPv6 reference in brackets whose
+/// address is a real IPv6 address (RFC 3261 §25.1 `IPv6reference`): `[2001:db8:::1]` is not,
+/// and would otherwise be routed as a name nobody can resolve.
 pub fn valid_host(h: &[u8]) -> bool {
     match h {
         [] => false,
         [b'[', inner @ .., b']'] => {
-            !inner.is_empty()
-                && inner
-                    .iter()
-                    .all(|b| b.is_ascii_hexdigit() || *b == b':' || *b == b'.')
+            // The longest IPv6 text, a full address with an embedded IPv4 one, is 45 bytes.
+            inner.len() <= 45
+                && std::str::from_utf8(inner).is_ok_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
         }
         _ => h.iter().all(|b| is(*b, class::HOSTNAME)) && h[0] != b'-' && h[0] != b'.',
     }

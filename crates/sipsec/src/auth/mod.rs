@@ -107,7 +107,12 @@ impl Scope {
                 .methods
                 .iter()
                 .any(|m| m.as_bytes().eq_ignore_ascii_case(msg.method_raw()))
-            || self.trusted.iter().any(|n| n.contains(source))
+            || self.trusts(source)
+    }
+
+    /// Whether `source` is in a trusted network (vouched for as if authenticated).
+    pub fn trusts(&self, source: IpAddr) -> bool {
+        self.trusted.iter().any(|n| n.contains(source))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The auth gate: whether a request may go on — digest or Proxychain, whichever is on — and
 //! the requests parked while a user's credentials are fetched, run again when they come.
 
+use super::relay::Vouched;
 use super::*;
 
 impl Engine {
@@ -49,21 +50,24 @@ impl Engine {
         true
     }
 
-    /// Applies digest or Proxychain authentication; false when the request was answered
-    /// (challenged or refused) or parked to wait for the authority instead.
+    /// Applies digest or Proxychain authentication: who vouches for the request (see
+    /// [`relay`](super::relay)), or None when it was answered (challenged or refused) or
+    /// parked to wait for the authority instead.
     pub(super) fn authenticated(
         &mut self,
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
         fx: &mut Effects,
-    ) -> bool {
+    ) -> Option<Vouched> {
         use crate::auth::{Verdict, Why};
         let now_ms = self.unix_ms(now);
         let ip = source.addr.ip();
+        // Unchallenged: a trusted source is vouched for, a method not challenged is not.
+        let unchallenged = |trusted: bool| Some(if trusted { Vouched::Yes } else { Vouched::No });
         let verdict = if let Some(pc) = self.proxychain.as_mut() {
             if pc.exempt(msg, ip) {
-                return true;
+                return unchallenged(pc.trusts(ip));
             }
             inc(&self.stats.proxychain_checks);
             let v = pc.verify(msg, now_ms);
@@ -72,7 +76,7 @@ impl Engine {
             v
         } else if let Some(auth) = self.auth.as_mut() {
             if auth.exempt(msg, ip) {
-                return true;
+                return unchallenged(auth.trusts(ip));
             }
             inc(&self.stats.digest_checks);
             let v = auth.verify(msg, ip, now_ms);
@@ -80,11 +84,11 @@ impl Engine {
             fx.fetches.append(&mut auth.fetches);
             v
         } else {
-            return true;
+            return Some(Vouched::Yes);
         };
         let verdict = match verdict {
             Verdict::Wait { user } if !self.rerunning && self.park(&user, source, msg) => {
-                return false;
+                return None;
             }
             // Waited once already (the credentials did not come in time), or too many wait.
             Verdict::Wait { .. } => crate::auth::unavailable(),
@@ -98,7 +102,7 @@ impl Engine {
         } = verdict
         else {
             inc(&self.stats.auth_passed);
-            return true;
+            return Some(Vouched::Yes);
         };
         let s = &self.stats;
         inc(match why {
@@ -149,6 +153,6 @@ impl Engine {
             }
         }
         self.answer(now, source, msg, code, reason, &headers, fx);
-        false
+        None
     }
 }

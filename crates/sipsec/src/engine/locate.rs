@@ -41,6 +41,8 @@ pub(super) struct Waiter {
     pub source: Peer,
     pub data: Bytes,
     pub waits: u8,
+    /// Who vouched for it at the gate, for the relay rule when it is routed again.
+    pub vouched: super::relay::Vouched,
 }
 
 /// The worker's location state.
@@ -292,7 +294,8 @@ impl Engine {
             server: w.server,
             waits: w.waits + 1,
         };
-        self.route_request(now, w.source, &msg, facts, Some(resumed), fx);
+        let how = (facts, w.vouched);
+        self.route_request(now, w.source, &msg, how, Some(resumed), fx);
     }
 
     /// Whether `peer` failed lately and should be skipped.

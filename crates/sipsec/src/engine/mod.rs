@@ -36,7 +36,8 @@
 //!
 //! One `impl Engine` spread over files by concern: this module holds the state and the
 //! inputs; `gate` is the auth gate (digest or Proxychain, and requests parked for
-//! credentials); `routing` decides what a request needs, `locate` finds where its next hop is
+//! credentials); `relay` says who may be forwarded where (and makes and checks the dialog
+//! tokens in our Record-Route); `routing` decides what a request needs, `locate` finds where its next hop is
 //! (DNS answers, requests waiting for them, destinations held down), `proxy` forwards and
 //! tracks branches, `failover` moves a failed branch to the next destination, `probe` pings
 //! the configured routes, `registrar` handles REGISTER against the [`location`] service,
@@ -55,6 +56,7 @@ mod probe;
 mod proxy;
 mod registrar;
 mod reject;
+mod relay;
 mod routing;
 
 #[cfg(test)]
@@ -62,6 +64,7 @@ mod tests;
 
 use crate::config::Config;
 use crate::engine::location::{BindingChange, Location, SharedChange};
+use crate::engine::relay::Vouched;
 use crate::net::transport::{ConnId, Peer, Transport};
 use crate::stats::{add, inc, LogLimiter, Stats};
 use bytes::Bytes;
@@ -609,11 +612,16 @@ impl Engine {
                 .push((response_peer(msg.top_via(), source), busy));
             return;
         }
-        if from_ok && !self.authenticated(now, source, msg, fx) {
-            return;
-        }
+        let vouched = if from_ok {
+            match self.authenticated(now, source, msg, fx) {
+                Some(vouched) => vouched,
+                None => return,
+            }
+        } else {
+            Vouched::No
+        };
         match facts {
-            Some(facts) => self.route_request(now, source, msg, facts, None, fx),
+            Some(facts) => self.route_request(now, source, msg, (facts, vouched), None, fx),
             None if method != Method::Ack => {
                 self.answer(now, source, msg, 400, "Bad From or To header", "", fx)
             }
@@ -628,13 +636,13 @@ impl Engine {
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
-        facts: RequestFacts<'_>,
+        (facts, vouched): (RequestFacts<'_>, Vouched),
         resumed: Option<locate::Resumed>,
         fx: &mut Effects,
     ) {
         let method = msg.method();
         let in_dialog = facts.to_tag.is_some();
-        let decision = self.decide(now, msg, in_dialog, facts.hash);
+        let decision = self.decide(now, msg, (in_dialog, vouched), facts.hash);
         let existing = resumed.and_then(|r| r.server);
         match decision {
             Decision::Drop => {}
@@ -664,6 +672,7 @@ impl Engine {
                     source,
                     data,
                     waits: resumed.map_or(0, |r| r.waits),
+                    vouched,
                 };
                 if !self.wait_for_dns(queries, waiter) && method != Method::Ack {
                     inc(&self.stats.overload_rejected);
@@ -679,7 +688,8 @@ impl Engine {
             Decision::Register { aor } => {
                 let outcome = registrar::register(
                     &self.cfg.registrar,
-                    |peer| self.is_own_listener(peer),
+                    // Our listeners (a loop) and our management ports (no relay there).
+                    |peer| self.is_own_listener(peer) || self.refused_destination(peer),
                     &self.location,
                     &aor,
                     msg,
@@ -801,7 +811,19 @@ impl Engine {
         fx: &mut Effects,
     ) {
         let data = self.answer_data(now, msg, code, reason, headers);
-        let to = self.local_reply(msg, response_peer(msg.top_via(), source));
+        let dest = response_peer(msg.top_via(), source);
+        if msg.method() == Method::Invite && code >= 300 {
+            // A final answer made here to an INVITE, before anything was forwarded (a
+            // challenge, 403, 404, ...), is sent once and kept nowhere, as Kamailio's
+            // `sl_send_reply` does: a server transaction would repeat it to the address the
+            // Via names until Timer H, eleven times over 32 s, to whoever a spoofed datagram
+            // named (27.9x reflection). A caller that lost it retransmits its INVITE and is
+            // answered again; its ACK carries our deterministic tag and is absorbed
+            // (`is_ack_for_local_answer`).
+            fx.transmits.push((dest, data));
+            return;
+        }
+        let to = self.local_reply(msg, dest);
         self.release(now, to, code, data, fx);
     }
 

@@ -4,6 +4,7 @@
 //! by Via.
 
 use super::failover::Failover;
+use super::relay;
 use super::{branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Side, Target};
 use crate::net::transport::{Peer, Transport};
 use crate::stats::{add, inc};
@@ -31,6 +32,8 @@ pub(super) struct BranchPlan {
     /// Our own Routes to consume.
     pub pop_route: SmallVec<[(HeaderField, usize); 2]>,
     pub record_route: bool,
+    /// The dialog token our Record-Route carries (see `relay`), with authentication on.
+    pub dialog_token: Option<relay::Token>,
 }
 
 /// One target of a request being forwarded: the destination chosen, our side that reaches
@@ -87,7 +90,7 @@ impl Engine {
         let hop_control = new_work && !self.overload_hops_empty();
         // Per target: the destination chosen, its side, and what is left to fail over to.
         let mut chosen: SmallVec<[Chosen<'_>; 2]> = SmallVec::new();
-        let (mut own, mut throttled) = (false, false);
+        let (mut own, mut throttled, mut refused) = (false, false, false);
         for target in targets {
             // Destinations we can send to: on a transport we have, and not ourselves (a
             // contact or route pointing back here would spiral, multiplying the request at
@@ -98,6 +101,10 @@ impl Engine {
                 if self.is_own_listener(d) {
                     own = true;
                     inc(&self.stats.loops);
+                } else if self.refused_destination(d) {
+                    // Checked here, on the addresses DNS gave, whatever named them.
+                    refused = true;
+                    inc(&self.stats.relay_refused);
                 } else if self.side(*d).is_some() {
                     dests.push(*d);
                 } else {
@@ -144,6 +151,8 @@ impl Engine {
                     (503, "Service Unavailable")
                 } else if own {
                     (482, "Loop Detected")
+                } else if refused {
+                    (403, "Relay Forbidden")
                 } else {
                     (503, "No Transport To Target")
                 };
@@ -178,6 +187,9 @@ impl Engine {
             }
             (true, None) => Some(self.open_server(now, source, msg)),
         };
+        let dialog_token = (record_route && self.relay_restricted())
+            .then(|| relay::hop_back(msg).map(|hop| relay::token(&hop)))
+            .flatten();
         for (i, c) in chosen.into_iter().enumerate() {
             let Chosen {
                 target,
@@ -193,6 +205,7 @@ impl Engine {
                 breadth: share(i),
                 pop_route: pop_route.iter().copied().collect(),
                 record_route,
+                dialog_token,
             };
             let failover = (!rest.is_empty()).then(|| {
                 Box::new(Failover {
@@ -256,10 +269,14 @@ impl Engine {
                 rw.remove_first_value(field, *end);
             }
             if plan.record_route {
+                let token: &[&[u8]] = match &plan.dialog_token {
+                    Some(t) => &[b";", relay::TOKEN_PARAM, b"=", t],
+                    None => &[],
+                };
                 // Inserted in this order, the downstream side's entry ends up on top.
-                rw.push_record_route(rr_out);
+                rw.push_record_route(rr_out, token);
                 if let Some(i) = in_side {
-                    rw.push_record_route(&self.sides[i].record_route);
+                    rw.push_record_route(&self.sides[i].record_route, token);
                 }
             }
             if let Some(ruri) = &plan.request_uri {
@@ -467,12 +484,15 @@ impl Engine {
         };
         let feedback = self.response_feedback(now, msg);
         let mut out = Vec::new();
-        let mut rw = Rewriter::new(msg, &mut self.splice);
+        let mut splice = std::mem::take(&mut self.splice);
+        let mut rw = Rewriter::new(msg, &mut splice);
         rw.pop_via();
         if let Some((via, fb)) = &feedback {
             rw.set_overload_feedback(via, fb);
         }
+        self.restamp_record_route(&mut rw);
         rw.finish(&mut out);
+        self.splice = splice;
         inc(&self.stats.forwarded_responses);
         fx.transmits.push((dest, Bytes::from(out)));
     }
@@ -515,12 +535,15 @@ impl Engine {
         let feedback = self.response_feedback(now, msg);
         let mut out = Vec::with_capacity(msg.as_bytes().len());
         {
-            let mut rw = Rewriter::new(msg, &mut self.splice);
+            let mut splice = std::mem::take(&mut self.splice);
+            let mut rw = Rewriter::new(msg, &mut splice);
             rw.pop_via();
             if let Some((via, fb)) = &feedback {
                 rw.set_overload_feedback(via, fb);
             }
+            self.restamp_record_route(&mut rw);
             rw.finish(&mut out);
+            self.splice = splice;
         }
         let data = Bytes::from(out);
         inc(&self.stats.forwarded_responses);

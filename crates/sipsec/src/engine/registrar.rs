@@ -68,8 +68,9 @@ struct Requested<'a> {
 }
 
 /// Handles one REGISTER for `aor` (already checked to be in one of our domains). `own` tells
-/// whether a target is one of the server's own listeners: a contact there would hand every
-/// call back to the server (RFC 5393's amplification), so it is refused.
+/// whether a target is one of the server's own listeners or management ports: a contact there
+/// would hand every call back to the server (RFC 5393's amplification), or make it a relay to
+/// its own metrics or authority, so it is refused.
 pub fn register(
     cfg: &RegistrarConfig,
     own: impl Fn(&Peer) -> bool,

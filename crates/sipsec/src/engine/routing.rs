@@ -2,6 +2,7 @@
 //! §16.3–16.5): answer it here (errors, OPTIONS, REGISTER, 405/501), redirect it, or forward it
 //! to registered contacts, the next Route, the default route or its Request-URI.
 
+use super::relay::{self, Vouched};
 use super::{branch, Decision, Engine, Target, ALLOW};
 use crate::config::Mode;
 use crate::dns::{Failure, Hop};
@@ -67,7 +68,7 @@ impl Engine {
         &mut self,
         now: Millis,
         msg: &Message<'_>,
-        in_dialog: bool,
+        (in_dialog, vouched): (bool, Vouched),
         hash: u32,
     ) -> Decision {
         let method = msg.method();
@@ -112,8 +113,11 @@ impl Engine {
         // double Record-Route between transports).
         let mut pop_route: SmallVec<[(HeaderField, usize); 2]> = SmallVec::new();
         let mut next_route: Option<Hop<'_>> = None;
+        let mut next_route_uri = None;
         let mut route_error = false;
         let mut ours = true;
+        // The dialog tokens in our Routes (see `relay`).
+        let mut tokens: SmallVec<[&[u8]; 2]> = SmallVec::new();
         let routes = msg.name_addrs(HeaderName::Route, |field, na| {
             ours &= self.is_local_host(&na.uri);
             if ours {
@@ -121,14 +125,24 @@ impl Engine {
                     Some((f, end)) if f.line_start == field.line_start => *end = na.end,
                     _ => pop_route.push((*field, na.end)),
                 }
+                tokens.extend(na.uri.param(relay::TOKEN_PARAM).flatten());
             } else if next_route.is_none() {
                 next_route = crate::dns::hop(&na.uri);
+                next_route_uri = Some(na.uri);
                 route_error |= next_route.is_none();
             }
         });
         if routes.is_err() {
             return respond(400, "Bad Route header");
         }
+        // Whether the relay rule holds this request back from hops it cannot vouch for: not
+        // vouched for at the gate, and no token of ours for the hop its dialog goes to.
+        let restricted = vouched == Vouched::No
+            && self.relay_restricted()
+            && !(in_dialog && {
+                let hop = next_route_uri.as_ref().unwrap_or(&uri);
+                tokens.iter().any(|t| relay::vouches(t, hop))
+            });
         let record_route = self.cfg.record_route
             && !in_dialog
             && matches!(
@@ -140,6 +154,9 @@ impl Engine {
             return respond(404, "Not Found (unresolvable Route)");
         }
         if let Some(hop) = next_route {
+            if restricted {
+                return self.relay_forbidden();
+            }
             let located = self.locator.locate(now, std::iter::once(hop), &self.stats);
             return forward_located(located, pop_route, record_route);
         }
@@ -208,9 +225,15 @@ impl Engine {
             inc(&self.stats.unroutable);
             return respond(404, "Not Found");
         }
+        let hop = routes.is_empty().then(|| crate::dns::hop(&uri)).flatten();
+        // In a dialog with no Route of ours (a peer that did not keep our Record-Route), the
+        // Request-URI may still name a configured route: that is not a relay.
+        if restricted && routes.is_empty() && !hop.is_some_and(|h| self.is_configured_route(&h)) {
+            return self.relay_forbidden();
+        }
         let (locator, stats) = (&mut self.locator, &self.stats);
         let located = if routes.is_empty() {
-            match crate::dns::hop(&uri) {
+            match hop {
                 Some(Hop::Addr(p)) if self.cfg.names.addrs.contains(&p.addr) => None,
                 Some(hop) => Some(locator.locate(now, std::iter::once(hop), stats)),
                 None => None,
@@ -228,6 +251,12 @@ impl Engine {
                 respond(404, "Not Found")
             }
         }
+    }
+
+    /// 403 for a request the relay rule holds back (see `relay`).
+    pub(super) fn relay_forbidden(&self) -> Decision {
+        inc(&self.stats.relay_refused);
+        respond(403, "Relay Forbidden")
     }
 
     /// Requests addressed to the server itself.

@@ -173,6 +173,14 @@ impl StreamConn {
                     out.invalid = Some(why);
                     break;
                 }
+                Frame::Ambiguous(head) => {
+                    // Answered (the parser refuses the duplicate with a 400), then closed:
+                    // nothing after it can be framed with confidence.
+                    out.messages.push((out.consumed, head));
+                    out.consumed += head;
+                    out.invalid = Some("duplicate Content-Length");
+                    break;
+                }
             }
         }
     }

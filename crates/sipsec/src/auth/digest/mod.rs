@@ -163,6 +163,11 @@ impl DigestAuthenticator {
         self.cfg.scope.exempt(msg, source)
     }
 
+    /// Whether `source` is in a trusted network.
+    pub fn trusts(&self, source: IpAddr) -> bool {
+        self.cfg.scope.trusts(source)
+    }
+
     /// Decides on a request from `source` at Unix time `now_ms`.
     pub fn check(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
         if self.exempt(msg, source) {

@@ -246,6 +246,11 @@ impl PcAuthenticator {
         self.scope.exempt(msg, source)
     }
 
+    /// Whether `source` is in a trusted network.
+    pub fn trusts(&self, source: IpAddr) -> bool {
+        self.scope.trusts(source)
+    }
+
     /// The realm of challenges: P, or the configured realm until the authority names us.
     fn realm(&self) -> Arc<str> {
         self.shared

@@ -7,6 +7,7 @@ use crate::net::transport::{Peer, Transport};
 
 mod overload;
 mod registrar;
+mod relay;
 mod routing;
 
 const PROXY: &str = "127.0.0.1:5060";
