@@ -84,13 +84,13 @@ fn thousand_calls_through(stateful: bool) {
     let _uas = sipp_uas(
         "127.0.0.3",
         uas_port,
-        &shared_dir().join("bench/kamailio/uas.xml"),
+        &bench_sipp("uas.xml"),
     );
     let server = Server::start(
         dir.path(),
         &proxy_config(port, uas_port, &dir.path().join("s.db"), stateful),
     );
-    let uac = shared_dir().join("bench/kamailio/uac.xml");
+    let uac = bench_sipp("uac.xml");
     let result = sipp_uac(
         dir.path(),
         &format!("127.0.0.1:{port}"),
@@ -125,6 +125,59 @@ fn sipp_calls_through_the_stateless_proxy() {
     thousand_calls_through(false);
 }
 
+/// README's "With SIPp instead": SIPp's built-in caller ignores Record-Route, so its ACK and
+/// BYE go to the proxy itself without a Route and every call fails; `bench/sipp/uac.xml` keeps
+/// the route set and every call succeeds, through the same server to the same callee.
+#[test]
+#[cfg_attr(
+    sipsec_skip_sipp,
+    ignore = "SIPp is not installed (apt-get install sip-tester)"
+)]
+fn sipp_builtin_uac_fails_through_the_proxy_and_the_shipped_scenario_works() {
+    if !have_sipp() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(21000);
+    let uas_port = port + 1;
+    let _uas = sipp_uas("127.0.0.3", uas_port, &bench_sipp("uas.xml"));
+    let _server = Server::start(
+        dir.path(),
+        &proxy_config(port, uas_port, &dir.path().join("s.db"), true),
+    );
+    let target = format!("127.0.0.1:{port}");
+    let builtin = sipp_client(
+        dir.path(),
+        &target,
+        &[
+            "-sn",
+            "uac",
+            "-i",
+            "127.0.0.2",
+            "-p",
+            &(port + 2).to_string(),
+            "-r",
+            "10",
+            "-m",
+            "5",
+        ],
+    );
+    assert_eq!((builtin.successful, builtin.failed), (0, 5), "{builtin:?}");
+    let shipped = sipp_uac(
+        dir.path(),
+        &target,
+        &bench_sipp("uac.xml"),
+        "bench",
+        port + 3,
+        &["-r", "100", "-m", "50"],
+    );
+    assert_eq!(
+        (shipped.successful, shipped.failed, shipped.exit),
+        (50, 0, 0),
+        "{shipped:?}"
+    );
+}
+
 #[test]
 #[cfg_attr(
     sipsec_skip_sipp,
@@ -140,7 +193,7 @@ fn sipp_registers_then_calls_the_registered_user() {
     let _uas = sipp_uas(
         "127.0.0.3",
         uas_port,
-        &shared_dir().join("bench/kamailio/uas.xml"),
+        &bench_sipp("uas.xml"),
     );
     // No default route: the call can only reach the UAS through its registration.
     let config = server_config(port, dir.path(), "workers = 2");
@@ -357,7 +410,7 @@ fn hostile_datagrams_do_not_stall_the_server() {
     let server = Server::start(dir.path(), &config);
     let proxy = format!("127.0.0.1:{port}");
     let attacker = Endpoint::bind("127.0.0.8:0");
-    let torture = shared_dir().join("testdata/rfc4475");
+    let torture = repo_dir().join("testdata/rfc4475");
     for entry in std::fs::read_dir(torture).unwrap() {
         let bytes = std::fs::read(entry.unwrap().path()).unwrap();
         attacker.socket.send_to(&bytes, &proxy).unwrap();
