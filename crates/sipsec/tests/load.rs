@@ -45,11 +45,7 @@ fn load_calls_a_sipp_uas() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = ports(27000);
-    let _uas = sipp_uas(
-        "127.0.0.3",
-        port,
-        &bench_sipp("uas.xml"),
-    );
+    let _uas = sipp_uas("127.0.0.3", port, &bench_sipp("uas.xml"));
     let target = format!("127.0.0.3:{port}");
     let (code, v, err) = load(
         dir.path(),
@@ -234,7 +230,10 @@ fn a_ramp_reports_every_step_with_its_failures_and_all_of_them_together() {
         let (offered, goodput) = (f(st, "offered_per_s"), f(st, "goodput_per_s"));
         assert!(offered > 0.9 * rate && offered < 1.1 * rate, "{st}");
         assert!(goodput > 0.4 * rate && goodput < 0.6 * rate, "{st}");
-        assert_eq!(st["failures_by_reason"]["404 Not Found"], st["failed"], "{st}");
+        assert_eq!(
+            st["failures_by_reason"]["404 Not Found"], st["failed"],
+            "{st}"
+        );
         assert!(n(st, "failed") >= (0.4 * rate) as u64, "{st}");
     }
     assert_eq!(n(v, "attempted"), sum(steps, "attempted"), "{v}");
@@ -266,7 +265,15 @@ fn the_callee_summarises_what_it_answered_and_progress_lines_have_a_legend() {
     let uas = LoadUas::start(dir.path(), &addr, &[]);
     let r = load_printing(
         dir.path(),
-        &[&addr, "--rate", "20", "--duration", "2.5", "--local", "127.0.0.2"],
+        &[
+            &addr,
+            "--rate",
+            "20",
+            "--duration",
+            "2.5",
+            "--local",
+            "127.0.0.2",
+        ],
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
     let (v, text) = uas.finish_printing();
@@ -275,7 +282,10 @@ fn the_callee_summarises_what_it_answered_and_progress_lines_have_a_legend() {
         text.starts_with("call (udp, role uas): 50 calls answered, 50 ended by BYE, 0 failed"),
         "{text}"
     );
-    assert!(!text.contains("attempted") && !text.contains("latency"), "{text}");
+    assert!(
+        !text.contains("attempted") && !text.contains("latency"),
+        "{text}"
+    );
 
     let legend = "progress, a line a second";
     assert_eq!(r.stderr.matches(legend).count(), 1, "{}", r.stderr);
@@ -476,7 +486,15 @@ fn bad_arguments_are_refused_with_a_clear_error() {
         (vec!["--calls", "1"], "give the target"),
         (vec!["127.0.0.1:5060"], "--duration SECONDS or --calls N"),
         (
-            vec!["127.0.0.1:5060", "--ramp", "5", "--max-rate", "20", "--duration", "3"],
+            vec![
+                "127.0.0.1:5060",
+                "--ramp",
+                "5",
+                "--max-rate",
+                "20",
+                "--duration",
+                "3",
+            ],
             "for --step-s seconds",
         ),
         (vec!["example.com:5060", "--calls", "1"], "IP literals only"),

@@ -263,7 +263,13 @@ impl Summary {
                 ));
                 s.push_str(&format!(
                     "  {unit:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8} {:>8}  failures\n",
-                    "rate/s", "offered/s", "goodput/s", "attempted", "succeeded", "on time", "p50 ms",
+                    "rate/s",
+                    "offered/s",
+                    "goodput/s",
+                    "attempted",
+                    "succeeded",
+                    "on time",
+                    "p50 ms",
                     "p99 ms"
                 ));
                 for (i, st) in self.steps.iter().enumerate() {
