@@ -18,7 +18,7 @@ loaded. Kamailio needs Debian's kamailio and kamailio-sqlite-modules.
 import argparse, hashlib, json, os, shutil, sqlite3, statistics, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED = os.path.join(HERE, "../../shared/bench/kamailio")
+KIT = os.path.join(HERE, "kamailio")
 REALM = "bench.test"
 
 
@@ -78,10 +78,10 @@ def kamailio_db(path, n):
 def kamailio(work, auth, db, registrar=False):
     cfg = os.path.join(work, "kamailio.cfg")
     source = (os.path.join(HERE, "kamailio_registrar.cfg") if registrar
-              else os.path.join(SHARED, "proxy.cfg"))
+              else os.path.join(KIT, "proxy.cfg"))
     shutil.copy(source, cfg)
     cmd = ["taskset", "-c", "0", "kamailio", "-DD", "-E", "-f", cfg, "-m", "512", "-M", "32",
-           "-Y", work, "-w", work, "-A", 'UAS_URI="sip:127.0.0.3:35080"']
+           "-Y", work, "-w", work, "-A", 'NEXT_HOP="sip:127.0.0.3:35080"']
     if auth:
         cmd += ["-A", "WITH_AUTH", "-A", f'DB_URL="sqlite:///{db}"']  # Kamailio wants sqlite:////abs
     log = open(os.path.join(work, "kamailio.log"), "w")

@@ -7,7 +7,7 @@
 set -euo pipefail
 ROUNDS=${1:-3}; STATEFUL=${2:-true}; DELAYS=${3:-"0 500"}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-KIT="$HERE/../shared/bench/kamailio"
+KIT="$HERE/bench/sipp"
 BIN="$HERE/target/release/sipsec"
 WORK=$(mktemp -d)
 TCK=$(getconf CLK_TCK)

@@ -5,7 +5,7 @@ Kamailio 5.6 and of sipsec, each measured by both harnesses, alternated in one r
     python3 bench/harness_check.py [--sipsec target/release/sipsec] [--rate 1000] \
         [--calls 18000] [--rounds 2]
 
-- "SIPp": `../shared/bench/kamailio/compare.py`'s own functions (its Kamailio and sipsec
+- "SIPp": `bench/kamailio/compare.py`'s own functions (its Kamailio and sipsec
   starters, SIPp caller and callee on CPU 1, CPU read from /proc);
 - "bench": `sipsec bench`, sipsec's load generator (UAC+UAS) pinned to CPU 1, measuring
   Kamailio by `--server-pid` and sipsec by starting it with the same config compare.py uses.
@@ -16,12 +16,12 @@ Needs Debian's `kamailio` and `sip-tester`.
 import argparse, json, os, statistics, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "../../shared/bench/kamailio"))
-import compare as C  # noqa: E402  (the shared kit, used as a library)
+sys.path.insert(0, os.path.join(HERE, "kamailio"))
+import compare as C  # noqa: E402  (the Kamailio kit, used as a library)
 
 
 def sipp_measure(starter, rate, calls, answers_options):
-    uas = C.start(["sipp", "-sf", os.path.join(C.HERE, "uas.xml"), "-i", C.UAS[0], "-p",
+    uas = C.start(["sipp", "-sf", os.path.join(C.SIPP, "uas.xml"), "-i", C.UAS[0], "-p",
                    str(C.UAS[1]), "-nostdin", "-timeout", "3600s", "-buff_size", "1048576"], 1)
     try:
         import time

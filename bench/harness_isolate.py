@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """Which half of the load makes Kamailio's CPU per call differ between harnesses? Kamailio 5.6
-(stateful UDP proxy, the shared kit's config) measured under every pairing of caller and
+(stateful UDP proxy, bench/kamailio/proxy.cfg) measured under every pairing of caller and
 callee — SIPp or `sipsec load` — and under our caller with `--rport`, alternated in one run.
 
     python3 bench/harness_isolate.py [--sipsec target/release/sipsec] [--rounds 2] \
         [--rate 1000] [--calls 12000]
 
-CPU per call is measured as the shared kit measures it (`../shared/bench/kamailio/compare.py`:
+CPU per call is measured as the Kamailio kit measures it (`bench/kamailio/compare.py`:
 Kamailio on CPU 0, the load on CPU 1, user+sys from /proc over the successful calls).
 Needs Debian's `kamailio` and `sip-tester`.
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "../../shared/bench/kamailio"))
-import compare as C  # noqa: E402  (the shared kit, used as a library)
+sys.path.insert(0, os.path.join(HERE, "kamailio"))
+import compare as C  # noqa: E402  (the Kamailio kit, used as a library)
 
 
 def main():
@@ -27,7 +27,7 @@ def main():
     binary = os.path.abspath(a.sipsec)
 
     def sipp_uas():
-        return C.start(["sipp", "-sf", os.path.join(C.HERE, "uas.xml"), "-i", C.UAS[0], "-p",
+        return C.start(["sipp", "-sf", os.path.join(C.SIPP, "uas.xml"), "-i", C.UAS[0], "-p",
                         str(C.UAS[1]), "-nostdin", "-timeout", "3600s", "-buff_size", "1048576"], 1)
 
     def our_uas():

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""UDP proxying against the relay floor: server CPU per call of `../shared/bench/relay-floor`
-(forwards every datagram unchanged, parses nothing) and of sipsec stateless and stateful with
+"""UDP proxying against the relay floor: server CPU per call of a relay that forwards every
+datagram unchanged and parses nothing (`--relay`: the `relay-floor` program of the seeds' bench
+kit, which this repository does not carry) and of sipsec stateless and stateful with
 record-route, under the same load, alternated round by round.
 
-The server runs pinned to CPU 0, the load on CPU 1: SIPp (`uac.xml` and `uas.xml` of
-`../shared/bench/kamailio`), or `sipsec load --role both`. Each row warms up with WARMUP calls,
+The server runs pinned to CPU 0, the load on CPU 1: SIPp (`bench/sipp/uac.xml` and
+`uas.xml`), or `sipsec load --role both`. Each row warms up with WARMUP calls,
 then measures CALLS. CPU per call is the server's threads' on-CPU time (`schedstat`) over the
 measured run; wake-ups are their voluntary context switches.
 
-    cargo build --release
-    (cd ../shared/bench/relay-floor && CARGO_TARGET_DIR=/tmp/relay-target cargo build --release)
+    cargo build --release     # and build relay-floor into /tmp/relay-target (or pass --relay)
     python3 bench/relay_floor.py [--rounds 3] [--rate 1000] [--load sipp|sipsec]
     python3 bench/relay_floor.py --sipsec /tmp/before --sipsec target/release/sipsec   # A/B
     python3 bench/relay_floor.py --no-relay --config-extra 'max_batch_delay_us = 0'
@@ -17,7 +17,7 @@ measured run; wake-ups are their voluntary context switches.
 import argparse, os, shutil, statistics, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KIT = os.path.join(HERE, "../../shared/bench/kamailio")
+KIT = os.path.join(HERE, "sipp")
 
 
 def threads(pid):

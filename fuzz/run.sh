@@ -15,7 +15,7 @@ secs=${1:-30}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then targets=(parser framing digest proxychain engine); fi
-torture=../../shared/testdata/rfc4475
+torture=../testdata/rfc4475
 if [ ! -d "$torture" ]; then
   echo "fuzz/run.sh: $torture (the RFC 4475 messages) is missing" >&2
   exit 1

@@ -33,7 +33,7 @@ fn have_kamailio_tls() -> bool {
     ok
 }
 
-/// Kamailio on `tls:127.0.0.1:port` running the shared benchmark proxy, relaying every
+/// Kamailio on `tls:127.0.0.1:port` running the reference proxy (`bench/kamailio`), relaying every
 /// initial INVITE to `next_hop`. `mutual`: it demands client certificates and presents its
 /// own when it connects out.
 fn start_kamailio(dir: &Path, port: u16, next_hop: &str, mutual: bool) -> Kamailio {
@@ -60,20 +60,12 @@ ca_list = {}\n{client_cert}",
     );
     let tls_path = dir.join(format!("kamailio-tls-{port}.cfg"));
     std::fs::write(&tls_path, tls_cfg).unwrap();
-    let cfg = std::fs::read_to_string(shared_dir().join("bench/kamailio/proxy.cfg"))
-        .unwrap()
-        .replace(
-            "listen=tls:127.0.0.1:5061",
-            &format!("listen=tls:127.0.0.1:{port}"),
-        );
-    let cfg_path = dir.join(format!("kamailio-{port}.cfg"));
-    std::fs::write(&cfg_path, cfg).unwrap();
     let run = dir.join(format!("kamailio-run-{port}"));
     std::fs::create_dir_all(&run).unwrap();
     let log = std::fs::File::create(dir.join(format!("kamailio-{port}.log"))).unwrap();
     let child = Command::new("kamailio")
         .args(["-DD", "-E", "-f"])
-        .arg(&cfg_path)
+        .arg(kamailio_proxy_cfg())
         .args(["-m", "64", "-M", "16", "-Y"])
         .arg(&run)
         .arg("-w")
@@ -81,7 +73,9 @@ ca_list = {}\n{client_cert}",
         .args(["-A", "WITH_TLS", "-A"])
         .arg(format!("TLS_CFG=\"{}\"", tls_path.display()))
         .arg("-A")
-        .arg(format!("UAS_URI=\"{next_hop}\""))
+        .arg(format!("LISTEN=tls:127.0.0.1:{port}"))
+        .arg("-A")
+        .arg(format!("NEXT_HOP=\"{next_hop}\""))
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .spawn()

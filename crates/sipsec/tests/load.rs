@@ -45,11 +45,7 @@ fn load_calls_a_sipp_uas() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = ports(27000);
-    let _uas = sipp_uas(
-        "127.0.0.3",
-        port,
-        &shared_dir().join("bench/kamailio/uas.xml"),
-    );
+    let _uas = sipp_uas("127.0.0.3", port, &bench_sipp("uas.xml"));
     let target = format!("127.0.0.3:{port}");
     let (code, v, err) = load(
         dir.path(),
@@ -149,7 +145,158 @@ fn calls_through_the_stateful_proxy_and_a_short_peak_search() {
     );
     assert_eq!(code, 0, "{err}\n{v}");
     assert_eq!(v["peak_per_s"].as_f64(), Some(200.0), "{v}");
-    assert_eq!(v["steps"].as_array().unwrap().len(), 2, "{v}");
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "{v}");
+    // Each trial's offered load and goodput are its own, and the totals are both trials'.
+    for (st, rate) in steps.iter().zip([100.0, 200.0]) {
+        let (offered, goodput) = (f(st, "offered_per_s"), f(st, "goodput_per_s"));
+        assert!(offered > 0.9 * rate && offered < 1.1 * rate, "{st}");
+        assert!(goodput > 0.9 * rate && goodput <= offered, "{st}");
+    }
+    assert_eq!(n(&v, "attempted"), sum(steps, "attempted"), "{v}");
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+fn sum(steps: &[Value], key: &str) -> u64 {
+    steps.iter().map(|st| n(st, key)).sum()
+}
+
+/// A redirect server where u1 is registered and u2 is not: every other operation of the
+/// redirect scenario fails (404), the rest succeed — a load with failures in every step.
+fn half_failing_redirect(dir: &Path) -> (Server, String, String) {
+    let port = ports(27000);
+    let server = Server::start(dir, &proxy_config(port, "127.0.0.3:9", dir, "redirect"));
+    let users = dir.join("users.csv");
+    std::fs::write(&users, "u1,p1\nu2,p2\n").unwrap();
+    let target = format!("127.0.0.1:{port}");
+    let users = users.to_str().unwrap().to_string();
+    let (code, v, err) = load(
+        dir,
+        &[
+            &target,
+            "--scenario",
+            "register",
+            "--users",
+            &users,
+            "--domain",
+            "example.test",
+            "--calls",
+            "1",
+            "--register-contact",
+            "127.0.0.3:9",
+        ],
+    );
+    assert_eq!((code, n(&v, "succeeded")), (0, 1), "{err}\n{v}");
+    (server, target, users)
+}
+
+/// `--ramp` runs each step for `--step-s` (no `--duration`); the summary lists every step
+/// with its own offered load, goodput and failures by reason, and its totals and
+/// `failures_by_reason` are all the steps', said so in its heading.
+#[test]
+fn a_ramp_reports_every_step_with_its_failures_and_all_of_them_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, target, users) = half_failing_redirect(dir.path());
+    let r = load_printing(
+        dir.path(),
+        &[
+            &target,
+            "--scenario",
+            "redirect",
+            "--users",
+            &users,
+            "--domain",
+            "example.test",
+            "--rate",
+            "50",
+            "--ramp",
+            "50",
+            "--max-rate",
+            "100",
+            "--step-s",
+            "1",
+        ],
+    );
+    let v = &r.summary;
+    assert_eq!(r.code, 1, "a run with failures exits 1: {}\n{v}", r.stderr);
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "{v}");
+    for (st, rate) in steps.iter().zip([50.0, 100.0]) {
+        let (offered, goodput) = (f(st, "offered_per_s"), f(st, "goodput_per_s"));
+        assert!(offered > 0.9 * rate && offered < 1.1 * rate, "{st}");
+        assert!(goodput > 0.4 * rate && goodput < 0.6 * rate, "{st}");
+        assert_eq!(
+            st["failures_by_reason"]["404 Not Found"], st["failed"],
+            "{st}"
+        );
+        assert!(n(st, "failed") >= (0.4 * rate) as u64, "{st}");
+    }
+    assert_eq!(n(v, "attempted"), sum(steps, "attempted"), "{v}");
+    assert_eq!(
+        v["failures_by_reason"]["404 Not Found"].as_u64(),
+        Some(sum(steps, "failed")),
+        "{v}"
+    );
+    let text = &r.stdout;
+    assert!(text.contains("ramp, 2 steps"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "all 2 steps together: {} attempted",
+            n(v, "attempted")
+        )),
+        "{text}"
+    );
+    assert!(text.contains("× 404 Not Found"), "{text}");
+}
+
+/// The callee's summary says what it answered, not the caller's (all-zero) lines; the
+/// caller's progress lines come under a legend, printed once, and say which columns cover the
+/// last second and which the run so far.
+#[test]
+fn the_callee_summarises_what_it_answered_and_progress_lines_have_a_legend() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(27000);
+    let addr = format!("127.0.0.3:{port}");
+    let uas = LoadUas::start(dir.path(), &addr, &[]);
+    let r = load_printing(
+        dir.path(),
+        &[
+            &addr,
+            "--rate",
+            "20",
+            "--duration",
+            "2.5",
+            "--local",
+            "127.0.0.2",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let (v, text) = uas.finish_printing();
+    assert_eq!(n(&v, "uas_completed"), 50, "{v}");
+    assert!(
+        text.starts_with("call (udp, role uas): 50 calls answered, 50 ended by BYE, 0 failed"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("attempted") && !text.contains("latency"),
+        "{text}"
+    );
+
+    let legend = "progress, a line a second";
+    assert_eq!(r.stderr.matches(legend).count(), 1, "{}", r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| l.contains("s] ")).collect();
+    assert!(lines.len() >= 2, "{}", r.stderr);
+    for l in lines {
+        assert!(
+            l.contains("last 1 s: started") && l.contains("| since start: ok"),
+            "{l}"
+        );
+    }
 }
 
 #[test]
@@ -338,6 +485,18 @@ fn bad_arguments_are_refused_with_a_clear_error() {
     for (args, expected) in [
         (vec!["--calls", "1"], "give the target"),
         (vec!["127.0.0.1:5060"], "--duration SECONDS or --calls N"),
+        (
+            vec![
+                "127.0.0.1:5060",
+                "--ramp",
+                "5",
+                "--max-rate",
+                "20",
+                "--duration",
+                "3",
+            ],
+            "for --step-s seconds",
+        ),
         (vec!["example.com:5060", "--calls", "1"], "IP literals only"),
         (
             vec!["127.0.0.1:5060", "--calls", "1", "--rate", "0"],

@@ -48,26 +48,20 @@ fn have_kamailio() -> bool {
     ok
 }
 
-/// Kamailio 5.6 on UDP `port` running the shared benchmark proxy, relaying every initial
+/// Kamailio 5.6 on UDP `port` running the reference proxy (`bench/kamailio`), relaying every initial
 /// INVITE to `next_hop`; stopped on drop.
 fn start_kamailio(dir: &Path, port: u16, next_hop: &str) -> Kamailio {
-    let cfg = std::fs::read_to_string(shared_dir().join("bench/kamailio/proxy.cfg"))
-        .unwrap()
-        .replace(
-            "listen=udp:127.0.0.1:5060",
-            &format!("listen=udp:127.0.0.1:{port}"),
-        );
-    let cfg_path = dir.join("kamailio.cfg");
-    std::fs::write(&cfg_path, cfg).unwrap();
     let child = Command::new("kamailio")
         .args(["-DD", "-E", "-f"])
-        .arg(&cfg_path)
+        .arg(kamailio_proxy_cfg())
         .args(["-m", "256", "-M", "32", "-Y"])
         .arg(dir)
         .arg("-w")
         .arg(dir)
         .arg("-A")
-        .arg(format!("UAS_URI=\"{next_hop}\""))
+        .arg(format!("LISTEN=udp:127.0.0.1:{port}"))
+        .arg("-A")
+        .arg(format!("NEXT_HOP=\"{next_hop}\""))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

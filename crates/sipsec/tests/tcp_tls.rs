@@ -35,7 +35,7 @@ fn config(dir: &Path, listen: &[String], server: &str, route: &str, tls: Option<
 }
 
 fn sipp_tcp_calls(dir: &Path, port: u16, mode: &str, calls: u32) -> SippResult {
-    let uac = shared_dir().join("bench/kamailio/uac.xml");
+    let uac = bench_sipp("uac.xml");
     let calls = calls.to_string();
     let local_port = (port + 2).to_string();
     sipp_client(
@@ -77,10 +77,7 @@ fn sipp_over_tcp(outbound: &str) {
         uas_port,
         &[
             "-sf",
-            shared_dir()
-                .join("bench/kamailio/uas.xml")
-                .to_str()
-                .unwrap(),
+            bench_sipp("uas.xml").to_str().unwrap(),
             "-t",
             "t1",
             "-max_socket",

@@ -1,11 +1,17 @@
-//! Parser tests, including RFC 4475's torture messages read from `shared/testdata/rfc4475`.
+//! Parser tests, including RFC 4475's torture messages read from `testdata/rfc4475` at the
+//! repository's root.
 
 use super::rewrite::{Rewriter, Splice};
 use super::*;
 use std::path::PathBuf;
 
+/// The repository's copy of RFC 4475's messages.
+fn torture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/rfc4475")
+}
+
 fn torture(name: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/rfc4475");
+    let dir = torture_dir();
     std::fs::read(dir.join(format!("{name}.dat")))
         .unwrap_or_else(|e| panic!("reading {name}.dat from {}: {e}", dir.display()))
 }
@@ -311,7 +317,7 @@ fn responses_copy_the_request_identity() {
 #[test]
 fn never_panics_on_truncations_and_mutations() {
     // Every prefix and a spread of single-byte mutations of every torture message.
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/rfc4475");
+    let dir = torture_dir();
     let mut checked = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();

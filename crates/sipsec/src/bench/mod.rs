@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-/// Where the default bench topology puts things (as `../shared/bench/kamailio/compare.py`).
+/// Where the default bench topology puts things (as `bench/kamailio/compare.py`).
 pub const SERVER: &str = "127.0.0.1:35060";
 const SERVER_TLS: &str = "127.0.0.1:35061";
 const UAC_IP: &str = "127.0.0.2";

@@ -83,8 +83,8 @@ const REALM: &str = "bench.test";
 /// What every row shares: certificates, the user databases, callers' credentials.
 struct Workspace {
     dir: tempfile::TempDir,
-    /// The shared Kamailio kit, if it is found and Kamailio is installed.
-    kamailio: Result<PathBuf, String>,
+    /// Whether Kamailio is installed (the reference row runs), or why not.
+    kamailio: Result<(), String>,
     /// PostgreSQL for seed 001's digest rows (`SIPSEC_TEST_POSTGRES`), or why there is none.
     postgres: Result<String, String>,
     sqlite_users: bool,
@@ -341,23 +341,22 @@ fn postmaster() -> Option<u32> {
         .ok()
 }
 
-/// Where the shared kit's Kamailio listens (`proxy.cfg`: UDP 127.0.0.1:5060).
+/// Where the reference Kamailio listens (UDP).
 const KAMAILIO: &str = "127.0.0.1:5060";
 
-/// Kamailio's config from the shared kit (`../shared/bench/kamailio/proxy.cfg`, from the
-/// working directory or beside this source tree), or why the reference row cannot run.
-fn kamailio_kit() -> Result<PathBuf, String> {
+/// The reference Kamailio configuration, `bench/kamailio/proxy.cfg`, carried in the binary so
+/// the lab runs from anywhere.
+const KAMAILIO_CFG: &str = include_str!("../../../../bench/kamailio/proxy.cfg");
+
+/// Whether the reference row can run: Kamailio is on the PATH, or why not.
+fn kamailio_kit() -> Result<(), String> {
     let on_path = std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join("kamailio").is_file()));
-    if !on_path {
-        return Err("Kamailio is not installed (apt-get install kamailio)".into());
+    if on_path {
+        Ok(())
+    } else {
+        Err("Kamailio is not installed (apt-get install kamailio)".into())
     }
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    [PathBuf::from("../shared"), here]
-        .into_iter()
-        .map(|d| d.join("bench/kamailio/proxy.cfg"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| "the Kamailio kit ../shared/bench/kamailio/proxy.cfg is not here".into())
 }
 
 /// A process a row runs beside the server (Kamailio as the server, the authority, a delay
@@ -368,10 +367,10 @@ struct Process {
 }
 
 impl Process {
-    /// Kamailio on the shared kit's proxy config, pinned to CPU 0.
-    fn kamailio(kit: &Path, work: &Path) -> Result<Process> {
+    /// Kamailio on the reference proxy configuration, pinned to CPU 0.
+    fn kamailio(work: &Path) -> Result<Process> {
         let cfg = work.join("kamailio.cfg");
-        std::fs::copy(kit, &cfg)?;
+        std::fs::write(&cfg, KAMAILIO_CFG)?;
         let child = Command::new("taskset")
             .args(["-c", "0", "kamailio", "-DD", "-E", "-f"])
             .arg(&cfg)
@@ -379,7 +378,8 @@ impl Process {
             .arg(work)
             .arg("-w")
             .arg(work)
-            .args(["-A", "UAS_URI=\"sip:127.0.0.3:35080;transport=udp\""])
+            .args(["-A", &format!("LISTEN=udp:{KAMAILIO}")])
+            .args(["-A", "NEXT_HOP=\"sip:127.0.0.3:35080;transport=udp\""])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -510,8 +510,8 @@ fn measure(
     if row.server == Server::Kamailio {
         match &ws.kamailio {
             Err(why) => return skipped(why.clone()),
-            Ok(kit) => {
-                let k = Process::kamailio(kit, ws.dir.path())?;
+            Ok(()) => {
+                let k = Process::kamailio(ws.dir.path())?;
                 words.extend([
                     "--server-pid".to_string(),
                     k.child.id().to_string(),

@@ -126,7 +126,8 @@ pub struct LoadArgs {
     /// Operations started per second.
     #[arg(long, default_value_t = 10.0)]
     pub rate: f64,
-    /// Stop starting after this many seconds.
+    /// Stop starting after this many seconds (a run at one rate; --find-peak and --ramp time
+    /// each rate with --step-s).
     #[arg(long)]
     pub duration: Option<f64>,
     /// Stop starting after this many operations.

@@ -69,6 +69,20 @@ impl LinkCounters {
     }
 }
 
+impl std::ops::AddAssign for LinkCounters {
+    /// Adds a later run's counts (what several trials did in all); `open` is the later one's.
+    fn add_assign(&mut self, later: LinkCounters) {
+        self.connections_opened += later.connections_opened;
+        self.connections_accepted += later.connections_accepted;
+        self.connection_errors += later.connection_errors;
+        self.open = later.open;
+        self.tls_full_handshakes += later.tls_full_handshakes;
+        self.tls_resumed_handshakes += later.tls_resumed_handshakes;
+        self.tls_accepted_handshakes += later.tls_accepted_handshakes;
+        self.tls_handshake_failures += later.tls_handshake_failures;
+    }
+}
+
 /// UDP sockets, one per link index (0: the UAC's, 1: the UAS's when both run).
 pub struct UdpLinks {
     sockets: Vec<Socket>,
@@ -166,13 +180,28 @@ pub struct RunOptions {
 }
 
 /// What the loop measured besides the UA's own statistics.
+#[derive(Default)]
 pub struct RunTimes {
     /// From the first start to the end of the last operation (or the stop).
     pub elapsed_s: f64,
+    /// From the first start to the last (the schedule's span, the stop's if it came first):
+    /// what a rate offered is measured over.
+    pub schedule_s: f64,
     pub send_failures: u64,
     pub interrupted: bool,
     /// What the links did during this run.
     pub links: LinkCounters,
+}
+
+impl RunTimes {
+    /// Adds a later run's times and counts: what several trials took in all.
+    pub fn add(&mut self, later: &RunTimes) {
+        self.elapsed_s += later.elapsed_s;
+        self.schedule_s += later.schedule_s;
+        self.send_failures += later.send_failures;
+        self.interrupted |= later.interrupted;
+        self.links += later.links;
+    }
 }
 
 /// The monotonic clock in microseconds since `origin`.
@@ -272,6 +301,7 @@ pub fn run(
     links.send(&mut out);
     RunTimes {
         elapsed_s,
+        schedule_s: schedule_done_at.unwrap_or(elapsed_s),
         send_failures,
         interrupted,
         links: links.counters().since(&counters_at_start),

@@ -28,6 +28,7 @@ use cli::{parse_endpoint, ConnectionArg, OnOff, RedirectArg, Role, ScenarioArg};
 use driver::{Links, RunOptions, UdpLinks};
 use report::{Latency, Progress, Step, Summary};
 use schedule::{Limit, Pacer, RatePlan};
+use stats::RunTally;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -173,8 +174,15 @@ impl Plan {
             if !(args.rate > 0.0 && args.rate.is_finite()) {
                 bail!("--rate must be a positive number");
             }
-            if !args.find_peak && args.duration.is_none() && args.calls.is_none() {
-                bail!("say how long: --duration SECONDS or --calls N (or --find-peak)");
+            let varied = args.find_peak || args.ramp.is_some();
+            if !varied && args.duration.is_none() && args.calls.is_none() {
+                bail!("say how long: --duration SECONDS or --calls N (or --find-peak, --ramp)");
+            }
+            if varied && (args.duration.is_some() || args.calls.is_some()) {
+                bail!(
+                    "--find-peak and --ramp run each rate for --step-s seconds; --duration and \
+                     --calls are for a run at one rate"
+                );
             }
             if args.duration.is_some_and(|d| !(d > 0.0 && d.is_finite())) {
                 bail!("--duration must be a positive number of seconds");
@@ -373,10 +381,13 @@ fn run_once(
     let cfg = ua_config(plan, bound, fresh_epoch(spec.trial));
     let mut ua = Ua::new(cfg, 0);
     let mut pacer = Pacer::new(spec.rate, spec.limit);
-    let mut progress = Progress::new(!plan.args.quiet);
+    let originate = plan.args.role != Role::Uas;
+    let mut progress = Progress::new(!plan.args.quiet, originate);
     progress.label = spec.label;
+    // The legend once a process, before its first line (the first trial's).
+    progress.legend = spec.trial <= 1;
     let opts = RunOptions {
-        originate: plan.args.role != Role::Uas,
+        originate,
         drain_s: spec.drain_s,
         uas_duration_s: plan.args.duration,
     };
@@ -391,8 +402,9 @@ fn run_once(
     (ua, times)
 }
 
-fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
-    let t = &ua.stats.total;
+/// The summary of what `stats` counted over `times`: one run's, or several trials' together.
+fn summarize(plan: &Plan, stats: &RunTally, times: &driver::RunTimes) -> Summary {
+    let t = &stats.total;
     Summary {
         scenario: format!("{:?}", plan.args.scenario).to_lowercase(),
         role: format!("{:?}", plan.args.role).to_lowercase(),
@@ -416,10 +428,10 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
         },
         latency_ms: Latency::of(t),
         latency_cdf_ms: t.latency_cdf_ms(),
-        uas_answered: ua.stats.uas_answered,
-        uas_completed: ua.stats.uas_completed,
-        stray_messages: ua.stats.stray,
-        extra_dialogs: ua.stats.extra_dialogs,
+        uas_answered: stats.uas_answered,
+        uas_completed: stats.uas_completed,
+        stray_messages: stats.stray,
+        extra_dialogs: stats.extra_dialogs,
         send_failures: times.send_failures,
         interrupted: times.interrupted,
         connections: (plan.transport != Transport::Udp).then_some(times.links),
@@ -428,17 +440,65 @@ fn summarize(plan: &Plan, ua: &Ua, times: &driver::RunTimes) -> Summary {
     }
 }
 
+/// The runs of `--find-peak` (its trials) or `--ramp` (its steps): each one's [`Step`], and
+/// what all of them did together, which the summary reports.
+#[derive(Default)]
+struct Curve {
+    steps: Vec<Step>,
+    stats: RunTally,
+    times: driver::RunTimes,
+}
+
+impl Curve {
+    /// Runs the next trial, at `rate` for `--step-s` seconds, and records it; `what` names it
+    /// ("trial", "step") in the progress lines.
+    fn run(
+        &mut self,
+        plan: &Plan,
+        bound: &mut Bound,
+        stop: &AtomicBool,
+        rate: f64,
+        what: &str,
+    ) -> &Step {
+        let a = &plan.args;
+        let n = self.steps.len() as u32 + 1;
+        let spec = RunSpec {
+            rate: RatePlan::constant(rate),
+            limit: Limit {
+                duration_s: Some(a.step_s),
+                calls: None,
+            },
+            drain_s: a.drain_s.min(8.0),
+            label: format!("[{what} {n} at {rate:.0}/s] "),
+            trial: n,
+        };
+        let (ua, times) = run_once(plan, bound, spec, stop);
+        let step = Step::of(rate, &ua.stats.total, times.schedule_s);
+        if !a.quiet {
+            eprintln!("{what} {n}: {}", step.outcome());
+        }
+        self.stats.merge(&ua.stats);
+        self.times.add(&times);
+        self.steps.push(step);
+        &self.steps[self.steps.len() - 1]
+    }
+
+    /// The summary: every trial's step, and the totals over all of them.
+    fn summary(self, plan: &Plan) -> Result<Summary> {
+        if self.steps.is_empty() {
+            bail!("stopped before the first trial ran");
+        }
+        let mut s = summarize(plan, &self.stats, &self.times);
+        s.steps = self.steps;
+        Ok(s)
+    }
+}
+
 /// Executes a plan on bound sockets: one run, a ramp, or a peak search.
 pub fn execute(plan: &Plan, bound: &mut Bound, stop: &AtomicBool) -> Result<Summary> {
     let a = &plan.args;
-    let limit = Limit {
-        duration_s: a.duration,
-        calls: a.calls,
-    };
     if a.find_peak {
-        let mut steps = Vec::new();
-        let mut last = None;
-        let mut trial_no = 0;
+        let mut curve = Curve::default();
         let (peak, _) = peak::find_peak(
             peak::Search {
                 start: a.rate,
@@ -450,96 +510,39 @@ pub fn execute(plan: &Plan, bound: &mut Bound, stop: &AtomicBool) -> Result<Summ
                 if stop.load(std::sync::atomic::Ordering::Relaxed) {
                     return 0.0;
                 }
-                trial_no += 1;
-                let limit = Limit {
-                    duration_s: Some(a.step_s),
-                    calls: None,
-                };
-                let spec = RunSpec {
-                    rate: RatePlan::constant(rate),
-                    limit,
-                    drain_s: a.drain_s.min(8.0),
-                    label: format!("[trial {trial_no} at {rate:.0}/s] "),
-                    trial: trial_no,
-                };
-                let (ua, times) = run_once(plan, bound, spec, stop);
-                let step = Step::of(rate, &ua.stats.total);
-                let ratio = step.on_time_ratio;
-                if !a.quiet {
-                    eprintln!(
-                        "trial {trial_no}: {rate:.0}/s → {:.2}% succeeded, {:.2}% within 500 ms",
-                        step.success_ratio * 100.0,
-                        ratio * 100.0
-                    );
-                }
-                steps.push(step);
-                last = Some(summarize(plan, &ua, &times));
+                let ratio = curve.run(plan, bound, stop, rate, "trial").on_time_ratio;
                 // Let the server settle between trials.
                 std::thread::sleep(std::time::Duration::from_millis(500));
                 ratio
             },
         );
-        let mut s = last.context("no trial ran")?;
+        let mut s = curve.summary(plan)?;
         s.peak_per_s = Some(peak);
-        s.steps = steps;
-        s.rate = a.rate;
         return Ok(s);
     }
     if let Some(ramp) = a.ramp {
-        return ramp_steps(plan, bound, stop, ramp);
+        // One run per rate from --rate up to --max-rate.
+        let mut curve = Curve::default();
+        let max = a.max_rate.unwrap_or(a.rate);
+        let mut rate = a.rate;
+        while rate <= max * (1.0 + 1e-9) && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            curve.run(plan, bound, stop, rate, "step");
+            rate += ramp;
+        }
+        return curve.summary(plan);
     }
     let spec = RunSpec {
         rate: RatePlan::constant(a.rate),
-        limit,
+        limit: Limit {
+            duration_s: a.duration,
+            calls: a.calls,
+        },
         drain_s: a.drain_s,
         label: String::new(),
         trial: 0,
     };
     let (ua, times) = run_once(plan, bound, spec, stop);
-    Ok(summarize(plan, &ua, &times))
-}
-
-/// `--ramp`: one run per rate from `--rate` up to `--max-rate`, each reported as a step with
-/// its offered load and goodput.
-fn ramp_steps(plan: &Plan, bound: &mut Bound, stop: &AtomicBool, ramp: f64) -> Result<Summary> {
-    let a = &plan.args;
-    let max = a.max_rate.unwrap_or(a.rate);
-    let mut steps = Vec::new();
-    let mut last = None;
-    let mut rate = a.rate;
-    let mut trial = 0;
-    while rate <= max * (1.0 + 1e-9) && !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        trial += 1;
-        let spec = RunSpec {
-            rate: RatePlan::constant(rate),
-            limit: Limit {
-                duration_s: Some(a.step_s),
-                calls: None,
-            },
-            drain_s: a.drain_s.min(8.0),
-            label: format!("[step {trial} at {rate:.0}/s] "),
-            trial,
-        };
-        let (ua, times) = run_once(plan, bound, spec, stop);
-        let mut step = Step::of(rate, &ua.stats.total);
-        step.offered_per_s = ua.stats.total.attempted as f64 / a.step_s;
-        step.goodput_per_s = step.on_time_ratio * step.offered_per_s;
-        if !a.quiet {
-            eprintln!(
-                "step {trial}: offered {:.0}/s → goodput {:.0}/s ({:.2}% within 500 ms)",
-                step.offered_per_s,
-                step.goodput_per_s,
-                step.on_time_ratio * 100.0
-            );
-        }
-        steps.push(step);
-        last = Some(summarize(plan, &ua, &times));
-        rate += ramp;
-    }
-    let mut s = last.context("no step ran")?;
-    s.steps = steps;
-    s.rate = a.rate;
-    Ok(s)
+    Ok(summarize(plan, &ua.stats, &times))
 }
 
 /// `sipsec load`: plan, bind, run, report.
@@ -556,11 +559,22 @@ pub fn run(args: LoadArgs) -> Result<Summary> {
     }
     if let (Some(l), Some(t)) = (bound.uac_local, plan.target) {
         if plan.args.role != Role::Uas {
+            let a = &plan.args;
+            let how = if a.find_peak {
+                format!("searching for the peak from {}/s", a.rate)
+            } else if let Some(ramp) = a.ramp {
+                format!(
+                    "ramping from {}/s by {ramp}/s to {}/s",
+                    a.rate,
+                    a.max_rate.unwrap_or(a.rate)
+                )
+            } else {
+                format!("at {}/s", a.rate)
+            };
             eprintln!(
-                "sipsec load: {:?} from {} to {transport}:{t} at {}/s",
-                plan.args.scenario,
-                l.ip(),
-                plan.args.rate
+                "sipsec load: {:?} from {} to {transport}:{t} {how}",
+                a.scenario,
+                l.ip()
             );
         }
     }

@@ -9,19 +9,32 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 
-/// Prints the live line.
+/// Prints the live line: once a second, what the last second did and what the run has done
+/// so far, each labelled as such, under a legend printed once.
 pub struct Progress {
     enabled: bool,
+    /// Whether this process starts operations (a pure UAS only answers).
+    originate: bool,
+    /// Print [`LEGEND`] before the first line.
+    pub legend: bool,
     interval_s: f64,
     next_s: f64,
     /// Prefixed to each line (e.g. the trial rate during `--find-peak`).
     pub label: String,
 }
 
+/// What the progress line's columns mean, printed once before the first.
+pub const LEGEND: &str = "progress, a line a second — \
+'last 1 s': operations started per second and the latency of those answered in that second; \
+'now': operations in flight; 'since start': totals so far, of the trial or step in a search or \
+ramp (ok, failed, retransmissions, calls the UAS answered)";
+
 impl Progress {
-    pub fn new(enabled: bool) -> Progress {
+    pub fn new(enabled: bool, originate: bool) -> Progress {
         Progress {
             enabled,
+            originate,
+            legend: false,
             interval_s: 1.0,
             next_s: 1.0,
             label: String::new(),
@@ -43,24 +56,34 @@ impl Progress {
         if !self.enabled {
             return;
         }
-        let line = format!(
-            "{}[{t:6.1}s] started {:>7.0}/s | in-flight {:>6} | ok {:>8} | failed {:>6} | \
-             retrans {:>6} | latency p50 {:.2} ms p99 {:.2} ms{}",
-            self.label,
-            window.attempted as f64 / span,
-            ua.in_flight(),
-            ua.stats.total.succeeded,
-            ua.stats.total.failed,
-            ua.stats.total.retransmissions,
-            window.latency_ms(0.5),
-            window.latency_ms(0.99),
+        let mut err = std::io::stderr().lock();
+        if std::mem::take(&mut self.legend) {
+            let _ = writeln!(err, "{LEGEND}");
+        }
+        let total = &ua.stats.total;
+        let mut line = format!("{}[{t:6.1}s]", self.label);
+        if self.originate {
+            line.push_str(&format!(
+                " last 1 s: started {:>7.0}/s, p50 {:>7.2} ms, p99 {:>7.2} ms | now: in-flight \
+                 {:>6} | since start: ok {:>8}, failed {:>6}, retrans {:>6}",
+                window.attempted as f64 / span,
+                window.latency_ms(0.5),
+                window.latency_ms(0.99),
+                ua.in_flight(),
+                total.succeeded,
+                total.failed,
+                total.retransmissions,
+            ));
             if ua.stats.uas_answered > 0 {
-                format!(" | uas answered {}", ua.stats.uas_answered)
-            } else {
-                String::new()
+                line.push_str(&format!(", uas answered {}", ua.stats.uas_answered));
             }
-        );
-        let _ = writeln!(std::io::stderr(), "{line}");
+        } else {
+            line.push_str(&format!(
+                " since start: uas answered {:>8}, ended by BYE {:>8}, failed {:>6}",
+                ua.stats.uas_answered, ua.stats.uas_completed, total.failed
+            ));
+        }
+        let _ = writeln!(err, "{line}");
     }
 }
 
@@ -78,19 +101,23 @@ pub struct Latency {
 /// "succeeds" — late, by retransmission — and the peak would be meaningless.
 pub const ON_TIME_US: u64 = 500_000;
 
-/// One rate tried by `--find-peak` or one step of `--ramp`.
+/// One rate tried by `--find-peak` or one step of `--ramp`, measured on its own.
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
     pub rate: f64,
     pub attempted: u64,
     pub succeeded: u64,
+    pub failed: u64,
+    /// This step's failures (the summary's `failures_by_reason` adds up every step's).
+    pub failures_by_reason: BTreeMap<String, u64>,
     pub success_ratio: f64,
     /// Share of attempts that succeeded with their latency under T1 (500 ms), i.e. without
     /// needing a retransmission: what `--find-peak` requires to be ≥ 99%.
     pub on_time_ratio: f64,
-    /// `--ramp`: operations started per second (refused here by overload control included).
+    /// Operations started per second over the step's schedule (those refused here by
+    /// overload control included).
     pub offered_per_s: f64,
-    /// `--ramp`: operations per second that succeeded within 500 ms.
+    /// Operations per second that succeeded within 500 ms, over the same span.
     pub goodput_per_s: f64,
     pub latency_ms: Latency,
 }
@@ -149,7 +176,8 @@ pub fn on_time(t: &Tally) -> u64 {
 }
 
 impl Step {
-    pub fn of(rate: f64, t: &Tally) -> Step {
+    /// The step at `rate` whose operations `t` counted, started over `schedule_s` seconds.
+    pub fn of(rate: f64, t: &Tally, schedule_s: f64) -> Step {
         let ratio = |n: u64| {
             if t.attempted == 0 {
                 0.0
@@ -157,54 +185,136 @@ impl Step {
                 n as f64 / t.attempted as f64
             }
         };
+        let per_s = |n: u64| {
+            if schedule_s > 0.0 {
+                n as f64 / schedule_s
+            } else {
+                0.0
+            }
+        };
         let on_time = on_time(t);
         Step {
             rate,
             attempted: t.attempted,
             succeeded: t.succeeded,
+            failed: t.failed,
+            failures_by_reason: t.failures_by_reason.clone(),
             success_ratio: ratio(t.succeeded),
             on_time_ratio: ratio(on_time),
-            offered_per_s: 0.0,
-            goodput_per_s: 0.0,
+            offered_per_s: per_s(t.attempted),
+            goodput_per_s: per_s(on_time),
             latency_ms: Latency::of(t),
         }
     }
+
+    /// One line for the step: offered and goodput, shares, and its failures by reason.
+    pub fn outcome(&self) -> String {
+        let mut s = format!(
+            "{:.0}/s → offered {:.1}/s, goodput {:.1}/s; {:.2}% succeeded, {:.2}% within 500 ms",
+            self.rate,
+            self.offered_per_s,
+            self.goodput_per_s,
+            self.success_ratio * 100.0,
+            self.on_time_ratio * 100.0
+        );
+        if !self.failures_by_reason.is_empty() {
+            s.push_str("; failed: ");
+            s.push_str(&reasons(&self.failures_by_reason));
+        }
+        s
+    }
+}
+
+/// `n × reason, …`, in the map's order.
+fn reasons(by_reason: &BTreeMap<String, u64>) -> String {
+    by_reason
+        .iter()
+        .map(|(reason, n)| format!("{n} × {reason}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Summary {
-    /// The text printed at the end of a run.
+    /// The text printed at the end of a run: for a pure UAS, what it answered; for a caller,
+    /// the run's outcome — a search or a ramp first lists its trials, one line each, then says
+    /// that the totals below are all of them together.
     pub fn text(&self) -> String {
-        let mut s = format!(
-            "{} ({}, {}, role {}): {} attempted, {} succeeded, {} failed in {:.1} s; \
-             {:.1} succeeded/s; {} retransmissions\n\
-             latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
-            self.scenario,
-            self.transport,
-            if self.rate > 0.0 {
-                format!("{}/s offered", self.rate)
-            } else {
-                "answering".into()
-            },
-            self.role,
-            self.attempted,
-            self.succeeded,
-            self.failed,
-            self.elapsed_s,
-            self.throughput_per_s,
-            self.retransmissions,
-            self.latency_ms.p50,
-            self.latency_ms.p90,
-            self.latency_ms.p99,
-            self.latency_ms.max,
-        );
-        for (reason, n) in &self.failures_by_reason {
-            s.push_str(&format!("  failed: {n} × {reason}\n"));
-        }
-        if self.uas_answered > 0 {
+        let what = format!("{} ({}, role {})", self.scenario, self.transport, self.role);
+        let mut s = String::new();
+        if self.role == "uas" {
             s.push_str(&format!(
-                "UAS: {} calls answered, {} ended by BYE\n",
-                self.uas_answered, self.uas_completed
+                "{what}: {} calls answered, {} ended by BYE, {} failed in {:.1} s\n",
+                self.uas_answered, self.uas_completed, self.failed, self.elapsed_s
             ));
+            self.push_failures(&mut s);
+        } else {
+            if self.steps.is_empty() {
+                s.push_str(&format!("{what} at {}/s offered: ", self.rate));
+            } else {
+                let (kind, unit) = if self.peak_per_s.is_some() {
+                    ("peak search", "trial")
+                } else {
+                    ("ramp", "step")
+                };
+                let n = self.steps.len();
+                s.push_str(&format!(
+                    "{what}: {kind}, {n} {unit}{}, each measured on its own\n",
+                    if n == 1 { "" } else { "s" }
+                ));
+                s.push_str(&format!(
+                    "  {unit:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8} {:>8}  failures\n",
+                    "rate/s",
+                    "offered/s",
+                    "goodput/s",
+                    "attempted",
+                    "succeeded",
+                    "on time",
+                    "p50 ms",
+                    "p99 ms"
+                ));
+                for (i, st) in self.steps.iter().enumerate() {
+                    s.push_str(&format!(
+                        "  {:>5} {:>8.0} {:>10.1} {:>10.1} {:>9} {:>9} {:>7.2}% {:>8.2} {:>8.2}  {}\n",
+                        i + 1,
+                        st.rate,
+                        st.offered_per_s,
+                        st.goodput_per_s,
+                        st.attempted,
+                        st.succeeded,
+                        st.on_time_ratio * 100.0,
+                        st.latency_ms.p50,
+                        st.latency_ms.p99,
+                        if st.failures_by_reason.is_empty() {
+                            "none".to_string()
+                        } else {
+                            reasons(&st.failures_by_reason)
+                        }
+                    ));
+                }
+                s.push_str(&format!("all {n} {unit}s together: "));
+            }
+            s.push_str(&format!(
+                "{} attempted, {} succeeded, {} failed in {:.1} s; {:.1} succeeded/s; {} \
+                 retransmissions\n\
+                 latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
+                self.attempted,
+                self.succeeded,
+                self.failed,
+                self.elapsed_s,
+                self.throughput_per_s,
+                self.retransmissions,
+                self.latency_ms.p50,
+                self.latency_ms.p90,
+                self.latency_ms.p99,
+                self.latency_ms.max,
+            ));
+            self.push_failures(&mut s);
+            if self.uas_answered > 0 {
+                s.push_str(&format!(
+                    "UAS: {} calls answered, {} ended by BYE\n",
+                    self.uas_answered, self.uas_completed
+                ));
+            }
         }
         if self.stray_messages > 0 || self.send_failures > 0 {
             s.push_str(&format!(
@@ -229,23 +339,18 @@ impl Summary {
             }
             s.push('\n');
         }
-        for st in &self.steps {
-            s.push_str(&format!(
-                "  at {:>8.0}/s: {:>7}/{:<7} succeeded ({:.2}%, {:.2}% within 500 ms), p50 {:.2} ms, p99 {:.2} ms\n",
-                st.rate,
-                st.succeeded,
-                st.attempted,
-                st.success_ratio * 100.0,
-                st.on_time_ratio * 100.0,
-                st.latency_ms.p50,
-                st.latency_ms.p99
-            ));
-        }
         if let Some(p) = self.peak_per_s {
             s.push_str(&format!(
                 "peak: {p:.0}/s (highest rate where ≥ 99% succeeded within 500 ms)\n"
             ));
         }
         s
+    }
+
+    /// One line per failure reason.
+    fn push_failures(&self, s: &mut String) {
+        for (reason, n) in &self.failures_by_reason {
+            s.push_str(&format!("  failed: {n} × {reason}\n"));
+        }
     }
 }

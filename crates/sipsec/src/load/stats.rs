@@ -117,6 +117,15 @@ impl RunTally {
         self.window.retransmissions += n;
     }
 
+    /// Adds another run's counts (the window is left alone): what several trials did in all.
+    pub fn merge(&mut self, other: &RunTally) {
+        self.total.merge(&other.total);
+        self.uas_answered += other.uas_answered;
+        self.uas_completed += other.uas_completed;
+        self.stray += other.stray;
+        self.extra_dialogs += other.extra_dialogs;
+    }
+
     /// Hands back the window and starts a new one.
     pub fn take_window(&mut self) -> Tally {
         std::mem::take(&mut self.window)

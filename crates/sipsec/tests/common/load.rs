@@ -5,23 +5,43 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// Runs `sipsec load` to completion; returns its exit code, JSON summary and stderr.
+/// Runs `sipsec load --quiet` to completion; returns its exit code, JSON summary and stderr.
 pub fn load(dir: &Path, args: &[&str]) -> (i32, Value, String) {
+    let r = load_printing(dir, &[args, &["--quiet"]].concat());
+    (r.code, r.summary, r.stderr)
+}
+
+/// What a `sipsec load` run printed and wrote.
+pub struct LoadRun {
+    pub code: i32,
+    /// The `--json` summary.
+    pub summary: Value,
+    /// The text summary.
+    pub stdout: String,
+    /// The progress lines (unless `--quiet`) and errors.
+    pub stderr: String,
+}
+
+/// Runs `sipsec load ARGS --json FILE` to completion, keeping what it printed.
+pub fn load_printing(dir: &Path, args: &[&str]) -> LoadRun {
     let json = dir.join(format!("load-{}.json", rand_name()));
     let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
         .arg("load")
         .args(args)
-        .args(["--json", json.to_str().unwrap(), "--quiet"])
+        .args(["--json", json.to_str().unwrap()])
         .current_dir(dir)
         .stdin(Stdio::null())
         .output()
         .expect("run sipsec load");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let summary = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), summary, stderr)
+    LoadRun {
+        code: out.status.code().unwrap_or(-1),
+        summary: std::fs::read_to_string(&json)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
 }
 
 pub fn rand_name() -> u32 {
@@ -34,26 +54,37 @@ pub fn rand_name() -> u32 {
 pub struct LoadUas {
     child: Child,
     json: std::path::PathBuf,
+    text: std::path::PathBuf,
 }
 
 impl LoadUas {
     /// Starts a UAS on `addr` with `extra` options (e.g. the transport).
     pub fn start(dir: &Path, addr: &str, extra: &[&str]) -> LoadUas {
-        let json = dir.join(format!("uas-{}.json", rand_name()));
+        let name = rand_name();
+        let (json, text) = (
+            dir.join(format!("uas-{name}.json")),
+            dir.join(format!("uas-{name}.txt")),
+        );
         let child = Command::new(env!("CARGO_BIN_EXE_sipsec"))
             .args(["load", "--role", "uas", "--uas", addr, "--quiet", "--json"])
             .arg(&json)
             .args(extra)
             .current_dir(dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(&text).expect("create the UAS's summary file"))
             .spawn()
             .expect("start the load UAS");
         std::thread::sleep(Duration::from_millis(300));
-        LoadUas { child, json }
+        LoadUas { child, json, text }
     }
 
-    pub fn finish(mut self) -> Value {
+    /// Stops the UAS; its JSON summary.
+    pub fn finish(self) -> Value {
+        self.finish_printing().0
+    }
+
+    /// Stops the UAS; its JSON summary and the text summary it printed.
+    pub fn finish_printing(mut self) -> (Value, String) {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = self.child.wait().unwrap();
@@ -61,7 +92,10 @@ impl LoadUas {
             status.code().is_some(),
             "the UAS died of a signal: {status:?}"
         );
-        serde_json::from_str(&std::fs::read_to_string(&self.json).unwrap()).unwrap()
+        (
+            serde_json::from_str(&std::fs::read_to_string(&self.json).unwrap()).unwrap(),
+            std::fs::read_to_string(&self.text).unwrap(),
+        )
     }
 }
 

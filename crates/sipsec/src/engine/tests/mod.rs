@@ -661,8 +661,7 @@ Call-ID: c\r\nCSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n";
 
 #[test]
 fn never_panics_on_torture_messages_or_mutations() {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/testdata/rfc4475");
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/rfc4475");
     let mut e = engine("[routing]\ndefault_route = \"sip:127.0.0.3:5080\"");
     let mut seed: u64 = 0x1234_5678_9abc_def0;
     let mut now = 0;
