@@ -137,9 +137,11 @@ def run(block, scratch, env):
             if cmd and cmd not in (line.strip() for line in ci):
                 return f"`{cmd}` is not a line of .ci/run, so CI does not run it", ""
         return None
-    # In the repository, cargo runs as the caller's shell would run it: build.rs looks at PATH
-    # (which peers are installed), so another PATH would rebuild the crate.
-    cwd, env = (REPO, dict(os.environ)) if block.in_repo else (scratch, env)
+    cwd = REPO if block.in_repo else scratch
+    if re.search(r"^\s*cargo\s", block.text, re.M):
+        # cargo runs with the caller's own PATH: build.rs looks at PATH (which peers are
+        # installed), so another PATH would rebuild the crate.
+        env = dict(os.environ)
     proc = subprocess.Popen(
         ["bash", "-e", "-o", "pipefail", "-c", block.text],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

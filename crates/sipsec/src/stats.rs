@@ -39,7 +39,7 @@ counters! {
     oversize: "messages over max_message_size (answered 513 where possible)",
     keepalives: "CRLF keep-alives",
     retransmissions_absorbed: "request and response retransmissions absorbed by transactions",
-    local_answer_acks: "ACKs of INVITEs answered here without a transaction (an overload 503), absorbed",
+    local_answer_acks: "ACKs of INVITEs answered here without a transaction (an overload 503, a challenge, a refusal), absorbed",
     forwarded_requests: "requests forwarded",
     forwarded_responses: "responses forwarded",
     local_responses: "responses generated here",

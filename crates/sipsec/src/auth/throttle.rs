@@ -8,9 +8,9 @@
 //! A user's block does not apply to addresses that user authenticated from recently
 //! ([`Throttle::succeeded`]): someone guessing bob's password from elsewhere cannot lock bob's
 //! own phone out. Nor can one address lock a user out of new addresses (a phone that moved to
-//! another network): each address adds at most [`SOURCE_SHARE`] of the per-user limit to the
-//! user's count, so the per-user limit answers guessing spread over several addresses, and
-//! guessing from one address meets the per-source limit instead. This is fail2ban's
+//! another network): an address that reaches the per-user limit for a user is refused for that
+//! user itself, but adds at most a [`SOURCE_SHARE`]th of the limit to the user's own count, so
+//! blocking the user everywhere takes guessing from several addresses. This is fail2ban's
 //! per-address ban plus a per-user limit that, unlike a plain account lock-out, is no button
 //! an attacker can press against the user from one address.
 //!
@@ -160,21 +160,24 @@ impl Throttle {
                 .is_some_and(|w| w.count >= self.per_source)
     }
 
-    /// Whether `user` is refused from `ip`: too many failures, and `ip` is not an address the
-    /// user authenticated from recently.
+    /// Whether `user` is refused from `ip`: too many failures for the user (from several
+    /// addresses) or for the user from `ip`, and `ip` is not an address the user authenticated
+    /// from recently.
     pub fn user_blocked(&self, user: &str, ip: IpAddr, now_ms: u64) -> bool {
         if self.per_user == 0 {
             return false;
         }
         let shard = self.shard(user);
+        let pair = (Box::<str>::from(user), ip);
         let over = shard
             .users
             .get(user, now_ms, self.window_ms)
-            .is_some_and(|w| w.count >= self.per_user);
-        over && shard
-            .known
-            .get(&(user.into(), ip), now_ms, KNOWN_SOURCE_MS)
-            .is_none()
+            .is_some_and(|w| w.count >= self.per_user)
+            || shard
+                .pairs
+                .get(&pair, now_ms, self.window_ms)
+                .is_some_and(|w| w.count >= self.per_user);
+        over && shard.known.get(&pair, now_ms, KNOWN_SOURCE_MS).is_none()
     }
 
     /// Counts one failure of `user` from `ip`: against the source, and against the user while
@@ -272,6 +275,11 @@ mod tests {
             !t.user_blocked("alice", new_network, 30),
             "one address locked alice out"
         );
+        assert!(
+            t.user_blocked("alice", attacker, 30),
+            "the guesser is refused for alice"
+        );
+        assert!(!t.user_blocked("bob", attacker, 30), "but not for bob");
         assert!(!t.source_blocked(attacker, 30));
         t.fail(attacker, "alice", 30);
         assert!(

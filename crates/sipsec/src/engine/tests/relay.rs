@@ -51,6 +51,7 @@ fn with_bob(e: &mut Engine) {
             q: None,
             call_id: "reg".into(),
             cseq: 1,
+            source: None,
         },
     });
 }
