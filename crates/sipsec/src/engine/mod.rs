@@ -689,7 +689,7 @@ impl Engine {
                 let outcome = registrar::register(
                     &self.cfg.registrar,
                     // Our listeners (a loop) and our management ports (no relay there).
-                    |peer| self.is_own_listener(peer) || self.refused_destination(peer),
+                    |peer| self.is_own_listener(peer) || self.is_management_port(peer.addr),
                     &self.location,
                     &aor,
                     msg,

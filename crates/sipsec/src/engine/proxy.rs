@@ -101,7 +101,7 @@ impl Engine {
                 if self.is_own_listener(d) {
                     own = true;
                     inc(&self.stats.loops);
-                } else if self.refused_destination(d) {
+                } else if self.is_management_port(d.addr) {
                     // Checked here, on the addresses DNS gave, whatever named them.
                     refused = true;
                     inc(&self.stats.relay_refused);

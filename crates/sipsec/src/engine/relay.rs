@@ -38,7 +38,6 @@
 //! configured routes).
 
 use super::Engine;
-use crate::net::transport::Peer;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use sip_core::message::rewrite::Rewriter;
@@ -154,11 +153,6 @@ impl Engine {
             .iter()
             .chain(domain)
             .any(|r| r.next.hop() == *hop)
-    }
-
-    /// Whether a destination is refused whoever asks: ours to manage, not to relay to.
-    pub(super) fn refused_destination(&self, peer: &Peer) -> bool {
-        self.is_management_port(peer.addr)
     }
 
     /// Rewrites the tokens of our Record-Route entries in a response that may form a dialog
