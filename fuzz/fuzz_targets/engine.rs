@@ -15,11 +15,11 @@ use arbitrary::Arbitrary;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use sip_core::message::{build, Message};
-use sipsec::config::Config;
-use sipsec::dns::{Entry, Failure, Query, Resolution};
-use sipsec::engine::{Effects, Engine, Mail};
-use sipsec::net::transport::{Peer, Transport};
-use sipsec::stats::Stats;
+use sipsec_server::config::Config;
+use sipsec_server::dns::{Entry, Failure, Query, Resolution};
+use sipsec_server::engine::{Effects, Engine, Mail};
+use sipsec_transport::net::transport::{Peer, Transport};
+use sipsec_server::stats::Stats;
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use sip_core::proxychain::{Authenticate, Authorization};
-use sipsec::auth::proxychain::wire::{self, Reply, Request};
+use sipsec_server::auth::proxychain::wire::{self, Reply, Request};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(a) = Authenticate::parse(data) {

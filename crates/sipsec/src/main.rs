@@ -1,8 +1,11 @@
-//! The `sipsec` command line: one binary with subcommands over the `sipsec` library.
+//! The `sipsec` command line: one binary whose subcommands dispatch to the workspace's crates
+//! (`sipsec-server`, `sipsec-load`, `sipsec-lab`, `sipsec-transport`).
 
-use sipsec::cmd::{check, ctl, users};
-use sipsec::tls::certs;
-use sipsec::{authd, bench, config, lab, load, serve};
+use sipsec_lab::{self as lab, bench};
+use sipsec_load as load;
+use sipsec_server::cmd::{check, ctl, users};
+use sipsec_server::{authd, config, serve};
+use sipsec_transport::tls::certs;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
@@ -165,13 +168,13 @@ fn main() -> ExitCode {
         Command::Serve {
             config,
             check: true,
-        } => sipsec::ablation::init_from_env()
+        } => sipsec_transport::ablation::init_from_env()
             .and_then(|_| check::serve(config.as_deref()))
             .map(|t| print!("{t}")),
         Command::Serve {
             config,
             check: false,
-        } => sipsec::ablation::init_from_env()
+        } => sipsec_transport::ablation::init_from_env()
             .and_then(|_| {
                 config
                     .as_deref()
@@ -267,7 +270,7 @@ mod tests {
     #[test]
     fn lab_run_help_names_every_suite() {
         let text = help(&["lab", "run"]);
-        for suite in sipsec::lab::suite::all() {
+        for suite in lab::suite::all() {
             assert!(
                 text.contains(suite.name),
                 "{} missing from:\n{text}",

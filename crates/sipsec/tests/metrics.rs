@@ -437,7 +437,7 @@ fn scraping_in_a_tight_loop_costs_the_server_little_cpu() {
     let pid = server.child.id();
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));
-    let cpu_time = |pid| Duration::from_secs_f64(sipsec::bench::cpu::cpu_of(&[pid]).total_s());
+    let cpu_time = |pid| Duration::from_secs_f64(sipsec_lab::bench::cpu::cpu_of(&[pid]).total_s());
     let (cpu0, t0) = (cpu_time(pid), Instant::now());
     let scrapers: Vec<_> = (0..4)
         .map(|i| {

@@ -331,7 +331,7 @@ fn a_wrong_password_is_logged_with_user_and_source() {
         .find(|l| l.contains("authentication failed"))
         .unwrap_or_else(|| panic!("no failure logged:\n{log}"));
     assert!(
-        line.contains("WARN sipsec::auth: authentication failed: Failed (401 Unauthorized) source_ip=127.0.0.1 source=udp:127.0.0.1:"),
+        line.contains("WARN sipsec_server::auth: authentication failed: Failed (401 Unauthorized) source_ip=127.0.0.1 source=udp:127.0.0.1:"),
         "{line}"
     );
     assert!(line.ends_with(" user=\"alice\""), "{line}");
@@ -347,7 +347,7 @@ fn a_wrong_password_is_logged_with_user_and_source() {
         .all(|v| v.is_object() && v["level"].is_string()));
     let failed = lines
         .iter()
-        .find(|v| v["target"] == "sipsec::auth")
+        .find(|v| v["target"] == "sipsec_server::auth")
         .unwrap_or_else(|| panic!("no failure logged:\n{log}"));
     assert_eq!(failed["user"], "alice", "{failed}");
     assert_eq!(failed["source_ip"], "127.0.0.1", "{failed}");
@@ -392,7 +392,7 @@ fn fake_server(path: &Path, reply: &'static [u8]) {
 /// characters shown, never passed to the terminal.
 #[test]
 fn ctl_prints_only_plain_text() {
-    use sipsec::cmd::ctl::plain;
+    use sipsec_server::cmd::ctl::plain;
     assert_eq!(plain("reloaded\n"), "reloaded\n");
     assert_eq!(plain("a\tb\n"), "a\tb\n");
     assert_eq!(plain("\x1b[1;31mreloaded\x1b[0m\n"), "reloaded\n");

@@ -323,7 +323,7 @@ fn a_start_loads_no_more_bindings_than_max_bindings() {
 /// reads the host's addresses at start; a Contact at one of them is refused.
 #[test]
 fn a_wildcard_listener_refuses_contacts_at_the_hosts_other_addresses() {
-    let host = sipsec::net::names::host_addresses();
+    let host = sipsec_transport::net::names::host_addresses();
     let Some(ip) = host.iter().find(|ip| ip.is_ipv4() && !ip.is_loopback()) else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -806,7 +806,9 @@ fn registrations_through_a_sigkill(durable: bool, until: usize, window: usize) -
         .unwrap();
     let stored: std::collections::HashSet<String> = runtime.block_on(async {
         let url = format!("sqlite://{}", dir.path().join("s.db").display());
-        let store = sipsec::db::store::Store::connect(&url).await.unwrap();
+        let store = sipsec_server::db::store::Store::connect(&url)
+            .await
+            .unwrap();
         let loaded = store.load(0, usize::MAX).await.unwrap();
         loaded.bindings.into_iter().map(|(aor, _)| aor).collect()
     });

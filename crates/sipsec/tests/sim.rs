@@ -8,17 +8,17 @@
 use bytes::Bytes;
 use sip_core::proxychain::HashKind;
 use sip_core::transaction::Timers;
-use sipsec::auth::credentials::{CacheState, Credentials, Secrets};
-use sipsec::auth::digest::DigestShared;
-use sipsec::auth::proxychain::wire::Reply;
-use sipsec::auth::proxychain::PcShared;
-use sipsec::authd::authority::{Ask, Authority, Policy};
-use sipsec::config::Config;
-use sipsec::engine::{Effects, Engine, Mail};
-use sipsec::load::ua::{Endpoint, Scenario, Ua, UaConfig};
-use sipsec::load::users::{User, Users};
-use sipsec::net::transport::{Peer, Transport};
-use sipsec::stats::Stats;
+use sipsec_load::ua::{Endpoint, Scenario, Ua, UaConfig};
+use sipsec_load::users::{User, Users};
+use sipsec_server::auth::credentials::{CacheState, Credentials, Secrets};
+use sipsec_server::auth::digest::DigestShared;
+use sipsec_server::auth::proxychain::wire::Reply;
+use sipsec_server::auth::proxychain::PcShared;
+use sipsec_server::authd::authority::{Ask, Authority, Policy};
+use sipsec_server::config::Config;
+use sipsec_server::engine::{Effects, Engine, Mail};
+use sipsec_server::stats::Stats;
+use sipsec_transport::net::transport::{Peer, Transport};
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -443,7 +443,7 @@ Max-Forwards: 70\r\nContent-Length: 0\r\n\r\nOPTIONS sip:x SIP/2.0\r\nVia: x\r\n
     // A flood of idle connections from one host (127.0.0.5), more than
     // max_connections_per_ip (1500, 750 per worker), held open while real calls from
     // another host run over TCP and TLS.
-    sipsec::net::raise_fd_limit();
+    sipsec_transport::net::raise_fd_limit();
     let flood: Vec<TcpStream> = (0..2000)
         .filter_map(|_| connect_from("127.0.0.5", tcp_addr))
         .collect();

@@ -1,0 +1,810 @@
+//! `sipsec bench`: one scenario against one server at a fixed rate, reporting the server's
+//! CPU cost per completed operation — user+sys time of the server's processes read from /proc
+//! before and after the measured run, divided by the operations that succeeded — and, when
+//! asked, the peak rate.
+//!
+//! The same harness measures sipsec (started here, pinned to one core, with the load
+//! generator pinned to another) and any external server given by PID (Kamailio), so the two
+//! figures come from the same load and the same arithmetic.
+
+pub mod cpu;
+pub mod modes;
+pub mod quota;
+pub mod relay;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use serde::Serialize;
+use sipsec_load::{self as load, report::Summary, LoadArgs};
+use sipsec_transport::net::transport::Transport;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+/// Where the default bench topology puts things (as `bench/kamailio/compare.py`).
+pub const SERVER: &str = "127.0.0.1:35060";
+const SERVER_TLS: &str = "127.0.0.1:35061";
+const UAC_IP: &str = "127.0.0.2";
+const UAS: &str = "127.0.0.3:35080";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchScenario {
+    /// Calls through a proxy to the load generator's own UAS.
+    Call,
+    /// Registrations.
+    Register,
+    /// INVITEs answered 302 by a redirect server (to the default route), ACKed there.
+    Redirect,
+    /// OPTIONS answered by the server.
+    Options,
+}
+
+/// `sipsec bench` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// What each measured operation is.
+    #[arg(long, value_enum, default_value = "call")]
+    pub scenario: BenchScenario,
+    /// Operations per second during the measured run.
+    #[arg(long, default_value_t = 1500.0)]
+    pub rate: f64,
+    /// Operations in the measured run.
+    #[arg(long, default_value_t = 18_000)]
+    pub calls: u64,
+    /// Operations in the warm-up run before it (default: two seconds' worth).
+    #[arg(long)]
+    pub warmup_calls: Option<u64>,
+    /// sipsec config to start (default: a stateful record-routing UDP proxy on
+    /// 127.0.0.1:35060 with one worker, routing to the UAS on 127.0.0.3:35080).
+    #[arg(long, short, conflicts_with = "server_pid")]
+    pub config: Option<PathBuf>,
+    /// With the default config: a stateless proxy.
+    #[arg(long)]
+    pub stateless: bool,
+    /// Measure this already running server instead (repeat for several; their child
+    /// processes are counted too). Needs --target.
+    #[arg(long = "server-pid")]
+    pub server_pid: Vec<u32>,
+    /// Processes the server depends on (an authority, a database server): their CPU, with
+    /// their children's, over the measured run is reported beside the server's (repeatable).
+    #[arg(long = "peer-pid")]
+    pub peer_pid: Vec<u32>,
+    /// Where the load goes (default: the server started here).
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Where the load generator's UAS listens (the address the server routes calls to).
+    #[arg(long, default_value = UAS)]
+    pub uas: String,
+    /// Host of Request-URIs. Calls default to the server's address (so a proxy uses its
+    /// default route, as SIPp's callers do); register and options default to bench.test,
+    /// the domain of the default config.
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// Users CSV for the load (e.g. with credentials).
+    #[arg(long)]
+    pub users: Option<PathBuf>,
+    /// Digest: the load sends credentials from each user's last challenge with the next
+    /// nonce count instead of being challenged per request; Proxychain: the next counter of
+    /// the user's last verified chain (`sipsec load --auth-reuse`).
+    #[arg(long)]
+    pub auth_reuse: bool,
+    /// Proxychain: the load answers `PC` challenges (`sipsec load --proxychain`), with keys
+    /// derived in this realm.
+    #[arg(long)]
+    pub proxychain_realm: Option<String>,
+    /// Core the started server is pinned to.
+    #[arg(long, default_value_t = 0)]
+    pub server_cpu: usize,
+    /// Core the load generator is pinned to.
+    #[arg(long, default_value_t = 1)]
+    pub load_cpu: usize,
+    /// Also search for the peak rate (≥ 99% of operations succeeding within 500 ms).
+    #[arg(long)]
+    pub find_peak: bool,
+    /// Seconds per peak-search trial (and per point of the goodput curve).
+    #[arg(long, default_value_t = 5.0)]
+    pub step_s: f64,
+    /// After the peak search, offer 0.5 to 2 times the peak for a trial each and record the
+    /// goodput (operations completed within 500 ms per second): seed 004's curve past the
+    /// peak, where servers collapse.
+    #[arg(long, requires = "find_peak")]
+    pub goodput_curve: bool,
+    /// The goodput curve goes up to this multiple of the peak (0.5, 0.75, 1, 1.25, 1.5, 2,
+    /// 2.5, 3, 4 as far as it reaches).
+    #[arg(long, default_value_t = 2.0)]
+    pub curve_to: f64,
+    /// Hold the server to this fraction of one core (cgroup v1 CPU quota; root), so one core
+    /// of load can overload it.
+    #[arg(long)]
+    pub cpu_quota: Option<f64>,
+    /// With the default config: the server's overload control (`[overload] enabled`).
+    #[arg(long, value_enum, default_value = "on")]
+    pub overload: sipsec_load::cli::OnOff,
+    /// The load speaks overload control as a client (`sipsec load --oc`).
+    #[arg(long)]
+    pub oc: bool,
+    /// With the default config: name the callee in the default route by a host name
+    /// (`uas.bench`, answered from `[routing.hosts]`), so each call goes the way of a next hop
+    /// located by DNS, from the worker's cached answer, instead of an IP route.
+    #[arg(long)]
+    pub route_by_name: bool,
+    /// Run the started server under callgrind and count the user-space instructions it
+    /// executes per operation over the measured run (valgrind; slow, so use a low rate and
+    /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
+    #[arg(long, conflicts_with_all = ["server_pid", "find_peak"])]
+    pub instructions: bool,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress lines from the load generator.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Lab builds only (`--features lab-noop`): stages the started server and the load do
+    /// without cryptography (`kx,sign,aead,digest`), seed 002's ablation. Hidden from the
+    /// help of production builds.
+    #[arg(long, default_value = "", hide = !cfg!(feature = "lab-noop"))]
+    pub lab_noop: String,
+    #[command(flatten)]
+    pub streams: modes::StreamArgs,
+}
+
+/// The bench report (`--json`).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub server: String,
+    pub scenario: String,
+    pub transport: String,
+    /// Seed 000's connection mode (TCP and TLS).
+    pub mode: String,
+    pub mutual_tls: bool,
+    pub tls_resumption: bool,
+    pub tls_backend: String,
+    /// The cipher suite every side was limited to, if one was.
+    pub tls_cipher_suite: Option<String>,
+    pub idle_connections: usize,
+    pub rate: f64,
+    pub ops: u64,
+    pub server_cpu_us_per_op: f64,
+    pub server_user_us_per_op: f64,
+    pub server_sys_us_per_op: f64,
+    /// Times the server's threads went to sleep and were woken, per operation.
+    pub server_wakeups_per_op: f64,
+    /// How much each of the server's own counters grew over the measured run (a server
+    /// started here; empty for one given by PID): messages, handshakes full and resumed,
+    /// digest checks, database waits — counts that machine noise cannot move.
+    pub server_counters: Counters,
+    /// The load generator's own CPU per operation (UAC and UAS together).
+    pub load_cpu_us_per_op: f64,
+    /// The `--peer-pid` processes' CPU per operation, idle work included.
+    pub peer_cpu_us_per_op: f64,
+    /// Wall-clock seconds of the measured run (to subtract a peer's idle CPU rate).
+    pub measured_s: f64,
+    pub server_pids: Vec<u32>,
+    /// The `--peer-pid` processes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peer_pids: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_per_s: Option<f64>,
+    pub load: Summary,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_search: Option<Summary>,
+    /// `--goodput-curve`: goodput at multiples of the peak.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub goodput_curve: Vec<CurvePoint>,
+    /// `--instructions`: the server's user-space instructions per successful operation over
+    /// the measured run, counted by callgrind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_instructions_per_op: Option<f64>,
+    /// `--cpu-quota`: the share of a core the server was held to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_quota: Option<f64>,
+    /// `--cpu-quota`: seconds the quota held the server off over the whole bench.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_throttled_s: Option<f64>,
+}
+
+/// One point of a goodput curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct CurvePoint {
+    /// The rate asked of the load generator.
+    pub rate: f64,
+    /// Operations it started per second (below `rate` where one core of load cannot keep up).
+    pub offered_per_s: f64,
+    /// Operations per second that succeeded within 500 ms.
+    pub goodput_per_s: f64,
+}
+
+/// Multiples of the peak the goodput curve is measured at (up to `--curve-to`).
+const CURVE: [f64; 9] = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0];
+
+/// A server's counters by name (`stats.rs`), as it logs them on SIGUSR1.
+pub type Counters = BTreeMap<String, u64>;
+
+/// A sipsec server this bench started; stopped on drop.
+struct Started {
+    child: Child,
+    _dir: tempfile::TempDir,
+    /// Every counters line the server has logged, oldest first.
+    counters: Arc<Mutex<Vec<Counters>>>,
+    /// Under callgrind: its output file, dumped at each counters report (see [`Self::stop`]).
+    callgrind: Option<PathBuf>,
+}
+
+impl Started {
+    /// Stops the server and, under callgrind, reads the instructions it counted over the
+    /// measured run. Callgrind dumps (and zeroes) its counts each time the server reports its
+    /// counters (`--dump-before=*report_counters*`): the first report, before the measured
+    /// run, ends dump 1 (start-up and warm-up); the second, after it, ends dump 2 — the
+    /// measured run alone. No `callgrind_control`: its `vgdb` must interrupt a process blocked
+    /// in a system call, which not every sandbox allows (it then reports no run, and nothing
+    /// is counted).
+    fn stop(mut self) -> Result<Option<u64>> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let Some(out) = self.callgrind.take() else {
+            return Ok(None);
+        };
+        let path = PathBuf::from(format!("{}.2", out.display()));
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "callgrind wrote no {} (the server did not report its counters twice)",
+                path.display()
+            )
+        })?;
+        let total = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("totals:")
+                    .or_else(|| l.strip_prefix("summary:"))
+            })
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no totals in {}", path.display()))?;
+        Ok(Some(total))
+    }
+
+    /// The server's counters now: asks with SIGUSR1 and waits (up to 2 s) for the line.
+    fn counters(&self) -> Option<Counters> {
+        let seen = self.counters.lock().ok()?.len();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGUSR1) };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < until {
+            {
+                let lines = self.counters.lock().ok()?;
+                if lines.len() > seen {
+                    return lines.last().cloned();
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        None
+    }
+}
+
+/// Parses a counters log line (`... counters; name=value name=value`).
+fn parse_counters(line: &str) -> Option<Counters> {
+    let (_, list) = line.split_once("counters; ")?;
+    Some(
+        list.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+            .collect(),
+    )
+}
+
+/// What counters changed by from `before` to `after`.
+fn counters_since(after: &Counters, before: &Counters) -> Counters {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0).min(*v)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        // Not when `stop` has reaped it already (its PID may be someone else's by now).
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling our own child, still running.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// What the started server does with calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    StatefulProxy,
+    StatelessProxy,
+    /// Answers 302 to the default route.
+    Redirect,
+}
+
+/// The role of the started server for these options.
+pub fn role_of(a: &BenchArgs) -> Role {
+    match (a.scenario, a.stateless) {
+        (BenchScenario::Redirect, _) => Role::Redirect,
+        (_, true) => Role::StatelessProxy,
+        (_, false) => Role::StatefulProxy,
+    }
+}
+
+/// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
+/// 35061 for TLS runs), routing calls to the UAS over the bench's transport.
+pub fn default_config(
+    dir: &Path,
+    role: Role,
+    s: &modes::StreamArgs,
+    tls_dir: &Path,
+    overload: bool,
+    route_by_name: bool,
+) -> String {
+    let tls_listen = if s.transport == Transport::Tls {
+        format!(", \"tls:{SERVER_TLS}\"")
+    } else {
+        String::new()
+    };
+    let (server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
+    let (route, hosts) = if route_by_name {
+        let uas: std::net::SocketAddr = UAS.parse().expect("the bench's UAS address");
+        (
+            format!("uas.bench:{}", uas.port()),
+            format!("[routing.hosts]\n\"uas.bench\" = [\"{}\"]\n", uas.ip()),
+        )
+    } else {
+        (UAS.to_string(), String::new())
+    };
+    format!(
+        "[server]\nlisten = [\"udp:{SERVER}\", \"tcp:{SERVER}\"{tls_listen}]\n\
+         domains = [\"bench.test\"]\nmode = \"{}\"\n\
+         stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
+         default_route = \"sip:{route};transport={}\"\n{hosts}[database]\nurl = \"sqlite://{}\"\n\
+         [overload]\nenabled = {overload}\nfeedback = {overload}\nannounce = {overload}\n\
+         {tls_table}",
+        if role == Role::Redirect {
+            "redirect"
+        } else {
+            "proxy"
+        },
+        role == Role::StatefulProxy,
+        s.transport,
+        dir.join("bench.db").display()
+    )
+}
+
+/// Starts `sipsec serve` pinned to `cpu` and waits for its banner.
+fn start_sipsec(
+    config: &Path,
+    dir: tempfile::TempDir,
+    cpu: usize,
+    noop: sipsec_transport::ablation::Stages,
+    instructions: bool,
+) -> Result<Started> {
+    let exe = std::env::current_exe().context("cannot find the sipsec binary")?;
+    let callgrind = instructions.then(|| dir.path().join("callgrind.out"));
+    let mut cmd = match &callgrind {
+        Some(out) => {
+            let mut c = Command::new("valgrind");
+            c.args(["--tool=callgrind", "--dump-before=*report_counters*"])
+                .arg(format!("--callgrind-out-file={}", out.display()))
+                .arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    // Quiet unless the caller asked for the server's log, but for the counters lines the
+    // bench asks for: those are taken from its log and not shown.
+    let asked = std::env::var("SIPSEC_LOG").ok();
+    cmd.env(sipsec_transport::ablation::ENV, noop.to_arg());
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .current_dir(dir.path())
+        .env(
+            "SIPSEC_LOG",
+            asked
+                .clone()
+                .unwrap_or_else(|| "warn,sipsec_server::serve=info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: set_affinity makes only async-signal-safe calls between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || cpu::set_affinity(cpu));
+    }
+    let mut child = cmd.spawn().with_context(|| {
+        if instructions {
+            "cannot start sipsec serve under valgrind (apt-get install valgrind)"
+        } else {
+            "cannot start sipsec serve"
+        }
+    })?;
+    let counters = Arc::new(Mutex::new(Vec::new()));
+    let stderr = child.stderr.take().expect("piped");
+    let (lines, show_all) = (counters.clone(), asked.is_some());
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            match parse_counters(&line) {
+                Some(c) => lines.lock().map(|mut l| l.push(c)).unwrap_or(()),
+                None if show_all || line.contains(" WARN ") || line.contains(" ERROR ") => {
+                    eprintln!("{line}")
+                }
+                None => {}
+            }
+        }
+    });
+    let mut banner = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut banner)
+        .context("reading the server's banner")?;
+    if !banner.starts_with("sipsec listening on") {
+        let _ = child.kill();
+        bail!("sipsec serve did not start (see its errors above)");
+    }
+    Ok(Started {
+        child,
+        _dir: dir,
+        counters,
+        callgrind,
+    })
+}
+
+/// Where a sipsec config listens for `transport`.
+fn config_listen(path: &Path, transport: Transport) -> Result<SocketAddr> {
+    let cfg = sipsec_server::config::Config::load(path)?;
+    cfg.listen
+        .iter()
+        .find(|l| l.transport == transport)
+        .map(|l| l.addr)
+        .with_context(|| format!("the config has no {transport} listener"))
+}
+
+/// Builds load options the way the command line would, so defaults stay in one place.
+fn load_args(words: &[String]) -> Result<LoadArgs> {
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: LoadArgs,
+    }
+    let argv = std::iter::once("sipsec-load".to_string()).chain(words.iter().cloned());
+    Ok(Wrapper::try_parse_from(argv)?.args)
+}
+
+/// `sipsec bench` on the command line: runs, then prints the report's summary.
+pub fn main(a: BenchArgs) -> Result<()> {
+    let report = run(a)?;
+    print(&report);
+    Ok(())
+}
+
+/// The summary lines `sipsec bench` prints.
+pub fn print(report: &Report) {
+    let (scenario, rate) = (&report.scenario, report.rate);
+    println!(
+        "{} {scenario} at {rate}/s: {} of {} succeeded; server CPU {:.1} µs/op \
+         (user {:.1}, sys {:.1}); load generator {:.1} µs/op{}",
+        report.server,
+        report.ops,
+        report.load.attempted,
+        report.server_cpu_us_per_op,
+        report.server_user_us_per_op,
+        report.server_sys_us_per_op,
+        report.load_cpu_us_per_op,
+        report
+            .peak_per_s
+            .map_or(String::new(), |p| format!("; peak {p:.0}/s"))
+    );
+    if !report.peer_pids.is_empty() {
+        println!(
+            "  peers {:?}: CPU {:.1} µs/op over {:.1} s (idle work included)",
+            report.peer_pids, report.peer_cpu_us_per_op, report.measured_s
+        );
+    }
+    if report.load.failed > 0 {
+        println!("  failures: {:?}", report.load.failures_by_reason);
+    }
+}
+
+/// Runs one bench and returns its report; prints nothing but progress (unless `quiet`).
+/// SIGINT and SIGTERM end the load early (the report says `interrupted`).
+pub fn run(a: BenchArgs) -> Result<Report> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    run_until(a, &stop)
+}
+
+/// [`run`], ending the load early once `stop` is set (by the caller's signal handling).
+pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
+    if !a.rate.is_finite() || a.rate <= 0.0 || a.calls == 0 {
+        bail!("--rate and --calls must be positive");
+    }
+    let cpus = cpu::cpu_count();
+    if a.server_cpu >= cpus || a.load_cpu >= cpus {
+        bail!("--server-cpu and --load-cpu must be below {cpus} (the CPUs online)");
+    }
+    let s = &a.streams;
+    let noop = sipsec_transport::ablation::Stages::parse(&a.lab_noop)?;
+    let certs_dir = tempfile::tempdir()?;
+    let tls_dir = match &s.tls_dir {
+        Some(d) => d.clone(),
+        None => {
+            if s.transport == Transport::Tls {
+                modes::make_certs(certs_dir.path(), s.tls_cert_type)?;
+            }
+            certs_dir.path().to_path_buf()
+        }
+    };
+    let mut started = None;
+    let mut idle_to = None;
+    let (target, pids_root, server) = if !a.server_pid.is_empty() {
+        for &p in &a.server_pid {
+            cpu::check_alive(p)?;
+        }
+        let target = a
+            .target
+            .clone()
+            .context("--server-pid needs --target ip:port (where that server listens)")?;
+        if s.idle_connections > 0 {
+            let t = sipsec_transport::net::transport::Peer::parse(&target)
+                .filter(|p| p.transport == Transport::Tcp)
+                .context("--idle-connections with --server-pid needs a tcp: --target")?;
+            idle_to = Some(t.addr);
+        }
+        (target, a.server_pid.clone(), "external".to_string())
+    } else {
+        let dir = tempfile::tempdir()?;
+        let config = match &a.config {
+            // Absolute: the server runs in the scratch directory, not the caller's.
+            Some(p) => std::path::absolute(p)?,
+            None => {
+                let p = dir.path().join("sipsec.toml");
+                let overload = a.overload == sipsec_load::cli::OnOff::On;
+                std::fs::write(
+                    &p,
+                    default_config(
+                        dir.path(),
+                        role_of(&a),
+                        s,
+                        &tls_dir,
+                        overload,
+                        a.route_by_name,
+                    ),
+                )?;
+                p
+            }
+        };
+        let target = match &a.target {
+            Some(t) => t.clone(),
+            None => format!("{}:{}", s.transport, config_listen(&config, s.transport)?),
+        };
+        if s.idle_connections > 0 {
+            idle_to = Some(config_listen(&config, Transport::Tcp)?);
+        }
+        let s = start_sipsec(&config, dir, a.server_cpu, noop, a.instructions)?;
+        let pid = s.child.id();
+        started = Some(s);
+        (target, vec![pid], "sipsec".to_string())
+    };
+    let quota = match a.cpu_quota {
+        Some(f) => Some(quota::Quota::apply(
+            f,
+            &pids_root
+                .iter()
+                .flat_map(|&p| cpu::process_tree(p))
+                .collect::<Vec<_>>(),
+        )?),
+        None => None,
+    };
+    cpu::pin_current_thread(a.load_cpu)?;
+
+    let scenario = match a.scenario {
+        BenchScenario::Call => "call",
+        BenchScenario::Register => "register",
+        BenchScenario::Redirect => "redirect",
+        BenchScenario::Options => "options",
+    };
+    let mut words: Vec<String> = [
+        target.as_str(),
+        "--scenario",
+        scenario,
+        "--local",
+        UAC_IP,
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let domain = match (&a.domain, a.scenario) {
+        (Some(d), _) => Some(d.as_str()),
+        (None, BenchScenario::Call | BenchScenario::Redirect) => None,
+        (None, _) => Some("bench.test"),
+    };
+    if let Some(d) = domain {
+        words.extend(["--domain", d].map(String::from));
+    }
+    if a.scenario == BenchScenario::Call {
+        let uas = match s.transport {
+            Transport::Udp => a.uas.clone(),
+            t => format!("{t}:{}", a.uas),
+        };
+        words.extend([
+            "--role".to_string(),
+            "both".to_string(),
+            "--uas".to_string(),
+            uas,
+        ]);
+    }
+    if a.scenario == BenchScenario::Redirect {
+        words.extend(["--redirect", "stop"].map(String::from));
+    }
+    words.extend(s.load_words(&tls_dir));
+    if noop.tls() {
+        words.extend(["--lab-noop".to_string(), noop.to_arg()]);
+    }
+    if let Some(u) = &a.users {
+        words.extend(["--users".to_string(), u.display().to_string()]);
+    }
+    if a.auth_reuse {
+        words.push("--auth-reuse".to_string());
+    }
+    if a.oc {
+        words.push("--oc".to_string());
+    }
+    if let Some(realm) = &a.proxychain_realm {
+        words.extend(["--proxychain", "--proxychain-realm", realm].map(String::from));
+    }
+    let with = |extra: &[String]| -> Result<load::Plan> {
+        load::Plan::new(load_args(&[&words[..], extra].concat())?)
+    };
+    let rate = a.rate.to_string();
+    let warmup = a.warmup_calls.unwrap_or((a.rate * 2.0) as u64).max(1);
+    let warm_plan = with(&["--rate", &rate, "--calls", &warmup.to_string()].map(String::from))?;
+    let plan = with(&["--rate", &rate, "--calls", &a.calls.to_string()].map(String::from))?;
+    let mut bound = load::bind(&plan)?;
+
+    if !a.quiet {
+        eprintln!("sipsec bench: warming up with {warmup} {scenario} operations at {rate}/s");
+    }
+    let warm = load::execute(&warm_plan, &mut bound, stop)?;
+    if warm.succeeded == 0 {
+        bail!(
+            "no {scenario} succeeded during warm-up ({:?}): is the server at {target} routing to \
+             the UAS at {}?",
+            warm.failures_by_reason,
+            a.uas
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let pids = pids_root
+        .iter()
+        .flat_map(|&p| cpu::process_tree(p))
+        .collect::<Vec<_>>();
+    if !a.quiet {
+        eprintln!(
+            "sipsec bench: measuring {} {scenario} operations at {rate}/s; server PIDs {pids:?}",
+            a.calls
+        );
+    }
+    let idle = match idle_to {
+        Some(to) => {
+            let held = modes::IdleConnections::open(to, s.idle_connections)?;
+            // Let the server accept them all before measuring.
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            Some(held)
+        }
+        None => None,
+    };
+    let peers = a
+        .peer_pid
+        .iter()
+        .flat_map(|&p| cpu::process_tree(p))
+        .collect::<Vec<_>>();
+    let counters0 = started.as_ref().and_then(Started::counters);
+    let wakeups0 = cpu::wakeups_of(&pids);
+    let (server0, own0, peers0) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
+    let began = std::time::Instant::now();
+    let summary = load::execute(&plan, &mut bound, stop)?;
+    let measured_s = began.elapsed().as_secs_f64();
+    let (server1, own1, peers1) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
+    let wakeups = cpu::wakeups_of(&pids).saturating_sub(wakeups0);
+    let counters1 = started.as_ref().and_then(Started::counters);
+    let server_counters = match (counters1, counters0) {
+        (Some(after), Some(before)) => counters_since(&after, &before),
+        _ => Counters::new(),
+    };
+    drop(idle);
+    let used = server1.since(server0);
+    let ops = summary.succeeded;
+    let per_op = |s: f64| if ops == 0 { 0.0 } else { s * 1e6 / ops as f64 };
+
+    let peak_search = if a.find_peak {
+        let step = a.step_s.to_string();
+        let peak_plan =
+            with(&["--rate", &rate, "--find-peak", "--step-s", &step].map(String::from))?;
+        Some(load::execute(&peak_plan, &mut bound, stop)?)
+    } else {
+        None
+    };
+    let mut goodput_curve = Vec::new();
+    if let Some(peak) = peak_search.as_ref().and_then(|s| s.peak_per_s) {
+        for m in CURVE
+            .iter()
+            .filter(|&&m| a.goodput_curve && m <= a.curve_to + 1e-9)
+        {
+            let r = (peak * m).round().max(1.0);
+            let trial = with(
+                &[
+                    "--rate",
+                    &r.to_string(),
+                    "--duration",
+                    &a.step_s.to_string(),
+                ]
+                .map(String::from),
+            )?;
+            let s = load::execute(&trial, &mut bound, stop)?;
+            goodput_curve.push(CurvePoint {
+                rate: r,
+                offered_per_s: s.attempted as f64 / a.step_s,
+                goodput_per_s: s.on_time as f64 / a.step_s,
+            });
+            // Let the server recover before the next point.
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+    let cpu_throttled_s = quota.as_ref().map(|q| q.throttled().1);
+    drop(quota);
+    let instructions = match started {
+        Some(s) => s.stop()?,
+        None => None,
+    };
+    let report = Report {
+        server,
+        scenario: scenario.into(),
+        transport: s.transport.to_string(),
+        mode: format!("{:?}", s.mode).to_lowercase(),
+        mutual_tls: s.mutual,
+        tls_resumption: s.tls_resumption == "on",
+        tls_backend: format!("{:?}", s.tls_backend).to_lowercase(),
+        tls_cipher_suite: s.tls_cipher_suite.clone(),
+        idle_connections: s.idle_connections,
+        rate: a.rate,
+        ops,
+        server_cpu_us_per_op: per_op(used.total_s()),
+        server_user_us_per_op: per_op(used.split_s().0),
+        server_sys_us_per_op: per_op(used.split_s().1),
+        server_wakeups_per_op: if ops == 0 {
+            0.0
+        } else {
+            wakeups as f64 / ops as f64
+        },
+        server_counters,
+        load_cpu_us_per_op: per_op(own1.since(own0).total_s()),
+        peer_cpu_us_per_op: per_op(peers1.since(peers0).total_s()),
+        measured_s,
+        server_pids: pids,
+        peer_pids: a.peer_pid.clone(),
+        peak_per_s: peak_search.as_ref().and_then(|s| s.peak_per_s),
+        load: summary,
+        peak_search,
+        goodput_curve,
+        server_instructions_per_op: instructions
+            .filter(|_| ops > 0)
+            .map(|n| n as f64 / ops as f64),
+        cpu_quota: a.cpu_quota,
+        cpu_throttled_s,
+    };
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(report)
+}

@@ -1,0 +1,249 @@
+//! Bench options for TCP and TLS: the transport, both sides' connection policies (seed 000's
+//! four modes), mutual TLS and resumption, and idle connections held open during the run —
+//! turned into the started server's config and the load generator's options, so one bench
+//! command sets up one mode.
+
+use anyhow::{Context, Result};
+use sipsec_server::config::OutboundConnections;
+use sipsec_transport::net::transport::Transport;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+
+/// Seed 000's connection modes, as (caller's connections, proxy's outbound connections).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SeedMode {
+    /// Persistent connections on both sides (proxy to proxy).
+    Chain,
+    /// A connection per call from the callers; one reused connection onwards.
+    Outbound,
+    /// One connection in; a connection per call onwards.
+    Inbound,
+    /// A connection per call on both sides.
+    Local,
+}
+
+impl SeedMode {
+    pub fn caller_per_call(self) -> bool {
+        matches!(self, SeedMode::Outbound | SeedMode::Local)
+    }
+
+    pub fn outbound(self) -> OutboundConnections {
+        match self {
+            SeedMode::Inbound | SeedMode::Local => OutboundConnections::PerCall,
+            _ => OutboundConnections::Persistent,
+        }
+    }
+}
+
+/// `sipsec bench` transport options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StreamArgs {
+    /// Transport of the calls, both sides of the proxy.
+    #[arg(long, value_enum, default_value = "udp")]
+    pub transport: Transport,
+    /// Seed 000's connection mode over TCP and TLS (ignored for UDP).
+    #[arg(long, value_enum, default_value = "chain")]
+    pub mode: SeedMode,
+    /// TLS: the proxy demands client certificates and the UAS demands the proxy's.
+    #[arg(long)]
+    pub mutual: bool,
+    /// TLS session resumption (tickets and session IDs) on every side.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub tls_resumption: String,
+    /// TLS key-exchange group on every side (seed 000 and the crypto floor: P-256).
+    #[arg(long, default_value = "secp256r1")]
+    pub tls_key_exchange: String,
+    /// TLS library on every side: rustls, or openssl (the `openssl` feature) for seed 000's
+    /// suite.
+    #[arg(long, value_enum, default_value = "rustls")]
+    pub tls_backend: sipsec_transport::tls::Backend,
+    /// The one cipher suite every side offers (default: the backend's set). Seed 000's:
+    /// `--tls-backend openssl --tls-cipher-suite TLS_RSA_WITH_AES_128_CBC_SHA --tls-cert-type
+    /// rsa-2048`.
+    #[arg(long)]
+    pub tls_cipher_suite: Option<String>,
+    /// The one TLS version every side offers, 1.2 or 1.3 (default: both).
+    #[arg(long)]
+    pub tls_version: Option<String>,
+    /// Key type of the certificates made for the run.
+    #[arg(long, value_enum, default_value = "ecdsa-p256")]
+    pub tls_cert_type: sipsec_transport::tls::certs::KeyKind,
+    /// Certificates made by `sipsec certs` (server.pem valid for 127.0.0.1 to 127.0.0.3);
+    /// default: made here for the run.
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
+    /// TCP connections opened to the server and held idle during the measured run.
+    #[arg(long, default_value_t = 0)]
+    pub idle_connections: usize,
+}
+
+/// Makes certificates for the bench topology (server, caller and UAS addresses) in `dir`.
+pub fn make_certs(dir: &Path, key: sipsec_transport::tls::certs::KeyKind) -> Result<()> {
+    sipsec_transport::tls::certs::run(&sipsec_transport::tls::certs::CertsArgs {
+        out: dir.to_path_buf(),
+        key,
+        names: ["localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3"]
+            .map(String::from)
+            .to_vec(),
+        client_name: "sipsec-bench".into(),
+        new_ca: false,
+    })
+    .map(|_| ())
+}
+
+impl StreamArgs {
+    /// The `[server]` keys of this mode for the started server.
+    pub fn server_keys(&self) -> String {
+        let outbound = match self.mode.outbound() {
+            OutboundConnections::Persistent => "persistent",
+            OutboundConnections::PerCall => "per-call",
+        };
+        // The idle connections and the calls all come from this host.
+        let per_ip = (self.idle_connections + 10_000).max(100_000);
+        format!(
+            "outbound_connections = \"{outbound}\"\nmax_connections_per_ip = {per_ip}\n\
+             max_connections = {per_ip}\n"
+        )
+    }
+
+    /// The `[tls]` table for the started server (empty unless the transport is TLS).
+    pub fn tls_table(&self, tls_dir: &Path) -> String {
+        let mut text = String::new();
+        if self.transport == Transport::Tls {
+            let p = |f: &str| tls_dir.join(f).display().to_string();
+            text += &format!(
+                "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nclient_auth = \"{}\"\n\
+                 session_resumption = {}\nkey_exchange = [\"{}\"]\n",
+                p(sipsec_transport::tls::certs::SERVER),
+                p(sipsec_transport::tls::certs::SERVER_KEY),
+                p(sipsec_transport::tls::certs::CA),
+                if self.mutual { "required" } else { "none" },
+                self.tls_resumption == "on",
+                self.tls_key_exchange
+            );
+            let backend = format!("{:?}", self.tls_backend).to_lowercase();
+            text += &format!("backend = \"{backend}\"\n");
+            if let Some(suite) = &self.tls_cipher_suite {
+                text += &format!("cipher_suites = [\"{suite}\"]\n");
+            }
+            if let Some(version) = &self.tls_version {
+                text += &format!("versions = [\"{version}\"]\n");
+            }
+        }
+        text
+    }
+
+    /// Load generator options for this transport and mode.
+    pub fn load_words(&self, tls_dir: &Path) -> Vec<String> {
+        let mut w = vec!["--transport".to_string(), self.transport.to_string()];
+        if self.transport == Transport::Udp {
+            return w;
+        }
+        let connection = if self.mode.caller_per_call() {
+            "per-call"
+        } else {
+            "persistent"
+        };
+        w.extend(["--connection".to_string(), connection.to_string()]);
+        if self.transport == Transport::Tls {
+            let p = |f: &str| tls_dir.join(f).display().to_string();
+            w.extend([
+                "--tls-ca".to_string(),
+                p(sipsec_transport::tls::certs::CA),
+                "--tls-cert".to_string(),
+                p(sipsec_transport::tls::certs::SERVER),
+                "--tls-key".to_string(),
+                p(sipsec_transport::tls::certs::SERVER_KEY),
+                "--tls-resumption".to_string(),
+                self.tls_resumption.clone(),
+                "--tls-key-exchange".to_string(),
+                self.tls_key_exchange.clone(),
+            ]);
+            if self.mutual {
+                w.extend(["--tls-client-auth".to_string(), "required".to_string()]);
+            }
+            let backend = format!("{:?}", self.tls_backend).to_lowercase();
+            w.extend(["--tls-backend".to_string(), backend]);
+            if let Some(suite) = &self.tls_cipher_suite {
+                w.extend(["--tls-cipher-suite".to_string(), suite.clone()]);
+            }
+            if let Some(version) = &self.tls_version {
+                w.extend(["--tls-version".to_string(), version.clone()]);
+            }
+        }
+        w
+    }
+}
+
+/// Idle TCP connections held open by a child process (`sipsec hold-connections`): this
+/// machine's hard limit of open files per process would leave the bench itself no room for
+/// its calls. Dropping it closes them.
+pub struct IdleConnections {
+    child: std::process::Child,
+}
+
+impl IdleConnections {
+    /// Opens `n` connections to `to` and returns once all are open.
+    pub fn open(to: SocketAddr, n: usize) -> Result<IdleConnections> {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args(["hold-connections", &to.to_string(), &n.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("start the idle-connection holder")?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().context("the holder's stdout")?;
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        if line.trim() != "ready" {
+            let _ = child.wait();
+            anyhow::bail!("could not open {n} idle connections to {to} (see above)");
+        }
+        Ok(IdleConnections { child })
+    }
+}
+
+impl Drop for IdleConnections {
+    fn drop(&mut self) {
+        // Closing its stdin tells the holder to exit.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// `sipsec hold-connections`: opens `n` TCP connections to `to`, says `ready`, and holds them
+/// until stdin closes.
+pub fn hold_idle(to: SocketAddr, n: usize) -> Result<()> {
+    use std::io::{Read, Write};
+    sipsec_transport::net::raise_fd_limit();
+    let held = (0..n)
+        .map(|i| {
+            TcpStream::connect(to)
+                .with_context(|| format!("idle connection {} of {n} to {to}", i + 1))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Held means still open once the server has seen them all (a server at its connection
+    // limit accepts and closes).
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let mut byte = [0u8; 1];
+    let closed = held
+        .iter()
+        .filter(|c| {
+            let _ = c.set_nonblocking(true);
+            match c.peek(&mut byte) {
+                Ok(n) => n == 0,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            }
+        })
+        .count();
+    if closed > 0 {
+        anyhow::bail!(
+            "the server closed {closed} of {n} idle connections (its connection limits?)"
+        );
+    }
+    println!("ready");
+    std::io::stdout().flush()?;
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    drop(held);
+    Ok(())
+}

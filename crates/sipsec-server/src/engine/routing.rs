@@ -1,0 +1,374 @@
+//! Routing decisions: what to do with a request that is not a retransmission (RFC 3261
+//! §16.3–16.5): answer it here (errors, OPTIONS, REGISTER, 405/501), redirect it, or forward it
+//! to registered contacts, the next Route, the default route or its Request-URI.
+
+use super::relay::{self, Vouched};
+use super::{branch, Decision, Engine, Target, ALLOW};
+use crate::config::Mode;
+use crate::dns::{Failure, Hop};
+use crate::engine::locate::Located;
+use crate::location::Lookup;
+use crate::stats::inc;
+use sip_core::message::{HeaderField, HeaderName, Message, Method, Scheme, Uri};
+use sip_core::timer::Millis;
+use sipsec_transport::net::transport::Peer;
+use smallvec::SmallVec;
+use std::fmt::Write as _;
+
+impl Engine {
+    pub(super) fn is_local_host(&self, uri: &Uri<'_>) -> bool {
+        self.cfg.names.names(uri)
+    }
+
+    /// True when `host:port` is one of our listen addresses; `host` may be an IPv6 reference
+    /// in brackets, as Via sent-by and URI hosts write it.
+    pub(super) fn is_local_addr(&self, host: &[u8], port: u16) -> bool {
+        self.cfg.names.is_addr(host, port)
+    }
+
+    /// True when `peer` is one of our own listeners: sending there would hand the request
+    /// back to ourselves. A listener on the unspecified address owns, at its port, every
+    /// address of the host's interfaces (read at start and on reload) and the loopback ones.
+    pub(super) fn is_own_listener(&self, peer: &Peer) -> bool {
+        let ip = peer.addr.ip();
+        self.cfg.listen.iter().any(|l| {
+            l.transport == peer.transport
+                && l.addr.port() == peer.addr.port()
+                && (l.addr.ip() == ip
+                    || (l.addr.ip().is_unspecified()
+                        && l.addr.is_ipv4() == peer.addr.is_ipv4()
+                        && (ip.is_loopback()
+                            || ip.is_unspecified()
+                            || self.cfg.host_addrs.contains(&ip))))
+        })
+    }
+
+    pub(super) fn is_our_domain(&self, host: &[u8]) -> bool {
+        self.cfg.names.is_domain(host)
+    }
+
+    /// The address-of-record key of a user at a host we serve: `user@domain`, the domain in
+    /// lower case, our own IP addresses standing for the first domain.
+    pub(super) fn aor_key(&self, user: &[u8], host: &[u8]) -> String {
+        let domain = if self.is_our_domain(host) {
+            host
+        } else {
+            self.cfg.domains[0].as_bytes()
+        };
+        let mut key = Vec::with_capacity(user.len() + 1 + domain.len());
+        key.extend_from_slice(user);
+        key.push(b'@');
+        key.extend(domain.iter().map(u8::to_ascii_lowercase));
+        String::from_utf8(key)
+            .unwrap_or_else(|bad| String::from_utf8_lossy(bad.as_bytes()).into_owned())
+    }
+
+    /// Decides what to do with a request that is not a retransmission.
+    pub(super) fn decide(
+        &mut self,
+        now: Millis,
+        msg: &Message<'_>,
+        (in_dialog, vouched): (bool, Vouched),
+        hash: u32,
+    ) -> Decision {
+        let method = msg.method();
+        let uri = *msg.request_uri().expect("requests have a Request-URI");
+        if msg.max_forwards() == Some(0) {
+            inc(&self.stats.too_many_hops);
+            return respond(483, "Too Many Hops");
+        }
+        if uri.scheme == Scheme::Other {
+            return respond(416, "Unsupported URI Scheme");
+        }
+        if let Some(refused) = bad_extension(msg, HeaderName::ProxyRequire) {
+            return refused;
+        }
+        match msg.max_breadth() {
+            Some(Err(_)) => return respond(400, "Bad Max-Breadth header"),
+            // No branch could be given the breadth of at least 1 each must carry (RFC 5393
+            // §5.3.2).
+            Some(Ok(0)) if method != Method::Ack && method != Method::Cancel => {
+                inc(&self.stats.breadth_limited);
+                return respond(440, "Max-Breadth Exceeded");
+            }
+            _ => {}
+        }
+        // Loop detection (RFC 3261 §16.3 step 4).
+        let mut looped = false;
+        let vias_ok = msg.vias(|v| {
+            if v.branch.and_then(branch::carried_loop_hash) == Some(hash)
+                && self.is_local_addr(v.host, v.port.unwrap_or(5060))
+            {
+                looped = true;
+            }
+        });
+        if vias_ok.is_err() {
+            return respond(400, "Bad Via header");
+        }
+        if looped {
+            inc(&self.stats.loops);
+            return respond(482, "Loop Detected");
+        }
+        // Loose routing (§16.4): the top Routes naming us are consumed (two of them after a
+        // double Record-Route between transports).
+        let mut pop_route: SmallVec<[(HeaderField, usize); 2]> = SmallVec::new();
+        let mut next_route: Option<Hop<'_>> = None;
+        let mut next_route_uri = None;
+        let mut route_error = false;
+        let mut ours = true;
+        // The dialog tokens in our Routes (see `relay`).
+        let mut tokens: SmallVec<[&[u8]; 2]> = SmallVec::new();
+        let routes = msg.name_addrs(HeaderName::Route, |field, na| {
+            ours &= self.is_local_host(&na.uri);
+            if ours {
+                match pop_route.last_mut() {
+                    Some((f, end)) if f.line_start == field.line_start => *end = na.end,
+                    _ => pop_route.push((*field, na.end)),
+                }
+                tokens.extend(na.uri.param(relay::TOKEN_PARAM).flatten());
+            } else if next_route.is_none() {
+                next_route = crate::dns::hop(&na.uri);
+                next_route_uri = Some(na.uri);
+                route_error |= next_route.is_none();
+            }
+        });
+        if routes.is_err() {
+            return respond(400, "Bad Route header");
+        }
+        // Whether the relay rule holds this request back from hops it cannot vouch for: not
+        // vouched for at the gate, and no token of ours for the hop its dialog goes to.
+        let restricted = vouched == Vouched::No
+            && self.relay_restricted()
+            && !(in_dialog && {
+                let hop = next_route_uri.as_ref().unwrap_or(&uri);
+                tokens.iter().any(|t| relay::vouches(t, hop))
+            });
+        let record_route = self.cfg.record_route
+            && !in_dialog
+            && matches!(
+                method,
+                Method::Invite | Method::Subscribe | Method::Refer | Method::Notify
+            );
+        if route_error {
+            inc(&self.stats.unroutable);
+            return respond(404, "Not Found (unresolvable Route)");
+        }
+        if let Some(hop) = next_route {
+            if restricted {
+                return self.relay_forbidden();
+            }
+            let located = self.locator.locate(now, std::iter::once(hop), &self.stats);
+            return forward_located(located, pop_route, record_route);
+        }
+
+        let addressed_to_us = self.is_local_host(&uri);
+        if addressed_to_us && (uri.user.is_none() || method == Method::Register) {
+            return self.decide_local(msg, in_dialog);
+        }
+        let user_here = uri.user.filter(|_| {
+            matches!(uri.scheme, Scheme::Sip | Scheme::Sips) && addressed_to_us && !in_dialog
+        });
+        if let Some(user) = user_here {
+            let explicit_domain = self.is_our_domain(uri.host_unbracketed());
+            let aor = self.aor_key(user, uri.host_unbracketed());
+            let now_unix = self.unix_ms(now);
+            let lookup = self.location.lookup(&aor, now_unix);
+            let fallback =
+                (!explicit_domain && !self.cfg.routing.default_routes.is_empty()).then_some(());
+            match (lookup, fallback) {
+                (Lookup::Found(bindings), _) => {
+                    if self.cfg.mode == Mode::Redirect {
+                        return self.redirect_to(
+                            bindings
+                                .iter()
+                                .map(|b| (b.contact.to_string(), Some(b.expires_at))),
+                            now_unix,
+                        );
+                    }
+                    let targets = bindings
+                        .iter()
+                        .map(|b| Target {
+                            request_uri: Some(b.contact.clone()),
+                            dests: smallvec::smallvec![b.target],
+                        })
+                        .collect();
+                    return Decision::Forward {
+                        targets,
+                        pop_route,
+                        record_route,
+                    };
+                }
+                (_, Some(_)) => {}
+                // A user whose bindings all expired gets the answer of a user who never
+                // registered (as Kamailio's default script does): a prober cannot tell who
+                // once had an account here. Challenge the method to hide more (README).
+                (Lookup::Unavailable | Lookup::Unknown, None) => {
+                    inc(&self.stats.unroutable);
+                    return respond(404, "Not Found");
+                }
+            }
+        }
+        // Not one of our users: a route for the Request-URI's domain, else the default routes
+        // for new requests, else the Request-URI itself.
+        let routing = &self.cfg.routing;
+        let routes = match routing.domain_route(uri.host_unbracketed()) {
+            Some(route) if !in_dialog => std::slice::from_ref(route),
+            _ if !in_dialog => &routing.default_routes[..],
+            _ => &[],
+        };
+        if !routes.is_empty() && self.cfg.mode == Mode::Redirect {
+            let ordered = self.locator.order_routes(routes);
+            let contacts = ordered.iter().map(|r| (r.uri.clone(), None));
+            return self.redirect_to(contacts, self.unix_ms(now));
+        }
+        if self.cfg.mode != Mode::Proxy && !in_dialog {
+            inc(&self.stats.unroutable);
+            return respond(404, "Not Found");
+        }
+        let hop = routes.is_empty().then(|| crate::dns::hop(&uri)).flatten();
+        // In a dialog with no Route of ours (a peer that did not keep our Record-Route), the
+        // Request-URI may still name a configured route: that is not a relay.
+        if restricted && routes.is_empty() && !hop.is_some_and(|h| self.is_configured_route(&h)) {
+            return self.relay_forbidden();
+        }
+        let (locator, stats) = (&mut self.locator, &self.stats);
+        let located = if routes.is_empty() {
+            match hop {
+                Some(Hop::Addr(p)) if self.cfg.names.addrs.contains(&p.addr) => None,
+                Some(hop) => Some(locator.locate(now, std::iter::once(hop), stats)),
+                None => None,
+            }
+        } else if let [only] = routes {
+            Some(locator.locate(now, std::iter::once(only.next.hop()), stats))
+        } else {
+            let ordered = locator.order_routes(routes);
+            Some(locator.locate(now, ordered.iter().map(|r| r.next.hop()), stats))
+        };
+        match located {
+            Some(located) => forward_located(located, pop_route, record_route),
+            None => {
+                inc(&self.stats.unroutable);
+                respond(404, "Not Found")
+            }
+        }
+    }
+
+    /// 403 for a request the relay rule holds back (see `relay`).
+    pub(super) fn relay_forbidden(&self) -> Decision {
+        inc(&self.stats.relay_refused);
+        respond(403, "Relay Forbidden")
+    }
+
+    /// Requests addressed to the server itself.
+    pub(super) fn decide_local(&mut self, msg: &Message<'_>, in_dialog: bool) -> Decision {
+        if let Some(refused) = bad_extension(msg, HeaderName::Require) {
+            return refused;
+        }
+        match msg.method() {
+            Method::Options => Decision::Respond {
+                code: 200,
+                reason: "OK",
+                headers: format!("{ALLOW}Accept: application/sdp\r\n"),
+            },
+            Method::Register if !in_dialog => {
+                let Ok(to) = msg.to() else {
+                    return respond(400, "Bad To header");
+                };
+                let (Some(user), true) = (
+                    to.uri.user,
+                    self.is_local_host(&to.uri) || self.is_our_domain(to.uri.host_unbracketed()),
+                ) else {
+                    return respond(404, "Not Found (not a domain of this registrar)");
+                };
+                Decision::Register {
+                    aor: self.aor_key(user, to.uri.host_unbracketed()),
+                }
+            }
+            Method::Ack => Decision::Drop,
+            Method::Other => {
+                inc(&self.stats.not_allowed);
+                Decision::Respond {
+                    code: 501,
+                    reason: "Not Implemented",
+                    headers: ALLOW.into(),
+                }
+            }
+            _ => {
+                inc(&self.stats.not_allowed);
+                Decision::Respond {
+                    code: 405,
+                    reason: "Method Not Allowed",
+                    headers: ALLOW.into(),
+                }
+            }
+        }
+    }
+
+    pub(super) fn redirect_to(
+        &self,
+        contacts: impl Iterator<Item = (String, Option<u64>)>,
+        now_unix: u64,
+    ) -> Decision {
+        let mut headers = String::new();
+        for (contact, expires_at) in contacts {
+            let _ = write!(headers, "Contact: <{contact}>");
+            if let Some(at) = expires_at {
+                let _ = write!(
+                    headers,
+                    ";expires={}",
+                    at.saturating_sub(now_unix).div_ceil(1000)
+                );
+            }
+            headers.push_str("\r\n");
+        }
+        Decision::Respond {
+            code: 302,
+            reason: "Moved Temporarily",
+            headers,
+        }
+    }
+}
+
+/// Forwarding to one next hop once located: to its destinations in order, else waiting for
+/// DNS, else — DNS gave it no targets — 404 when the name has none, 503 when DNS could not be
+/// asked (a later try may work).
+fn forward_located(
+    located: Located,
+    pop_route: SmallVec<[(HeaderField, usize); 2]>,
+    record_route: bool,
+) -> Decision {
+    match located {
+        Located::Wait(queries) => Decision::Locate(queries),
+        Located::Peers { failure, peers } if peers.is_empty() => match failure {
+            Some(Failure::Unavailable) => respond(503, "Service Unavailable (DNS)"),
+            _ => respond(404, "Not Found (no such domain)"),
+        },
+        Located::Peers { peers, .. } => Decision::Forward {
+            targets: smallvec::smallvec![Target {
+                request_uri: None,
+                dests: peers
+            }],
+            pop_route,
+            record_route,
+        },
+    }
+}
+
+pub(super) fn respond(code: u16, reason: &'static str) -> Decision {
+    Decision::Respond {
+        code,
+        reason,
+        headers: String::new(),
+    }
+}
+
+/// 420 for a request requiring extensions (Require to a UAS, Proxy-Require to a proxy): sipsec
+/// supports none yet, so every option listed is unsupported.
+pub(super) fn bad_extension(msg: &Message<'_>, header: HeaderName) -> Option<Decision> {
+    let options = msg.header(header).map(|h| msg.value(h))?;
+    Some(Decision::Respond {
+        code: 420,
+        reason: "Bad Extension",
+        headers: format!("Unsupported: {}\r\n", String::from_utf8_lossy(options)),
+    })
+}

@@ -1,0 +1,345 @@
+//! The location service: address-of-record → current bindings, in memory.
+//!
+//! Each worker holds its own replica, so a lookup on the call path takes no lock shared with
+//! other workers. A registration is applied by the worker that received it and then sent as a
+//! [`BindingChange`] to every other worker (through their mailboxes, drained before each
+//! receive batch, so a REGISTER's 200 OK never overtakes its binding) and to the write-behind
+//! store. Expiry sits on a timing wheel: no sweep over all bindings, ever.
+
+use sip_core::timer::{Millis, TimerHandle, TimerWheel};
+use sipsec_transport::net::transport::Peer;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// One contact bound to an address-of-record. Its strings are shared (`Arc<str>`): a binding
+/// is held by every worker's replica, the expiry wheel and the store's queue, and a clone is a
+/// reference count, not a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// The contact URI as registered.
+    pub contact: Arc<str>,
+    /// Where requests for this contact are sent.
+    pub target: Peer,
+    /// Expiry, in Unix milliseconds.
+    pub expires_at: u64,
+    /// The `q` parameter as written, if any.
+    pub q: Option<Arc<str>>,
+    pub call_id: Arc<str>,
+    pub cseq: u32,
+    /// The address the REGISTER came from, for the per-source limit; `None` for a binding
+    /// loaded from the database, which does not keep it (a refresh attributes it again).
+    pub source: Option<IpAddr>,
+}
+
+/// A change to the location service, applied by every replica and by the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingChange {
+    Upsert { aor: Arc<str>, binding: Binding },
+    Remove { aor: Arc<str>, contact: Arc<str> },
+    RemoveAll { aor: Arc<str> },
+}
+
+impl BindingChange {
+    /// The contact an Upsert or Remove is about (none for RemoveAll).
+    pub fn contact(&self) -> Option<&str> {
+        match self {
+            BindingChange::Upsert { binding, .. } => Some(&binding.contact),
+            BindingChange::Remove { contact, .. } => Some(contact),
+            BindingChange::RemoveAll { .. } => None,
+        }
+    }
+
+    /// What the change is about, for a log line: the AOR and contact, cut to 80 bytes each.
+    pub fn describe(&self) -> String {
+        let cut = |s: &str| match s.char_indices().nth(80) {
+            Some((i, _)) => format!("{}…", &s[..i]),
+            None => s.to_string(),
+        };
+        match self {
+            BindingChange::Upsert { aor, binding } => {
+                format!("{} -> {}", cut(aor), cut(&binding.contact))
+            }
+            BindingChange::Remove { aor, contact } => format!("{} -/-> {}", cut(aor), cut(contact)),
+            BindingChange::RemoveAll { aor } => format!("{} (all)", cut(aor)),
+        }
+    }
+}
+
+/// What a lookup found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    /// Live bindings, best `q` first.
+    Found(Vec<&'a Binding>),
+    /// The AOR has registered before but has no live binding now (answered 404 like an
+    /// unknown one, so probers cannot tell them apart).
+    Unavailable,
+    /// Never heard of it (404).
+    Unknown,
+}
+
+/// One replica of the location service. Times are Unix milliseconds.
+pub struct Location {
+    aors: HashMap<Arc<str>, Vec<Bound>>,
+    /// Bindings held per source address (those with one), for the registrar's limit.
+    per_source: HashMap<IpAddr, usize>,
+    expiry: TimerWheel<(Arc<str>, Arc<str>)>,
+    fired: Vec<(Arc<str>, Arc<str>)>,
+}
+
+/// A binding with its expiry timer, cancelled when the binding is refreshed or removed so
+/// the wheel holds one timer per live binding, not one per REGISTER ever received.
+struct Bound {
+    binding: Binding,
+    timer: TimerHandle,
+}
+
+fn q_value(b: &Binding) -> f32 {
+    b.q.as_deref().and_then(|q| q.parse().ok()).unwrap_or(1.0)
+}
+
+impl Location {
+    pub fn new(now_unix_ms: u64) -> Self {
+        Location {
+            aors: HashMap::new(),
+            per_source: HashMap::new(),
+            expiry: TimerWheel::new(now_unix_ms),
+            fired: Vec::new(),
+        }
+    }
+
+    /// Marks an AOR as known without bindings (loaded from the store).
+    pub fn know(&mut self, aor: &str) {
+        self.aors.entry(aor.into()).or_default();
+    }
+
+    /// Applies a change made here or elsewhere.
+    pub fn apply(&mut self, change: &BindingChange) {
+        match change {
+            BindingChange::Upsert { aor, binding } => {
+                let timer = self
+                    .expiry
+                    .insert(binding.expires_at, (aor.clone(), binding.contact.clone()));
+                let list = match self.aors.get_mut(aor) {
+                    Some(list) => list,
+                    None => self.aors.entry(aor.clone()).or_default(),
+                };
+                count(&mut self.per_source, binding.source, true);
+                let bound = Bound {
+                    binding: binding.clone(),
+                    timer,
+                };
+                match list
+                    .iter_mut()
+                    .find(|b| b.binding.contact == binding.contact)
+                {
+                    Some(old) => {
+                        self.expiry.cancel(old.timer);
+                        count(&mut self.per_source, old.binding.source, false);
+                        *old = bound;
+                    }
+                    None => list.push(bound),
+                }
+            }
+            BindingChange::Remove { aor, contact } => {
+                if let Some(list) = self.aors.get_mut(aor) {
+                    let (expiry, per_source) = (&mut self.expiry, &mut self.per_source);
+                    list.retain(|b| {
+                        let keep = &b.binding.contact != contact;
+                        if !keep {
+                            expiry.cancel(b.timer);
+                            count(per_source, b.binding.source, false);
+                        }
+                        keep
+                    });
+                }
+            }
+            BindingChange::RemoveAll { aor } => {
+                if let Some(list) = self.aors.get_mut(aor) {
+                    for b in list.drain(..) {
+                        self.expiry.cancel(b.timer);
+                        count(&mut self.per_source, b.binding.source, false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AOR's key as this replica holds it, to share rather than copy.
+    pub fn aor(&self, aor: &str) -> Option<&Arc<str>> {
+        self.aors.get_key_value(aor).map(|(k, _)| k)
+    }
+
+    /// Live bindings of an AOR.
+    pub fn bindings(&self, aor: &str, now_unix_ms: u64) -> impl Iterator<Item = &Binding> {
+        live(self.aors.get(aor), now_unix_ms)
+    }
+
+    pub fn lookup(&self, aor: &str, now_unix_ms: u64) -> Lookup<'_> {
+        match self.aors.get(aor) {
+            None => Lookup::Unknown,
+            Some(list) => {
+                let mut live: Vec<&Binding> = live(Some(list), now_unix_ms).collect();
+                if live.is_empty() {
+                    return Lookup::Unavailable;
+                }
+                live.sort_by(|a, b| q_value(b).total_cmp(&q_value(a)));
+                Lookup::Found(live)
+            }
+        }
+    }
+
+    /// Drops bindings whose expiry passed (each was scheduled on the wheel when bound; a
+    /// binding refreshed since is left alone).
+    pub fn expire(&mut self, now_unix_ms: u64) {
+        self.expiry.advance(now_unix_ms, &mut self.fired);
+        for (aor, contact) in self.fired.drain(..) {
+            if let Some(list) = self.aors.get_mut(&aor) {
+                let per_source = &mut self.per_source;
+                list.retain(|b| {
+                    let gone = b.binding.contact == contact && b.binding.expires_at <= now_unix_ms;
+                    if gone {
+                        count(per_source, b.binding.source, false);
+                    }
+                    !gone
+                });
+            }
+        }
+    }
+
+    /// Bindings held (each has exactly one expiry timer; expired ones leave at the next
+    /// `expire`).
+    pub fn len(&self) -> usize {
+        self.expiry.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.expiry.is_empty()
+    }
+
+    /// Bindings held that were registered from `source`.
+    pub fn from_source(&self, source: IpAddr) -> usize {
+        self.per_source.get(&source).copied().unwrap_or(0)
+    }
+
+    /// When `expire` next has work.
+    pub fn next_expiry(&self) -> Option<Millis> {
+        self.expiry.next_deadline()
+    }
+}
+
+/// One more (`add`) or one fewer binding from `source`.
+fn count(per_source: &mut HashMap<IpAddr, usize>, source: Option<IpAddr>, add: bool) {
+    let Some(source) = source else { return };
+    if add {
+        *per_source.entry(source).or_default() += 1;
+    } else if let Some(n) = per_source.get_mut(&source) {
+        *n -= 1;
+        if *n == 0 {
+            per_source.remove(&source);
+        }
+    }
+}
+
+/// The bindings in `list` still live at `now_unix_ms`.
+fn live(list: Option<&Vec<Bound>>, now_unix_ms: u64) -> impl Iterator<Item = &Binding> {
+    list.into_iter()
+        .flatten()
+        .map(|b| &b.binding)
+        .filter(move |b| b.expires_at > now_unix_ms)
+}
+
+/// A change shared between replicas without copying it per worker.
+pub type SharedChange = Arc<BindingChange>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(contact: &str, expires_at: u64, q: Option<&str>) -> Binding {
+        Binding {
+            contact: contact.into(),
+            target: Peer::udp("127.0.0.1:5070".parse().unwrap()),
+            expires_at,
+            q: q.map(Into::into),
+            call_id: "c".into(),
+            cseq: 1,
+            source: None,
+        }
+    }
+
+    #[test]
+    fn lookup_orders_by_q_and_distinguishes_unknown_from_unavailable() {
+        let mut loc = Location::new(0);
+        assert_eq!(loc.lookup("a@x", 0), Lookup::Unknown);
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:1@h", 10_000, Some("0.5")),
+        });
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:2@h", 10_000, None),
+        });
+        let Lookup::Found(found) = loc.lookup("a@x", 0) else {
+            panic!()
+        };
+        assert_eq!(
+            found.iter().map(|b| &*b.contact).collect::<Vec<_>>(),
+            vec!["sip:2@h", "sip:1@h"]
+        );
+        loc.apply(&BindingChange::RemoveAll { aor: "a@x".into() });
+        assert_eq!(loc.lookup("a@x", 0), Lookup::Unavailable);
+    }
+
+    #[test]
+    fn expiry_removes_only_bindings_not_refreshed() {
+        let mut loc = Location::new(0);
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:1@h", 1_000, None),
+        });
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:2@h", 1_000, None),
+        });
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:2@h", 5_000, None),
+        });
+        loc.expire(1_000);
+        assert_eq!(
+            loc.bindings("a@x", 999).count(),
+            1,
+            "sip:1 expired, sip:2 refreshed"
+        );
+        loc.expire(5_000);
+        assert_eq!(loc.lookup("a@x", 5_000), Lookup::Unavailable);
+    }
+
+    #[test]
+    fn refreshes_and_removals_leave_no_stale_timers() {
+        let mut loc = Location::new(0);
+        for refresh in 1..=100 {
+            loc.apply(&BindingChange::Upsert {
+                aor: "a@x".into(),
+                binding: binding("sip:1@h", refresh * 1_000, None),
+            });
+        }
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:2@h", 500_000, None),
+        });
+        loc.apply(&BindingChange::Upsert {
+            aor: "a@x".into(),
+            binding: binding("sip:3@h", 500_000, None),
+        });
+        assert_eq!(loc.expiry.len(), 3, "one timer per live binding");
+        loc.apply(&BindingChange::Remove {
+            aor: "a@x".into(),
+            contact: "sip:2@h".into(),
+        });
+        assert_eq!(loc.expiry.len(), 2);
+        loc.apply(&BindingChange::RemoveAll { aor: "a@x".into() });
+        assert!(loc.expiry.is_empty());
+    }
+}

@@ -1,0 +1,942 @@
+//! A worker's TCP and TLS connections: its listeners (one SO_REUSEPORT socket per worker per
+//! `tcp:`/`tls:` address, so the kernel spreads connections across workers), the connections
+//! it accepted or opened, their framing, TLS and timeouts.
+//!
+//! Costs that must not grow with the number of connections (seed 000 found OpenSIPS spending
+//! half its CPU scanning its connection table for timeouts): readiness comes from the worker's
+//! epoll set, so an event touches only its connection; each connection has at most one entry
+//! on a timing wheel, re-armed lazily — activity only stamps `last_active`, and when the entry
+//! fires it either closes the connection or moves it to its real deadline — so a tick touches
+//! only the connections whose time is up.
+//!
+//! Like a UDP batch, the table hands what it read back to the worker: [`Connections::on_event`]
+//! reads and frames, [`Connections::received`] lists the framed messages (still in their
+//! connections' buffers, not copied), the worker gives them to the engine, and
+//! [`Connections::release`] then consumes them. A connection that ends (the peer closed, or
+//! sent bytes that are not SIP) is drained first: answers to what it sent still go out on
+//! it, then it closes.
+//!
+//! Connection ids ([`ConnId`]) carry the owning worker, so a message for another worker's
+//! connection is mailed to it. Outbound connections are found by remote address and reused
+//! (`outbound_connections = "persistent"`), or opened per call and closed when the engine says the
+//! call is over (`"per-call"`, keyed by Call-ID).
+//!
+//! Hostile peers: a connection past `max_connections`, or past `max_connections_per_ip` from
+//! one address, is refused at accept; a handshake or a
+//! message begun but not finished within `message_timeout_ms` (slowloris) closes the
+//! connection; bytes that are not SIP framing close it; TLS failures close it. Each is counted
+//! and logged at a bounded rate.
+
+use super::token::Token;
+use crate::config::{OutboundConnections, StreamConfig};
+use crate::stats::{inc, LogLimiter, Stats};
+use bytes::Bytes;
+use sip_core::timer::{Millis, TimerHandle, TimerWheel};
+use sipsec_transport::net::conn::{Framed, ReadEnd, StreamConn};
+use sipsec_transport::net::epoll::{self, Epoll, Event};
+use sipsec_transport::net::transport::{ConnId, Peer, Transport};
+use sipsec_transport::tls::{ClientTls, HandshakeKind, ServerTls, Session};
+use socket2::{Domain, SockAddr, Socket, Type};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+/// Connections accepted per listener per pass, so a flood of connects cannot starve the rest.
+const ACCEPT_BATCH: usize = 256;
+/// Requests remembered per connection while it comes up.
+const MAX_UNCONFIRMED: usize = 64;
+
+/// Binds a listening socket with SO_REUSEPORT, one per worker on the same address.
+pub fn listen_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SockAddr::from(addr))?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Descriptors kept for everything but SIP connections when `max_connections` is fitted to
+/// the open-file limit: the database pools, the async runtime, DNS lookups, the control
+/// socket and its clients, logs. Per worker and per listen address, and for the metrics
+/// endpoint, more is kept on top ([`fit_to_descriptors`]).
+const RESERVED_DESCRIPTORS: usize = 256;
+
+/// `max_connections` (and `max_connections_per_ip` in proportion) lowered as far as the open-
+/// file limit requires, so that connections run out before descriptors do: a server out of
+/// descriptors accepts nothing — no call on any transport, no scrape — until some close.
+/// Descriptors are kept for the listeners, the workers' own, the metrics endpoint and the rest
+/// ([`RESERVED_DESCRIPTORS`]). Returns the configured and effective totals when lowered.
+pub fn fit_to_descriptors(
+    cfg: &mut crate::config::Config,
+    fd_limit: Option<u64>,
+) -> Option<(usize, usize)> {
+    let limit = usize::try_from(fd_limit?).unwrap_or(usize::MAX);
+    let workers = cfg.workers.max(1);
+    // Per worker: its epoll set, mailbox and timers, and one socket per listen address.
+    let per_worker = 4 + cfg.listen.len();
+    let metrics = if cfg.metrics_listen.is_some() {
+        crate::metrics::MAX_CONNECTIONS + 1
+    } else {
+        0
+    };
+    let reserved = RESERVED_DESCRIPTORS + workers * per_worker + metrics;
+    let s = &mut cfg.streams;
+    let (was, configured) = (
+        s.max_connections_per_worker,
+        s.max_connections_per_worker * workers,
+    );
+    let fits = limit.saturating_sub(reserved).max(workers);
+    if configured <= fits {
+        return None;
+    }
+    s.max_connections_per_worker = fits / workers;
+    // One address keeps the share of the whole it was configured to have.
+    let per_ip = s.max_per_ip_per_worker * s.max_connections_per_worker / was;
+    s.max_per_ip_per_worker = per_ip.clamp(1, s.max_connections_per_worker);
+    Some((configured, s.max_connections_per_worker * workers))
+}
+
+fn conn_id(worker: usize, slot: usize) -> ConnId {
+    ((worker as u32) << 24) | (slot as u32 + 1)
+}
+
+/// The worker and slot of a connection id.
+fn split_id(id: ConnId) -> (usize, usize) {
+    ((id >> 24) as usize, ((id & 0xff_ffff) - 1) as usize)
+}
+
+struct Conn {
+    io: StreamConn,
+    transport: Transport,
+    /// The call this connection was opened for (per-call outbound), by Call-ID hash.
+    call: Option<u64>,
+    /// TLS: the handshake finished (and was counted).
+    established: bool,
+    /// An outbound connect has not completed yet.
+    connecting: bool,
+    /// Accepted from a listener (counted in `per_ip`).
+    accepted: bool,
+    last_active: Millis,
+    /// Since when a handshake or a partial message has been waiting to complete.
+    pending_since: Option<Millis>,
+    timer: Option<TimerHandle>,
+    timer_at: Millis,
+    /// Close once the queued output is written: the call it was opened for ended.
+    closing: bool,
+    /// Close, for this reason, once the answers to what it sent are written: the peer
+    /// closed, or sent bytes that are not SIP.
+    drain: Option<Close>,
+    /// Queued output waits for this pass's flush.
+    dirty: bool,
+    /// Requests queued on an outbound connection before it was up (connected, and for TLS
+    /// through its handshake): if it fails instead, each is handed back to the engine as a
+    /// transport error, which fails its branch at once (RFC 3261 §8.1.3.1).
+    unconfirmed: Vec<Bytes>,
+}
+
+impl Conn {
+    /// When the connection's time runs out: its pending handshake or message, else idleness.
+    fn deadline(&self, cfg: &StreamConfig) -> Millis {
+        match self.pending_since {
+            Some(t) => t + cfg.message_timeout_ms,
+            None => self.last_active + cfg.idle_timeout_ms,
+        }
+    }
+}
+
+/// Why a connection was closed.
+#[derive(Debug, Clone, Copy)]
+enum Close {
+    Peer,
+    Error,
+    Idle,
+    MessageTimeout,
+    Framing(&'static str),
+    Tls,
+    CallOver,
+}
+
+/// A message framed on a connection this pass, for the worker to hand to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received<'a> {
+    /// A whole message.
+    Message(Peer, &'a [u8]),
+    /// The start of a message over `max_message_size`: the engine may answer it (513), and
+    /// the connection then closes (the rest cannot be skipped reliably).
+    Oversize(Peer, &'a [u8]),
+}
+
+/// One message framed this pass: where it is in its connection's input buffer.
+struct Frame {
+    slot: usize,
+    start: usize,
+    len: usize,
+    oversize: bool,
+}
+
+/// One connection read this pass, and what is left to do once its messages are handled.
+struct Read {
+    slot: usize,
+    consumed: usize,
+    ping: bool,
+    invalid: Option<&'static str>,
+    end: ReadEnd,
+}
+
+/// A worker's TCP and TLS connections and listeners.
+pub struct Connections {
+    worker: usize,
+    cfg: StreamConfig,
+    max_message: usize,
+    listeners: Vec<(Transport, TcpListener)>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    open: usize,
+    by_remote: HashMap<(Transport, SocketAddr), usize>,
+    by_call: HashMap<(Transport, SocketAddr, u64), usize>,
+    /// Accepted connections open per remote IP.
+    per_ip: HashMap<IpAddr, u32>,
+    timers: TimerWheel<usize>,
+    expired: Vec<usize>,
+    dirty: Vec<usize>,
+    tls_server: Option<ServerTls>,
+    tls_client: Option<ClientTls>,
+    scratch: Vec<u8>,
+    framed: Framed,
+    stats: Arc<Stats>,
+    log: LogLimiter,
+    /// Requests that could not be delivered (see `Conn::unconfirmed`), for the worker to hand
+    /// to the engine.
+    failed: Vec<(Peer, Bytes)>,
+    /// What this pass read, until [`Connections::release`].
+    frames: Vec<Frame>,
+    reads: Vec<Read>,
+    /// The domain a TLS destination was located from, which its certificate must name
+    /// (RFC 5922 §4); addresses not here are checked against their IP address.
+    tls_names: HashMap<SocketAddr, Arc<str>>,
+}
+
+/// Domains remembered for TLS destinations, per worker.
+const MAX_TLS_NAMES: usize = 4096;
+
+impl Connections {
+    /// A worker's connection table. `listeners` are registered with `epoll` here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        worker: usize,
+        cfg: StreamConfig,
+        max_message: usize,
+        listeners: Vec<(Transport, TcpListener)>,
+        tls_server: Option<ServerTls>,
+        tls_client: Option<ClientTls>,
+        stats: Arc<Stats>,
+        epoll: &Epoll,
+    ) -> io::Result<Connections> {
+        for (i, (_, l)) in listeners.iter().enumerate() {
+            epoll.add(l.as_raw_fd(), epoll::READ, Token::Listener(i).encode())?;
+        }
+        Ok(Connections {
+            worker,
+            cfg,
+            max_message,
+            listeners,
+            conns: Vec::new(),
+            free: Vec::new(),
+            open: 0,
+            by_remote: HashMap::new(),
+            by_call: HashMap::new(),
+            per_ip: HashMap::new(),
+            timers: TimerWheel::new(0),
+            expired: Vec::new(),
+            dirty: Vec::new(),
+            tls_server,
+            tls_client,
+            scratch: vec![0; 64 * 1024],
+            tls_names: HashMap::new(),
+            framed: Framed::default(),
+            failed: Vec::new(),
+            frames: Vec::new(),
+            reads: Vec::new(),
+            stats,
+            log: LogLimiter::new(10),
+        })
+    }
+
+    /// The next time [`Connections::on_tick`] has work.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.timers.next_deadline()
+    }
+
+    /// Handles one epoll event for `token`, a listener or connection of ours: accepts, or
+    /// reads and frames (the messages wait in [`Connections::received`]), or writes what
+    /// was waiting for the socket.
+    pub fn on_event(&mut self, now: Millis, token: Token, ev: &Event, epoll: &Epoll) {
+        let index = match token {
+            Token::Listener(i) => {
+                self.accept(now, i, epoll);
+                return;
+            }
+            Token::Connection(i) => i,
+            Token::Udp(_) | Token::Mailbox => return,
+        };
+        let flags = ev.events;
+        let hangup = (libc::EPOLLHUP | libc::EPOLLERR) as u32;
+        if flags & (libc::EPOLLIN as u32 | libc::EPOLLRDHUP as u32 | hangup) != 0 {
+            self.read(now, index);
+        }
+        if flags & libc::EPOLLOUT as u32 != 0 {
+            let Some(c) = self.conns.get_mut(index).and_then(Option::as_mut) else {
+                return;
+            };
+            if c.connecting {
+                c.connecting = false;
+                if c.established {
+                    // A TCP connect completed; TLS still has its handshake to finish.
+                    c.pending_since = None;
+                    c.unconfirmed = Vec::new();
+                }
+            }
+            self.flush_one(now, index);
+        }
+    }
+
+    fn accept(&mut self, now: Millis, index: usize, epoll: &Epoll) {
+        for _ in 0..ACCEPT_BATCH {
+            let Some((transport, listener)) = self.listeners.get(index) else {
+                return;
+            };
+            let transport = *transport;
+            let (stream, remote) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    // EMFILE and friends: the listener stays readable, so try next pass.
+                    inc(&self.stats.connection_errors);
+                    if self.log.allow(now) {
+                        tracing::warn!("accepting a {transport} connection failed: {e}");
+                    }
+                    return;
+                }
+            };
+            let from_ip = self.per_ip.get(&remote.ip()).copied().unwrap_or(0);
+            let full = if self.open >= self.cfg.max_connections_per_worker {
+                Some("max_connections")
+            } else if from_ip as usize >= self.cfg.max_per_ip_per_worker {
+                Some("max_connections_per_ip")
+            } else {
+                None
+            };
+            if let Some(limit) = full {
+                inc(&self.stats.connections_refused);
+                if self.log.allow(now) {
+                    tracing::warn!("refused a {transport} connection from {remote}: {limit} open");
+                }
+                continue;
+            }
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let tls = match (transport, &self.tls_server) {
+                (Transport::Tls, Some(cfg)) => match cfg.accept() {
+                    Ok(session) => Some(session),
+                    Err(e) => {
+                        inc(&self.stats.tls_failures);
+                        if self.log.allow(now) {
+                            tracing::warn!("TLS for a connection from {remote} failed: {e}");
+                        }
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            let pending = tls.is_some().then_some(now);
+            match self.insert(now, transport, stream, remote, tls, None, pending, epoll) {
+                Ok(slot) => {
+                    inc(&self.stats.connections_accepted);
+                    self.by_remote.insert((transport, remote), slot);
+                    *self.per_ip.entry(remote.ip()).or_default() += 1;
+                    if let Some(c) = self.conns[slot].as_mut() {
+                        c.accepted = true;
+                    }
+                }
+                Err(e) => {
+                    inc(&self.stats.connection_errors);
+                    if self.log.allow(now) {
+                        tracing::warn!("cannot watch a connection from {remote}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        now: Millis,
+        transport: Transport,
+        stream: TcpStream,
+        remote: SocketAddr,
+        tls: Option<Session>,
+        call: Option<u64>,
+        pending_since: Option<Millis>,
+        epoll: &Epoll,
+    ) -> io::Result<usize> {
+        let slot = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.conns.len() >= 0xff_fffe {
+                    return Err(io::Error::other("connection table full"));
+                }
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        let token = Token::Connection(slot).encode();
+        if let Err(e) = epoll.add(stream.as_raw_fd(), epoll::STREAM, token) {
+            self.free.push(slot);
+            return Err(e);
+        }
+        let mut c = Conn {
+            io: StreamConn::new(stream, remote, tls),
+            transport,
+            call,
+            established: transport != Transport::Tls,
+            connecting: false,
+            accepted: false,
+            last_active: now,
+            pending_since,
+            timer: None,
+            timer_at: 0,
+            closing: false,
+            drain: None,
+            dirty: false,
+            unconfirmed: Vec::new(),
+        };
+        let at = c.deadline(&self.cfg);
+        c.timer = Some(self.timers.insert(at, slot));
+        c.timer_at = at;
+        self.conns[slot] = Some(c);
+        self.open += 1;
+        Ok(slot)
+    }
+
+    /// Moves a connection's timer earlier if its deadline now is (later deadlines are found
+    /// when the timer fires).
+    fn rearm_if_earlier(&mut self, slot: usize) {
+        let Some(c) = self.conns[slot].as_mut() else {
+            return;
+        };
+        let at = c.deadline(&self.cfg);
+        if at >= c.timer_at {
+            return;
+        }
+        if let Some(h) = c.timer.take() {
+            self.timers.cancel(h);
+        }
+        c.timer = Some(self.timers.insert(at, slot));
+        c.timer_at = at;
+    }
+
+    /// Reads what the connection has, and frames it; the messages stay in its buffer until
+    /// [`Connections::release`].
+    fn read(&mut self, now: Millis, slot: usize) {
+        let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if c.drain.is_some() {
+            // Ended: nothing more is read, only the answers written.
+            return;
+        }
+        c.last_active = now;
+        let end = c.io.read(&mut self.scratch);
+        if !c.established {
+            if let Some(kind) = c.io.handshake_kind() {
+                c.established = true;
+                c.unconfirmed = Vec::new();
+                inc(if kind == HandshakeKind::Resumed {
+                    &self.stats.tls_handshakes_resumed
+                } else {
+                    &self.stats.tls_handshakes_full
+                });
+                if c.io.client_certified() {
+                    inc(&self.stats.tls_client_certificates);
+                }
+            }
+        }
+        let framed = &mut self.framed;
+        c.io.frame(self.max_message, framed);
+        for &(start, len) in &framed.messages {
+            self.frames.push(Frame {
+                slot,
+                start,
+                len,
+                oversize: false,
+            });
+        }
+        if framed.too_large {
+            // The oversize message starts where the framed ones end.
+            self.frames.push(Frame {
+                slot,
+                start: framed.consumed,
+                len: c.io.inbuf.len() - framed.consumed,
+                oversize: true,
+            });
+        }
+        self.reads.push(Read {
+            slot,
+            consumed: framed.consumed,
+            ping: framed.ping,
+            invalid: framed.invalid,
+            end,
+        });
+    }
+
+    /// Whether this pass read any connection, so [`Connections::release`] has work.
+    pub fn read_any(&self) -> bool {
+        !self.reads.is_empty()
+    }
+
+    /// How many messages this pass framed (see [`Connections::received`]).
+    pub fn received_len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Message `i` of those framed this pass, with the connection it came on.
+    pub fn received(&self, i: usize) -> Option<Received<'_>> {
+        let f = self.frames.get(i)?;
+        let c = self.conns.get(f.slot)?.as_ref()?;
+        let peer = Peer {
+            transport: c.transport,
+            addr: c.io.remote,
+            conn: conn_id(self.worker, f.slot),
+        };
+        let data = c.io.inbuf.get(f.start..f.start + f.len)?;
+        Some(if f.oversize {
+            Received::Oversize(peer, data)
+        } else {
+            Received::Message(peer, data)
+        })
+    }
+
+    /// Consumes what this pass read, once the worker has handed it to the engine: answers
+    /// keep-alive pings, re-arms timeouts, and ends the connections that ended.
+    pub fn release(&mut self, now: Millis) {
+        self.frames.clear();
+        let mut reads = std::mem::take(&mut self.reads);
+        for r in reads.drain(..) {
+            let Some(c) = self.conns.get_mut(r.slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            if r.ping {
+                c.io.queue(b"\r\n");
+            }
+            c.io.consume(r.consumed);
+            c.pending_since = if !c.established {
+                c.pending_since.or(Some(now))
+            } else if c.io.inbuf.is_empty() {
+                None
+            } else if r.consumed > 0 {
+                Some(now)
+            } else {
+                c.pending_since.or(Some(now))
+            };
+            if c.io.has_output() {
+                self.mark_dirty(r.slot);
+            }
+            match (r.end, r.invalid) {
+                (_, Some(why)) => self.drain(now, r.slot, Close::Framing(why)),
+                (ReadEnd::Drained, None) => self.rearm_if_earlier(r.slot),
+                (ReadEnd::Closed, None) => self.drain(now, r.slot, Close::Peer),
+                (ReadEnd::TlsError(why), None) => {
+                    if self.log.allow(now) {
+                        let remote = self.conns[r.slot].as_ref().map(|c| c.io.remote);
+                        tracing::warn!("TLS with {} failed: {why}", fmt_remote(remote));
+                    }
+                    self.close(now, r.slot, Close::Tls)
+                }
+            }
+        }
+        self.reads = reads;
+    }
+
+    /// Ends a connection once the answers to what it sent are written (by this pass's
+    /// flush, or within `message_timeout_ms` if the peer does not take them).
+    fn drain(&mut self, now: Millis, slot: usize, why: Close) {
+        if let Some(c) = self.conns[slot].as_mut() {
+            c.drain = Some(why);
+            c.pending_since = Some(now);
+        }
+        self.rearm_if_earlier(slot);
+        // Marked dirty even with nothing queued, so the flush closes it.
+        self.mark_dirty(slot);
+    }
+
+    fn mark_dirty(&mut self, slot: usize) {
+        if let Some(c) = self.conns[slot].as_mut() {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(slot);
+            }
+        }
+    }
+
+    /// Moves the requests that could not be delivered since the last call into `out`.
+    pub fn take_failed(&mut self, out: &mut Vec<(Peer, Bytes)>) {
+        out.append(&mut self.failed);
+    }
+
+    /// Queues `data` for `to`. Returns the worker to mail it to when another worker owns the
+    /// connection named.
+    pub fn send(&mut self, now: Millis, to: Peer, data: &[u8], epoll: &Epoll) -> Option<usize> {
+        let request = !data.starts_with(b"SIP/2.0 ");
+        let slot = match self.find(now, to, data, epoll) {
+            Ok(slot) => slot,
+            Err(Some(owner)) => return Some(owner),
+            Err(None) => {
+                inc(&self.stats.stream_transmit_failures);
+                if request {
+                    self.failed.push((to, Bytes::copy_from_slice(data)));
+                }
+                return None;
+            }
+        };
+        if let Some(c) = self.conns[slot].as_mut() {
+            c.io.queue(data);
+            c.last_active = now;
+            let up = !c.connecting && c.established;
+            if request && !c.accepted && !up && c.unconfirmed.len() < MAX_UNCONFIRMED {
+                c.unconfirmed.push(Bytes::copy_from_slice(data));
+            }
+        }
+        self.mark_dirty(slot);
+        None
+    }
+
+    /// The connection a message goes on: the one named if it is still open, else one to the
+    /// address (per call for requests when so configured), opened if needed. `Err(Some(w))`:
+    /// worker `w` owns the connection named.
+    fn find(
+        &mut self,
+        now: Millis,
+        to: Peer,
+        data: &[u8],
+        epoll: &Epoll,
+    ) -> Result<usize, Option<usize>> {
+        if to.conn != 0 {
+            let (owner, slot) = split_id(to.conn);
+            if owner != self.worker {
+                return Err(Some(owner));
+            }
+            let same = self
+                .conns
+                .get(slot)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| {
+                    c.io.remote == to.addr && c.transport == to.transport && !c.closing
+                });
+            if same {
+                return Ok(slot);
+            }
+        }
+        let call = match self.cfg.outbound {
+            OutboundConnections::PerCall if !data.starts_with(b"SIP/2.0 ") => call_hash(data),
+            _ => None,
+        };
+        let existing = match call {
+            Some(h) => self.by_call.get(&(to.transport, to.addr, h)),
+            None => self.by_remote.get(&(to.transport, to.addr)),
+        };
+        if let Some(&slot) = existing {
+            if self.conns[slot].as_ref().is_some_and(|c| c.drain.is_none()) {
+                return Ok(slot);
+            }
+        }
+        match self.connect(now, to, call, epoll) {
+            Ok(slot) => {
+                match call {
+                    Some(h) => self.by_call.insert((to.transport, to.addr, h), slot),
+                    None => self.by_remote.insert((to.transport, to.addr), slot),
+                };
+                Ok(slot)
+            }
+            Err(e) => {
+                inc(&self.stats.connection_errors);
+                if self.log.allow(now) {
+                    tracing::warn!("cannot connect to {}:{}: {e}", to.transport, to.addr);
+                }
+                Err(None)
+            }
+        }
+    }
+
+    fn connect(
+        &mut self,
+        now: Millis,
+        to: Peer,
+        call: Option<u64>,
+        epoll: &Epoll,
+    ) -> io::Result<usize> {
+        if self.open >= self.cfg.max_connections_per_worker {
+            return Err(io::Error::other("max_connections are open"));
+        }
+        let tls = match to.transport {
+            Transport::Tls => {
+                let cfg = self.tls_client.as_ref().ok_or_else(|| {
+                    io::Error::other("no TLS client configuration ([tls] ca or verify_server)")
+                })?;
+                let domain = self.tls_names.get(&to.addr).map(|d| &**d);
+                let name = sipsec_transport::tls::server_name(domain, to.addr.ip())
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                Some(cfg.connect(name).map_err(io::Error::other)?)
+            }
+            Transport::Tcp => None,
+            Transport::Udp => return Err(io::Error::other("UDP is not a stream")),
+        };
+        let socket = Socket::new(Domain::for_address(to.addr), Type::STREAM, None)?;
+        socket.set_nonblocking(true)?;
+        socket.set_nodelay(true)?;
+        match socket.connect(&SockAddr::from(to.addr)) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(e),
+        }
+        // The connect (and handshake) must finish within the message timeout.
+        let slot = self.insert(
+            now,
+            to.transport,
+            socket.into(),
+            to.addr,
+            tls,
+            call,
+            Some(now),
+            epoll,
+        )?;
+        if let Some(c) = self.conns[slot].as_mut() {
+            c.connecting = true;
+        }
+        inc(&self.stats.connections_opened);
+        Ok(slot)
+    }
+
+    /// TLS for connections accepted and opened from now on (a reload: a rotated certificate,
+    /// a new CA); those already up keep theirs.
+    pub fn set_tls(&mut self, server: Option<ServerTls>, client: Option<ClientTls>) {
+        self.tls_server = server;
+        self.tls_client = client;
+    }
+
+    /// Connections open in this worker.
+    pub fn open(&self) -> usize {
+        self.open
+    }
+
+    /// Remembers the domain TLS destination `addr` was located from (RFC 5922): connections
+    /// opened to it from now on check the server's certificate against that name.
+    pub fn name_tls_destination(&mut self, addr: SocketAddr, domain: Arc<str>) {
+        if self.tls_names.len() >= MAX_TLS_NAMES && !self.tls_names.contains_key(&addr) {
+            self.tls_names.clear();
+        }
+        self.tls_names.insert(addr, domain);
+    }
+
+    /// Marks the per-call connections whose call ended for closing once their output is out.
+    pub fn finish_calls(&mut self, ids: &mut Vec<ConnId>) {
+        for id in ids.drain(..) {
+            let (owner, slot) = split_id(id);
+            if owner != self.worker {
+                continue;
+            }
+            let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            let Some(h) = c.call else {
+                continue;
+            };
+            c.closing = true;
+            let key = (c.transport, c.io.remote, h);
+            if let Some(tls) = &mut c.io.tls {
+                tls.close_notify();
+            }
+            if self.by_call.get(&key) == Some(&slot) {
+                self.by_call.remove(&key);
+            }
+            // Marked dirty even with nothing queued, so the flush closes it.
+            self.mark_dirty(slot);
+        }
+    }
+
+    /// Whether [`Connections::flush`] has anything to write or close.
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Writes every connection that has queued output this pass (one write per connection,
+    /// however many messages it got), and closes those that are done.
+    pub fn flush(&mut self, now: Millis) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for &slot in &dirty {
+            if let Some(c) = self.conns[slot].as_mut() {
+                c.dirty = false;
+            }
+            self.flush_one(now, slot);
+        }
+        let mut dirty = dirty;
+        dirty.clear();
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    fn flush_one(&mut self, now: Millis, slot: usize) {
+        let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if !c.io.flush() {
+            self.close(now, slot, Close::Error);
+        } else if c.io.has_output() {
+            // The rest goes when the socket is writable again.
+        } else if let Some(why) = c.drain {
+            self.close(now, slot, why);
+        } else if c.closing {
+            self.close(now, slot, Close::CallOver);
+        }
+    }
+
+    /// Runs the connection timers due at `now`.
+    pub fn on_tick(&mut self, now: Millis) {
+        let mut expired = std::mem::take(&mut self.expired);
+        self.timers.advance(now, &mut expired);
+        for &slot in &expired {
+            let Some(c) = self.conns[slot].as_mut() else {
+                continue;
+            };
+            c.timer = None;
+            let at = c.deadline(&self.cfg);
+            if at > now {
+                c.timer = Some(self.timers.insert(at, slot));
+                c.timer_at = at;
+            } else if c.pending_since.is_some() {
+                self.close(now, slot, Close::MessageTimeout);
+            } else {
+                self.close(now, slot, Close::Idle);
+            }
+        }
+        expired.clear();
+        self.expired = expired;
+    }
+
+    fn close(&mut self, now: Millis, slot: usize, why: Close) {
+        let Some(mut c) = self.conns.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        if let Some(h) = c.timer.take() {
+            self.timers.cancel(h);
+        }
+        let key = (c.transport, c.io.remote);
+        if self.by_remote.get(&key) == Some(&slot) {
+            self.by_remote.remove(&key);
+        }
+        if let Some(h) = c.call {
+            let key = (c.transport, c.io.remote, h);
+            if self.by_call.get(&key) == Some(&slot) {
+                self.by_call.remove(&key);
+            }
+        }
+        if c.accepted {
+            let ip = c.io.remote.ip();
+            if let Some(n) = self.per_ip.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_ip.remove(&ip);
+                }
+            }
+        }
+        self.free.push(slot);
+        self.open -= 1;
+        // Closed before it was up, whatever closed it (refused, reset, a failed or abandoned
+        // handshake): what was queued on it never left.
+        let to = Peer::new(c.transport, c.io.remote);
+        self.failed
+            .extend(c.unconfirmed.drain(..).map(|data| (to, data)));
+        let counter = match why {
+            Close::Peer | Close::CallOver => None,
+            Close::Error => Some(&self.stats.connection_errors),
+            Close::Idle => Some(&self.stats.idle_closed),
+            Close::MessageTimeout => Some(&self.stats.message_timeouts),
+            Close::Framing(_) => Some(&self.stats.framing_errors),
+            Close::Tls => Some(&self.stats.tls_failures),
+        };
+        if let Some(counter) = counter {
+            inc(counter);
+        }
+        let problem = match why {
+            Close::Framing(f) => Some(f),
+            Close::MessageTimeout if !c.established => Some("handshake not finished in time"),
+            Close::MessageTimeout => Some("message not finished in time"),
+            Close::Idle => {
+                c.io.close_notify();
+                None
+            }
+            _ => None,
+        };
+        if let Some(what) = problem.filter(|_| self.log.allow(now)) {
+            tracing::warn!(
+                "closed a {} connection from {}: {what}",
+                c.transport,
+                c.io.remote
+            );
+        }
+        // Dropping the stream closes the descriptor, which takes it out of the epoll set.
+    }
+}
+
+fn fmt_remote(remote: Option<SocketAddr>) -> String {
+    remote.map_or_else(|| "a peer".into(), |r| r.to_string())
+}
+
+/// A hash of a request's Call-ID, which keys per-call connections (only per-call mode pays
+/// for this parse).
+fn call_hash(data: &[u8]) -> Option<u64> {
+    let msg = sip_core::message::Message::parse(data).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    msg.call_id().hash(&mut h);
+    Some(h.finish())
+}
+
+#[cfg(test)]
+mod descriptor_tests {
+    use super::fit_to_descriptors;
+    use crate::config::Config;
+
+    #[test]
+    fn max_connections_follows_the_open_file_limit() {
+        let toml =
+            "[server]\nworkers = 2\nlisten = [\"udp:127.0.0.1:5060\", \"tcp:127.0.0.1:5060\"]\n\
+                    [metrics]\nlisten = \"127.0.0.1:9090\"\n";
+        let mut c = Config::from_toml(toml).unwrap();
+        // The defaults: 100,000 connections, 10,000 from one address, against 20,000 files.
+        assert_eq!(
+            fit_to_descriptors(&mut c, Some(20_000)),
+            Some((100_000, 19_714))
+        );
+        // Kept: 256, six per worker (two listen addresses), 17 for the metrics endpoint.
+        assert_eq!(c.streams.max_connections_per_worker, 9_857);
+        // One address keeps its tenth of the whole.
+        assert_eq!(c.streams.max_per_ip_per_worker, 985);
+        // Room enough, or no limit: nothing changes.
+        let mut c = Config::from_toml(toml).unwrap();
+        assert_eq!(fit_to_descriptors(&mut c, Some(1 << 20)), None);
+        assert_eq!(fit_to_descriptors(&mut c, None), None);
+        assert_eq!(c.streams.max_connections_per_worker, 50_000);
+        // A limit below what is kept still leaves each worker a connection.
+        let mut c = Config::from_toml(toml).unwrap();
+        assert_eq!(fit_to_descriptors(&mut c, Some(100)), Some((100_000, 2)));
+        assert_eq!(c.streams.max_per_ip_per_worker, 1);
+    }
+}

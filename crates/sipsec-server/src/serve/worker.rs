@@ -1,0 +1,422 @@
+//! A worker thread: the I/O driver around one [`Engine`].
+//!
+//! The loop, one pass at a time:
+//! 1. one `epoll_wait` on the worker's UDP sockets, mailbox, listeners and connections
+//!    (returning at once while anything is ready, sleeping until the next deadline otherwise);
+//! 2. mail first (bindings other workers made must be in place before any message that may
+//!    depend on them), then a `recvmmsg` batch per readable UDP socket and the bytes of each
+//!    readable connection ([`Connections`]), every message handed to the engine by the same
+//!    call, [`Engine::on_message`], after the mail that arrived meanwhile;
+//! 3. the engine's and the connections' due timers;
+//! 4. every `[overload] interval_ms`, the share of it the worker was busy
+//!    ([`Engine::on_load`]);
+//! 5. everything the engine asked for ([`Effects`]): binding changes posted to the other
+//!    workers (without waking them: step 2 takes them first) and the store before any answer
+//!    leaves, datagrams with one `sendmmsg` per
+//!    socket, one write per connection, mail, credential fetches, DNS lookups.
+//!
+//! A busy worker does not sleep between passes, and no pass makes a system call that can
+//! only answer "nothing". Under load it also lets datagrams accumulate briefly after waking
+//! ([`Coalescer`]), as long as that is measured to cost less CPU than waking for each.
+
+use super::busy::BusyMeter;
+use super::coalesce::Coalescer;
+use super::connections::{Connections, Received};
+use super::fetch::FetchHandle;
+use super::mailbox::{Letter, Mailbox, MailboxSender};
+use super::token::Token;
+use crate::db::store::StoreHandle;
+use crate::engine::{Effects, Engine, Mail};
+use bytes::Bytes;
+use sipsec_transport::net::epoll::{self, Epoll};
+use sipsec_transport::net::transport::{Peer, Transport};
+use sipsec_transport::net::udp::{self, RecvBatch, SendBatch};
+use socket2::Socket;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a worker is made of; [`Worker::new`] registers its descriptors.
+pub struct Parts {
+    pub index: usize,
+    pub engine: Engine,
+    /// UDP sockets, in listen order.
+    pub sockets: Vec<Socket>,
+    pub connections: Connections,
+    /// The epoll set the connection table registered its listeners with.
+    pub epoll: Epoll,
+    pub mailbox: Mailbox,
+    /// Every worker's mailbox, by index (this one's included).
+    pub workers: Vec<MailboxSender>,
+    pub store: Option<StoreHandle>,
+    /// Where credential fetches go: the Proxychain authority's channel, or the user database
+    /// for digest without the cache.
+    pub fetcher: Option<FetchHandle>,
+    /// Where names to locate by DNS go.
+    pub resolver: Option<super::dns::LookupHandle>,
+    pub coalescer: Coalescer,
+    pub shutdown: Arc<AtomicBool>,
+    /// Monotonic time 0 of every worker's clock.
+    pub started: Instant,
+}
+
+/// A worker thread's state: see the module doc for its loop.
+pub struct Worker {
+    index: usize,
+    engine: Engine,
+    sockets: Vec<Socket>,
+    /// Whether each UDP socket is IPv6, by index.
+    udp_v6: Vec<bool>,
+    connections: Connections,
+    epoll: Epoll,
+    mailbox: Mailbox,
+    workers: Vec<MailboxSender>,
+    store: Option<StoreHandle>,
+    fetcher: Option<FetchHandle>,
+    resolver: Option<super::dns::LookupHandle>,
+    coalescer: Coalescer,
+    shutdown: Arc<AtomicBool>,
+    started: Instant,
+}
+
+impl Worker {
+    /// A worker, its UDP sockets and mailbox registered with its epoll set.
+    pub fn new(p: Parts) -> std::io::Result<Worker> {
+        for (i, s) in p.sockets.iter().enumerate() {
+            p.epoll
+                .add(udp::fd(s), epoll::READ, Token::Udp(i).encode())?;
+        }
+        p.epoll
+            .add(p.mailbox.fd(), epoll::READ, Token::Mailbox.encode())?;
+        let udp_v6 = p
+            .sockets
+            .iter()
+            .map(|s| s.local_addr().ok().and_then(|a| a.as_socket()))
+            .map(|a| a.is_some_and(|a| a.is_ipv6()))
+            .collect();
+        Ok(Worker {
+            index: p.index,
+            engine: p.engine,
+            sockets: p.sockets,
+            udp_v6,
+            connections: p.connections,
+            epoll: p.epoll,
+            mailbox: p.mailbox,
+            workers: p.workers,
+            store: p.store,
+            fetcher: p.fetcher,
+            resolver: p.resolver,
+            coalescer: p.coalescer,
+            shutdown: p.shutdown,
+            started: p.started,
+        })
+    }
+
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Reads the clock: the engine's milliseconds, and the same reading in microseconds for
+    /// its latency histograms (one clock read for both).
+    fn now(&mut self) -> u64 {
+        let us = Instant::now()
+            .saturating_duration_since(self.started)
+            .as_micros() as u64;
+        self.engine.set_clock_us(us);
+        us / 1000
+    }
+
+    /// `t` in the engine's milliseconds (since the workers started).
+    fn millis(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.started).as_millis() as u64
+    }
+
+    /// Runs until `shutdown` is set.
+    pub fn run(mut self) {
+        let mut batch = RecvBatch::new();
+        let mut sender = SendBatch::default();
+        let mut udp_out: Vec<(Peer, Bytes)> = Vec::new();
+        let mut fx = Effects::default();
+        let mut events = epoll::events(256);
+        let fds: Vec<RawFd> = self.sockets.iter().map(udp::fd).collect();
+        let mut failed: Vec<(Peer, Bytes)> = Vec::new();
+        let interval = Duration::from_millis(self.engine.overload_interval_ms());
+        let mut busy = BusyMeter::new(interval, Instant::now());
+        let mut timestamps = false;
+        while !self.shutdown.load(Ordering::Relaxed) {
+            // One wait per pass: it returns at once while anything is ready (UDP sockets and
+            // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
+            // The clock is read twice a pass, around the wait: what the wait took is the idle
+            // time overload control measures.
+            let wait_start = Instant::now();
+            let now = self.millis(wait_start);
+            let timeout = [
+                self.engine.next_deadline(),
+                self.connections.next_deadline(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
+            let n = self.epoll.wait(&mut events, timeout);
+            let woke = Instant::now();
+            busy.idle(woke.saturating_duration_since(wait_start));
+            let delay = self.coalescer.delay(self.millis(woke));
+            if n > 0 && !delay.is_zero() {
+                // Under load, let datagrams accumulate briefly so one batch takes them.
+                std::thread::sleep(delay);
+                busy.idle(delay);
+            }
+            let tokens = || events[..n].iter().map(|ev| (Token::decode(ev.u64), ev));
+            if tokens().any(|(t, _)| t == Some(Token::Mailbox)) {
+                self.mailbox.reset();
+            }
+            // Every pass, woken for mail or not: bindings are posted without a wake-up, so an
+            // idle worker's replica is never more than one wait (200 ms) behind. (Each receive
+            // batch takes the mail again first, for what came during the pass.)
+            self.take_mail(&mut fx);
+            for (token, ev) in tokens() {
+                match token {
+                    Some(Token::Udp(i)) if i < fds.len() => {
+                        self.receive_udp(i, fds[i], &mut batch, &mut fx);
+                        if timestamps {
+                            if let Some(t) = batch.first_timestamp() {
+                                busy.queued(t.elapsed().unwrap_or_default());
+                            }
+                        }
+                    }
+                    Some(t @ (Token::Listener(_) | Token::Connection(_))) => {
+                        let now = self.now();
+                        self.connections.on_event(now, t, ev, &self.epoll);
+                    }
+                    _ => {}
+                }
+            }
+            self.receive_streams(&mut fx);
+            let now = self.now();
+            if self.engine.next_deadline().is_some_and(|d| d <= now) {
+                self.engine.on_tick(now, &mut fx);
+            }
+            if self.connections.next_deadline().is_some_and(|d| d <= now) {
+                self.connections.on_tick(now);
+            }
+            if let Some(load) = busy.take(woke) {
+                self.engine
+                    .on_load(now, load.busy, load.queue_delay.as_millis() as u64);
+                let open = self.connections.open() as u64;
+                let traffic = &self.engine.stats().traffic;
+                traffic.connections_open.store(open, Ordering::Relaxed);
+                // Kernel timestamps only near capacity, where queue delay is worth knowing.
+                let want = load.busy >= TIMESTAMPS_FROM_BUSY || !load.queue_delay.is_zero();
+                if want != timestamps {
+                    timestamps = want;
+                    for &fd in &fds {
+                        udp::set_timestamps(fd, want);
+                    }
+                }
+            }
+            self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
+            // Requests a connection could not deliver fail their branches now (503).
+            self.connections.take_failed(&mut failed);
+            if !failed.is_empty() {
+                let now = self.now();
+                for (to, data) in failed.drain(..) {
+                    self.engine.on_transport_error(now, to, &data, &mut fx);
+                }
+                self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
+            }
+        }
+        // Let the last messages out before the thread ends.
+        self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
+    }
+
+    /// Handles the mail already in the channel. Engine mail goes to the engine; bytes for
+    /// one of our connections join this pass's output.
+    fn take_mail(&mut self, fx: &mut Effects) {
+        while let Some(letter) = self.mailbox.try_recv() {
+            match letter {
+                Letter::Engine(mail) => {
+                    let now = self.now();
+                    self.engine.on_mail(now, mail, fx);
+                }
+                Letter::Transmit { to, data } => fx.transmits.push((to, data)),
+                Letter::Reload(r) => {
+                    self.engine.reload(r.cfg.clone());
+                    self.connections
+                        .set_tls(r.tls_server.clone(), r.tls_client.clone());
+                }
+            }
+        }
+    }
+
+    /// One `recvmmsg` batch from UDP socket number `socket`, which the wait found readable.
+    fn receive_udp(&mut self, socket: usize, fd: RawFd, batch: &mut RecvBatch, fx: &mut Effects) {
+        match batch.recv(fd) {
+            Ok(0) => {}
+            Ok(n) => {
+                // A binding posted before this batch was read must be applied before it: the
+                // other worker posts it before its 200 OK leaves, so a request the client sent
+                // on seeing that 200 cannot find the binding missing here.
+                self.take_mail(fx);
+                let now = self.now();
+                self.coalescer.record(now, n, thread_cpu);
+                for i in 0..n {
+                    if let Some((source, data)) = batch.get(i) {
+                        let source = Peer::udp_via(source, socket);
+                        self.engine.on_message(now, source, data, fx);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("receive failed: {e}"),
+        }
+    }
+
+    /// Hands the messages the connections framed this pass to the engine, after the mail
+    /// that came meanwhile (as for a UDP batch), then lets the connections consume them.
+    fn receive_streams(&mut self, fx: &mut Effects) {
+        if !self.connections.read_any() {
+            return;
+        }
+        let count = self.connections.received_len();
+        let now = self.now();
+        if count > 0 {
+            self.take_mail(fx);
+            // Stream messages count toward the rate that sets how long a wake-up may wait
+            // for more, as datagrams do: at the same rate, a TCP or TLS worker is woken as
+            // rarely as a UDP one.
+            self.coalescer.record(now, count, thread_cpu);
+        }
+        for i in 0..count {
+            match self.connections.received(i) {
+                Some(Received::Message(source, data)) => {
+                    self.engine.on_message(now, source, data, fx)
+                }
+                Some(Received::Oversize(source, head)) => {
+                    self.engine.on_oversize(now, source, head, fx)
+                }
+                None => {}
+            }
+        }
+        self.connections.release(now);
+    }
+
+    /// Sends datagrams from the socket each names (`Peer::udp_socket`), or else the first of
+    /// the destination's address family, one `sendmmsg` run per socket. Returns how many
+    /// could not be sent.
+    fn send_udp(&self, fds: &[RawFd], sender: &mut SendBatch, out: &mut [(Peer, Bytes)]) -> usize {
+        let socket_for = |p: &Peer| {
+            p.udp_socket()
+                .filter(|&s| s < fds.len())
+                .or_else(|| self.udp_v6.iter().position(|&v6| v6 == p.addr.is_ipv6()))
+        };
+        match fds {
+            // No UDP listener to send from (a contact registered over UDP with a
+            // stream-only server).
+            [] => out.len(),
+            [fd] => sender.send(*fd, out, |p| p.addr),
+            _ => {
+                // Runs of one socket, in the order they were queued within each socket.
+                out.sort_by_key(|(p, _)| socket_for(p));
+                let mut failed = 0;
+                for run in out.chunk_by(|(a, _), (b, _)| socket_for(a) == socket_for(b)) {
+                    failed += match socket_for(&run[0].0) {
+                        Some(s) => sender.send(fds[s], run, |p| p.addr),
+                        None => run.len(),
+                    };
+                }
+                failed
+            }
+        }
+    }
+
+    fn flush(
+        &mut self,
+        fds: &[RawFd],
+        sender: &mut SendBatch,
+        udp_out: &mut Vec<(Peer, Bytes)>,
+        fx: &mut Effects,
+    ) {
+        if fx.is_empty() {
+            if self.connections.has_dirty() {
+                // Keep-alive answers and connections that ended.
+                let now = self.now();
+                self.connections.flush(now);
+            }
+            return;
+        }
+        let now = self.now();
+        // Bindings first: another worker must have a registration before the REGISTER's 200 OK
+        // leaves, or a request the client sends on seeing it may meet a worker without it.
+        // Posted, not sent: the other worker takes its mail before handling whatever wakes it
+        // next, so a REGISTER costs it no wake-up.
+        for change in fx.changes.drain(..) {
+            for (i, worker) in self.workers.iter().enumerate() {
+                if i != self.index {
+                    worker.post(Mail::Binding(change.clone()));
+                }
+            }
+            if let Some(store) = &self.store {
+                store.send(self.index, change);
+            }
+        }
+        // Before any connection to them is opened.
+        for (addr, domain) in fx.tls_names.drain(..) {
+            self.connections.name_tls_destination(addr, domain);
+        }
+        if !fx.transmits.is_empty() {
+            for (to, data) in fx.transmits.drain(..) {
+                if to.transport == Transport::Udp {
+                    udp_out.push((to, data));
+                } else if let Some(owner) = self.connections.send(now, to, &data, &self.epoll) {
+                    if let Some(worker) = self.workers.get(owner) {
+                        worker.send(Letter::Transmit { to, data });
+                    }
+                }
+            }
+            if !udp_out.is_empty() {
+                let failed = self.send_udp(fds, sender, udp_out);
+                self.engine
+                    .stats()
+                    .send_errors
+                    .fetch_add(failed as u64, Ordering::Relaxed);
+                udp_out.clear();
+            }
+        }
+        self.connections.finish_calls(&mut fx.finished_calls);
+        self.connections.flush(now);
+        for (to, mail) in fx.mail.drain(..) {
+            if let Some(worker) = self.workers.get(to) {
+                worker.send(mail);
+            }
+        }
+        for (user, prefetch) in fx.fetches.drain(..) {
+            if let Some(fetcher) = &self.fetcher {
+                fetcher.fetch(user, prefetch, self.index);
+            }
+        }
+        for query in fx.lookups.drain(..) {
+            if let Some(resolver) = &self.resolver {
+                resolver.lookup(query, self.index);
+            }
+        }
+    }
+}
+
+/// The busy fraction from which a worker has the kernel stamp its datagrams (and measures
+/// their queue delay); below it nothing is stamped.
+const TIMESTAMPS_FROM_BUSY: f64 = 0.5;
+
+/// CPU time the calling thread has used, for the coalescer's measurements.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
