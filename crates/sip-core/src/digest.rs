@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 /// One `name=value` auth-param, the value unquoted.
-pub type AuthParam<'a> = (&'a [u8], Cow<'a, [u8]>);
+pub(crate) type AuthParam<'a> = (&'a [u8], Cow<'a, [u8]>);
 
 /// A digest hash algorithm (RFC 7616 §6.1, RFC 8760).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +88,7 @@ pub enum DigestError {
 /// parameters. [`parse_scheme_params`] refuses values with CR, LF or NUL, which a
 /// quoted-string cannot carry, so whatever it read can be written back.
 #[derive(Debug, Clone, Copy)]
-pub struct Quoted<'a>(pub &'a str);
+pub(crate) struct Quoted<'a>(pub &'a str);
 
 impl std::fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -114,7 +114,7 @@ pub fn parse_params(value: &[u8]) -> Result<Vec<AuthParam<'_>>, DigestError> {
 
 /// Splits `<scheme> a=b, c="d"` into its parameters like [`parse_params`]; `NotDigest` means
 /// the value is of another scheme. Proxychain's `PC` headers share the syntax.
-pub fn parse_scheme_params<'v>(
+pub(crate) fn parse_scheme_params<'v>(
     value: &'v [u8],
     scheme: &[u8],
 ) -> Result<Vec<AuthParam<'v>>, DigestError> {
@@ -269,7 +269,10 @@ impl Challenge {
     }
 
     /// The full `Authorization` / `Proxy-Authorization` value answering this challenge.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one argument per field RFC 2617 puts in the response; a struct would only rename them"
+    )]
     pub fn authorization(
         &self,
         username: &str,

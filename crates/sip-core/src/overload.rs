@@ -181,7 +181,7 @@ impl Feedback {
 /// Where in `params` (a Via's parameters, leading `;` included) the overload control
 /// parameters a client announced are, as `(start, end)` ranges relative to `params`: a
 /// server replaces them with its [`Feedback`].
-pub fn announcement_ranges(params: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
+pub(crate) fn announcement_ranges(params: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut pos = 0;
     std::iter::from_fn(move || {
         while pos < params.len() {

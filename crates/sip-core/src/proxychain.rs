@@ -181,7 +181,7 @@ pub fn chain_root(kind: HashKind, k_ad: &[u8], n_da: &Nonce, proxy: &str) -> Tok
 }
 
 /// tk_P = HMAC(k_AD, n_DP ‖ P): the key the proxy and the user share for this chain.
-pub fn session_key(kind: HashKind, k_ad: &[u8], n_dp: &Nonce, proxy: &str) -> Token {
+pub(crate) fn session_key(kind: HashKind, k_ad: &[u8], n_dp: &Nonce, proxy: &str) -> Token {
     kind.hmac(k_ad, &[n_dp, proxy.as_bytes()])
 }
 
@@ -221,12 +221,12 @@ pub fn issue(
 }
 
 /// HMAC(tk_P, n_AP ‖ i): the network's proof in a challenge.
-pub fn network_proof(kind: HashKind, tk_p: &Token, n_ap: &Nonce, i: u32) -> Token {
+pub(crate) fn network_proof(kind: HashKind, tk_p: &Token, n_ap: &Nonce, i: u32) -> Token {
     kind.hmac(tk_p.as_bytes(), &[n_ap, &i.to_be_bytes()])
 }
 
 /// HMAC(tk_P, A ‖ B ‖ i): binds a response to the caller, the callee and the counter.
-pub fn request_proof(kind: HashKind, tk_p: &Token, from: &[u8], to: &[u8], i: u32) -> Token {
+pub(crate) fn request_proof(kind: HashKind, tk_p: &Token, from: &[u8], to: &[u8], i: u32) -> Token {
     kind.hmac(tk_p.as_bytes(), &[from, to, &i.to_be_bytes()])
 }
 

@@ -9,7 +9,7 @@ use plotters::prelude::*;
 
 /// Colours by index: the model's blocks (one colour each, the wake-up last in grey), then
 /// lines of a multi-series chart.
-pub const PALETTE: [RGBColor; 12] = [
+pub(crate) const PALETTE: [RGBColor; 12] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -40,7 +40,7 @@ fn hbars(
     labels: &[String],
     x_max: f64,
     legend: &[(String, RGBColor, bool)],
-    draw: impl FnOnce(&mut Chart) -> Result<()>,
+    draw: impl FnOnce(&mut Chart<'_, '_>) -> Result<()>,
 ) -> Result<String> {
     let n = labels.len().max(1);
     let height = 90 + ROW_PX * n as u32;

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 /// The building blocks, in the order units are reported.
-pub const BLOCKS: [&str; 12] = [
+pub(crate) const BLOCKS: [&str; 12] = [
     "message",
     "stream message",
     "TLS record",
@@ -83,7 +83,7 @@ pub fn counts(r: &Record) -> [f64; N] {
 /// reference servers and ablated rows are left out: an ablated row has the counts of a real
 /// configuration without the cost of the stage made free, which is no configuration the
 /// model is to explain.
-pub fn observations(records: &[Record]) -> Vec<Observation> {
+pub(crate) fn observations(records: &[Record]) -> Vec<Observation> {
     let suites = super::suite::all();
     let ablated: Vec<(&str, &str)> = suites
         .iter()
@@ -131,7 +131,7 @@ pub fn observations(records: &[Record]) -> Vec<Observation> {
 }
 
 /// Unit costs in µs; `None` for a block no fitted row has.
-pub type Units = [Option<f64>; N];
+pub(crate) type Units = [Option<f64>; N];
 
 /// Non-negative least squares of `cpu_us ≈ Σ units × counts`, each row weighted by its own
 /// cost so the fit minimises relative error: solve on the blocks present, drop the most
@@ -215,7 +215,7 @@ fn solve(obs: &[&Observation], active: &[usize]) -> Option<Vec<f64>> {
 
 /// A model's prediction of CPU per operation from `units`, if it has every block the row
 /// uses.
-pub fn predict(units: &Units, counts: &[f64; N]) -> Option<f64> {
+pub(crate) fn predict(units: &Units, counts: &[f64; N]) -> Option<f64> {
     let mut total = 0.0;
     for b in 0..N {
         if counts[b] > 0.0 {
@@ -227,29 +227,29 @@ pub fn predict(units: &Units, counts: &[f64; N]) -> Option<f64> {
 
 /// One row's measured cost, its fitted and held-out predictions.
 #[derive(Debug, Clone)]
-pub struct Prediction {
+pub(crate) struct Prediction {
     pub suite: String,
     pub row: String,
     pub cpu_us: f64,
-    pub fitted_us: Option<f64>,
+    pub(crate) fitted_us: Option<f64>,
     /// From the model fitted on every other row; `None` where a block only this row has.
-    pub held_out_us: Option<f64>,
+    pub(crate) held_out_us: Option<f64>,
     /// The same held-out model's CPU per operation at saturation: every block but the
     /// wake-up, since a worker that never runs out of work never sleeps.
-    pub held_out_saturated_us: Option<f64>,
+    pub(crate) held_out_saturated_us: Option<f64>,
     pub peak_per_s: Option<f64>,
     /// The row's block counts per operation.
     pub counts: [f64; N],
 }
 
 impl Prediction {
-    pub fn held_out_error(&self) -> Option<f64> {
+    pub(crate) fn held_out_error(&self) -> Option<f64> {
         Some((self.held_out_us? - self.cpu_us) / self.cpu_us)
     }
 
     /// The held-out error of the predicted peak (10⁶ µs over the CPU per operation at
     /// saturation, on the server's one core) against the measured one.
-    pub fn peak_error(&self) -> Option<f64> {
+    pub(crate) fn peak_error(&self) -> Option<f64> {
         let predicted = 1e6 / self.held_out_saturated_us?;
         let measured = self.peak_per_s?;
         Some((predicted - measured) / measured)
@@ -260,13 +260,13 @@ impl Prediction {
 #[derive(Debug, Clone)]
 pub struct Model {
     pub units: Units,
-    pub predictions: Vec<Prediction>,
+    pub(crate) predictions: Vec<Prediction>,
 }
 
 impl Model {
     /// Mean absolute held-out error of CPU per operation over the rows that could be
     /// predicted, and how many they were.
-    pub fn held_out_mae(&self) -> Option<(f64, usize)> {
+    pub(crate) fn held_out_mae(&self) -> Option<(f64, usize)> {
         mean_abs(
             self.predictions
                 .iter()
@@ -275,7 +275,7 @@ impl Model {
     }
 
     /// Mean absolute held-out error of the predicted peak, where peaks were measured.
-    pub fn peak_mae(&self) -> Option<(f64, usize)> {
+    pub(crate) fn peak_mae(&self) -> Option<(f64, usize)> {
         mean_abs(self.predictions.iter().filter_map(Prediction::peak_error))
     }
 }
@@ -286,7 +286,7 @@ fn mean_abs(errors: impl Iterator<Item = f64>) -> Option<(f64, usize)> {
 }
 
 /// Fits the model on `records` and predicts every row held out.
-pub fn fit_all(records: &[Record]) -> Model {
+pub(crate) fn fit_all(records: &[Record]) -> Model {
     let obs = observations(records);
     let all: Vec<&Observation> = obs.iter().collect();
     let units = fit(&all);

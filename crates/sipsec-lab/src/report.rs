@@ -20,7 +20,7 @@ use std::path::Path;
 
 /// One row's summary over its rounds.
 #[derive(Debug, Clone)]
-pub struct RowSummary {
+pub(crate) struct RowSummary {
     pub id: &'static str,
     pub label: &'static str,
     pub baseline: &'static str,
@@ -28,15 +28,14 @@ pub struct RowSummary {
     pub cpu_us: Option<f64>,
     pub ratio: Option<Ratio>,
     pub seed: Option<&'static str>,
-    pub seed_ratio: Option<f64>,
-    pub wakeups: Option<f64>,
+    pub(crate) seed_ratio: Option<f64>,
+    pub(crate) wakeups: Option<f64>,
     /// Per operation: messages in, connections, full and resumed handshakes, requests the
     /// auth gate examined (digest or Proxychain).
     pub counts: [Option<f64>; 5],
     pub peak_per_s: Option<f64>,
     /// User-space instructions per operation (callgrind, `lab run --instructions`).
     pub instructions: Option<f64>,
-    pub success: Option<f64>,
     pub latency_cdf_ms: Vec<[f64; 2]>,
     /// `[offered/s, goodput/s]`, the median over rounds at each multiple of the peak.
     pub goodput_curve: Vec<[f64; 2]>,
@@ -45,7 +44,7 @@ pub struct RowSummary {
 
 impl RowSummary {
     /// What the intervals allow us to say of this row against its baseline.
-    pub fn verdict(&self) -> &'static str {
+    pub(crate) fn verdict(&self) -> &'static str {
         match self.ratio {
             _ if self.id == self.baseline => "baseline",
             Some(r) if r.high < 1.0 => "cheaper",
@@ -116,7 +115,6 @@ fn summarise(s: &Suite, records: &[Record]) -> Vec<RowSummary> {
                         .filter_map(|r| r.instructions)
                         .collect::<Vec<_>>(),
                 ),
-                success: med(&|r| r.succeeded as f64 / r.calls.max(1) as f64),
                 latency_cdf_ms: measured
                     .iter()
                     .find(|r| !r.latency_cdf_ms.is_empty())
@@ -157,13 +155,13 @@ fn median_curve(rounds: &[&Record]) -> Vec<[f64; 2]> {
 /// How the seed's orderings fare in our measurements: pairs of rows with one baseline where
 /// the seed has one at least 10% dearer than the other.
 #[derive(Debug, Default)]
-pub struct Orderings {
-    pub reproduced: Vec<(String, String)>,
+pub(crate) struct Orderings {
+    pub(crate) reproduced: Vec<(String, String)>,
     pub reversed: Vec<(String, String)>,
-    pub not_separable: Vec<(String, String)>,
+    pub(crate) not_separable: Vec<(String, String)>,
 }
 
-pub fn orderings(rows: &[RowSummary]) -> Orderings {
+pub(crate) fn orderings(rows: &[RowSummary]) -> Orderings {
     let mut o = Orderings::default();
     for a in rows {
         for b in rows {
@@ -200,7 +198,7 @@ fn ratio_text(r: Option<Ratio>) -> String {
 }
 
 /// The markdown table of one suite.
-pub fn markdown_table(rows: &[RowSummary]) -> String {
+pub(crate) fn markdown_table(rows: &[RowSummary]) -> String {
     let mut t = String::from(
         "| configuration | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | auth | peak/s | instr/op |\n\
          |---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -445,7 +443,7 @@ fn goodput_chart(rows: &[RowSummary]) -> Result<Option<String>> {
 
 /// The goodput a row keeps at `multiple` times its own peak, from its curve (the point whose
 /// asked rate was nearest): `(offered/s, goodput/s)`.
-pub fn goodput_at(r: &RowSummary, multiple: f64) -> Option<(f64, f64)> {
+pub(crate) fn goodput_at(r: &RowSummary, multiple: f64) -> Option<(f64, f64)> {
     let peak = r.peak_per_s?;
     r.goodput_curve
         .iter()

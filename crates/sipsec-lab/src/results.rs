@@ -32,16 +32,16 @@ pub struct Record {
     #[serde(default)]
     pub cpu_us: f64,
     #[serde(default)]
-    pub user_us: f64,
+    pub(crate) user_us: f64,
     #[serde(default)]
-    pub sys_us: f64,
+    pub(crate) sys_us: f64,
     /// CPU per successful operation of the processes the server depends on (the authority,
     /// the database server), µs; 0 where there are none.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub peer_cpu_us: f64,
+    pub(crate) peer_cpu_us: f64,
     /// Times the server's threads were woken, per operation.
     #[serde(default)]
-    pub wakeups: f64,
+    pub(crate) wakeups: f64,
     #[serde(default)]
     pub succeeded: u64,
     #[serde(default)]

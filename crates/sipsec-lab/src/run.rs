@@ -723,7 +723,8 @@ pub fn run(a: RunArgs) -> Result<()> {
 }
 
 /// How to build and run the binary seed 002's suite needs.
-pub const LAB_BUILD: &str = "cargo build --release -p sipsec --features lab-noop --target-dir \
+pub(crate) const LAB_BUILD: &str =
+    "cargo build --release -p sipsec --features lab-noop --target-dir \
      target/lab-noop, then target/lab-noop/release/sipsec lab run seed002";
 
 /// How a row that ran and failed is recorded, unlike one that cannot run here.

@@ -32,7 +32,8 @@ pub struct Ratio {
 
 impl Ratio {
     /// Whether this row is cheaper than `other` with the intervals apart.
-    pub fn cheaper_than(&self, other: &Ratio) -> bool {
+    #[cfg(test)]
+    pub(crate) fn cheaper_than(&self, other: &Ratio) -> bool {
         self.high < other.low
     }
 }

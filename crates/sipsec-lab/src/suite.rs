@@ -29,11 +29,11 @@ pub enum Setup {
 
 /// The round trip between the proxy and its authority or database in seed 001's rows, as
 /// the paper measured between PlanetLab sites.
-pub const WAN_RTT_MS: f64 = 33.0;
+pub(crate) const WAN_RTT_MS: f64 = 33.0;
 
 /// Callers in seed 001's rows: few enough that each runs through several chains in a
 /// measured run, so chains are issued at their steady rate.
-pub const WAN_CALLERS: usize = 100;
+pub(crate) const WAN_CALLERS: usize = 100;
 
 /// Users in the digest rows' database, and callers the load cycles through.
 pub const USERS: usize = 1_000;
@@ -63,7 +63,7 @@ pub struct Row {
     pub seed: Option<&'static str>,
     /// The seed's cost relative to its baseline (the inverse of its throughput ratio), to
     /// set beside our ratio.
-    pub seed_ratio: Option<f64>,
+    pub(crate) seed_ratio: Option<f64>,
     /// Why this row cannot run on any build (it is listed, not measured).
     pub unavailable: Option<&'static str>,
     /// Offered rate when this row cannot hold the suite's (a configuration that collapses
@@ -84,7 +84,7 @@ pub struct Suite {
     pub rows: Vec<Row>,
     /// Runs only in a `lab-noop` build (seed 002's ablation); skipped, saying how to build
     /// one, elsewhere.
-    pub lab_build: bool,
+    pub(crate) lab_build: bool,
     /// Every row measures its goodput curve past the peak (as `lab run --curve` asks of
     /// the other suites).
     pub curve: bool,
@@ -106,7 +106,10 @@ pub fn named(name: &str) -> Option<Suite> {
     all().into_iter().find(|s| s.name == name)
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the suite tables are written as one call per row, a column per argument"
+)]
 const fn row(
     id: &'static str,
     label: &'static str,
@@ -776,7 +779,7 @@ fn seed004() -> Suite {
 
 /// The share of a core the overload suite holds the server under test to: one core of load
 /// generator then offers it several times its peak.
-pub const OVERLOAD_QUOTA: &str = "0.25";
+pub(crate) const OVERLOAD_QUOTA: &str = "0.25";
 
 /// Overload control (seed 004's collapse past the peak, and RFC 7339/7415): goodput against
 /// offered load up to three times the peak, for sipsec with control off and on, with a load

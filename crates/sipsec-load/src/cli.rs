@@ -83,23 +83,23 @@ pub struct LoadArgs {
     /// Our certificate and key (PEM): the client certificate the caller presents when a
     /// server asks for one, and the UAS's server certificate.
     #[arg(long)]
-    pub tls_cert: Option<PathBuf>,
+    pub(crate) tls_cert: Option<PathBuf>,
     /// The private key (PEM) of --tls-cert.
     #[arg(long)]
-    pub tls_key: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
     /// CA certificates (PEM) the peer's certificate must chain to: the server's, and the
     /// caller's when the UAS asks for client certificates.
     #[arg(long)]
-    pub tls_ca: Option<PathBuf>,
+    pub(crate) tls_ca: Option<PathBuf>,
     /// Whether the UAS asks callers for a certificate (verified against --tls-ca).
     #[arg(long, value_enum, default_value = "none")]
-    pub tls_client_auth: tls::ClientAuth,
+    pub(crate) tls_client_auth: tls::ClientAuth,
     /// Accept any server certificate (a lab convenience; still checks handshake signatures).
     #[arg(long)]
-    pub tls_no_verify: bool,
+    pub(crate) tls_no_verify: bool,
     /// Name to check the server's certificate against (default: the target's IP address).
     #[arg(long)]
-    pub tls_server_name: Option<String>,
+    pub(crate) tls_server_name: Option<String>,
     /// Lab builds only (`--features lab-noop`): TLS stages done without cryptography, as the
     /// server under test does them (`kx,sign,aead`); seed 002's ablation. Never for real use;
     /// hidden from the help of production builds.
@@ -107,7 +107,7 @@ pub struct LoadArgs {
     pub lab_noop: String,
     /// TLS versions to offer: 1.2, 1.3 (repeatable; default both).
     #[arg(long = "tls-version", value_delimiter = ',')]
-    pub tls_versions: Vec<String>,
+    pub(crate) tls_versions: Vec<String>,
     /// TLS library: rustls, or openssl (built with the `openssl` feature) for seed 000's
     /// TLS_RSA_WITH_AES_128_CBC_SHA.
     #[arg(long, value_enum, default_value = "rustls")]
@@ -115,7 +115,7 @@ pub struct LoadArgs {
     /// Cipher suites to offer, by rustls name, or with OpenSSL also the IANA or OpenSSL name
     /// (repeatable; default the backend's set).
     #[arg(long = "tls-cipher-suite", value_delimiter = ',')]
-    pub tls_cipher_suites: Vec<String>,
+    pub(crate) tls_cipher_suites: Vec<String>,
     /// Key-exchange groups to offer: X25519, secp256r1, secp384r1, X25519MLKEM768
     /// (repeatable; default rustls's set).
     #[arg(long = "tls-key-exchange", value_delimiter = ',')]
@@ -144,14 +144,14 @@ pub struct LoadArgs {
     pub step_s: f64,
     /// The highest rate --ramp raises to, and the ceiling of --find-peak's search.
     #[arg(long)]
-    pub max_rate: Option<f64>,
+    pub(crate) max_rate: Option<f64>,
     /// Search for the highest rate at which at least 99% of operations succeed within 500 ms
     /// (T1: no retransmission needed), starting at --rate; each trial lasts --step-s.
     #[arg(long)]
     pub find_peak: bool,
     /// Relative precision of the peak search.
     #[arg(long, default_value_t = 0.03)]
-    pub peak_precision: f64,
+    pub(crate) peak_precision: f64,
     /// Milliseconds a call stays established before the UAC sends BYE.
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,
@@ -212,11 +212,11 @@ pub struct LoadArgs {
     pub quiet: bool,
     /// Seconds to wait for operations still in flight after the last start.
     #[arg(long, default_value_t = 35.0)]
-    pub drain_s: f64,
+    pub(crate) drain_s: f64,
 }
 
 /// `[udp:|tcp:|tls:]ip:port`; the transport when one is named.
-pub fn parse_endpoint(s: &str) -> Result<(Option<Transport>, SocketAddr)> {
+pub(crate) fn parse_endpoint(s: &str) -> Result<(Option<Transport>, SocketAddr)> {
     let (transport, rest) = match s.split_once(':') {
         Some(("udp", r)) => (Some(Transport::Udp), r),
         Some(("tcp", r)) => (Some(Transport::Tcp), r),

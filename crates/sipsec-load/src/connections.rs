@@ -56,7 +56,7 @@ pub struct StreamTls {
 
 /// TCP and TLS links: a listener for the UAS, connections both ways (the fields named as in
 /// the server's connection table).
-pub struct StreamLinks {
+pub(crate) struct StreamLinks {
     listener: Option<TcpListener>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
@@ -72,7 +72,7 @@ pub struct StreamLinks {
 }
 
 impl StreamLinks {
-    pub fn new(
+    pub(crate) fn new(
         listener: Option<TcpListener>,
         per_call: bool,
         local_ip: Option<std::net::IpAddr>,
@@ -94,7 +94,7 @@ impl StreamLinks {
     }
 
     /// Binds the UAS listener.
-    pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
         let l = TcpListener::bind(addr)?;
         l.set_nonblocking(true)?;
         Ok(l)

@@ -84,7 +84,7 @@ impl std::ops::AddAssign for LinkCounters {
 }
 
 /// UDP sockets, one per link index (0: the UAC's, 1: the UAS's when both run).
-pub struct UdpLinks {
+pub(crate) struct UdpLinks {
     sockets: Vec<Socket>,
     batch: RecvBatch,
     sender: SendBatch,
@@ -92,7 +92,7 @@ pub struct UdpLinks {
 }
 
 impl UdpLinks {
-    pub fn new(sockets: Vec<Socket>) -> UdpLinks {
+    pub(crate) fn new(sockets: Vec<Socket>) -> UdpLinks {
         UdpLinks {
             sockets,
             batch: RecvBatch::new(),
@@ -103,7 +103,7 @@ impl UdpLinks {
 }
 
 /// A poll entry for reading, and writing too when `write`.
-pub fn pollfd(fd: RawFd, write: bool) -> libc::pollfd {
+pub(crate) fn pollfd(fd: RawFd, write: bool) -> libc::pollfd {
     libc::pollfd {
         fd,
         events: if write {
@@ -171,12 +171,12 @@ impl Links for UdpLinks {
 /// How a run ends.
 pub struct RunOptions {
     /// Whether this process starts operations (a pure UAS only answers).
-    pub originate: bool,
+    pub(crate) originate: bool,
     /// Seconds to wait for operations in flight once the schedule is done; the rest fail as
     /// unfinished.
-    pub drain_s: f64,
+    pub(crate) drain_s: f64,
     /// For a pure UAS: stop after this long (else run until interrupted).
-    pub uas_duration_s: Option<f64>,
+    pub(crate) uas_duration_s: Option<f64>,
 }
 
 /// What the loop measured besides the UA's own statistics.
@@ -186,7 +186,7 @@ pub struct RunTimes {
     pub elapsed_s: f64,
     /// From the first start to the last (the schedule's span, the stop's if it came first):
     /// what a rate offered is measured over.
-    pub schedule_s: f64,
+    pub(crate) schedule_s: f64,
     pub send_failures: u64,
     pub interrupted: bool,
     /// What the links did during this run.

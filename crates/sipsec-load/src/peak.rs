@@ -8,7 +8,7 @@ pub struct Search {
     pub start: f64,
     pub max: f64,
     /// Stop bisecting when the interval is narrower than this fraction of the good rate.
-    pub precision: f64,
+    pub(crate) precision: f64,
     /// Fraction of operations that must succeed (0.99).
     pub threshold: f64,
 }
@@ -17,7 +17,7 @@ pub struct Search {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Trial {
     pub rate: f64,
-    pub success_ratio: f64,
+    pub(crate) success_ratio: f64,
 }
 
 /// Runs trials through `run` (rate → success ratio) and returns the peak (0 when even the

@@ -24,7 +24,7 @@ pub struct Progress {
 }
 
 /// What the progress line's columns mean, printed once before the first.
-pub const LEGEND: &str = "progress, a line a second — \
+pub(crate) const LEGEND: &str = "progress, a line a second — \
 'last 1 s': operations started per second and the latency of those answered in that second; \
 'now': operations in flight; 'since start': totals so far, of the trial or step in a search or \
 ramp (ok, failed, retransmissions, calls the UAS answered)";
@@ -41,12 +41,12 @@ impl Progress {
         }
     }
 
-    pub fn next_due_s(&self) -> f64 {
+    pub(crate) fn next_due_s(&self) -> f64 {
         self.next_s
     }
 
     /// Prints a line when one is due, and starts a new window.
-    pub fn maybe_print(&mut self, t: f64, ua: &mut Ua) {
+    pub(crate) fn maybe_print(&mut self, t: f64, ua: &mut Ua) {
         if t < self.next_s {
             return;
         }
@@ -99,7 +99,7 @@ pub struct Latency {
 /// Latency up to which an operation counts as on time for `--find-peak`: T1, the point
 /// where a UDP request would be retransmitted. Without it, an overloaded open-loop run still
 /// "succeeds" — late, by retransmission — and the peak would be meaningless.
-pub const ON_TIME_US: u64 = 500_000;
+pub(crate) const ON_TIME_US: u64 = 500_000;
 
 /// One rate tried by `--find-peak` or one step of `--ramp`, measured on its own.
 #[derive(Debug, Clone, Serialize)]
@@ -110,10 +110,10 @@ pub struct Step {
     pub failed: u64,
     /// This step's failures (the summary's `failures_by_reason` adds up every step's).
     pub failures_by_reason: BTreeMap<String, u64>,
-    pub success_ratio: f64,
+    pub(crate) success_ratio: f64,
     /// Share of attempts that succeeded with their latency under T1 (500 ms), i.e. without
     /// needing a retransmission: what `--find-peak` requires to be ≥ 99%.
-    pub on_time_ratio: f64,
+    pub(crate) on_time_ratio: f64,
     /// Operations started per second over the step's schedule (those refused here by
     /// overload control included).
     pub offered_per_s: f64,
@@ -147,7 +147,7 @@ pub struct Summary {
     pub uas_completed: u64,
     pub stray_messages: u64,
     /// Dialogs beyond the first that a forked call set up (each ACKed and ended with BYE).
-    pub extra_dialogs: u64,
+    pub(crate) extra_dialogs: u64,
     pub send_failures: u64,
     pub interrupted: bool,
     /// Connections and TLS handshakes (stream transports only).

@@ -8,10 +8,10 @@ pub struct RatePlan {
     /// Operations per second at the start.
     pub rate: f64,
     /// Added every `step_s` seconds (0 for a constant rate).
-    pub ramp_step: f64,
+    pub(crate) ramp_step: f64,
     pub step_s: f64,
     /// The ramp stops rising here.
-    pub max_rate: f64,
+    pub(crate) max_rate: f64,
 }
 
 impl RatePlan {
@@ -25,7 +25,7 @@ impl RatePlan {
     }
 
     /// The rate in force `t` seconds into the run.
-    pub fn rate_at(&self, t: f64) -> f64 {
+    pub(crate) fn rate_at(&self, t: f64) -> f64 {
         if self.ramp_step == 0.0 {
             return self.rate;
         }
@@ -34,7 +34,7 @@ impl RatePlan {
     }
 
     /// Operations due in `[0, t]` seconds: the integral of the rate.
-    pub fn due_by(&self, t: f64) -> f64 {
+    pub(crate) fn due_by(&self, t: f64) -> f64 {
         if self.ramp_step == 0.0 {
             return self.rate * t;
         }
@@ -52,7 +52,7 @@ impl RatePlan {
 /// When a run stops starting operations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limit {
-    pub duration_s: Option<f64>,
+    pub(crate) duration_s: Option<f64>,
     pub calls: Option<u64>,
 }
 
@@ -78,7 +78,7 @@ impl Pacer {
     }
 
     /// How many operations to start now, `elapsed_s` into the run; counts them as started.
-    pub fn take_due(&mut self, elapsed_s: f64) -> u64 {
+    pub(crate) fn take_due(&mut self, elapsed_s: f64) -> u64 {
         let t = match self.limit.duration_s {
             Some(d) => elapsed_s.min(d),
             None => elapsed_s,
@@ -109,7 +109,7 @@ impl Pacer {
     }
 
     /// Seconds into the run when the next operation is due (None once finished).
-    pub fn next_start_s(&self, elapsed_s: f64) -> Option<f64> {
+    pub(crate) fn next_start_s(&self, elapsed_s: f64) -> Option<f64> {
         if self.finished(elapsed_s) {
             return None;
         }

@@ -15,7 +15,7 @@ pub struct Tally {
     pub retransmissions: u64,
     /// Microseconds from the first request to the response that counts (INVITE→200,
     /// REGISTER→200, INVITE→302, OPTIONS→200).
-    pub latency_us: Histogram<u64>,
+    pub(crate) latency_us: Histogram<u64>,
 }
 
 impl Default for Tally {
@@ -52,12 +52,12 @@ impl Tally {
         QUANTILES.iter().map(|&q| [q, self.latency_ms(q)]).collect()
     }
 
-    pub fn latency_max_ms(&self) -> f64 {
+    pub(crate) fn latency_max_ms(&self) -> f64 {
         self.latency_us.max() as f64 / 1000.0
     }
 
     /// Adds another tally's counts (used to merge several UAs or trials).
-    pub fn merge(&mut self, other: &Tally) {
+    pub(crate) fn merge(&mut self, other: &Tally) {
         self.attempted += other.attempted;
         self.succeeded += other.succeeded;
         self.failed += other.failed;
@@ -80,7 +80,7 @@ pub struct RunTally {
     /// Messages that matched nothing or could not be parsed.
     pub stray: u64,
     /// Dialogs a forked INVITE set up beyond the first, ACKed and ended with BYE.
-    pub extra_dialogs: u64,
+    pub(crate) extra_dialogs: u64,
 }
 
 impl RunTally {
@@ -118,7 +118,7 @@ impl RunTally {
     }
 
     /// Adds another run's counts (the window is left alone): what several trials did in all.
-    pub fn merge(&mut self, other: &RunTally) {
+    pub(crate) fn merge(&mut self, other: &RunTally) {
         self.total.merge(&other.total);
         self.uas_answered += other.uas_answered;
         self.uas_completed += other.uas_completed;
@@ -127,7 +127,7 @@ impl RunTally {
     }
 
     /// Hands back the window and starts a new one.
-    pub fn take_window(&mut self) -> Tally {
+    pub(crate) fn take_window(&mut self) -> Tally {
         std::mem::take(&mut self.window)
     }
 }

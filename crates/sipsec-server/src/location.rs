@@ -22,7 +22,7 @@ pub struct Binding {
     /// Where requests for this contact are sent.
     pub target: Peer,
     /// Expiry, in Unix milliseconds.
-    pub expires_at: u64,
+    pub(crate) expires_at: u64,
     /// The `q` parameter as written, if any.
     pub q: Option<Arc<str>>,
     pub call_id: Arc<str>,
@@ -51,7 +51,7 @@ impl BindingChange {
     }
 
     /// What the change is about, for a log line: the AOR and contact, cut to 80 bytes each.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let cut = |s: &str| match s.char_indices().nth(80) {
             Some((i, _)) => format!("{}…", &s[..i]),
             None => s.to_string(),
@@ -79,7 +79,7 @@ pub enum Lookup<'a> {
 }
 
 /// One replica of the location service. Times are Unix milliseconds.
-pub struct Location {
+pub(crate) struct Location {
     aors: HashMap<Arc<str>, Vec<Bound>>,
     /// Bindings held per source address (those with one), for the registrar's limit.
     per_source: HashMap<IpAddr, usize>,
@@ -99,7 +99,7 @@ fn q_value(b: &Binding) -> f32 {
 }
 
 impl Location {
-    pub fn new(now_unix_ms: u64) -> Self {
+    pub(crate) fn new(now_unix_ms: u64) -> Self {
         Location {
             aors: HashMap::new(),
             per_source: HashMap::new(),
@@ -109,12 +109,12 @@ impl Location {
     }
 
     /// Marks an AOR as known without bindings (loaded from the store).
-    pub fn know(&mut self, aor: &str) {
+    pub(crate) fn know(&mut self, aor: &str) {
         self.aors.entry(aor.into()).or_default();
     }
 
     /// Applies a change made here or elsewhere.
-    pub fn apply(&mut self, change: &BindingChange) {
+    pub(crate) fn apply(&mut self, change: &BindingChange) {
         match change {
             BindingChange::Upsert { aor, binding } => {
                 let timer = self
@@ -166,16 +166,16 @@ impl Location {
     }
 
     /// The AOR's key as this replica holds it, to share rather than copy.
-    pub fn aor(&self, aor: &str) -> Option<&Arc<str>> {
+    pub(crate) fn aor(&self, aor: &str) -> Option<&Arc<str>> {
         self.aors.get_key_value(aor).map(|(k, _)| k)
     }
 
     /// Live bindings of an AOR.
-    pub fn bindings(&self, aor: &str, now_unix_ms: u64) -> impl Iterator<Item = &Binding> {
+    pub(crate) fn bindings(&self, aor: &str, now_unix_ms: u64) -> impl Iterator<Item = &Binding> {
         live(self.aors.get(aor), now_unix_ms)
     }
 
-    pub fn lookup(&self, aor: &str, now_unix_ms: u64) -> Lookup<'_> {
+    pub(crate) fn lookup(&self, aor: &str, now_unix_ms: u64) -> Lookup<'_> {
         match self.aors.get(aor) {
             None => Lookup::Unknown,
             Some(list) => {
@@ -191,7 +191,7 @@ impl Location {
 
     /// Drops bindings whose expiry passed (each was scheduled on the wheel when bound; a
     /// binding refreshed since is left alone).
-    pub fn expire(&mut self, now_unix_ms: u64) {
+    pub(crate) fn expire(&mut self, now_unix_ms: u64) {
         self.expiry.advance(now_unix_ms, &mut self.fired);
         for (aor, contact) in self.fired.drain(..) {
             if let Some(list) = self.aors.get_mut(&aor) {
@@ -209,21 +209,17 @@ impl Location {
 
     /// Bindings held (each has exactly one expiry timer; expired ones leave at the next
     /// `expire`).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.expiry.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.expiry.is_empty()
-    }
-
     /// Bindings held that were registered from `source`.
-    pub fn from_source(&self, source: IpAddr) -> usize {
+    pub(crate) fn held_from(&self, source: IpAddr) -> usize {
         self.per_source.get(&source).copied().unwrap_or(0)
     }
 
     /// When `expire` next has work.
-    pub fn next_expiry(&self) -> Option<Millis> {
+    pub(crate) fn next_expiry(&self) -> Option<Millis> {
         self.expiry.next_deadline()
     }
 }
@@ -250,7 +246,7 @@ fn live(list: Option<&Vec<Bound>>, now_unix_ms: u64) -> impl Iterator<Item = &Bi
 }
 
 /// A change shared between replicas without copying it per worker.
-pub type SharedChange = Arc<BindingChange>;
+pub(crate) type SharedChange = Arc<BindingChange>;
 
 #[cfg(test)]
 mod tests {

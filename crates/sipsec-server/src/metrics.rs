@@ -38,21 +38,21 @@ pub const MAX_CONNECTIONS: usize = 16;
 
 /// Connections served at once from one IP address: a few Prometheus servers behind one
 /// address fit, and one host cannot hold every slot.
-pub const MAX_PER_ADDRESS: usize = 4;
+pub(crate) const MAX_PER_ADDRESS: usize = 4;
 
 /// How long a connection may take to send a request's headers, and may sit idle between
 /// requests, before it is closed (a scraper sends its request at once).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long accepting pauses after it fails (out of descriptors).
-pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How long a rendered exposition is served before the counters are read again.
-pub const RENDER_EVERY: Duration = Duration::from_millis(250);
+pub(crate) const RENDER_EVERY: Duration = Duration::from_millis(250);
 
 /// The least time between two answers, all connections together: at most 100 scrapes a
 /// second, whatever the clients do (Prometheus scrapes every 15 s by default).
-pub const ANSWER_EVERY: Duration = Duration::from_millis(10);
+pub(crate) const ANSWER_EVERY: Duration = Duration::from_millis(10);
 
 /// What the connections share: the registry, the cached exposition, the pacing and the
 /// connection counts.
@@ -155,13 +155,10 @@ pub fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)?;
     runtime.spawn(async move {
         loop {
-            let (stream, remote) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                // Out of descriptors, most likely: wait rather than spin.
-                Err(_) => {
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
+            // Out of descriptors, most likely: wait rather than spin.
+            let Ok((stream, remote)) = listener.accept().await else {
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
             };
             // Past a cap the connection is closed at once.
             let Some(slot) = endpoint.admit(remote.ip()) else {
@@ -223,13 +220,13 @@ fn answer<B>(endpoint: &Endpoint, req: &Request<B>) -> Response<Full<Bytes>> {
 
 /// Writing metrics from counters read at scrape time: the small vocabulary the collectors
 /// use on `prometheus-client`'s encoder.
-pub struct Writer<'a, 'b> {
-    pub enc: &'a mut DescriptorEncoder<'b>,
+pub(crate) struct Writer<'a, 'b> {
+    pub(crate) enc: &'a mut DescriptorEncoder<'b>,
 }
 
 impl Writer<'_, '_> {
     /// A counter (`name` gets `_total`).
-    pub fn counter(&mut self, name: &str, help: &str, value: u64) -> std::fmt::Result {
+    pub(crate) fn counter(&mut self, name: &str, help: &str, value: u64) -> std::fmt::Result {
         let mut m = self
             .enc
             .encode_descriptor(name, help, None, MetricType::Counter)?;
@@ -237,7 +234,7 @@ impl Writer<'_, '_> {
     }
 
     /// A counter family: one value per label set.
-    pub fn counters<L: EncodeLabelSet>(
+    pub(crate) fn counters<L: EncodeLabelSet>(
         &mut self,
         name: &str,
         help: &str,
@@ -254,7 +251,7 @@ impl Writer<'_, '_> {
     }
 
     /// A gauge.
-    pub fn gauge(&mut self, name: &str, help: &str, value: f64) -> std::fmt::Result {
+    pub(crate) fn gauge(&mut self, name: &str, help: &str, value: f64) -> std::fmt::Result {
         let mut m = self
             .enc
             .encode_descriptor(name, help, None, MetricType::Gauge)?;
@@ -262,7 +259,7 @@ impl Writer<'_, '_> {
     }
 
     /// A gauge family.
-    pub fn gauges<L: EncodeLabelSet>(
+    pub(crate) fn gauges<L: EncodeLabelSet>(
         &mut self,
         name: &str,
         help: &str,
@@ -279,7 +276,7 @@ impl Writer<'_, '_> {
 
     /// A histogram in seconds (`name` gets `_seconds`): per-bucket counts (not cumulative)
     /// with their upper bounds in microseconds, the last bucket unbounded.
-    pub fn histogram_seconds(
+    pub(crate) fn histogram_seconds(
         &mut self,
         name: &str,
         help: &str,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// The flags the handlers set.
-pub struct Signals {
+pub(crate) struct Signals {
     /// Set by SIGINT and SIGTERM; shared with whatever must stop.
     pub stop: Arc<AtomicBool>,
     report: Arc<AtomicBool>,
@@ -19,7 +19,7 @@ pub struct Signals {
 
 impl Signals {
     /// Installs the handlers.
-    pub fn install() -> Result<Signals> {
+    pub(crate) fn install() -> Result<Signals> {
         let signals = Signals {
             stop: Arc::default(),
             report: Arc::default(),
@@ -38,13 +38,13 @@ impl Signals {
     }
 
     /// Whether a stop was asked for.
-    pub fn stopping(&self) -> bool {
+    pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
 
     /// Handles what arrived since the last call: `report` runs once per SIGUSR1, `hangup`
     /// once per SIGHUP (at least once for several of either).
-    pub fn poll(&self, report: impl FnOnce(), hangup: impl FnOnce()) {
+    pub(crate) fn poll(&self, report: impl FnOnce(), hangup: impl FnOnce()) {
         if self.report.swap(false, Ordering::Relaxed) {
             report();
         }

@@ -22,7 +22,7 @@ macro_rules! counters {
             }
 
             /// Name and description of every counter.
-            pub fn descriptions() -> &'static [(&'static str, &'static str)] {
+            pub(crate) fn descriptions() -> &'static [(&'static str, &'static str)] {
                 &[$((stringify!($name), $doc),)*]
             }
         }
@@ -119,7 +119,7 @@ pub const METHODS: [&str; 15] = [
 /// The upper bounds of the latency histograms' buckets, in microseconds; Prometheus reads
 /// them as seconds. From 0.1 ms (a proxy on one host answers in well under a millisecond) to
 /// 30 s (an INVITE's timer B).
-pub const LATENCY_BUCKETS_US: [u64; 18] = [
+pub(crate) const LATENCY_BUCKETS_US: [u64; 18] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
     1_000_000, 2_500_000, 5_000_000, 10_000_000, 20_000_000, 30_000_000,
 ];
@@ -130,11 +130,11 @@ pub const LATENCY_BUCKETS_US: [u64; 18] = [
 pub struct Histogram {
     /// Per bucket of [`LATENCY_BUCKETS_US`], and one past the last.
     pub buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
-    pub sum_us: AtomicU64,
+    pub(crate) sum_us: AtomicU64,
 }
 
 impl Histogram {
-    pub fn observe_us(&self, us: u64) {
+    pub(crate) fn observe_us(&self, us: u64) {
         let i = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
         inc(&self.buckets[i]);
         self.sum_us.fetch_add(us, Ordering::Relaxed);
@@ -150,23 +150,23 @@ pub struct Traffic {
     /// Responses received, by the method of their CSeq and their class (1xx to 6xx).
     pub responses: [[AtomicU64; 6]; METHODS.len()],
     /// Responses made here, by class.
-    pub local_responses: [AtomicU64; 6],
+    pub(crate) local_responses: [AtomicU64; 6],
     /// INVITEs that got a 2xx through this proxy (first 2xx of each), and BYEs that did: the
     /// dialogs set up and ended through it.
-    pub dialogs_established: AtomicU64,
-    pub dialogs_ended: AtomicU64,
+    pub(crate) dialogs_established: AtomicU64,
+    pub(crate) dialogs_ended: AtomicU64,
     /// Proxied INVITEs: time to the first response from downstream other than 100, and to
     /// the final response sent upstream.
-    pub invite_first_response: Histogram,
-    pub invite_final_response: Histogram,
+    pub(crate) invite_first_response: Histogram,
+    pub(crate) invite_final_response: Histogram,
     /// Gauges, refreshed by the worker every `[overload] interval_ms`: transactions in
     /// progress and finished ones waiting out their timers, open connections, registered
     /// contacts (the same in every worker's replica), and the busy fraction in millionths.
     pub transactions: AtomicU64,
-    pub transactions_lingering: AtomicU64,
-    pub connections_open: AtomicU64,
+    pub(crate) transactions_lingering: AtomicU64,
+    pub(crate) connections_open: AtomicU64,
     pub bindings: AtomicU64,
-    pub busy_ppm: AtomicU64,
+    pub(crate) busy_ppm: AtomicU64,
 }
 
 impl Traffic {
@@ -178,7 +178,7 @@ impl Traffic {
     }
 
     /// Counts a response made here.
-    pub fn local_response(&self, code: u16) {
+    pub(crate) fn local_response(&self, code: u16) {
         if let Some(class) = class_index(code) {
             inc(&self.local_responses[class]);
         }
@@ -214,7 +214,7 @@ pub fn total(all: &[std::sync::Arc<Stats>]) -> Vec<(&'static str, u64)> {
 /// Rate-limits log lines from the network path: at most `per_second` a second, then a count
 /// of what was suppressed.
 #[derive(Debug)]
-pub struct LogLimiter {
+pub(crate) struct LogLimiter {
     window_start: u64,
     count: u32,
     suppressed: u32,
@@ -222,7 +222,7 @@ pub struct LogLimiter {
 }
 
 impl LogLimiter {
-    pub fn new(per_second: u32) -> Self {
+    pub(crate) fn new(per_second: u32) -> Self {
         LogLimiter {
             window_start: 0,
             count: 0,
@@ -232,7 +232,7 @@ impl LogLimiter {
     }
 
     /// True if a line may be logged at `now_ms`.
-    pub fn allow(&mut self, now_ms: u64) -> bool {
+    pub(crate) fn allow(&mut self, now_ms: u64) -> bool {
         if now_ms >= self.window_start + 1_000 {
             if self.suppressed > 0 {
                 tracing::warn!("{} similar log lines suppressed", self.suppressed);

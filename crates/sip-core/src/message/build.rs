@@ -6,12 +6,12 @@ use super::{HeaderName, Message};
 
 /// Appends the decimal form of `n`. Messages are built on every forward, and this costs a
 /// fraction of `write!`'s formatting machinery.
-pub fn push_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
+pub(crate) fn push_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Appends byte strings in order.
-pub fn push_all(out: &mut Vec<u8>, parts: &[&[u8]]) {
+pub(crate) fn push_all(out: &mut Vec<u8>, parts: &[&[u8]]) {
     for p in parts {
         out.extend_from_slice(p);
     }

@@ -17,7 +17,8 @@ macro_rules! header_names {
 
         impl HeaderName {
             /// Every recognised header (all variants but `Other`).
-            pub const KNOWN: &'static [HeaderName] = &[$(HeaderName::$variant,)*];
+            #[cfg(test)]
+            pub(crate) const KNOWN: &'static [HeaderName] = &[$(HeaderName::$variant,)*];
 
             /// The canonical long form, as sipsec writes it.
             pub fn as_str(self) -> &'static str {

@@ -23,7 +23,7 @@ pub mod values;
 pub use error::ParseError;
 pub use header::HeaderName;
 pub use uri::{Scheme, Uri};
-pub use values::{CSeq, NameAddr, Params, Via};
+pub use values::{CSeq, NameAddr, Via};
 
 use scan::{is_token, parse_u64, Cursor};
 use smallvec::SmallVec;
@@ -113,13 +113,13 @@ pub enum StartLine<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderField {
     pub name: HeaderName,
-    pub name_start: u32,
-    pub name_end: u32,
-    pub value_start: u32,
-    pub value_end: u32,
+    pub(crate) name_start: u32,
+    pub(crate) name_end: u32,
+    pub(crate) value_start: u32,
+    pub(crate) value_end: u32,
     /// The whole line including continuation lines and the final line break.
     pub line_start: u32,
-    pub line_end: u32,
+    pub(crate) line_end: u32,
 }
 
 /// A parsed SIP message borrowing its buffer.
@@ -470,7 +470,7 @@ impl<'a> Message<'a> {
     }
 
     /// Absolute offsets of the Request-URI (requests only).
-    pub fn request_uri_range(&self) -> Option<(usize, usize)> {
+    pub(crate) fn request_uri_range(&self) -> Option<(usize, usize)> {
         match self.start {
             StartLine::Request {
                 uri_start, uri_end, ..
@@ -491,7 +491,7 @@ impl<'a> Message<'a> {
     }
 
     /// Offset of the empty line ending the headers: where new headers can be appended.
-    pub fn headers_end(&self) -> usize {
+    pub(crate) fn headers_end(&self) -> usize {
         self.headers_end
     }
 
@@ -539,7 +539,7 @@ impl<'a> Message<'a> {
     }
 
     /// The header line holding the top Via.
-    pub fn top_via_field(&self) -> &HeaderField {
+    pub(crate) fn top_via_field(&self) -> &HeaderField {
         &self.headers[self.top_via_field]
     }
 
@@ -657,7 +657,7 @@ impl<'a> Message<'a> {
     }
 
     /// Offset where the body starts.
-    pub fn body_start(&self) -> usize {
+    pub(crate) fn body_start(&self) -> usize {
         self.body_start
     }
 

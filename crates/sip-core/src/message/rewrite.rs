@@ -8,7 +8,6 @@
 
 use super::build::{push_all, push_int};
 use super::{HeaderField, HeaderName, Message};
-use std::fmt::Write as _;
 use std::io::Write as _;
 
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +39,12 @@ impl Splice {
     }
 
     /// Replaces `src[start..end]` with text written by `write` (empty range: an insert).
-    pub fn replace_with(&mut self, start: usize, end: usize, write: impl FnOnce(&mut Vec<u8>)) {
+    pub(crate) fn replace_with(
+        &mut self,
+        start: usize,
+        end: usize,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
         let text_start = self.text.len();
         write(&mut self.text);
         let seq = self.edits.len();
@@ -249,15 +253,6 @@ impl<'m, 'a> Rewriter<'m, 'a> {
         }
     }
 
-    /// Appends a header line at the end of the headers.
-    pub fn append_header(&mut self, line: std::fmt::Arguments<'_>) {
-        let at = self.msg.headers_end();
-        self.splice.replace_with(at, at, |t| {
-            let _ = t.write_fmt(line);
-            t.extend_from_slice(b"\r\n");
-        });
-    }
-
     fn first_line_of(&self, name: HeaderName) -> usize {
         self.msg
             .header(name)
@@ -322,13 +317,6 @@ fn find_param(_src: &[u8], params: &[u8], name: &[u8]) -> Option<usize> {
         i += 1;
     }
     None
-}
-
-/// Formats into a fresh String (small helper for callers building header text).
-pub fn fmt_string(args: std::fmt::Arguments<'_>) -> String {
-    let mut s = String::new();
-    let _ = s.write_fmt(args);
-    s
 }
 
 #[cfg(test)]

@@ -7,21 +7,21 @@
 /// Character classes of the RFC 3261 ABNF, one bit each in [`CLASS`].
 pub mod class {
     /// `token`.
-    pub const TOKEN: u8 = 1;
+    pub(crate) const TOKEN: u8 = 1;
     /// `unreserved`.
-    pub const UNRESERVED: u8 = 1 << 1;
+    pub(crate) const UNRESERVED: u8 = 1 << 1;
     /// Whitespace inside an indexed header value (folds included).
-    pub const WS: u8 = 1 << 2;
+    pub(crate) const WS: u8 = 1 << 2;
     /// Characters of a hostname or IPv4 address: alphanumerics, `-`, `.`.
-    pub const HOSTNAME: u8 = 1 << 3;
+    pub(crate) const HOSTNAME: u8 = 1 << 3;
     /// Unescaped in a URI's user part: `unreserved` and `user-unreserved`.
-    pub const USER: u8 = 1 << 4;
+    pub(crate) const USER: u8 = 1 << 4;
     /// Unescaped in a URI's password: `unreserved` and `&=+$,`.
-    pub const PASSWORD: u8 = 1 << 5;
+    pub(crate) const PASSWORD: u8 = 1 << 5;
     /// Unescaped in a URI parameter: `unreserved` and `param-unreserved`.
-    pub const PARAM: u8 = 1 << 6;
+    pub(crate) const PARAM: u8 = 1 << 6;
     /// Unescaped in a URI header: `unreserved` and `hnv-unreserved`.
-    pub const HEADER: u8 = 1 << 7;
+    pub(crate) const HEADER: u8 = 1 << 7;
 }
 
 const fn class_of(b: u8) -> u8 {
@@ -67,7 +67,7 @@ const fn class_of(b: u8) -> u8 {
 
 /// The classes of every byte: the parser asks this for every byte of every message, and one
 /// table load is cheaper than a chain of comparisons.
-pub static CLASS: [u8; 256] = {
+pub(crate) static CLASS: [u8; 256] = {
     let mut t = [0; 256];
     let mut b = 0;
     while b < 256 {
@@ -85,7 +85,7 @@ pub fn is(b: u8, classes: u8) -> bool {
 
 /// RFC 3261 `token` characters.
 #[inline]
-pub fn is_token(b: u8) -> bool {
+pub(crate) fn is_token(b: u8) -> bool {
     is(b, class::TOKEN)
 }
 
@@ -97,12 +97,12 @@ pub fn is_unreserved(b: u8) -> bool {
 
 /// Whitespace inside an indexed header value (folds included).
 #[inline]
-pub fn is_ws(b: u8) -> bool {
+pub(crate) fn is_ws(b: u8) -> bool {
     is(b, class::WS)
 }
 
 /// Validates `%HH` escapes and a character class (bits of [`CLASS`]) over `s`.
-pub fn check_escaped(s: &[u8], allowed: u8) -> bool {
+pub(crate) fn check_escaped(s: &[u8], allowed: u8) -> bool {
     let mut i = 0;
     while i < s.len() {
         match s[i] {
@@ -122,7 +122,7 @@ pub fn check_escaped(s: &[u8], allowed: u8) -> bool {
 }
 
 /// Parses an unsigned decimal with overflow checking. Empty or non-digit input is `None`.
-pub fn parse_u64(s: &[u8]) -> Option<u64> {
+pub(crate) fn parse_u64(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 20 {
         return None;
     }
@@ -140,7 +140,7 @@ pub fn parse_u64(s: &[u8]) -> Option<u64> {
 /// message, so this works eight bytes at a time, and a name shorter than eight bytes takes one
 /// comparison of two overlapping loads.
 #[inline]
-pub fn eq_ic(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn eq_ic(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
     if n != b.len() {
         return false;
@@ -252,14 +252,14 @@ mod tests {
 /// A cursor over `buf[pos..end]`. Slices it returns borrow `buf`, and positions are absolute
 /// offsets into `buf`, so callers can splice at them.
 #[derive(Debug, Clone, Copy)]
-pub struct Cursor<'a> {
+pub(crate) struct Cursor<'a> {
     pub buf: &'a [u8],
     pub pos: usize,
     pub end: usize,
 }
 
 impl<'a> Cursor<'a> {
-    pub fn new(buf: &'a [u8], start: usize, end: usize) -> Self {
+    pub(crate) fn new(buf: &'a [u8], start: usize, end: usize) -> Self {
         Cursor {
             buf,
             pos: start,
@@ -267,15 +267,15 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    pub fn at_end(&self) -> bool {
+    pub(crate) fn at_end(&self) -> bool {
         self.pos >= self.end
     }
 
-    pub fn peek(&self) -> Option<u8> {
+    pub(crate) fn peek(&self) -> Option<u8> {
         (self.pos < self.end).then(|| self.buf[self.pos])
     }
 
-    pub fn skip_ws(&mut self) -> bool {
+    pub(crate) fn skip_ws(&mut self) -> bool {
         let start = self.pos;
         while self.pos < self.end && is_ws(self.buf[self.pos]) {
             self.pos += 1;
@@ -284,7 +284,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// Consumes `c` if it is next, without skipping whitespace.
-    pub fn eat(&mut self, c: u8) -> bool {
+    pub(crate) fn eat(&mut self, c: u8) -> bool {
         if self.peek() == Some(c) {
             self.pos += 1;
             true
@@ -295,7 +295,7 @@ impl<'a> Cursor<'a> {
 
     /// Consumes `SWS c SWS` (the ABNF's SLASH, SEMI, COLON, EQUAL, COMMA); restores the
     /// position and returns false if `c` is not there.
-    pub fn eat_sep(&mut self, c: u8) -> bool {
+    pub(crate) fn eat_sep(&mut self, c: u8) -> bool {
         let save = self.pos;
         self.skip_ws();
         if self.eat(c) {
@@ -308,7 +308,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// Consumes a run of bytes matching `f`.
-    pub fn take_while(&mut self, f: impl Fn(u8) -> bool) -> &'a [u8] {
+    pub(crate) fn take_while(&mut self, f: impl Fn(u8) -> bool) -> &'a [u8] {
         let start = self.pos;
         while self.pos < self.end && f(self.buf[self.pos]) {
             self.pos += 1;
@@ -317,14 +317,14 @@ impl<'a> Cursor<'a> {
     }
 
     /// Consumes a non-empty token.
-    pub fn token(&mut self) -> Option<&'a [u8]> {
+    pub(crate) fn token(&mut self) -> Option<&'a [u8]> {
         let t = self.take_while(is_token);
         (!t.is_empty()).then_some(t)
     }
 
     /// Consumes a quoted string including its quotes; `None` (position unchanged) if it is
     /// unterminated or not there.
-    pub fn quoted(&mut self) -> Option<&'a [u8]> {
+    pub(crate) fn quoted(&mut self) -> Option<&'a [u8]> {
         let start = self.pos;
         if !self.eat(b'"') {
             return None;
@@ -343,7 +343,7 @@ impl<'a> Cursor<'a> {
         None
     }
 
-    pub fn rest(&self) -> &'a [u8] {
+    pub(crate) fn rest(&self) -> &'a [u8] {
         &self.buf[self.pos.min(self.end)..self.end]
     }
 }
@@ -368,7 +368,7 @@ pub fn trim(mut s: &[u8]) -> &[u8] {
 }
 
 /// Splits a header value at top-level commas (not inside quotes or angle brackets).
-pub fn split_commas(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn split_commas(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut start = 0;
     let mut done = false;
     std::iter::from_fn(move || {

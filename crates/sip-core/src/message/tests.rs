@@ -149,7 +149,7 @@ fn wsinv_values_survive_folding() {
     );
     let mut q = None;
     m.name_addrs(HeaderName::Contact, |_, na| {
-        q = na.params.get(b"q").flatten()
+        q = na.params.get(b"q").flatten();
     })
     .unwrap();
     assert_eq!(q, Some(&b"0.33"[..]));
@@ -234,7 +234,7 @@ fn proxy_rewrite_splices_only_what_changes() {
     let mut first_route_end = 0;
     m.name_addrs(HeaderName::Route, |_, na| {
         if first_route_end == 0 {
-            first_route_end = na.end
+            first_route_end = na.end;
         }
     })
     .unwrap();

@@ -5,7 +5,7 @@
 //! forwarding never needs it. Other schemes (`mailto:`, `urn:`, ...) parse as
 //! [`Scheme::Other`] with only the scheme split off, so an application can answer 416.
 
-use super::scan::{check_escaped, class, eq_ic, is, is_token, parse_u64};
+use super::scan::{check_escaped, class, eq_ic, is, parse_u64};
 
 /// The URI scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub fn unbracket(host: &[u8]) -> &[u8] {
 }
 
 /// Splits `host[:port]`, keeping IPv6 brackets on the host.
-pub fn split_hostport(hp: &[u8]) -> Result<(&[u8], Option<u16>), UriError> {
+pub(crate) fn split_hostport(hp: &[u8]) -> Result<(&[u8], Option<u16>), UriError> {
     let (host, port) = if hp.first() == Some(&b'[') {
         let close = hp.iter().position(|b| *b == b']').ok_or(UriError::Host)?;
         match &hp[close + 1..] {
@@ -289,7 +289,7 @@ impl<'a> Uri<'a> {
 
 /// Looks up `name` in a `;a=b;c` list (leading separator included), tolerating whitespace
 /// around the separators as header parameters allow.
-pub fn param_lookup<'a>(params: &'a [u8], sep: u8, name: &[u8]) -> Option<Option<&'a [u8]>> {
+pub(crate) fn param_lookup<'a>(params: &'a [u8], sep: u8, name: &[u8]) -> Option<Option<&'a [u8]>> {
     use super::scan::trim;
     // What precedes the first separator is not a parameter.
     let mut rest = &params[memchr::memchr(sep, params)? + 1..];
@@ -303,11 +303,6 @@ pub fn param_lookup<'a>(params: &'a [u8], sep: u8, name: &[u8]) -> Option<Option
         }
         rest = rest.get(end + 1..)?;
     }
-}
-
-/// Checks that `s` is a token (used by callers validating parameter names).
-pub fn is_token_str(s: &[u8]) -> bool {
-    !s.is_empty() && s.iter().all(|b| is_token(*b))
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ impl<'a> Via<'a> {
 }
 
 /// Parses one via-parm at the cursor.
-pub fn parse_via<'a>(c: &mut Cursor<'a>) -> Result<Via<'a>, ParseError> {
+pub(crate) fn parse_via<'a>(c: &mut Cursor<'a>) -> Result<Via<'a>, ParseError> {
     const H: &str = "Via";
     c.skip_ws();
     let start = c.pos;
@@ -178,7 +178,7 @@ pub fn parse_via<'a>(c: &mut Cursor<'a>) -> Result<Via<'a>, ParseError> {
 }
 
 /// Iterates the via-parms of one Via header value, reporting the first syntax error.
-pub fn parse_via_list<'a>(
+pub(crate) fn parse_via_list<'a>(
     buf: &'a [u8],
     start: usize,
     end: usize,
@@ -204,7 +204,7 @@ pub struct CSeq<'a> {
     pub method: &'a [u8],
 }
 
-pub fn parse_cseq(value: &[u8]) -> Result<CSeq<'_>, ParseError> {
+pub(crate) fn parse_cseq(value: &[u8]) -> Result<CSeq<'_>, ParseError> {
     const H: &str = "CSeq";
     let mut c = Cursor::new(value, 0, value.len());
     c.skip_ws();
@@ -248,7 +248,7 @@ fn uri_err(header: &'static str, e: UriError) -> ParseError {
 }
 
 /// Parses one name-addr / addr-spec at the cursor, with its parameters.
-pub fn parse_name_addr<'a>(
+pub(crate) fn parse_name_addr<'a>(
     c: &mut Cursor<'a>,
     header: &'static str,
 ) -> Result<NameAddr<'a>, ParseError> {
@@ -327,7 +327,7 @@ pub fn parse_name_addr<'a>(
 }
 
 /// Parses a whole single-valued name-addr header value (From, To).
-pub fn parse_single_name_addr<'a>(
+pub(crate) fn parse_single_name_addr<'a>(
     buf: &'a [u8],
     start: usize,
     end: usize,
@@ -350,7 +350,7 @@ pub fn parse_single_name_addr<'a>(
 }
 
 /// Parses a comma-separated list of name-addrs (Contact, Route, Record-Route).
-pub fn parse_name_addr_list<'a>(
+pub(crate) fn parse_name_addr_list<'a>(
     buf: &'a [u8],
     start: usize,
     end: usize,
@@ -378,7 +378,7 @@ pub fn parse_delta_seconds(value: &[u8], header: &'static str) -> Result<u32, Pa
 }
 
 /// Validates an RFC 1123 date in GMT: `Sun, 06 Nov 1994 08:49:37 GMT`.
-pub fn check_date(value: &[u8]) -> Result<(), ParseError> {
+pub(crate) fn check_date(value: &[u8]) -> Result<(), ParseError> {
     const H: &str = "Date";
     let v = super::scan::trim(value);
     let ok = v.len() == 29
@@ -401,7 +401,7 @@ pub fn check_date(value: &[u8]) -> Result<(), ParseError> {
 }
 
 /// Validates a Retry-After value: delta-seconds, optional comment and parameters.
-pub fn check_retry_after(value: &[u8]) -> Result<(), ParseError> {
+pub(crate) fn check_retry_after(value: &[u8]) -> Result<(), ParseError> {
     let v = super::scan::trim(value);
     let digits_end = v
         .iter()
@@ -411,7 +411,7 @@ pub fn check_retry_after(value: &[u8]) -> Result<(), ParseError> {
 }
 
 /// Validates every Warning value's 3-digit code.
-pub fn check_warning(value: &[u8]) -> Result<(), ParseError> {
+pub(crate) fn check_warning(value: &[u8]) -> Result<(), ParseError> {
     for w in super::scan::split_commas(value) {
         let code_end = w.iter().position(|b| *b == b' ').unwrap_or(w.len());
         if code_end != 3 || !w[..3].iter().all(u8::is_ascii_digit) {
@@ -422,7 +422,7 @@ pub fn check_warning(value: &[u8]) -> Result<(), ParseError> {
 }
 
 /// Parses Max-Forwards (0–255).
-pub fn parse_max_forwards(value: &[u8]) -> Result<u8, ParseError> {
+pub(crate) fn parse_max_forwards(value: &[u8]) -> Result<u8, ParseError> {
     parse_u64(super::scan::trim(value))
         .and_then(|v| u8::try_from(v).ok())
         .ok_or(ParseError::header(

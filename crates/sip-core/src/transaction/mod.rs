@@ -27,7 +27,7 @@ use std::sync::Arc;
 pub struct Timers {
     pub t1: Millis,
     pub t2: Millis,
-    pub t4: Millis,
+    pub(crate) t4: Millis,
     /// Timer C (RFC 3261 §16.6 step 11): how long a client INVITE transaction may stay in
     /// Proceeding without a final response; reset by every provisional. Without it a UAS that
     /// rings forever would hold a proxy's transactions forever.
@@ -176,7 +176,7 @@ pub struct Transactions<A, U> {
 type KeyMap = HashMap<Arc<[u8]>, TxId, foldhash::fast::RandomState>;
 
 /// Writes the server-transaction key of a request into `out` (ACK maps to INVITE).
-pub fn server_key(msg: &Message<'_>, out: &mut Vec<u8>) {
+pub(crate) fn server_key(msg: &Message<'_>, out: &mut Vec<u8>) {
     out.clear();
     let via = msg.top_via();
     let method = match msg.method() {
@@ -206,7 +206,7 @@ pub fn server_key(msg: &Message<'_>, out: &mut Vec<u8>) {
 }
 
 /// Writes the client-transaction key for a branch and method.
-pub fn client_key(branch: &[u8], method: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn client_key(branch: &[u8], method: &[u8], out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(branch);
     out.push(0);
@@ -314,7 +314,7 @@ impl<A: Copy, U> Transactions<A, U> {
     }
 
     /// Finds the server transaction a request belongs to, if any.
-    pub fn find_server(&mut self, msg: &Message<'_>) -> Option<TxId> {
+    pub(crate) fn find_server(&mut self, msg: &Message<'_>) -> Option<TxId> {
         server_key(msg, &mut self.key_scratch);
         self.server_keys.get(self.key_scratch.as_slice()).copied()
     }
@@ -525,7 +525,10 @@ impl<A: Copy, U> Transactions<A, U> {
 
     /// Starts a client transaction and sends `request` to `dest`. `branch` and `method` are
     /// the request's top Via branch and CSeq method (they key the transaction).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the hot path passes what it already holds, borrowed; a struct would be built per request"
+    )]
     pub fn create_client(
         &mut self,
         now: Millis,

@@ -12,10 +12,10 @@ use anyhow::{bail, Context, Result};
 /// provides it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CpuTime {
-    pub user_s: f64,
-    pub sys_s: f64,
+    pub(crate) user_s: f64,
+    pub(crate) sys_s: f64,
     /// On-CPU time of the threads alive now (0 where `schedstat` is not available).
-    pub run_s: f64,
+    pub(crate) run_s: f64,
 }
 
 impl CpuTime {
@@ -29,7 +29,7 @@ impl CpuTime {
     }
 
     /// The total split between user and system time in the proportion the ticks saw.
-    pub fn split_s(&self) -> (f64, f64) {
+    pub(crate) fn split_s(&self) -> (f64, f64) {
         let ticks = self.user_s + self.sys_s;
         if ticks <= 0.0 {
             return (self.total_s(), 0.0);
@@ -65,7 +65,7 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
 }
 
 /// `pid` and all its descendants that are alive now.
-pub fn process_tree(pid: u32) -> Vec<u32> {
+pub(crate) fn process_tree(pid: u32) -> Vec<u32> {
     let mut parents: Vec<(u32, u32)> = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
@@ -130,7 +130,7 @@ fn run_ns_of(pid: u32) -> u64 {
 /// Voluntary context switches of every thread of `pids` so far: how often the server went
 /// to sleep waiting for work, so how often it was woken. A count that noise barely moves,
 /// unlike CPU time (the seeds' 10x losses were often wake-ups and scans, not arithmetic).
-pub fn wakeups_of(pids: &[u32]) -> u64 {
+pub(crate) fn wakeups_of(pids: &[u32]) -> u64 {
     let mut n = 0;
     for &pid in pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -151,12 +151,12 @@ pub fn wakeups_of(pids: &[u32]) -> u64 {
 }
 
 /// CPU time of this process so far (all threads).
-pub fn own_cpu() -> CpuTime {
+pub(crate) fn own_cpu() -> CpuTime {
     cpu_of(&[std::process::id()])
 }
 
 /// Checks that a process exists.
-pub fn check_alive(pid: u32) -> Result<()> {
+pub(crate) fn check_alive(pid: u32) -> Result<()> {
     if stat_fields(pid).is_none() {
         bail!("no process with PID {pid}");
     }
@@ -165,12 +165,12 @@ pub fn check_alive(pid: u32) -> Result<()> {
 
 /// Pins the calling thread to one CPU. Allocates nothing and makes only async-signal-safe
 /// calls, so it may run between fork and exec.
-pub fn set_affinity(cpu: usize) -> std::io::Result<()> {
+pub(crate) fn set_affinity(cpu: usize) -> std::io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_SET writes within it; sched_setaffinity reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
             return Err(std::io::Error::last_os_error());
         }
     }
@@ -178,13 +178,13 @@ pub fn set_affinity(cpu: usize) -> std::io::Result<()> {
 }
 
 /// Pins the calling thread to one CPU.
-pub fn pin_current_thread(cpu: usize) -> Result<()> {
+pub(crate) fn pin_current_thread(cpu: usize) -> Result<()> {
     set_affinity(cpu).with_context(|| format!("cannot pin to CPU {cpu}"))
 }
 
 /// Online CPUs: all of them, not only those this thread may run on (a bench pins its own
 /// thread to the load's CPU, and the lab runs one bench after another in one thread).
-pub fn cpu_count() -> usize {
+pub(crate) fn cpu_count() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     if n > 0 {

@@ -57,7 +57,7 @@ pub struct BenchArgs {
     pub calls: u64,
     /// Operations in the warm-up run before it (default: two seconds' worth).
     #[arg(long)]
-    pub warmup_calls: Option<u64>,
+    pub(crate) warmup_calls: Option<u64>,
     /// sipsec config to start (default: a stateful record-routing UDP proxy on
     /// 127.0.0.1:35060 with one worker, routing to the UAS on 127.0.0.3:35080).
     #[arg(long, short, conflicts_with = "server_pid")]
@@ -68,11 +68,11 @@ pub struct BenchArgs {
     /// Measure this already running server instead (repeat for several; their child
     /// processes are counted too). Needs --target.
     #[arg(long = "server-pid")]
-    pub server_pid: Vec<u32>,
+    pub(crate) server_pid: Vec<u32>,
     /// Processes the server depends on (an authority, a database server): their CPU, with
     /// their children's, over the measured run is reported beside the server's (repeatable).
     #[arg(long = "peer-pid")]
-    pub peer_pid: Vec<u32>,
+    pub(crate) peer_pid: Vec<u32>,
     /// Where the load goes (default: the server started here).
     #[arg(long)]
     pub target: Option<String>,
@@ -98,7 +98,7 @@ pub struct BenchArgs {
     pub proxychain_realm: Option<String>,
     /// Core the started server is pinned to.
     #[arg(long, default_value_t = 0)]
-    pub server_cpu: usize,
+    pub(crate) server_cpu: usize,
     /// Core the load generator is pinned to.
     #[arg(long, default_value_t = 1)]
     pub load_cpu: usize,
@@ -116,11 +116,11 @@ pub struct BenchArgs {
     /// The goodput curve goes up to this multiple of the peak (0.5, 0.75, 1, 1.25, 1.5, 2,
     /// 2.5, 3, 4 as far as it reaches).
     #[arg(long, default_value_t = 2.0)]
-    pub curve_to: f64,
+    pub(crate) curve_to: f64,
     /// Hold the server to this fraction of one core (cgroup v1 CPU quota; root), so one core
     /// of load can overload it.
     #[arg(long)]
-    pub cpu_quota: Option<f64>,
+    pub(crate) cpu_quota: Option<f64>,
     /// With the default config: the server's overload control (`[overload] enabled`).
     #[arg(long, value_enum, default_value = "on")]
     pub overload: sipsec_load::cli::OnOff,
@@ -131,7 +131,7 @@ pub struct BenchArgs {
     /// (`uas.bench`, answered from `[routing.hosts]`), so each call goes the way of a next hop
     /// located by DNS, from the worker's cached answer, instead of an IP route.
     #[arg(long)]
-    pub route_by_name: bool,
+    pub(crate) route_by_name: bool,
     /// Run the started server under callgrind and count the user-space instructions it
     /// executes per operation over the measured run (valgrind; slow, so use a low rate and
     /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
@@ -160,38 +160,38 @@ pub struct Report {
     pub transport: String,
     /// Seed 000's connection mode (TCP and TLS).
     pub mode: String,
-    pub mutual_tls: bool,
+    pub(crate) mutual_tls: bool,
     pub tls_resumption: bool,
     pub tls_backend: String,
     /// The cipher suite every side was limited to, if one was.
-    pub tls_cipher_suite: Option<String>,
-    pub idle_connections: usize,
+    pub(crate) tls_cipher_suite: Option<String>,
+    pub(crate) idle_connections: usize,
     pub rate: f64,
     pub ops: u64,
     pub server_cpu_us_per_op: f64,
-    pub server_user_us_per_op: f64,
-    pub server_sys_us_per_op: f64,
+    pub(crate) server_user_us_per_op: f64,
+    pub(crate) server_sys_us_per_op: f64,
     /// Times the server's threads went to sleep and were woken, per operation.
-    pub server_wakeups_per_op: f64,
+    pub(crate) server_wakeups_per_op: f64,
     /// How much each of the server's own counters grew over the measured run (a server
     /// started here; empty for one given by PID): messages, handshakes full and resumed,
     /// digest checks, database waits — counts that machine noise cannot move.
-    pub server_counters: Counters,
+    pub(crate) server_counters: Counters,
     /// The load generator's own CPU per operation (UAC and UAS together).
-    pub load_cpu_us_per_op: f64,
+    pub(crate) load_cpu_us_per_op: f64,
     /// The `--peer-pid` processes' CPU per operation, idle work included.
-    pub peer_cpu_us_per_op: f64,
+    pub(crate) peer_cpu_us_per_op: f64,
     /// Wall-clock seconds of the measured run (to subtract a peer's idle CPU rate).
-    pub measured_s: f64,
+    pub(crate) measured_s: f64,
     pub server_pids: Vec<u32>,
     /// The `--peer-pid` processes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub peer_pids: Vec<u32>,
+    pub(crate) peer_pids: Vec<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_per_s: Option<f64>,
     pub load: Summary,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_search: Option<Summary>,
+    pub(crate) peak_search: Option<Summary>,
     /// `--goodput-curve`: goodput at multiples of the peak.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub goodput_curve: Vec<CurvePoint>,
@@ -201,10 +201,10 @@ pub struct Report {
     pub server_instructions_per_op: Option<f64>,
     /// `--cpu-quota`: the share of a core the server was held to.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu_quota: Option<f64>,
+    pub(crate) cpu_quota: Option<f64>,
     /// `--cpu-quota`: seconds the quota held the server off over the whole bench.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu_throttled_s: Option<f64>,
+    pub(crate) cpu_throttled_s: Option<f64>,
 }
 
 /// One point of a goodput curve.
@@ -327,7 +327,7 @@ pub enum Role {
 }
 
 /// The role of the started server for these options.
-pub fn role_of(a: &BenchArgs) -> Role {
+pub(crate) fn role_of(a: &BenchArgs) -> Role {
     match (a.scenario, a.stateless) {
         (BenchScenario::Redirect, _) => Role::Redirect,
         (_, true) => Role::StatelessProxy,
@@ -337,7 +337,7 @@ pub fn role_of(a: &BenchArgs) -> Role {
 
 /// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
 /// 35061 for TLS runs), routing calls to the UAS over the bench's transport.
-pub fn default_config(
+pub(crate) fn default_config(
     dir: &Path,
     role: Role,
     s: &modes::StreamArgs,
@@ -352,7 +352,7 @@ pub fn default_config(
     };
     let (server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
     let (route, hosts) = if route_by_name {
-        let uas: std::net::SocketAddr = UAS.parse().expect("the bench's UAS address");
+        let uas: SocketAddr = UAS.parse().expect("the bench's UAS address");
         (
             format!("uas.bench:{}", uas.port()),
             format!("[routing.hosts]\n\"uas.bench\" = [\"{}\"]\n", uas.ip()),
@@ -434,7 +434,7 @@ fn start_sipsec(
             match parse_counters(&line) {
                 Some(c) => lines.lock().map(|mut l| l.push(c)).unwrap_or(()),
                 None if show_all || line.contains(" WARN ") || line.contains(" ERROR ") => {
-                    eprintln!("{line}")
+                    eprintln!("{line}");
                 }
                 None => {}
             }

@@ -23,7 +23,7 @@ pub enum SeedMode {
 }
 
 impl SeedMode {
-    pub fn caller_per_call(self) -> bool {
+    pub(crate) fn caller_per_call(self) -> bool {
         matches!(self, SeedMode::Outbound | SeedMode::Local)
     }
 
@@ -61,20 +61,20 @@ pub struct StreamArgs {
     /// `--tls-backend openssl --tls-cipher-suite TLS_RSA_WITH_AES_128_CBC_SHA --tls-cert-type
     /// rsa-2048`.
     #[arg(long)]
-    pub tls_cipher_suite: Option<String>,
+    pub(crate) tls_cipher_suite: Option<String>,
     /// The one TLS version every side offers, 1.2 or 1.3 (default: both).
     #[arg(long)]
-    pub tls_version: Option<String>,
+    pub(crate) tls_version: Option<String>,
     /// Key type of the certificates made for the run.
     #[arg(long, value_enum, default_value = "ecdsa-p256")]
-    pub tls_cert_type: sipsec_transport::tls::certs::KeyKind,
+    pub(crate) tls_cert_type: sipsec_transport::tls::certs::KeyKind,
     /// Certificates made by `sipsec certs` (server.pem valid for 127.0.0.1 to 127.0.0.3);
     /// default: made here for the run.
     #[arg(long)]
-    pub tls_dir: Option<PathBuf>,
+    pub(crate) tls_dir: Option<PathBuf>,
     /// TCP connections opened to the server and held idle during the measured run.
     #[arg(long, default_value_t = 0)]
-    pub idle_connections: usize,
+    pub(crate) idle_connections: usize,
 }
 
 /// Makes certificates for the bench topology (server, caller and UAS addresses) in `dir`.
@@ -107,7 +107,7 @@ impl StreamArgs {
     }
 
     /// The `[tls]` table for the started server (empty unless the transport is TLS).
-    pub fn tls_table(&self, tls_dir: &Path) -> String {
+    pub(crate) fn tls_table(&self, tls_dir: &Path) -> String {
         let mut text = String::new();
         if self.transport == Transport::Tls {
             let p = |f: &str| tls_dir.join(f).display().to_string();
@@ -134,7 +134,7 @@ impl StreamArgs {
     }
 
     /// Load generator options for this transport and mode.
-    pub fn load_words(&self, tls_dir: &Path) -> Vec<String> {
+    pub(crate) fn load_words(&self, tls_dir: &Path) -> Vec<String> {
         let mut w = vec!["--transport".to_string(), self.transport.to_string()];
         if self.transport == Transport::Udp {
             return w;
@@ -178,13 +178,13 @@ impl StreamArgs {
 /// Idle TCP connections held open by a child process (`sipsec hold-connections`): this
 /// machine's hard limit of open files per process would leave the bench itself no room for
 /// its calls. Dropping it closes them.
-pub struct IdleConnections {
+pub(crate) struct IdleConnections {
     child: std::process::Child,
 }
 
 impl IdleConnections {
     /// Opens `n` connections to `to` and returns once all are open.
-    pub fn open(to: SocketAddr, n: usize) -> Result<IdleConnections> {
+    pub(crate) fn open(to: SocketAddr, n: usize) -> Result<IdleConnections> {
         use std::io::BufRead;
         let mut child = std::process::Command::new(std::env::current_exe()?)
             .args(["hold-connections", &to.to_string(), &n.to_string()])

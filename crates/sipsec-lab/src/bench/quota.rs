@@ -15,13 +15,13 @@ const PERIOD_US: u64 = 10_000;
 /// A cgroup holding processes to a share of a core; removed on drop (its processes go back
 /// to the root group first).
 #[derive(Debug)]
-pub struct Quota {
+pub(crate) struct Quota {
     dir: PathBuf,
 }
 
 impl Quota {
     /// Puts `pids` (every thread of each) into a new group limited to `fraction` of a core.
-    pub fn apply(fraction: f64, pids: &[u32]) -> Result<Quota> {
+    pub(crate) fn apply(fraction: f64, pids: &[u32]) -> Result<Quota> {
         if !(fraction > 0.0 && fraction <= 1.0) {
             bail!("--cpu-quota is a fraction of one core, above 0 and at most 1");
         }
@@ -53,7 +53,7 @@ impl Quota {
 
     /// How often the group was held off for using up its quota, and for how long in all
     /// (seconds): evidence that the quota, not the load, set the pace.
-    pub fn throttled(&self) -> (u64, f64) {
+    pub(crate) fn throttled(&self) -> (u64, f64) {
         let text = std::fs::read_to_string(self.dir.join("cpu.stat")).unwrap_or_default();
         let field = |name: &str| {
             text.lines()

@@ -28,7 +28,7 @@ pub struct RelayArgs {
     pub to: SocketAddr,
     /// Round-trip time added: half in each direction.
     #[arg(long, default_value_t = 33.0)]
-    pub rtt_ms: f64,
+    pub(crate) rtt_ms: f64,
 }
 
 /// Runs the relay until the process is stopped.

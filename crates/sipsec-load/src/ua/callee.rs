@@ -50,7 +50,10 @@ impl Ua {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the callee answers from fields it borrows out of the request it is still parsing"
+    )]
     pub(super) fn respond(
         &mut self,
         now: u64,

@@ -226,7 +226,7 @@ impl Ua {
         match call.stage {
             Stage::Invite if (200..300).contains(&code) => self.on_invite_ok(now_us, number, msg),
             Stage::Invite if (300..400).contains(&code) => {
-                self.on_redirect(now_us, number, code, msg)
+                self.on_redirect(now_us, number, code, msg);
             }
             Stage::Register | Stage::Options if (200..300).contains(&code) => {
                 let latency = now_us - call.started_us;

@@ -235,7 +235,7 @@ impl Ua {
 /// `user@host` of a SIP URI, as the proxy binds a Proxychain proof to the From and To
 /// identities: the host as written, without port or parameters.
 fn user_at_host(uri: &str) -> Option<String> {
-    let u = sip_core::message::uri::Uri::parse(uri.as_bytes()).ok()?;
+    let u = Uri::parse(uri.as_bytes()).ok()?;
     Some(format!(
         "{}@{}",
         String::from_utf8_lossy(u.user.unwrap_or_default()),

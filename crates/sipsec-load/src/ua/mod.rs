@@ -287,7 +287,8 @@ impl Ua {
     }
 
     /// Answered calls still waiting for their ACK or BYE.
-    pub fn uas_in_flight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn uas_in_flight(&self) -> usize {
         self.uas_calls.len() - self.uas_free.len()
     }
 
@@ -302,7 +303,7 @@ impl Ua {
     }
 
     /// Fails every operation still in flight (the run is over) with `reason`.
-    pub fn abandon_all(&mut self, reason: &str) {
+    pub(crate) fn abandon_all(&mut self, reason: &str) {
         for _ in self.calls.drain() {
             self.stats.failure(reason);
         }
@@ -342,12 +343,9 @@ impl Ua {
         data: &[u8],
         out: &mut Vec<Transmit>,
     ) {
-        let msg = match Message::parse(data) {
-            Ok(m) => m,
-            Err(_) => {
-                self.stats.stray += 1;
-                return;
-            }
+        let Ok(msg) = Message::parse(data) else {
+            self.stats.stray += 1;
+            return;
         };
         if msg.is_request() {
             self.on_request(now_us, from, &msg);
@@ -428,7 +426,7 @@ fn reason_of(msg: &Message<'_>) -> String {
 }
 
 /// The call number and epoch inside one of our Call-IDs (`{number:x}-{epoch:x}@sipsec-load`).
-pub fn call_number(call_id: &[u8]) -> Option<(u64, u32)> {
+pub(crate) fn call_number(call_id: &[u8]) -> Option<(u64, u32)> {
     let s = std::str::from_utf8(call_id).ok()?;
     let (number, rest) = s.split_once('-')?;
     let (epoch, _) = rest.split_once('@')?;

@@ -290,7 +290,7 @@ fn challenging_uas(w: &mut Wire, code: u16, password: &'static str) -> usize {
             let method = msg.method();
             let creds = msg.header_value(auth_header);
             let good = creds.is_some_and(|c| {
-                let p = sip_core::digest::parse_params(c).unwrap();
+                let p = digest::parse_params(c).unwrap();
                 let get = |n: &str| {
                     p.iter()
                         .find(|(k, _)| k.eq_ignore_ascii_case(n.as_bytes()))

@@ -25,14 +25,14 @@ const EVICTION_SAMPLE: usize = 8;
 pub struct Entry {
     pub chain: Chain,
     /// Unix seconds after which the chain is not used; 0: never (a backup credential).
-    pub expires_s: u64,
+    pub(crate) expires_s: u64,
     /// A chain fetched ahead of need, used when `chain` runs out or expires.
     pub next: Option<Box<(Chain, u64)>>,
     /// Authentications since the entry was made: what eviction keeps.
     pub uses: u32,
     /// Unix seconds (low 32 bits) when `chain` last replaced another chain: a response
     /// computed for the old one may still be on its way (see [`Entry::recently_replaced`]).
-    pub replaced_at_s: u32,
+    pub(crate) replaced_at_s: u32,
 }
 
 impl Entry {
@@ -56,7 +56,7 @@ impl Entry {
     /// The chain replaced another within `window_s`: a response whose proof fails may have
     /// been made, honestly, for the old chain's challenge (another call of the same user
     /// spent the old chain first), so it earns a fresh challenge, not a 403.
-    pub fn recently_replaced(&self, now_s: u64, window_s: u32) -> bool {
+    pub(crate) fn recently_replaced(&self, now_s: u64, window_s: u32) -> bool {
         self.replaced_at_s != 0 && (now_s as u32).wrapping_sub(self.replaced_at_s) <= window_s
     }
 
@@ -244,9 +244,9 @@ impl ChainCache {
     /// name's heap allocation rounded as malloc rounds it (prefetched next chains, held only
     /// near the end of a chain, are not counted).
     pub fn bytes_per_credential(&self, typical_name_len: usize) -> usize {
-        let slot = std::mem::size_of::<Slot>();
+        let slot = size_of::<Slot>();
         // hashbrown: one u32 and one control byte per bucket, buckets at most 7/8 full.
-        let index = (std::mem::size_of::<u32>() + 1) * 8 / 7;
+        let index = (size_of::<u32>() + 1) * 8 / 7;
         let name = (typical_name_len + 8).div_ceil(16) * 16;
         slot + index + name
     }

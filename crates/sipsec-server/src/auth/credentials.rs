@@ -16,9 +16,9 @@ use std::sync::RwLock;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Secrets {
     pub md5: [u8; 16],
-    pub sha256: [u8; 32],
-    pub sha512_256: [u8; 32],
-    pub pc_key: Option<[u8; 32]>,
+    pub(crate) sha256: [u8; 32],
+    pub(crate) sha512_256: [u8; 32],
+    pub(crate) pc_key: Option<[u8; 32]>,
 }
 
 fn bytes_of<const N: usize>(hex_text: &str) -> Option<[u8; N]> {
@@ -64,7 +64,7 @@ impl Secrets {
     }
 
     /// (md5, sha256, sha512_256, pc_key) as hex, for the database.
-    pub fn to_hex(&self) -> [String; 4] {
+    pub(crate) fn to_hex(&self) -> [String; 4] {
         [
             sip_core::hex::encode(&self.md5),
             sip_core::hex::encode(&self.sha256),

@@ -43,13 +43,13 @@ impl Scheme {
 
 /// An address or a network (`10.0.0.0/8`, `::1`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Network {
+pub(crate) struct Network {
     addr: IpAddr,
     prefix: u8,
 }
 
 impl Network {
-    pub fn parse(text: &str) -> Result<Network, String> {
+    pub(crate) fn parse(text: &str) -> Result<Network, String> {
         let (addr, prefix) = match text.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (text, None),
@@ -69,7 +69,7 @@ impl Network {
         Ok(Network { addr, prefix })
     }
 
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         let bits = |ip: IpAddr| match ip {
             IpAddr::V4(v4) => (u128::from(u32::from(v4)) << 96, 32u8),
             IpAddr::V6(v6) => (u128::from(v6), 128u8),
@@ -90,18 +90,18 @@ impl Network {
 /// What is challenged, whichever the scheme: one value shared by the digest and Proxychain
 /// settings.
 #[derive(Debug, Clone)]
-pub struct Scope {
+pub(crate) struct Scope {
     pub realm: String,
     /// Methods challenged, upper case (never ACK or CANCEL).
     pub methods: Vec<String>,
     /// Sources never challenged.
-    pub trusted: Vec<Network>,
+    pub(crate) trusted: Vec<Network>,
 }
 
 impl Scope {
     /// Whether a request from `source` goes unchallenged: ACK and CANCEL never are (RFC 3261
     /// §22.1), nor methods not in `methods`, nor requests from a trusted network.
-    pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
+    pub(crate) fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
         matches!(msg.method(), Method::Ack | Method::Cancel)
             || !self
                 .methods
@@ -111,7 +111,7 @@ impl Scope {
     }
 
     /// Whether `source` is in a trusted network (vouched for as if authenticated).
-    pub fn trusts(&self, source: IpAddr) -> bool {
+    pub(crate) fn trusts(&self, source: IpAddr) -> bool {
         self.trusted.iter().any(|n| n.contains(source))
     }
 }
@@ -120,14 +120,14 @@ impl Scope {
 #[derive(Debug, Clone)]
 pub struct AuthConfig {
     pub scheme: Scheme,
-    pub scope: Arc<Scope>,
+    pub(crate) scope: Arc<Scope>,
     /// Offered in this order.
     pub algorithms: Vec<Algorithm>,
-    pub nonce_lifetime_ms: u64,
-    pub max_failures_per_source: u32,
+    pub(crate) nonce_lifetime_ms: u64,
+    pub(crate) max_failures_per_source: u32,
     pub max_failures_per_user: u32,
-    pub failure_window_ms: u64,
-    pub max_tracked_nonces: usize,
+    pub(crate) failure_window_ms: u64,
+    pub(crate) max_tracked_nonces: usize,
     /// With `scheme = "proxychain"`.
     pub proxychain: Option<proxychain::PcConfig>,
     /// Digest: hold every user in memory (true), or query the database for each
@@ -139,7 +139,7 @@ pub struct AuthConfig {
 
 /// What to do with a request.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Authenticated, exempt, or not a method we challenge.
     Pass,
     /// Answer with this status and these header lines.
@@ -202,12 +202,12 @@ pub(crate) fn unavailable() -> Verdict {
 
 /// The target of the log line of each failed authentication (`WARN sipsec::auth:
 /// authentication failed: …`), a name that stays when code moves: fail2ban filters match it.
-pub const LOG_TARGET: &str = "sipsec::auth";
+pub(crate) const LOG_TARGET: &str = "sipsec::auth";
 
 /// Who a refused request is logged against: the user its credentials name (digest's
 /// `username`, Proxychain's user), or, without any, the user it claims to be (the To of a
 /// REGISTER, the From of other requests). As sent: escape it before showing it.
-pub fn named_user(msg: &Message<'_>) -> Option<String> {
+pub(crate) fn named_user(msg: &Message<'_>) -> Option<String> {
     for h in msg.headers_named(credentials_header(msg)) {
         let value = msg.value(h);
         if let Ok(c) = sip_core::digest::Credentials::parse(value) {

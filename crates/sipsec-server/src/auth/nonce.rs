@@ -15,7 +15,7 @@ use std::sync::Mutex;
 /// Bytes of MAC kept in a nonce.
 const MAC_LEN: usize = 16;
 /// Hex characters of a nonce: issue time (8 bytes), counter (8 bytes), MAC.
-pub const NONCE_HEX_LEN: usize = 2 * (8 + 8 + MAC_LEN);
+pub(crate) const NONCE_HEX_LEN: usize = 2 * (8 + 8 + MAC_LEN);
 
 /// What a nonce turned out to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,10 +45,6 @@ impl Nonces {
             secret,
             lifetime_ms,
         }
-    }
-
-    pub fn lifetime_ms(&self) -> u64 {
-        self.lifetime_ms
     }
 
     fn mac(&self, body: &[u8; 16], client: IpAddr) -> [u8; MAC_LEN] {
@@ -165,7 +161,13 @@ impl NonceCounts {
     }
 
     /// Records count `nc` of nonce `id`, issued at `issued_ms`.
-    pub fn use_count(&self, id: [u8; MAC_LEN], issued_ms: u64, nc: u32, now_ms: u64) -> Count {
+    pub(crate) fn use_count(
+        &self,
+        id: [u8; MAC_LEN],
+        issued_ms: u64,
+        nc: u32,
+        now_ms: u64,
+    ) -> Count {
         let shard = &self.shards[id[0] as usize % self.shards.len()];
         let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(&(old, issued)) = s.order.front() {

@@ -28,11 +28,11 @@ use std::sync::Mutex;
 const SHARDS: usize = 16;
 
 /// How long a successful authentication makes its source address known for the user.
-pub const KNOWN_SOURCE_MS: u64 = 24 * 3_600_000;
+pub(crate) const KNOWN_SOURCE_MS: u64 = 24 * 3_600_000;
 
 /// The share of `max_failures_per_user` one source address can add to a user's count (a
 /// quarter, at least one failure): blocking a user takes failures from four addresses.
-pub const SOURCE_SHARE: u32 = 4;
+pub(crate) const SOURCE_SHARE: u32 = 4;
 
 #[derive(Clone, Copy)]
 struct Window {
@@ -115,7 +115,7 @@ struct Shard {
 }
 
 /// Failure counts and known sources, shared by the workers.
-pub struct Throttle {
+pub(super) struct Throttle {
     shards: Vec<Mutex<Shard>>,
     hasher: std::collections::hash_map::RandomState,
     per_source: u32,
@@ -126,7 +126,7 @@ pub struct Throttle {
 impl Throttle {
     /// `per_source` and `per_user` failures are allowed per `window_ms` (0: no limit); each
     /// table holds at most `capacity` entries.
-    pub fn new(per_source: u32, per_user: u32, window_ms: u64, capacity: usize) -> Throttle {
+    pub(super) fn new(per_source: u32, per_user: u32, window_ms: u64, capacity: usize) -> Throttle {
         let per_shard = capacity.div_ceil(SHARDS).max(1);
         Throttle {
             shards: (0..SHARDS)
@@ -151,7 +151,7 @@ impl Throttle {
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn source_blocked(&self, ip: IpAddr, now_ms: u64) -> bool {
+    pub(crate) fn source_blocked(&self, ip: IpAddr, now_ms: u64) -> bool {
         self.per_source > 0
             && self
                 .shard(ip)
@@ -163,7 +163,7 @@ impl Throttle {
     /// Whether `user` is refused from `ip`: too many failures for the user (from several
     /// addresses) or for the user from `ip`, and `ip` is not an address the user authenticated
     /// from recently.
-    pub fn user_blocked(&self, user: &str, ip: IpAddr, now_ms: u64) -> bool {
+    pub(crate) fn user_blocked(&self, user: &str, ip: IpAddr, now_ms: u64) -> bool {
         if self.per_user == 0 {
             return false;
         }
@@ -182,7 +182,7 @@ impl Throttle {
 
     /// Counts one failure of `user` from `ip`: against the source, and against the user while
     /// this source has added less than its share to the user's count.
-    pub fn fail(&self, ip: IpAddr, user: &str, now_ms: u64) {
+    pub(super) fn fail(&self, ip: IpAddr, user: &str, now_ms: u64) {
         if self.per_source > 0 {
             self.shard(ip).sources.add(ip, now_ms, self.window_ms);
         }
@@ -197,7 +197,7 @@ impl Throttle {
     }
 
     /// Remembers that `user` authenticated from `ip`: a block on the user does not apply there.
-    pub fn succeeded(&self, ip: IpAddr, user: &str, now_ms: u64) {
+    pub(super) fn succeeded(&self, ip: IpAddr, user: &str, now_ms: u64) {
         if self.per_user == 0 {
             return;
         }
@@ -210,7 +210,7 @@ impl Throttle {
 
     /// Entries held in all tables.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.shards
             .iter()
             .map(|s| {

@@ -26,7 +26,7 @@ pub struct Policy {
 }
 
 /// A chain for `proxy` from the user's key, with fresh random nonces.
-pub fn issue_fresh(hash: HashKind, key: &[u8], proxy: &str, length: u32) -> Result<Issued> {
+pub(crate) fn issue_fresh(hash: HashKind, key: &[u8], proxy: &str, length: u32) -> Result<Issued> {
     let mut nonces = [0u8; 32];
     getrandom::getrandom(&mut nonces)?;
     let (mut n_da, mut n_dp) = ([0; 16], [0; 16]);
@@ -47,21 +47,21 @@ pub struct Ask {
 pub struct AuthorityStats {
     pub issued: AtomicU64,
     pub unknown: AtomicU64,
-    pub revocations_pushed: AtomicU64,
-    pub bytes_in: AtomicU64,
-    pub bytes_out: AtomicU64,
+    pub(crate) revocations_pushed: AtomicU64,
+    pub(crate) bytes_in: AtomicU64,
+    pub(crate) bytes_out: AtomicU64,
     /// Connections closed at accept: too many handshakes in progress (in all or from their
     /// address), or accepting failed (out of descriptors).
     pub connections_refused: AtomicU64,
     /// Connections whose TLS handshake failed or did not finish in time.
-    pub handshake_failures: AtomicU64,
+    pub(crate) handshake_failures: AtomicU64,
 }
 
 /// One counter as it is reported: its name in the log line (`name=value`, which the lab
 /// reads), its Prometheus name (without `_total`), its help text and its value.
 pub struct Reported {
     pub log: &'static str,
-    pub metric: &'static str,
+    pub(crate) metric: &'static str,
     pub help: &'static str,
     pub value: u64,
 }
@@ -224,7 +224,7 @@ impl Authority {
 
     /// The proxies holding a chain for `user`, forgotten as they are returned: the user's key
     /// changed, so every chain issued for it is void.
-    pub fn take_holders(&self, user: &str) -> Vec<Arc<str>> {
+    pub(crate) fn take_holders(&self, user: &str) -> Vec<Arc<str>> {
         self.holders
             .lock()
             .ok()
@@ -234,7 +234,7 @@ impl Authority {
     }
 
     /// Forgets a proxy everywhere (it was revoked).
-    pub fn forget_proxy(&self, proxy: &str) {
+    pub(crate) fn forget_proxy(&self, proxy: &str) {
         if let Ok(mut h) = self.holders.lock() {
             for set in h.values_mut() {
                 set.remove(proxy);

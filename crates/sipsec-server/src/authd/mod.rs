@@ -85,7 +85,7 @@ pub struct AuthdConfig {
     pub chain_length: u32,
     pub max_chain_length: u32,
     pub busy_issues_per_s: u64,
-    pub credential_lifetime_s: u64,
+    pub(crate) credential_lifetime_s: u64,
 }
 
 impl Default for AuthdConfig {
@@ -315,7 +315,7 @@ async fn serve(cfg: AuthdConfig, metrics: MetricsTable) -> Result<()> {
                     tracing::warn!(
                         "SIGHUP: the authority reloads users and revoked proxies by itself \
                          (every second); its own settings need a restart"
-                    )
+                    );
                 },
             );
             tokio::time::sleep(Duration::from_millis(100)).await;

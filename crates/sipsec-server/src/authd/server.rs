@@ -25,13 +25,13 @@ use tokio::sync::{mpsc, Notify};
 use tokio_rustls::TlsAcceptor;
 
 /// How long a connection has to finish its TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// TLS handshakes in progress from one address, and in all, past which a new connection is
 /// closed at once: a flood of connections that never handshake cannot hold the descriptors
 /// the proxies need, and one flooding address cannot shut out the others.
-pub const MAX_HANDSHAKES_PER_IP: usize = 32;
-pub const MAX_HANDSHAKES: usize = 1024;
+pub(crate) const MAX_HANDSHAKES_PER_IP: usize = 32;
+pub(crate) const MAX_HANDSHAKES: usize = 1024;
 
 /// The handshakes in progress, by address.
 #[derive(Default)]
@@ -127,13 +127,13 @@ impl Registry {
         self.conns.lock().map_or(0, |c| c.len())
     }
 
-    pub fn is_revoked(&self, proxy: &str) -> bool {
+    pub(crate) fn is_revoked(&self, proxy: &str) -> bool {
         self.revoked.lock().is_ok_and(|r| r.contains(proxy))
     }
 
     /// Replaces the revoked set; connections of newly revoked proxies are cut (their readers
     /// stop, and dropping their senders ends their writers, which shut the connection).
-    pub fn set_revoked(&self, now: HashSet<String>) -> Vec<String> {
+    pub(crate) fn set_revoked(&self, now: HashSet<String>) -> Vec<String> {
         let newly: Vec<String> = match self.revoked.lock() {
             Ok(r) => now.difference(&r).cloned().collect(),
             Err(_) => return Vec::new(),
@@ -179,7 +179,7 @@ pub async fn run(
     let log = Arc::new(Mutex::new(crate::stats::LogLimiter::new(10)));
     let started = std::time::Instant::now();
     // A warning from the network path, at most ten a second.
-    let warn = move |line: std::fmt::Arguments| {
+    let warn = move |line: std::fmt::Arguments<'_>| {
         let now = started.elapsed().as_millis() as u64;
         if log.lock().is_ok_and(|mut l| l.allow(now)) {
             tracing::warn!("{line}");

@@ -30,7 +30,7 @@ pub struct CtlArgs {
     pub socket: Option<PathBuf>,
     /// How long to wait for the answer, in seconds.
     #[arg(long, default_value_t = 30)]
-    pub timeout_s: u64,
+    pub(crate) timeout_s: u64,
 }
 
 fn parse_command(s: &str) -> std::result::Result<Command, String> {
@@ -84,7 +84,7 @@ pub fn run(args: &CtlArgs) -> Result<Reply> {
 
 /// Whether a server whose socket is held by `peer` may be believed by a client running as
 /// `own`: the same user, or root.
-pub fn trusted_peer(peer: u32, own: u32) -> bool {
+pub(crate) fn trusted_peer(peer: u32, own: u32) -> bool {
     peer == own || peer == 0
 }
 
@@ -96,7 +96,7 @@ fn peer_uid(stream: &std::os::unix::net::UnixStream) -> std::io::Result<u32> {
         uid: 0,
         gid: 0,
     };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` and `len` are valid for writes and `len` is `cred`'s size.
     let r = unsafe {
         libc::getsockopt(

@@ -21,11 +21,11 @@ pub struct UsersArgs {
     #[arg(long, global = true)]
     pub realm: Option<String>,
     #[command(subcommand)]
-    pub action: UsersAction,
+    pub(crate) action: UsersAction,
 }
 
 #[derive(clap::Subcommand, Debug)]
-pub enum UsersAction {
+pub(crate) enum UsersAction {
     /// Add a user, or change an existing user's password.
     Add {
         /// The user name (the user part of the user's SIP URI).

@@ -32,7 +32,7 @@ impl std::fmt::Display for Listen {
 }
 
 /// Parses `udp:127.0.0.1:5060`, `tcp:[::1]:5060`, `tls:127.0.0.1:5061`.
-pub fn parse_listen(s: &str) -> Result<Listen, String> {
+pub(crate) fn parse_listen(s: &str) -> Result<Listen, String> {
     let (transport, addr) = s
         .split_once(':')
         .ok_or_else(|| format!("'{s}' is not transport:ip:port"))?;
@@ -200,7 +200,7 @@ impl RawAuth {
             .as_deref()
             .context("auth.authority: proxychain needs the authority's \"tls:host:port\"")?;
         let peer = sipsec_transport::net::transport::Peer::parse(authority)
-            .filter(|p| p.transport == sipsec_transport::net::transport::Transport::Tls)
+            .filter(|p| p.transport == Transport::Tls)
             .with_context(|| format!("auth.authority: {authority:?} is not \"tls:ip:port\""))?;
         let hash = HashKind::from_token(self.hash.as_bytes())
             .with_context(|| format!("auth.hash: {:?} is not MD5 or SHA-256", self.hash))?;
@@ -407,14 +407,14 @@ impl TlsConfig {
 pub struct StreamConfig {
     pub outbound: OutboundConnections,
     /// A connection with no traffic this long is closed.
-    pub idle_timeout_ms: u64,
+    pub(crate) idle_timeout_ms: u64,
     /// A message (or a TLS handshake) must arrive whole within this time once begun.
     pub message_timeout_ms: u64,
     /// Open connections per worker beyond which new ones are refused.
-    pub max_connections_per_worker: usize,
+    pub(crate) max_connections_per_worker: usize,
     /// Connections accepted from one IP address, per worker, beyond which that address's
     /// new ones are refused (so one host cannot take every slot).
-    pub max_per_ip_per_worker: usize,
+    pub(crate) max_per_ip_per_worker: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -473,24 +473,24 @@ pub struct OverloadConfig {
     pub target: f64,
     /// The busy fraction RFC 7339/7415 feedback steers neighbours to (below `target`, so a
     /// neighbour that honours it is never shed locally as well).
-    pub feedback_target: f64,
+    pub(crate) feedback_target: f64,
     /// How often a worker measures its load and updates what it admits, in milliseconds.
     pub interval_ms: u64,
     /// Queue delay of datagrams (kernel receive to read) beyond which a worker counts as
     /// over its capacity, however the busy fraction reads.
-    pub max_queue_delay_ms: u64,
+    pub(crate) max_queue_delay_ms: u64,
     /// Methods whose out-of-dialog requests may be shed (upper case).
     pub methods: Vec<String>,
     /// `Retry-After` of the 503s that shed a request (0: none), for clients that do not
     /// speak RFC 7339 (those that do get feedback instead).
-    pub retry_after_s: u32,
+    pub(crate) retry_after_s: u32,
     /// Requests with a `Resource-Priority` header (RFC 4412, emergency calls) from
     /// `priority_sources` are never shed.
     pub priority: bool,
     /// The networks whose `Resource-Priority` is honoured: shedding runs before
     /// authentication, so only the source address can say a request is entitled to priority
     /// (RFC 4412 §11: priority is granted to authorised requests only). Empty: nobody.
-    pub priority_sources: Vec<crate::auth::Network>,
+    pub(crate) priority_sources: Vec<crate::auth::Network>,
     /// Answer neighbours that announce `oc` in their Via with feedback (RFC 7339).
     pub feedback: bool,
     /// The algorithm offered to a neighbour that supports both.
@@ -579,16 +579,16 @@ struct RawConfig {
 /// Registrar limits (`[registrar]`).
 #[derive(Debug, Clone)]
 pub struct RegistrarConfig {
-    pub min_expires: u32,
-    pub max_expires: u32,
-    pub default_expires: u32,
+    pub(crate) min_expires: u32,
+    pub(crate) max_expires: u32,
+    pub(crate) default_expires: u32,
     pub max_contacts: usize,
     /// Bindings held in all, across workers; a REGISTER that would add one more is answered
     /// 503 (with Retry-After), and no more than this many are loaded from the database.
     pub max_bindings: usize,
     /// Bindings registered from one source IP address (0: no limit); beyond, 503. Phones
     /// behind one NAT share an address: size it for the largest site.
-    pub max_bindings_per_source: usize,
+    pub(crate) max_bindings_per_source: usize,
     /// Answer a REGISTER only once its binding is committed to the database (group commit),
     /// instead of writing behind.
     pub durable: bool,
@@ -601,13 +601,13 @@ pub struct Config {
     pub domains: Vec<String>,
     pub mode: Mode,
     pub stateful: bool,
-    pub record_route: bool,
+    pub(crate) record_route: bool,
     /// Resolved worker count (never 0).
     pub workers: usize,
     pub max_message_size: usize,
     /// Cap on how long a loaded worker lets messages accumulate after waking, while it
     /// measures that waiting costs less CPU than not (0: never; `serve::coalesce`).
-    pub max_batch_delay_us: u64,
+    pub(crate) max_batch_delay_us: u64,
     /// Transactions per worker at which the oldest finished (lingering) one is ended early to
     /// admit a new request, or, with none finished, the request is answered 503.
     pub max_transactions: usize,
@@ -617,25 +617,25 @@ pub struct Config {
     pub max_breadth: u32,
     /// The `Server` header line of responses made here ("" when none is sent); the version is
     /// left out by default, so a prober learns less.
-    pub server_line: String,
+    pub(crate) server_line: String,
     /// Our domains and listen addresses, as routing and authentication ask about them.
     pub names: ServerNames,
     /// The host's interface addresses: what a listener on the unspecified address
     /// (`0.0.0.0`, `[::]`) is reachable at. Not from the file: `serve` enumerates them at
     /// start and on reload ([`sipsec_transport::net::names::host_addresses`]); empty otherwise.
-    pub host_addrs: Vec<std::net::IpAddr>,
+    pub(crate) host_addrs: Vec<std::net::IpAddr>,
     /// Default and per-domain routes, DNS and failover (`[routing]`).
     pub routing: RoutingConfig,
-    pub database_url: String,
+    pub(crate) database_url: String,
     pub registrar: RegistrarConfig,
     pub streams: StreamConfig,
     pub tls: TlsConfig,
     pub auth: crate::auth::AuthConfig,
     pub overload: OverloadConfig,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
-    pub metrics_listen: Option<SocketAddr>,
+    pub(crate) metrics_listen: Option<SocketAddr>,
     /// The Unix socket `sipsec ctl` talks to (`[control] socket`), if any.
-    pub control_socket: Option<PathBuf>,
+    pub(crate) control_socket: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -676,7 +676,7 @@ impl Config {
     /// — routes, registrar limits, overload control, which methods are challenged and who is
     /// trusted, the digest algorithms, domains, the server's own answers, TLS certificates —
     /// a reload applies.
-    pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
+    pub(crate) fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
         let (a, b) = (self, new);
         let (x, y) = (&a.auth, &b.auth);
         [
@@ -931,7 +931,7 @@ impl Config {
 /// block the thread that asked — the server's main thread, on SIGHUP — until someone writes.
 /// The file is opened without blocking and checked once open, so a path swapped for a FIFO
 /// between a check and the open cannot block either.
-pub fn read_file(path: &Path) -> Result<String> {
+pub(crate) fn read_file(path: &Path) -> Result<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let cannot = || format!("cannot read config file {}", path.display());
@@ -967,7 +967,7 @@ fn file_kind(kind: std::fs::FileType) -> &'static str {
 }
 
 /// The file path and the `?…` rest of a SQLite URL naming a file (not `:memory:`).
-pub fn sqlite_file_path(url: &str) -> Option<(&str, &str)> {
+pub(crate) fn sqlite_file_path(url: &str) -> Option<(&str, &str)> {
     let rest = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))?;
@@ -978,7 +978,7 @@ pub fn sqlite_file_path(url: &str) -> Option<(&str, &str)> {
 /// A SQLite URL with a relative file path taken from `base` (the directory of the config
 /// file that named it), so a command run from elsewhere opens the same database. Other URLs
 /// come back unchanged.
-pub fn resolve_relative(url: &str, base: &Path) -> String {
+pub(crate) fn resolve_relative(url: &str, base: &Path) -> String {
     let Some((path, query)) = sqlite_file_path(url).filter(|(p, _)| !p.starts_with('/')) else {
         return url.to_string();
     };

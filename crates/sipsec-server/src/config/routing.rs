@@ -90,25 +90,25 @@ pub struct RoutingConfig {
     pub default_routes: Vec<Route>,
     /// Per destination domain (lower case): requests whose Request-URI names it go there
     /// instead of the default routes.
-    pub domain_routes: Vec<(String, Route)>,
+    pub(crate) domain_routes: Vec<(String, Route)>,
     /// Static overrides of DNS: a name and its addresses.
     pub hosts: HashMap<String, Vec<IpAddr>>,
     /// Name servers to ask (empty: the system's).
-    pub dns_servers: Vec<SocketAddr>,
-    pub dns_timeout_ms: u64,
+    pub(crate) dns_servers: Vec<SocketAddr>,
+    pub(crate) dns_timeout_ms: u64,
     /// With another target to fail over to, how long a branch may go without any response
     /// before the next target is tried (RFC 3263 §4.3; Timer B or F otherwise).
     pub failover_timeout_ms: u64,
     /// How long a target that failed (transport error, timeout, 503 without Retry-After) is
     /// skipped.
-    pub hold_down_ms: u64,
+    pub(crate) hold_down_ms: u64,
     /// How often configured routes are probed with OPTIONS (0: never).
-    pub probe_interval_s: u64,
+    pub(crate) probe_interval_s: u64,
 }
 
 impl RoutingConfig {
     /// The route for a Request-URI host, if one is configured for its domain.
-    pub fn domain_route(&self, host: &[u8]) -> Option<&Route> {
+    pub(crate) fn domain_route(&self, host: &[u8]) -> Option<&Route> {
         let host = host.strip_suffix(b".").unwrap_or(host);
         self.domain_routes
             .iter()

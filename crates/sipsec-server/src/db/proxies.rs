@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 impl Store {
     /// Marks a proxy revoked, or allowed again.
-    pub async fn set_proxy_revoked(&self, name: &str, revoked: bool) -> Result<()> {
+    pub(crate) async fn set_proxy_revoked(&self, name: &str, revoked: bool) -> Result<()> {
         let d = self.dialect();
         sqlx::query(&d.sql("DELETE FROM sipsec_revoked_proxies WHERE name = ?"))
             .bind(name.to_string())
@@ -26,7 +26,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn revoked_proxies(&self) -> Result<HashSet<String>> {
+    pub(crate) async fn revoked_proxies(&self) -> Result<HashSet<String>> {
         let rows = sqlx::query("SELECT name FROM sipsec_revoked_proxies")
             .fetch_all(self.pool())
             .await?;

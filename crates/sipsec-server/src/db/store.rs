@@ -134,7 +134,7 @@ pub struct Store {
 /// When a commit reaches the disk, on SQLite (PostgreSQL and MariaDB keep their servers'
 /// settings: both sync each commit by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Commits {
+pub(crate) enum Commits {
     /// At every commit (`synchronous=FULL`): a commit survives a power cut once it returns,
     /// which is what a durable 200 OK promises.
     Synced,
@@ -148,12 +148,12 @@ pub enum Commits {
 /// What the server loads at start.
 pub struct Loaded {
     pub bindings: Vec<(String, Binding)>,
-    pub known_aors: Vec<String>,
+    pub(crate) known_aors: Vec<String>,
 }
 
 /// A database URL fit for logs and messages: the password in its user information, and any
 /// `password=` parameter, replaced by `***`.
-pub fn redacted(url: &str) -> String {
+pub(crate) fn redacted(url: &str) -> String {
     let mut out = url.to_string();
     if let Some(scheme_end) = out.find("://") {
         let rest = scheme_end + 3;
@@ -215,7 +215,7 @@ impl Store {
     }
 
     /// Connects and creates or migrates the schema, with commits reaching the disk as asked.
-    pub async fn connect_with(url: &str, commits: Commits) -> Result<Store> {
+    pub(crate) async fn connect_with(url: &str, commits: Commits) -> Result<Store> {
         sqlx::any::install_default_drivers();
         let dialect = Dialect::of(url);
         let pool = AnyPoolOptions::new()
@@ -366,7 +366,7 @@ impl Store {
     /// its changes one by one, so a change the database refuses (a value its columns cannot
     /// hold) cannot hold up the others. Returns the refused changes with why, and fails only
     /// when the database does not answer (the batch is then to be retried whole).
-    pub async fn write_isolating(
+    pub(crate) async fn write_isolating(
         &self,
         changes: &[SharedChange],
     ) -> Result<Vec<(SharedChange, String)>> {
@@ -590,23 +590,23 @@ enum Command {
 
 /// The workers' side of the write-behind queue.
 #[derive(Clone)]
-pub struct StoreHandle {
+pub(crate) struct StoreHandle {
     tx: mpsc::UnboundedSender<Command>,
 }
 
 /// Called after each commit with a worker and how many of its changes are committed so far
 /// (for durable registration).
-pub type OnSaved = Box<dyn Fn(usize, u64) + Send>;
+pub(crate) type OnSaved = Box<dyn Fn(usize, u64) + Send>;
 
 impl StoreHandle {
     /// Queues a change worker `from` made; each worker's changes are committed in the order
     /// sent.
-    pub fn send(&self, from: usize, change: SharedChange) {
+    pub(crate) fn send(&self, from: usize, change: SharedChange) {
         let _ = self.tx.send(Command::Change { from, change });
     }
 
     /// Waits until everything queued so far is committed (or the writer gave up).
-    pub fn flush_blocking(&self) {
+    pub(crate) fn flush_blocking(&self) {
         let (done, wait) = oneshot::channel();
         if self.tx.send(Command::Flush(done)).is_ok() {
             let _ = wait.blocking_recv();
@@ -691,7 +691,7 @@ const DURABLE_GATHER: Duration = Duration::from_millis(4);
 /// Starts the write-behind thread for a connected store (opened from `url`), on the given
 /// runtime. `on_saved`, if given, hears after every commit how far each worker's changes
 /// are committed.
-pub fn spawn_writer(
+pub(crate) fn spawn_writer(
     store: Store,
     url: &str,
     runtime: &tokio::runtime::Runtime,
@@ -950,7 +950,7 @@ mod tests {
         let f = fresh(&base, &format!("sipsec_test_{what}_{}", std::process::id()));
         multi_thread().block_on(async {
             sqlx::any::install_default_drivers();
-            let admin = sqlx::AnyPool::connect(&base).await.unwrap();
+            let admin = AnyPool::connect(&base).await.unwrap();
             sqlx::query(&f.drop).execute(&admin).await.ok();
             for sql in &f.create {
                 if let Err(e) = sqlx::query(sql).execute(&admin).await {

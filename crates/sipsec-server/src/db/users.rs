@@ -24,7 +24,7 @@ const IMPORT_CHUNK: usize = 500;
 const LOAD_PAGE: i64 = 20_000;
 
 /// A user name we accept: SIP `user` characters that need no escaping, at most 128.
-pub fn valid_username(name: &str) -> bool {
+pub(crate) fn valid_username(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
         && name
@@ -46,7 +46,7 @@ impl Store {
     }
 
     /// Adds or replaces users (one revision for all of them).
-    pub async fn put_users(&self, realm: &str, users: &[(String, Secrets)]) -> Result<()> {
+    pub(crate) async fn put_users(&self, realm: &str, users: &[(String, Secrets)]) -> Result<()> {
         let d = self.dialect();
         let mut tx = self.pool().begin().await?;
         let revision = self.next_revision(&mut tx).await?;
@@ -87,7 +87,7 @@ impl Store {
     }
 
     /// Marks a user deleted; false when there was no such user.
-    pub async fn remove_user(&self, realm: &str, username: &str) -> Result<bool> {
+    pub(crate) async fn remove_user(&self, realm: &str, username: &str) -> Result<bool> {
         let mut tx = self.pool().begin().await?;
         let revision = self.next_revision(&mut tx).await?;
         let done = sqlx::query(&self.dialect().sql(
@@ -105,7 +105,7 @@ impl Store {
     }
 
     /// The realm's users, by name.
-    pub async fn list_users(&self, realm: &str) -> Result<Vec<String>> {
+    pub(crate) async fn list_users(&self, realm: &str) -> Result<Vec<String>> {
         let rows = sqlx::query(&self.dialect().sql(
             "SELECT username FROM sipsec_users WHERE realm = ? AND deleted = 0 ORDER BY username",
         ))
@@ -178,7 +178,11 @@ impl Store {
 
 impl Store {
     /// One user's secrets (`None`: no such user), for digest without the cache.
-    pub async fn user_secrets(&self, realm: &str, username: &str) -> Result<Option<Secrets>> {
+    pub(crate) async fn user_secrets(
+        &self,
+        realm: &str,
+        username: &str,
+    ) -> Result<Option<Secrets>> {
         let row = sqlx::query(&self.dialect().sql(
             "SELECT ha1_md5, ha1_sha256, ha1_sha512_256, pc_key FROM sipsec_users \
              WHERE realm = ? AND username = ? AND deleted = 0",
@@ -197,7 +201,7 @@ impl Store {
     }
 
     /// Every user of `realm` with a Proxychain key (for backup credentials).
-    pub async fn user_keys(&self, realm: &str) -> Result<Vec<(String, [u8; 32])>> {
+    pub(crate) async fn user_keys(&self, realm: &str) -> Result<Vec<(String, [u8; 32])>> {
         let mut out = Vec::new();
         let mut position = (0i64, String::new());
         loop {
@@ -221,7 +225,7 @@ impl Store {
 
 /// `sipsec users` CSV import: `username,password` lines (a header line is skipped); HA1s are
 /// computed on every core. Returns how many users were stored.
-pub async fn import_csv(store: &Store, realm: &str, path: &Path) -> Result<usize> {
+pub(crate) async fn import_csv(store: &Store, realm: &str, path: &Path) -> Result<usize> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut users = Vec::new();
@@ -266,7 +270,7 @@ pub async fn import_csv(store: &Store, realm: &str, path: &Path) -> Result<usize
 /// Waits, up to `limit`, for the first load of the user database into `credentials`, so a
 /// server or authority does not start answering with users it has not read yet; warns if it
 /// is still loading then (authentication answers 503 until it is done).
-pub async fn wait_loaded(credentials: &Credentials, limit: Duration) {
+pub(crate) async fn wait_loaded(credentials: &Credentials, limit: Duration) {
     let waiting = std::time::Instant::now();
     while credentials.state() == CacheState::Loading && waiting.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -283,12 +287,12 @@ pub async fn wait_loaded(credentials: &Credentials, limit: Duration) {
 /// users keep authenticating; others are answered 503), the failure is logged once per
 /// minute, and the sync resumes by itself when the database answers again.
 pub async fn sync(url: String, credentials: Arc<Credentials>, period: Duration) {
-    sync_notifying(url, credentials, period, None).await
+    sync_notifying(url, credentials, period, None).await;
 }
 
 /// [`sync`], and once the first load is complete, the name of every user changed since is
 /// sent to `changed` (the authority revokes the chains issued for them).
-pub async fn sync_notifying(
+pub(crate) async fn sync_notifying(
     url: String,
     credentials: Arc<Credentials>,
     period: Duration,

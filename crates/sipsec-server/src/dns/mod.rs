@@ -17,10 +17,10 @@
 //! order and preference first, then SRV priority, then within one priority RFC 2782's weighted
 //! random choice, drawn afresh for every request so the load spreads by the weights.
 
-pub mod resolver;
+pub(crate) mod resolver;
 
-use sipsec_transport::net::transport::{Peer, Transport};
 use sip_core::message::{Scheme, Uri};
+use sipsec_transport::net::transport::{Peer, Transport};
 use smallvec::SmallVec;
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
@@ -58,7 +58,7 @@ impl Query {
     }
 
     /// The same query, borrowed.
-    pub fn as_key(&self) -> QueryKey<'_> {
+    pub(crate) fn as_key(&self) -> QueryKey<'_> {
         QueryKey {
             name: self.name.as_bytes(),
             transport: self.transport,
@@ -76,7 +76,7 @@ impl PartialEq for Query {
 
 impl Hash for Query {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_key().hash(state)
+        self.as_key().hash(state);
     }
 }
 
@@ -105,7 +105,7 @@ pub struct QueryKey<'a> {
 }
 
 impl QueryKey<'_> {
-    pub fn to_query(self) -> Query {
+    pub(crate) fn to_query(self) -> Query {
         Query::new(self.name, self.transport, self.port, self.secure)
     }
 }
@@ -243,7 +243,7 @@ impl Resolution {
 /// by one part in sum+1 (weights 3 and 1 share 80/20, not 75/25) so that zero weights get "a
 /// very small chance"; we draw from 0..sum, which gives every item exactly its weight's share,
 /// and zero weights come after the others of their rank.
-pub fn weighted_order(
+pub(crate) fn weighted_order(
     len: usize,
     rank: impl Fn(usize) -> u32,
     weight: impl Fn(usize) -> u16,
@@ -285,7 +285,7 @@ fn push_entry(e: &Entry, out: &mut SmallVec<[Peer; 2]>) {
 }
 
 /// The NAPTR service field for a transport (RFC 3263 §4.1).
-pub fn naptr_service(transport: Transport) -> &'static [u8] {
+pub(crate) fn naptr_service(transport: Transport) -> &'static [u8] {
     match transport {
         Transport::Udp => b"SIP+D2U",
         Transport::Tcp => b"SIP+D2T",
@@ -294,7 +294,7 @@ pub fn naptr_service(transport: Transport) -> &'static [u8] {
 }
 
 /// The SRV owner name prefix for a transport (RFC 3263 §4.1).
-pub fn srv_prefix(transport: Transport) -> &'static str {
+pub(crate) fn srv_prefix(transport: Transport) -> &'static str {
     match transport {
         Transport::Udp => "_sip._udp.",
         Transport::Tcp => "_sip._tcp.",

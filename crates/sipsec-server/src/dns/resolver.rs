@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 /// How long an answer of no records is kept (hickory keeps its own by the zone's negative
 /// TTL; this is the engine's copy).
-pub const NEGATIVE_TTL_S: u32 = 30;
+pub(crate) const NEGATIVE_TTL_S: u32 = 30;
 /// How long "DNS did not answer" is kept before the name is asked again.
-pub const UNAVAILABLE_TTL_S: u32 = 5;
+pub(crate) const UNAVAILABLE_TTL_S: u32 = 5;
 /// The TTL of answers from static host overrides.
-pub const HOSTS_TTL_S: u32 = 3600;
+pub(crate) const HOSTS_TTL_S: u32 = 3600;
 
 /// Settings for [`Resolver::new`].
 #[derive(Debug, Clone, Default)]
@@ -37,7 +37,7 @@ pub struct Settings {
 
 /// An RFC 3263 resolver. Cheap to clone (the cache is shared).
 #[derive(Clone)]
-pub struct Resolver {
+pub(crate) struct Resolver {
     dns: TokioResolver,
     hosts: std::sync::Arc<HashMap<String, Vec<IpAddr>>>,
     transports: Vec<Transport>,
@@ -45,7 +45,7 @@ pub struct Resolver {
 
 impl Resolver {
     /// Must be called inside a Tokio runtime.
-    pub fn new(settings: &Settings) -> anyhow::Result<Resolver> {
+    pub(crate) fn new(settings: &Settings) -> anyhow::Result<Resolver> {
         let mut builder = if settings.servers.is_empty() {
             TokioResolver::builder_tokio()
                 .map_err(|e| anyhow::anyhow!("cannot read the system's DNS configuration: {e}"))?
@@ -83,7 +83,7 @@ impl Resolver {
 
     /// Resolves one next hop by RFC 3263. Never fails: a failure is a [`Resolution`] with no
     /// entries and the reason.
-    pub async fn resolve(&self, q: &Query) -> Resolution {
+    pub(crate) async fn resolve(&self, q: &Query) -> Resolution {
         let plain = if q.secure {
             Transport::Tls
         } else {

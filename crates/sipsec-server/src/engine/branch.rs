@@ -9,10 +9,10 @@
 
 use sip_core::message::Message;
 
-pub const MAGIC: &[u8] = b"z9hG4bKsS";
+pub(crate) const MAGIC: &[u8] = b"z9hG4bKsS";
 
 /// FNV-1a, 64 bit: fast, deterministic, good enough to spread hashes (not for secrets).
-pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
         for b in *p {
@@ -30,14 +30,14 @@ fn worker_digit(worker: usize) -> char {
 }
 
 /// The loop-detection hash of a request as received, given its From and To tags.
-pub fn loop_hash(msg: &Message<'_>, from_tag: &[u8], to_tag: &[u8]) -> u32 {
+pub(crate) fn loop_hash(msg: &Message<'_>, from_tag: &[u8], to_tag: &[u8]) -> u32 {
     let ruri = msg.request_uri().map_or(&b""[..], |u| u.raw);
     let seq = msg.cseq().seq.to_le_bytes();
     fnv1a(&[ruri, msg.call_id(), &seq, from_tag, to_tag]) as u32
 }
 
 /// A unique branch for a stateful forward.
-pub fn stateful(worker: usize, loop_hash: u32, counter: u64) -> String {
+pub(super) fn stateful(worker: usize, loop_hash: u32, counter: u64) -> String {
     format!(
         "z9hG4bKsS{}{loop_hash:08x}.{counter:x}",
         worker_digit(worker)
@@ -46,20 +46,20 @@ pub fn stateful(worker: usize, loop_hash: u32, counter: u64) -> String {
 
 /// A deterministic branch for a stateless forward: retransmissions and the CANCEL of an
 /// INVITE (same incoming branch) map to the same outgoing branch (RFC 3261 §16.11).
-pub fn stateless(worker: usize, loop_hash: u32, msg: &Message<'_>) -> String {
+pub(super) fn stateless(worker: usize, loop_hash: u32, msg: &Message<'_>) -> String {
     let via = msg.top_via();
     let h = fnv1a(&[via.branch.unwrap_or_default(), via.host, msg.call_id()]);
     format!("z9hG4bKsS{}{loop_hash:08x}-{h:016x}", worker_digit(worker))
 }
 
 /// Which worker issued a branch, if we did.
-pub fn owner(branch: &[u8]) -> Option<usize> {
+pub(super) fn owner(branch: &[u8]) -> Option<usize> {
     let digit = *branch.strip_prefix(MAGIC)?.first()?;
     (digit as char).to_digit(36).map(|d| d as usize)
 }
 
 /// The loop hash a branch of ours carries.
-pub fn carried_loop_hash(branch: &[u8]) -> Option<u32> {
+pub(crate) fn carried_loop_hash(branch: &[u8]) -> Option<u32> {
     let hex = branch.strip_prefix(MAGIC)?.get(1..9)?;
     u32::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
 }

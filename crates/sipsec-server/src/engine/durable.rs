@@ -19,7 +19,7 @@ use sip_core::timer::Millis;
 
 /// How long a 200 OK waits for the database before the REGISTER is answered 500: well inside
 /// the client's 32 s transaction timeout, so the client hears why.
-pub const DURABLE_WAIT_MS: Millis = 5_000;
+pub(crate) const DURABLE_WAIT_MS: Millis = 5_000;
 
 /// A REGISTER answer waiting for the store.
 #[derive(Debug)]

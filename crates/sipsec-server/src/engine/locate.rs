@@ -42,7 +42,7 @@ pub(super) struct Waiter {
     pub data: Bytes,
     pub waits: u8,
     /// Who vouched for it at the gate, for the relay rule when it is routed again.
-    pub vouched: super::relay::Vouched,
+    pub(crate) vouched: Vouched,
 }
 
 /// The worker's location state.
@@ -116,7 +116,7 @@ impl Locator {
                             failure = Some(match (failure, e) {
                                 (Some(Failure::Unavailable), _) => Failure::Unavailable,
                                 (_, e) => e,
-                            })
+                            });
                         }
                         None => resolution.order(|| self.random(), &mut peers),
                     }

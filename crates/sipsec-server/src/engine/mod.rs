@@ -110,7 +110,7 @@ pub struct Effects {
     pub changes: Vec<SharedChange>,
     /// Connections on which a call just ended (a final response to BYE, or an INVITE
     /// failed): the driver closes those it opened for that one call.
-    pub finished_calls: Vec<ConnId>,
+    pub(crate) finished_calls: Vec<ConnId>,
     /// Users whose credentials must be fetched (a Proxychain chain from the authority, or
     /// digest secrets from the database without the cache), with whether it is a prefetch
     /// (nobody waits for it).
@@ -119,7 +119,7 @@ pub struct Effects {
     pub lookups: Vec<crate::dns::Query>,
     /// TLS destinations located from a domain, which their certificates must name (RFC 5922):
     /// the driver checks connections it opens to them against it.
-    pub tls_names: Vec<(SocketAddr, Arc<str>)>,
+    pub(crate) tls_names: Vec<(SocketAddr, Arc<str>)>,
 }
 
 impl Effects {
@@ -428,7 +428,7 @@ impl Engine {
 
     /// The driver's clock in microseconds (the same reading as the `now` it passes next, in
     /// milliseconds): the INVITE latency histograms measure with it.
-    pub fn set_clock_us(&mut self, us: u64) {
+    pub(crate) fn set_clock_us(&mut self, us: u64) {
         self.clock = FineClock { us };
     }
 
@@ -447,11 +447,11 @@ impl Engine {
     }
 
     /// Loads a binding or known AOR from the store at start.
-    pub fn preload(&mut self, change: &BindingChange) {
+    pub(crate) fn preload(&mut self, change: &BindingChange) {
         self.location.apply(change);
     }
 
-    pub fn know_aor(&mut self, aor: &str) {
+    pub(crate) fn know_aor(&mut self, aor: &str) {
         self.location.know(aor);
     }
 
@@ -622,7 +622,7 @@ impl Engine {
         match facts {
             Some(facts) => self.route_request(now, source, msg, (facts, vouched), None, fx),
             None if method != Method::Ack => {
-                self.answer(now, source, msg, 400, "Bad From or To header", "", fx)
+                self.answer(now, source, msg, 400, "Bad From or To header", "", fx);
             }
             None => {}
         }

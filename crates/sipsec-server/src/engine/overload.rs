@@ -137,14 +137,14 @@ fn step(share: f64, busy: f64, target: f64, now: Millis, hold: Millis, cut_at: &
 
 impl Engine {
     /// How often the driver should call [`Engine::on_load`].
-    pub fn overload_interval_ms(&self) -> u64 {
+    pub(crate) fn overload_interval_ms(&self) -> u64 {
         self.cfg.overload.interval_ms
     }
 
     /// The driver's load measurement, every `[overload] interval_ms`: the share of the last
     /// interval the worker was busy, and the longest a datagram waited in the kernel before
     /// it was read (0 when not measured).
-    pub fn on_load(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
+    pub(crate) fn on_load(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         // The gauges `/metrics` reads.
         let t = &self.stats.traffic;

@@ -25,15 +25,15 @@ pub(super) struct BranchPlan {
     pub source: Peer,
     pub hash: u32,
     /// New work (announce RFC 7339 support on it).
-    pub new_work: bool,
+    pub(crate) new_work: bool,
     pub request_uri: Option<Arc<str>>,
     /// This branch's share of Max-Breadth (RFC 5393).
     pub breadth: u32,
     /// Our own Routes to consume.
-    pub pop_route: SmallVec<[(HeaderField, usize); 2]>,
-    pub record_route: bool,
+    pub(crate) pop_route: SmallVec<[(HeaderField, usize); 2]>,
+    pub(crate) record_route: bool,
     /// The dialog token our Record-Route carries (see `relay`), with authentication on.
-    pub dialog_token: Option<relay::Token>,
+    pub(crate) dialog_token: Option<relay::Token>,
 }
 
 /// One target of a request being forwarded: the destination chosen, our side that reaches

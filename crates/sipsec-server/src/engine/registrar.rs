@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 /// The registrar's answer.
 #[derive(Debug)]
-pub struct Outcome {
+pub(super) struct Outcome {
     pub code: u16,
     pub reason: &'static str,
     /// Extra header lines for the response, each ending in CRLF.
@@ -44,9 +44,9 @@ impl Outcome {
 /// The longest address-of-record, Contact URI and Call-ID a binding may have, in bytes: what
 /// the store's columns hold in every database (PostgreSQL and MariaDB count characters, which
 /// are never more than bytes).
-pub const MAX_AOR: usize = 255;
-pub const MAX_CONTACT: usize = 512;
-pub const MAX_CALL_ID: usize = 255;
+pub(crate) const MAX_AOR: usize = 255;
+pub(crate) const MAX_CONTACT: usize = 512;
+pub(crate) const MAX_CALL_ID: usize = 255;
 
 /// RFC 3261 §25.1: `qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )`.
 fn valid_qvalue(q: &[u8]) -> bool {
@@ -71,7 +71,7 @@ struct Requested<'a> {
 /// whether a target is one of the server's own listeners or management ports: a contact there
 /// would hand every call back to the server (RFC 5393's amplification), or make it a relay to
 /// its own metrics or authority, so it is refused.
-pub fn register(
+pub(super) fn register(
     cfg: &RegistrarConfig,
     own: impl Fn(&Peer) -> bool,
     location: &Location,
@@ -249,7 +249,7 @@ fn over_limits(
         "Service Unavailable (registrar full)"
     } else if added_here > 0
         && cfg.max_bindings_per_source > 0
-        && location.from_source(ip) + added_here > cfg.max_bindings_per_source
+        && location.held_from(ip) + added_here > cfg.max_bindings_per_source
     {
         "Service Unavailable (too many bindings from this address)"
     } else {

@@ -27,7 +27,7 @@ impl Engine {
     /// The 513 for a message on a stream that is over `max_message_size` (the stream closes
     /// after it: the rest of the message cannot be skipped reliably), if the head of it can be
     /// addressed. Counted like an oversize datagram.
-    pub fn on_oversize(&mut self, now: Millis, source: Peer, head: &[u8], fx: &mut Effects) {
+    pub(crate) fn on_oversize(&mut self, now: Millis, source: Peer, head: &[u8], fx: &mut Effects) {
         inc(&self.stats.oversize);
         if let Some(answer) = self.salvage(now, source, head, ParseError::TooLarge) {
             fx.transmits.push((source, answer));

@@ -25,8 +25,8 @@ use tokio::time::Instant;
 #[derive(Default, Debug)]
 pub struct ChannelStats {
     pub requests: std::sync::atomic::AtomicU64,
-    pub bytes_out: std::sync::atomic::AtomicU64,
-    pub bytes_in: std::sync::atomic::AtomicU64,
+    pub(crate) bytes_out: std::sync::atomic::AtomicU64,
+    pub(crate) bytes_in: std::sync::atomic::AtomicU64,
 }
 
 /// Starts the channel on `runtime`.

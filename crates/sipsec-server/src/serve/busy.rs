@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 /// Measures one worker's busy fraction over fixed intervals.
 #[derive(Debug)]
-pub struct BusyMeter {
+pub(crate) struct BusyMeter {
     interval: Duration,
     start: Instant,
     idle: Duration,
@@ -21,11 +21,11 @@ pub struct Load {
     pub busy: f64,
     /// The longest a datagram waited in the kernel before it was read (zero unless
     /// measured).
-    pub queue_delay: Duration,
+    pub(crate) queue_delay: Duration,
 }
 
 impl BusyMeter {
-    pub fn new(interval: Duration, now: Instant) -> BusyMeter {
+    pub(crate) fn new(interval: Duration, now: Instant) -> BusyMeter {
         BusyMeter {
             interval,
             start: now,
@@ -35,17 +35,17 @@ impl BusyMeter {
     }
 
     /// A datagram waited `d` in the kernel before it was read.
-    pub fn queued(&mut self, d: Duration) {
+    pub(crate) fn queued(&mut self, d: Duration) {
         self.delay = self.delay.max(d);
     }
 
     /// The worker spent `d` waiting.
-    pub fn idle(&mut self, d: Duration) {
+    pub(crate) fn idle(&mut self, d: Duration) {
         self.idle += d;
     }
 
     /// Once an interval has passed: what it measured, and the next one begins.
-    pub fn take(&mut self, now: Instant) -> Option<Load> {
+    pub(crate) fn take(&mut self, now: Instant) -> Option<Load> {
         let wall = now.saturating_duration_since(self.start);
         if wall < self.interval {
             return None;

@@ -22,15 +22,15 @@
 use std::time::Duration;
 
 /// Messages a worker aims to find per wake-up under load.
-pub const TARGET_BATCH: f64 = 8.0;
+pub(crate) const TARGET_BATCH: f64 = 8.0;
 /// Below this rate (messages a second) there is no waiting.
-pub const MIN_RATE: f64 = 2_000.0;
+pub(crate) const MIN_RATE: f64 = 2_000.0;
 /// The length of a measuring window.
-pub const WINDOW_MS: u64 = 100;
+pub(crate) const WINDOW_MS: u64 = 100;
 /// Windows under the chosen policy before the first look at the other one.
-pub const MIN_EXPLORE: u32 = 4;
+pub(crate) const MIN_EXPLORE: u32 = 4;
 /// The most windows between two looks at the other policy (6.4 s).
-pub const MAX_EXPLORE: u32 = 64;
+pub(crate) const MAX_EXPLORE: u32 = 64;
 /// A window with fewer messages than this says too little about the cost of either policy.
 const MIN_MESSAGES: u64 = 100;
 /// The other policy must be this much cheaper per message before the worker switches.
@@ -40,7 +40,7 @@ const ALPHA: f64 = 0.25;
 
 /// Whether a wake-up waits for more messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
+pub(crate) enum Policy {
     Wait,
     NoWait,
 }
@@ -59,7 +59,7 @@ impl Policy {
 }
 
 #[derive(Debug)]
-pub struct Coalescer {
+pub(crate) struct Coalescer {
     cap: Duration,
     window_start_ms: u64,
     /// The thread's CPU time when the window started.
@@ -78,7 +78,7 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    pub fn new(cap: Duration) -> Self {
+    pub(crate) fn new(cap: Duration) -> Self {
         Coalescer {
             cap,
             window_start_ms: 0,
@@ -96,7 +96,7 @@ impl Coalescer {
     /// Records `n` messages handled at `now_ms`. When this ends a window, `thread_cpu` is
     /// asked for the CPU time the calling thread has used so far (a system call, so it is
     /// read once a window, not once a batch).
-    pub fn record(&mut self, now_ms: u64, n: usize, thread_cpu: impl FnOnce() -> Duration) {
+    pub(crate) fn record(&mut self, now_ms: u64, n: usize, thread_cpu: impl FnOnce() -> Duration) {
         let elapsed = now_ms.saturating_sub(self.window_start_ms);
         if elapsed >= WINDOW_MS {
             let cpu = thread_cpu();
@@ -117,7 +117,7 @@ impl Coalescer {
 
     /// How long to wait after a wake-up at `now_ms` before receiving. A rate measured before
     /// an idle spell of two windows or more no longer counts.
-    pub fn delay(&self, now_ms: u64) -> Duration {
+    pub(crate) fn delay(&self, now_ms: u64) -> Duration {
         let stale = now_ms.saturating_sub(self.window_start_ms) >= 2 * WINDOW_MS;
         if self.current == Policy::NoWait || !self.waits_at_rate() || stale {
             return Duration::ZERO;
@@ -126,7 +126,8 @@ impl Coalescer {
     }
 
     /// The policy in force between looks at the other one.
-    pub fn chosen(&self) -> Policy {
+    #[cfg(test)]
+    pub(crate) fn chosen(&self) -> Policy {
         self.chosen
     }
 

@@ -50,7 +50,7 @@ const ACCEPT_BATCH: usize = 256;
 const MAX_UNCONFIRMED: usize = 64;
 
 /// Binds a listening socket with SO_REUSEPORT, one per worker on the same address.
-pub fn listen_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn listen_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
@@ -71,7 +71,7 @@ const RESERVED_DESCRIPTORS: usize = 256;
 /// descriptors accepts nothing — no call on any transport, no scrape — until some close.
 /// Descriptors are kept for the listeners, the workers' own, the metrics endpoint and the rest
 /// ([`RESERVED_DESCRIPTORS`]). Returns the configured and effective totals when lowered.
-pub fn fit_to_descriptors(
+pub(crate) fn fit_to_descriptors(
     cfg: &mut crate::config::Config,
     fd_limit: Option<u64>,
 ) -> Option<(usize, usize)> {
@@ -226,7 +226,10 @@ const MAX_TLS_NAMES: usize = 4096;
 
 impl Connections {
     /// A worker's connection table. `listeners` are registered with `epoll` here.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "built once per worker from the start-up state it shares; each argument is a distinct resource"
+    )]
     pub fn new(
         worker: usize,
         cfg: StreamConfig,
@@ -275,7 +278,7 @@ impl Connections {
     /// Handles one epoll event for `token`, a listener or connection of ours: accepts, or
     /// reads and frames (the messages wait in [`Connections::received`]), or writes what
     /// was waiting for the socket.
-    pub fn on_event(&mut self, now: Millis, token: Token, ev: &Event, epoll: &Epoll) {
+    pub(crate) fn on_event(&mut self, now: Millis, token: Token, ev: &Event, epoll: &Epoll) {
         let index = match token {
             Token::Listener(i) => {
                 self.accept(now, i, epoll);
@@ -375,7 +378,10 @@ impl Connections {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "an accepted or dialled stream's parts, moved in once"
+    )]
     fn insert(
         &mut self,
         now: Millis,
@@ -498,12 +504,12 @@ impl Connections {
     }
 
     /// Whether this pass read any connection, so [`Connections::release`] has work.
-    pub fn read_any(&self) -> bool {
+    pub(crate) fn read_any(&self) -> bool {
         !self.reads.is_empty()
     }
 
     /// How many messages this pass framed (see [`Connections::received`]).
-    pub fn received_len(&self) -> usize {
+    pub(crate) fn received_len(&self) -> usize {
         self.frames.len()
     }
 
@@ -558,7 +564,7 @@ impl Connections {
                         let remote = self.conns[r.slot].as_ref().map(|c| c.io.remote);
                         tracing::warn!("TLS with {} failed: {why}", fmt_remote(remote));
                     }
-                    self.close(now, r.slot, Close::Tls)
+                    self.close(now, r.slot, Close::Tls);
                 }
             }
         }
@@ -587,7 +593,7 @@ impl Connections {
     }
 
     /// Moves the requests that could not be delivered since the last call into `out`.
-    pub fn take_failed(&mut self, out: &mut Vec<(Peer, Bytes)>) {
+    pub(crate) fn take_failed(&mut self, out: &mut Vec<(Peer, Bytes)>) {
         out.append(&mut self.failed);
     }
 
@@ -726,7 +732,7 @@ impl Connections {
 
     /// TLS for connections accepted and opened from now on (a reload: a rotated certificate,
     /// a new CA); those already up keep theirs.
-    pub fn set_tls(&mut self, server: Option<ServerTls>, client: Option<ClientTls>) {
+    pub(crate) fn set_tls(&mut self, server: Option<ServerTls>, client: Option<ClientTls>) {
         self.tls_server = server;
         self.tls_client = client;
     }
@@ -738,7 +744,7 @@ impl Connections {
 
     /// Remembers the domain TLS destination `addr` was located from (RFC 5922): connections
     /// opened to it from now on check the server's certificate against that name.
-    pub fn name_tls_destination(&mut self, addr: SocketAddr, domain: Arc<str>) {
+    pub(crate) fn name_tls_destination(&mut self, addr: SocketAddr, domain: Arc<str>) {
         if self.tls_names.len() >= MAX_TLS_NAMES && !self.tls_names.contains_key(&addr) {
             self.tls_names.clear();
         }
@@ -746,7 +752,7 @@ impl Connections {
     }
 
     /// Marks the per-call connections whose call ended for closing once their output is out.
-    pub fn finish_calls(&mut self, ids: &mut Vec<ConnId>) {
+    pub(crate) fn finish_calls(&mut self, ids: &mut Vec<ConnId>) {
         for id in ids.drain(..) {
             let (owner, slot) = split_id(id);
             if owner != self.worker {
@@ -772,7 +778,7 @@ impl Connections {
     }
 
     /// Whether [`Connections::flush`] has anything to write or close.
-    pub fn has_dirty(&self) -> bool {
+    pub(crate) fn has_dirty(&self) -> bool {
         !self.dirty.is_empty()
     }
 

@@ -23,10 +23,10 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 const MAX_LINE: usize = 256;
 
 /// How long a client has to send its command, and to take its answer.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections served at once.
-pub const MAX_CLIENTS: usize = 8;
+pub(crate) const MAX_CLIENTS: usize = 8;
 
 /// What `sipsec ctl` can ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +90,7 @@ impl Request {
 }
 
 /// The bound socket. Dropping it stops listening and removes the socket file.
-pub struct Control {
+pub(crate) struct Control {
     path: PathBuf,
     requests: mpsc::Receiver<Request>,
     task: tokio::task::JoinHandle<()>,
@@ -99,7 +99,7 @@ pub struct Control {
 impl Control {
     /// Binds `path` (refusing one a live server answers on, replacing a stale one) and listens
     /// on `runtime`.
-    pub fn bind(runtime: &tokio::runtime::Handle, path: &Path) -> Result<Control> {
+    pub(crate) fn bind(runtime: &tokio::runtime::Handle, path: &Path) -> Result<Control> {
         let key = || format!("control.socket: {}", path.display());
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             if !meta.file_type().is_socket() {
@@ -122,12 +122,9 @@ impl Control {
         let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
         let task = runtime.spawn(async move {
             loop {
-                let stream = match listener.accept().await {
-                    Ok((stream, _)) => stream,
-                    Err(_) => {
-                        tokio::time::sleep(crate::metrics::ACCEPT_BACKOFF).await;
-                        continue;
-                    }
+                let Ok((stream, _)) = listener.accept().await else {
+                    tokio::time::sleep(crate::metrics::ACCEPT_BACKOFF).await;
+                    continue;
                 };
                 match slots.clone().try_acquire_owned() {
                     Ok(slot) => {
@@ -153,7 +150,7 @@ impl Control {
     }
 
     /// A command that arrived since the last call, if any. For the main thread's loop.
-    pub fn next(&self) -> Option<Request> {
+    pub(crate) fn next(&self) -> Option<Request> {
         self.requests.try_recv().ok()
     }
 }

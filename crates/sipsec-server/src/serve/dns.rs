@@ -33,7 +33,7 @@ impl LookupHandle {
     }
 
     /// Resolves with these settings from now on.
-    pub fn reconfigure(&self, settings: Settings) {
+    pub(crate) fn reconfigure(&self, settings: Settings) {
         let _ = self.tx.send(Ask::Settings(settings));
     }
 }

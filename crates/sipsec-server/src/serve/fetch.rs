@@ -46,7 +46,7 @@ impl FetchHandle {
 /// database at `url` (several in flight at once, up to the pool's connections), delivers the
 /// answer to `fetched` for the worker that asked and tells it. A failed query delivers
 /// nothing, so the requests that waited are answered 503.
-pub fn spawn_user_fetcher(
+pub(crate) fn spawn_user_fetcher(
     runtime: &tokio::runtime::Runtime,
     url: String,
     realm: String,

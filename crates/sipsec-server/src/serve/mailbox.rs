@@ -47,14 +47,14 @@ impl MailboxSender {
     /// Leaves a letter without waking the worker: it reads it before anything else it next
     /// wakes for (a datagram, a deadline, other mail), at most 200 ms on. For what only
     /// matters to the work that wakes it, such as a binding a later request may look up.
-    pub fn post(&self, letter: impl Into<Letter>) {
+    pub(crate) fn post(&self, letter: impl Into<Letter>) {
         let _ = self.tx.send(letter.into());
     }
 }
 
 /// Tells every worker that `user`'s credentials came (or their fetch gave up), so the
 /// requests parked for them run.
-pub fn credentials_ready(workers: &[MailboxSender], user: &str) {
+pub(crate) fn credentials_ready(workers: &[MailboxSender], user: &str) {
     let user: Arc<str> = user.into();
     for w in workers {
         w.send(Mail::Credential { user: user.clone() });
@@ -81,7 +81,7 @@ impl Mailbox {
     }
 
     /// The next letter already in the channel, without waiting.
-    pub fn try_recv(&self) -> Option<Letter> {
+    pub(crate) fn try_recv(&self) -> Option<Letter> {
         self.rx.try_recv().ok()
     }
 }

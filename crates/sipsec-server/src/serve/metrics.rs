@@ -48,14 +48,14 @@ const TLS_ONLY: &[&str] = &["tls_client_certificates"];
 
 /// The collector: reads the workers' [`Stats`] on each scrape.
 #[derive(Debug)]
-pub struct ServeMetrics {
+pub(crate) struct ServeMetrics {
     pub workers: Vec<Arc<Stats>>,
     /// The authentication scheme in use ("none", "digest", "proxychain").
     pub scheme: &'static str,
     /// Whether the server accepts or opens TLS connections.
     pub tls: bool,
     /// Whether local admission control (`[overload] enabled`) is on.
-    pub shedding: bool,
+    pub(crate) shedding: bool,
 }
 
 impl ServeMetrics {

@@ -16,7 +16,7 @@
 
 pub mod authority;
 pub mod busy;
-pub mod coalesce;
+pub(crate) mod coalesce;
 pub mod connections;
 pub mod control;
 pub mod dns;
@@ -175,9 +175,9 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         Some(p) => Some(control::Control::bind(runtime.handle(), p)?),
         None => None,
     };
-    let channel_stats = Arc::new(crate::serve::authority::ChannelStats::default());
+    let channel_stats = Arc::new(authority::ChannelStats::default());
     let fetcher = match (&proxychain, &auth) {
-        (Some((shared, tls)), _) => Some(crate::serve::authority::spawn(
+        (Some((shared, tls)), _) => Some(authority::spawn(
             &runtime,
             shared.clone(),
             tls.clone(),
@@ -249,7 +249,7 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         cfg.domains.join(", "),
         cfg.workers,
         if cfg.workers == 1 { "" } else { "s" },
-        crate::db::store::redacted(&cfg.database_url),
+        store::redacted(&cfg.database_url),
         loaded.bindings.len(),
     );
     let _ = std::io::stdout().flush();

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a worker is made of; [`Worker::new`] registers its descriptors.
-pub struct Parts {
+pub(crate) struct Parts {
     pub index: usize,
     pub engine: Engine,
     /// UDP sockets, in listen order.
@@ -52,17 +52,17 @@ pub struct Parts {
     pub store: Option<StoreHandle>,
     /// Where credential fetches go: the Proxychain authority's channel, or the user database
     /// for digest without the cache.
-    pub fetcher: Option<FetchHandle>,
+    pub(crate) fetcher: Option<FetchHandle>,
     /// Where names to locate by DNS go.
-    pub resolver: Option<super::dns::LookupHandle>,
-    pub coalescer: Coalescer,
+    pub(crate) resolver: Option<super::dns::LookupHandle>,
+    pub(crate) coalescer: Coalescer,
     pub shutdown: Arc<AtomicBool>,
     /// Monotonic time 0 of every worker's clock.
     pub started: Instant,
 }
 
 /// A worker thread's state: see the module doc for its loop.
-pub struct Worker {
+pub(crate) struct Worker {
     index: usize,
     engine: Engine,
     sockets: Vec<Socket>,
@@ -82,7 +82,7 @@ pub struct Worker {
 
 impl Worker {
     /// A worker, its UDP sockets and mailbox registered with its epoll set.
-    pub fn new(p: Parts) -> std::io::Result<Worker> {
+    pub(crate) fn new(p: Parts) -> std::io::Result<Worker> {
         for (i, s) in p.sockets.iter().enumerate() {
             p.epoll
                 .add(udp::fd(s), epoll::READ, Token::Udp(i).encode())?;
@@ -113,7 +113,7 @@ impl Worker {
         })
     }
 
-    pub fn index(&self) -> usize {
+    pub(crate) fn index(&self) -> usize {
         self.index
     }
 
@@ -133,7 +133,7 @@ impl Worker {
     }
 
     /// Runs until `shutdown` is set.
-    pub fn run(mut self) {
+    pub(crate) fn run(mut self) {
         let mut batch = RecvBatch::new();
         let mut sender = SendBatch::default();
         let mut udp_out: Vec<(Peer, Bytes)> = Vec::new();
@@ -290,10 +290,10 @@ impl Worker {
         for i in 0..count {
             match self.connections.received(i) {
                 Some(Received::Message(source, data)) => {
-                    self.engine.on_message(now, source, data, fx)
+                    self.engine.on_message(now, source, data, fx);
                 }
                 Some(Received::Oversize(source, head)) => {
-                    self.engine.on_oversize(now, source, head, fx)
+                    self.engine.on_oversize(now, source, head, fx);
                 }
                 None => {}
             }

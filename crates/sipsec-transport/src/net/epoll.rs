@@ -47,12 +47,6 @@ impl Epoll {
         self.ctl(libc::EPOLL_CTL_ADD, fd, events, token)
     }
 
-    /// Removes `fd` (closing a descriptor removes it too; this is for clarity and for
-    /// descriptors that stay open).
-    pub fn delete(&self, fd: RawFd) {
-        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0);
-    }
-
     /// Waits up to `timeout_ms` (0: just look; -1: forever) and fills `events`, returning how
     /// many are ready.
     pub fn wait(&self, events: &mut [Event], timeout_ms: i32) -> usize {

@@ -72,7 +72,7 @@ impl ServerNames {
     pub fn is_addr(&self, host: &[u8], port: u16) -> bool {
         std::str::from_utf8(sip_core::message::uri::unbracket(host))
             .ok()
-            .and_then(|h| h.parse::<std::net::IpAddr>().ok())
+            .and_then(|h| h.parse::<IpAddr>().ok())
             .is_some_and(|ip| self.addrs.iter().any(|a| a.ip() == ip && a.port() == port))
     }
 }

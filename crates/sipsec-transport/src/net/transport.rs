@@ -62,7 +62,7 @@ impl Transport {
 
     /// The transport a URI asks for without DNS: its `transport` parameter, else TLS for
     /// `sips:`, else UDP (a name's NAPTR/SRV choice is `dns`'s).
-    pub fn of_uri(uri: &Uri<'_>) -> Option<Transport> {
+    pub(crate) fn of_uri(uri: &Uri<'_>) -> Option<Transport> {
         match uri.param(b"transport").flatten() {
             Some(t) => Transport::parse(t),
             None if uri.scheme == Scheme::Sips => Some(Transport::Tls),

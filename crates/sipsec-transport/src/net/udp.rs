@@ -12,7 +12,7 @@ use std::os::fd::{AsRawFd, RawFd};
 /// Datagrams per system call.
 pub const BATCH: usize = 64;
 /// Largest datagram we read.
-pub const MAX_DATAGRAM: usize = 65_535;
+pub(crate) const MAX_DATAGRAM: usize = 65_535;
 
 /// Bytes of kernel buffer asked for in each direction.
 const SOCKET_BUFFER: libc::c_int = 8 << 20;
@@ -32,7 +32,7 @@ pub fn set_timestamps(fd: RawFd, on: bool) -> bool {
             libc::SOL_SOCKET,
             libc::SO_TIMESTAMPNS,
             (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            size_of::<libc::c_int>() as libc::socklen_t,
         ) == 0
     }
 }
@@ -45,7 +45,7 @@ fn set_int_option(socket: &Socket, option: libc::c_int, value: libc::c_int) -> b
             libc::SOL_SOCKET,
             option,
             (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            size_of::<libc::c_int>() as libc::socklen_t,
         ) == 0
     }
 }
@@ -113,7 +113,7 @@ impl RecvBatch {
             // SAFETY: msghdr/mmsghdr are plain old data; fields are set below.
             let mut h: libc::mmsghdr = unsafe { MaybeUninit::zeroed().assume_init() };
             h.msg_hdr.msg_name = (&mut b.addrs[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
             h.msg_hdr.msg_iov = &mut b.iovecs[i];
             h.msg_hdr.msg_iovlen = 1;
             if i == 0 {
@@ -155,7 +155,7 @@ impl RecvBatch {
     /// none is waiting).
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         for h in &mut self.headers {
-            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
             h.msg_len = 0;
         }
         self.headers[0].msg_hdr.msg_controllen = CONTROL_WORDS * 8;

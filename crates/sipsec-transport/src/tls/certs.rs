@@ -46,7 +46,7 @@ pub struct CertsArgs {
 
 /// The files `sipsec certs` writes, relative to `--out`.
 pub const CA: &str = "ca.pem";
-pub const CA_KEY: &str = "ca-key.pem";
+pub(crate) const CA_KEY: &str = "ca-key.pem";
 pub const SERVER: &str = "server.pem";
 pub const SERVER_KEY: &str = "server-key.pem";
 pub const CLIENT: &str = "client.pem";

@@ -97,7 +97,7 @@ pub struct ServerSide {
 }
 
 /// Reads every certificate in a PEM file.
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+pub(crate) fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let certs = CertificateDer::pem_file_iter(path)
         .with_context(|| format!("cannot read certificates from {}", path.display()))?
         .collect::<Result<Vec<_>, _>>()
@@ -109,7 +109,7 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
 }
 
 /// Reads the first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+pub(crate) fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
     PrivateKeyDer::from_pem_file(path)
         .with_context(|| format!("cannot read a private key from {}", path.display()))
 }

@@ -433,7 +433,7 @@ impl Session {
         let _ = self.stream.shutdown();
     }
 
-    pub fn cipher_suite(&self) -> Option<String> {
+    pub(crate) fn cipher_suite(&self) -> Option<String> {
         let cipher = self.stream.ssl().current_cipher()?;
         Some(cipher.standard_name().unwrap_or(cipher.name()).to_string())
     }

@@ -9,8 +9,10 @@ use std::io::{self, Read, Write};
 pub use rustls::HandshakeKind;
 
 /// A TLS session's state.
-// Connections hold it boxed, so the rustls variant's size costs nothing per idle connection.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "connections hold it boxed, so the rustls variant's size costs nothing per idle connection"
+)]
 pub enum Session {
     Rustls(rustls::Connection),
     #[cfg(feature = "openssl")]
@@ -140,7 +142,8 @@ impl Session {
     }
 
     /// The negotiated cipher suite by its IANA name (`TLS_…`), once the handshake is over.
-    pub fn cipher_suite(&self) -> Option<String> {
+    #[cfg(test)]
+    pub(crate) fn cipher_suite(&self) -> Option<String> {
         match self {
             Session::Rustls(tls) => tls.negotiated_cipher_suite().map(|s| {
                 // rustls spells TLS 1.3 suites TLS13_…; IANA spells them TLS_….

@@ -376,11 +376,7 @@ fn by_default_the_server_chooses_aes_128_gcm_whatever_the_client_prefers() {
 
 /// Moves `from`'s bytes into `to` through the backend-neutral [`Session`]; true when there were
 /// some.
-fn pump_sessions(
-    from: &mut Session,
-    to: &mut Session,
-    plain: &mut Vec<u8>,
-) -> Result<bool, super::Error> {
+fn pump_sessions(from: &mut Session, to: &mut Session, plain: &mut Vec<u8>) -> Result<bool, Error> {
     let mut bytes = Vec::new();
     while from.wants_write() {
         from.write_to(&mut bytes).unwrap();
@@ -393,10 +389,7 @@ fn pump_sessions(
 
 /// A client and a server session after their handshake, by the [`Session`] API the
 /// connection loop uses.
-fn session_pair(
-    client: &ClientTls,
-    server: &ServerTls,
-) -> Result<(Session, Session), super::Error> {
+fn session_pair(client: &ClientTls, server: &ServerTls) -> Result<(Session, Session), Error> {
     let name = server_name(None, "127.0.0.1".parse().unwrap()).unwrap();
     let mut c = client.connect(name)?;
     let mut s = server.accept()?;
@@ -422,8 +415,8 @@ fn exchange(c: &mut Session, s: &mut Session) {
 fn sessions_carry_plaintext_and_report_resumption() {
     let dir = tempfile::tempdir().unwrap();
     make_certs(dir.path(), KeyKind::EcdsaP256, false);
-    let client = super::client(&client_side(dir.path(), false, protocol(&["1.2"], true))).unwrap();
-    let server = super::server(&server_side(
+    let client = client(&client_side(dir.path(), false, protocol(&["1.2"], true))).unwrap();
+    let server = server(&server_side(
         dir.path(),
         ClientAuth::None,
         protocol(&["1.2"], true),
@@ -465,7 +458,7 @@ fn the_openssl_backend_says_how_to_build_it() {
     make_certs(dir.path(), KeyKind::EcdsaP256, false);
     let mut p = protocol(&[], true);
     p.backend = Backend::Openssl;
-    let err = super::server(&server_side(dir.path(), ClientAuth::None, p))
+    let err = server(&server_side(dir.path(), ClientAuth::None, p))
         .err()
         .unwrap()
         .to_string();
@@ -589,8 +582,8 @@ fn a_backlog_beyond_rustls_default_buffer_is_kept_whole() {
     // messages short and corrupt the stream.
     let dir = tempfile::tempdir().unwrap();
     make_certs(dir.path(), KeyKind::EcdsaP256, false);
-    let client = super::client(&client_side(dir.path(), false, protocol(&[], true))).unwrap();
-    let server = super::server(&server_side(
+    let client = client(&client_side(dir.path(), false, protocol(&[], true))).unwrap();
+    let server = server(&server_side(
         dir.path(),
         ClientAuth::None,
         protocol(&[], true),

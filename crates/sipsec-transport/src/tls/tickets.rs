@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 /// TLS 1.3 tickets kept per server.
-pub const TICKETS_PER_SERVER: usize = 128;
+pub(crate) const TICKETS_PER_SERVER: usize = 128;
 
 #[derive(Default)]
 struct ServerData {
@@ -36,14 +36,14 @@ struct Servers {
 }
 
 /// Sessions to resume for up to `max_servers` servers, the oldest forgotten first.
-pub struct TicketStore {
+pub(crate) struct TicketStore {
     servers: Mutex<Servers>,
     max_servers: usize,
 }
 
 impl TicketStore {
     /// A store holding at most `tickets` TLS 1.3 tickets in all (at least one server's worth).
-    pub fn new(tickets: usize) -> Self {
+    pub(super) fn new(tickets: usize) -> Self {
         Self {
             servers: Mutex::new(Servers::default()),
             max_servers: tickets.div_ceil(TICKETS_PER_SERVER).max(1),

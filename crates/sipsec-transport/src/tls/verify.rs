@@ -9,13 +9,13 @@ use rustls::{DigitallySignedStruct, Error, SignatureScheme};
 use std::sync::Arc;
 
 #[derive(Debug)]
-pub struct AnyServer {
+pub(crate) struct AnyServer {
     algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl AnyServer {
     /// Checks handshake signatures with `algorithms` (the provider's).
-    pub fn new(algorithms: WebPkiSupportedAlgorithms) -> Arc<AnyServer> {
+    pub(super) fn new(algorithms: WebPkiSupportedAlgorithms) -> Arc<AnyServer> {
         Arc::new(AnyServer { algorithms })
     }
 }

@@ -6,13 +6,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Runs `sipsec load --quiet` to completion; returns its exit code, JSON summary and stderr.
-pub fn load(dir: &Path, args: &[&str]) -> (i32, Value, String) {
+pub(crate) fn load(dir: &Path, args: &[&str]) -> (i32, Value, String) {
     let r = load_printing(dir, &[args, &["--quiet"]].concat());
     (r.code, r.summary, r.stderr)
 }
 
 /// What a `sipsec load` run printed and wrote.
-pub struct LoadRun {
+pub(crate) struct LoadRun {
     pub code: i32,
     /// The `--json` summary.
     pub summary: Value,
@@ -23,7 +23,7 @@ pub struct LoadRun {
 }
 
 /// Runs `sipsec load ARGS --json FILE` to completion, keeping what it printed.
-pub fn load_printing(dir: &Path, args: &[&str]) -> LoadRun {
+pub(crate) fn load_printing(dir: &Path, args: &[&str]) -> LoadRun {
     let json = dir.join(format!("load-{}.json", rand_name()));
     let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
         .arg("load")
@@ -44,14 +44,14 @@ pub fn load_printing(dir: &Path, args: &[&str]) -> LoadRun {
     }
 }
 
-pub fn rand_name() -> u32 {
+pub(crate) fn rand_name() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     N.fetch_add(1, Ordering::Relaxed) ^ (std::process::id() << 8)
 }
 
 /// A `sipsec load --role uas` in the background; `finish` stops it and reads its summary.
-pub struct LoadUas {
+pub(crate) struct LoadUas {
     child: Child,
     json: std::path::PathBuf,
     text: std::path::PathBuf,
@@ -59,7 +59,7 @@ pub struct LoadUas {
 
 impl LoadUas {
     /// Starts a UAS on `addr` with `extra` options (e.g. the transport).
-    pub fn start(dir: &Path, addr: &str, extra: &[&str]) -> LoadUas {
+    pub(crate) fn start(dir: &Path, addr: &str, extra: &[&str]) -> LoadUas {
         let name = rand_name();
         let (json, text) = (
             dir.join(format!("uas-{name}.json")),
@@ -79,12 +79,12 @@ impl LoadUas {
     }
 
     /// Stops the UAS; its JSON summary.
-    pub fn finish(self) -> Value {
+    pub(crate) fn finish(self) -> Value {
         self.finish_printing().0
     }
 
     /// Stops the UAS; its JSON summary and the text summary it printed.
-    pub fn finish_printing(mut self) -> (Value, String) {
+    pub(crate) fn finish_printing(mut self) -> (Value, String) {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = self.child.wait().unwrap();
@@ -106,14 +106,14 @@ impl Drop for LoadUas {
     }
 }
 
-pub fn n(v: &Value, key: &str) -> u64 {
+pub(crate) fn n(v: &Value, key: &str) -> u64 {
     v[key]
         .as_u64()
         .unwrap_or_else(|| panic!("{key} missing in {v}"))
 }
 
 /// `sipsec certs` into `dir`; returns the paths by file name.
-pub fn make_certs(dir: &Path) -> impl Fn(&str) -> String + '_ {
+pub(crate) fn make_certs(dir: &Path) -> impl Fn(&str) -> String + '_ {
     let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
         .args(["certs", "--out"])
         .arg(dir)

@@ -1,7 +1,10 @@
 //! Shared helpers for the integration tests: start the real `sipsec` binary on its own
 //! ports and database, run real SIPp against it, and talk raw SIP over UDP.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the shared helpers"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
@@ -10,21 +13,21 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
-pub mod load;
-#[allow(unused_imports)]
-pub use load::*;
+pub(crate) mod load;
+#[allow(unused_imports, reason = "only the load tests use them")]
+pub(crate) use load::*;
 
 /// Ports for one test: distinct per test in this process, and per test binary via `base`.
 /// Bases stay below 32768, the kernel's ephemeral range, so a listener never collides with
 /// the source port of some test's outgoing connection.
-pub fn ports(base: u16) -> u16 {
+pub(crate) fn ports(base: u16) -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     base + NEXT.fetch_add(10, Ordering::Relaxed)
 }
 
 /// Whether the other side closed `c` (EOF or reset) within `wait`, for the tests of what a
 /// daemon does to connections that never finish a request or a handshake.
-pub fn closed_by_peer(c: &std::net::TcpStream, wait: Duration) -> bool {
+pub(crate) fn closed_by_peer(c: &std::net::TcpStream, wait: Duration) -> bool {
     use std::io::Read;
     c.set_read_timeout(Some(wait)).unwrap();
     match (&*c).read(&mut [0u8; 1]) {
@@ -36,29 +39,29 @@ pub fn closed_by_peer(c: &std::net::TcpStream, wait: Duration) -> bool {
 
 /// The repository's root: `testdata/` (RFC 4475's messages), `bench/sipp/` (SIPp scenarios
 /// through a record-routing proxy), `bench/kamailio/` (the reference Kamailio configuration).
-pub fn repo_dir() -> PathBuf {
+pub(crate) fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// A SIPp scenario of `bench/sipp/` (`uac.xml`, `uas.xml`: a call through a record-routing
 /// proxy).
-pub fn bench_sipp(name: &str) -> PathBuf {
+pub(crate) fn bench_sipp(name: &str) -> PathBuf {
     repo_dir().join("bench/sipp").join(name)
 }
 
 /// The reference Kamailio configuration, `bench/kamailio/proxy.cfg`.
-pub fn kamailio_proxy_cfg() -> PathBuf {
+pub(crate) fn kamailio_proxy_cfg() -> PathBuf {
     repo_dir().join("bench/kamailio/proxy.cfg")
 }
 
-pub fn scenario(name: &str) -> PathBuf {
+pub(crate) fn scenario(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/scenarios")
         .join(name)
 }
 
 /// True when SIPp can run here. Under CI a missing SIPp is a failure, not a skip.
-pub fn have_sipp() -> bool {
+pub(crate) fn have_sipp() -> bool {
     let ok = Command::new("sipp")
         .arg("-v")
         .stdout(Stdio::null())
@@ -76,7 +79,7 @@ pub fn have_sipp() -> bool {
 }
 
 /// A running `sipsec serve`, stopped with SIGTERM on drop.
-pub struct Server {
+pub(crate) struct Server {
     pub child: Child,
     pub dir: PathBuf,
     pub banner: String,
@@ -84,25 +87,25 @@ pub struct Server {
 
 impl Server {
     /// Starts sipsec with `config` (written to `dir/sipsec.toml`) and waits for its banner.
-    pub fn start(dir: &Path, config: &str) -> Server {
+    pub(crate) fn start(dir: &Path, config: &str) -> Server {
         let path = dir.join("sipsec.toml");
         std::fs::write(&path, config).unwrap();
         Self::spawn(dir, &["serve", "--config", path.to_str().unwrap()])
     }
 
-    pub fn spawn(dir: &Path, args: &[&str]) -> Server {
+    pub(crate) fn spawn(dir: &Path, args: &[&str]) -> Server {
         Self::spawn_with(dir, args, Stdio::inherit(), "warn", None)
     }
 
     /// Like [`Server::start`], with the log (at info, so the counters printed at exit are in
     /// it) going to `dir/serve.log` for [`Server::stop_counters`] and [`Server::log`].
-    pub fn start_logged(dir: &Path, config: &str) -> Server {
+    pub(crate) fn start_logged(dir: &Path, config: &str) -> Server {
         Self::start_logged_limited(dir, config, None)
     }
 
     /// Like [`Server::start_logged`], in a process allowed only `nofile` open files (soft and
     /// hard limit, so the server cannot raise it), as `ulimit -n` would leave it.
-    pub fn start_with_fd_limit(dir: &Path, config: &str, nofile: u64) -> Server {
+    pub(crate) fn start_with_fd_limit(dir: &Path, config: &str, nofile: u64) -> Server {
         Self::start_logged_limited(dir, config, Some(nofile))
     }
 
@@ -168,18 +171,18 @@ impl Server {
     }
 
     /// Stops the server gracefully and waits for it to exit.
-    pub fn stop(mut self) -> std::process::ExitStatus {
+    pub(crate) fn stop(mut self) -> std::process::ExitStatus {
         self.terminate()
     }
 
     /// What a server started with [`Server::start_logged`] has logged so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
     }
 
     /// Stops a server started with [`Server::start_logged`] and returns the counters it
     /// logged on the way out (absent counters were zero).
-    pub fn stop_counters(mut self) -> Counters {
+    pub(crate) fn stop_counters(mut self) -> Counters {
         assert!(self.terminate().success(), "{}", self.log());
         let log = self.log();
         let line = log
@@ -218,16 +221,16 @@ impl Drop for Server {
 
 /// A server's counters by name.
 #[derive(Debug)]
-pub struct Counters(pub std::collections::HashMap<String, u64>);
+pub(crate) struct Counters(pub std::collections::HashMap<String, u64>);
 
 impl Counters {
-    pub fn get(&self, name: &str) -> u64 {
+    pub(crate) fn get(&self, name: &str) -> u64 {
         self.0.get(name).copied().unwrap_or(0)
     }
 }
 
 /// A running Kamailio, stopped with SIGTERM (which stops its children too) on drop.
-pub struct Kamailio(pub Child);
+pub(crate) struct Kamailio(pub Child);
 
 impl Drop for Kamailio {
     fn drop(&mut self) {
@@ -246,7 +249,7 @@ impl Drop for Kamailio {
 }
 
 /// A SIPp process in the background (a UAS), killed on drop.
-pub struct Background(pub Child);
+pub(crate) struct Background(pub Child);
 
 impl Drop for Background {
     fn drop(&mut self) {
@@ -255,12 +258,12 @@ impl Drop for Background {
     }
 }
 
-pub fn sipp_uas(ip: &str, port: u16, scenario: &Path) -> Background {
+pub(crate) fn sipp_uas(ip: &str, port: u16, scenario: &Path) -> Background {
     sipp_uas_with(ip, port, &["-sf", scenario.to_str().unwrap()])
 }
 
 /// A SIPp callee on `ip:port` with the scenario and options in `args` (e.g. `-sn uas -t t1`).
-pub fn sipp_uas_with(ip: &str, port: u16, args: &[&str]) -> Background {
+pub(crate) fn sipp_uas_with(ip: &str, port: u16, args: &[&str]) -> Background {
     let child = Command::new("sipp")
         .args(args)
         .args([
@@ -282,14 +285,14 @@ pub fn sipp_uas_with(ip: &str, port: u16, args: &[&str]) -> Background {
 
 /// Outcome of a SIPp client run, from its statistics file.
 #[derive(Debug)]
-pub struct SippResult {
+pub(crate) struct SippResult {
     pub successful: u64,
     pub failed: u64,
     pub exit: i32,
 }
 
 /// Runs a SIPp client to completion.
-pub fn sipp_client(dir: &Path, target: &str, args: &[&str]) -> SippResult {
+pub(crate) fn sipp_client(dir: &Path, target: &str, args: &[&str]) -> SippResult {
     let stat = dir.join(format!("stat-{}.csv", std::process::id() ^ rand_suffix()));
     let status = Command::new("sipp")
         .arg(target)
@@ -341,13 +344,13 @@ fn rand_suffix() -> u32 {
 }
 
 /// A raw SIP endpoint on a UDP socket.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub socket: UdpSocket,
     pub addr: String,
 }
 
 impl Endpoint {
-    pub fn bind(addr: &str) -> Endpoint {
+    pub(crate) fn bind(addr: &str) -> Endpoint {
         let socket = UdpSocket::bind(addr).unwrap();
         socket
             .set_read_timeout(Some(Duration::from_secs(3)))
@@ -358,11 +361,11 @@ impl Endpoint {
         }
     }
 
-    pub fn send(&self, to: &str, text: &str) {
+    pub(crate) fn send(&self, to: &str, text: &str) {
         self.socket.send_to(text.as_bytes(), to).unwrap();
     }
 
-    pub fn recv(&self) -> String {
+    pub(crate) fn recv(&self) -> String {
         let mut buf = vec![0u8; 65_536];
         let (n, _) = self
             .socket
@@ -372,7 +375,7 @@ impl Endpoint {
     }
 
     /// Receives until a message whose first line starts with `prefix`.
-    pub fn recv_until(&self, prefix: &str) -> String {
+    pub(crate) fn recv_until(&self, prefix: &str) -> String {
         loop {
             let m = self.recv();
             if m.starts_with(prefix) {

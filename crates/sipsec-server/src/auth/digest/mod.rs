@@ -31,7 +31,7 @@ pub struct DigestShared {
     /// Without the cache: each user's secrets as a query returned them, for the one request
     /// that waited for them.
     pub fetched: credentials::Fetched,
-    pub uncached: bool,
+    pub(crate) uncached: bool,
     /// Returned unchanged by clients (RFC 7616); identifies this server's challenges.
     opaque: String,
 }
@@ -64,7 +64,7 @@ impl DigestShared {
 }
 
 /// One worker's authenticator.
-pub struct DigestAuthenticator {
+pub(crate) struct DigestAuthenticator {
     cfg: Arc<AuthConfig>,
     shared: Arc<DigestShared>,
     worker: u64,
@@ -82,7 +82,7 @@ pub struct DigestAuthenticator {
 }
 
 impl DigestAuthenticator {
-    pub fn new(cfg: Arc<AuthConfig>, shared: Arc<DigestShared>, worker: usize) -> Self {
+    pub(crate) fn new(cfg: Arc<AuthConfig>, shared: Arc<DigestShared>, worker: usize) -> Self {
         DigestAuthenticator {
             decoy: credentials::Secrets::from_password("", "", "decoy"),
             cfg,
@@ -97,13 +97,13 @@ impl DigestAuthenticator {
 
     /// A reload's settings: the methods challenged, the sources trusted and the algorithms
     /// offered change; nonces, counts and the failure throttle (shared, set up at start) stay.
-    pub fn set_config(&mut self, cfg: Arc<AuthConfig>) {
+    pub(crate) fn set_config(&mut self, cfg: Arc<AuthConfig>) {
         self.cfg = cfg;
     }
 
     /// Without the cache: `user`'s answer has come (or the query failed). Takes it for the
     /// requests that waited, which run again next; [`Self::release`] after them.
-    pub fn claim(&mut self, user: &str) {
+    pub(crate) fn claim(&mut self, user: &str) {
         if self.shared.uncached && self.pending.remove(user) {
             let answer = self.shared.fetched.take(self.worker as usize, user);
             self.claimed = answer.map(|a| (user.into(), a));
@@ -111,7 +111,7 @@ impl DigestAuthenticator {
     }
 
     /// The reruns are done: the answer is not kept (it would be a cache).
-    pub fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         self.claimed = None;
     }
 
@@ -159,17 +159,18 @@ impl DigestAuthenticator {
     }
 
     /// Not challenged at all: a method we do not challenge, or a trusted source.
-    pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
+    pub(crate) fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
         self.cfg.scope.exempt(msg, source)
     }
 
     /// Whether `source` is in a trusted network.
-    pub fn trusts(&self, source: IpAddr) -> bool {
+    pub(crate) fn trusts(&self, source: IpAddr) -> bool {
         self.cfg.scope.trusts(source)
     }
 
     /// Decides on a request from `source` at Unix time `now_ms`.
-    pub fn check(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
+    #[cfg(test)]
+    pub(crate) fn check(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
         if self.exempt(msg, source) {
             return Verdict::Pass;
         }
@@ -183,7 +184,7 @@ impl DigestAuthenticator {
     /// source, another user's name) is answered before the password is looked at and counts
     /// against no one. Only a wrong answer to a fresh nonce issued to the answering address
     /// is a failure.
-    pub fn verify(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
+    pub(crate) fn verify(&mut self, msg: &Message<'_>, source: IpAddr, now_ms: u64) -> Verdict {
         let throttle = &self.shared.throttle;
         let throttled = || {
             refuse(

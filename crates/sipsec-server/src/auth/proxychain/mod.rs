@@ -39,27 +39,27 @@ pub struct PcConfig {
     /// `tls:host:port` of `sipsec authd`.
     pub authority: std::net::SocketAddr,
     /// The server name the authority's certificate must carry.
-    pub authority_name: String,
+    pub(crate) authority_name: String,
     /// Chain length asked for (the authority may issue longer under load).
     pub chain_length: u32,
     pub hash: HashKind,
     /// Credentials held at most.
-    pub cache_size: usize,
+    pub(crate) cache_size: usize,
     /// Fetch the next chain when this many values are left (0: never prefetch).
     pub prefetch_at: u32,
     /// Backup credentials (`sipsec authd backup`), used while the authority is unreachable.
     pub backup: Option<PathBuf>,
     /// The `[auth]` scope (its realm names the hello challenge until the authority has named
     /// this proxy).
-    pub scope: Arc<super::Scope>,
+    pub(crate) scope: Arc<super::Scope>,
     /// How long a request waits for the authority before it is answered 503.
-    pub wait_ms: u64,
+    pub(crate) wait_ms: u64,
 }
 
 impl PcConfig {
     /// Whether `other` sets up the same Proxychain (authority, chains, cache, backup): what a
     /// reload cannot change. The scope (methods, trusted) may differ.
-    pub fn same_setup(&self, other: &PcConfig) -> bool {
+    pub(crate) fn same_setup(&self, other: &PcConfig) -> bool {
         (
             self.authority,
             &self.authority_name,
@@ -128,7 +128,7 @@ impl PcShared {
     }
 
     /// Marks a fetch for `user` as started; false when one already is.
-    pub fn start_fetch(&self, user: &str) -> bool {
+    pub(crate) fn start_fetch(&self, user: &str) -> bool {
         self.fetching
             .lock()
             .map(|mut f| f.insert(user.into()))
@@ -142,7 +142,7 @@ impl PcShared {
         }
     }
 
-    pub fn set_unknown(&self, user: &str, now_s: u64) {
+    pub(crate) fn set_unknown(&self, user: &str, now_s: u64) {
         if let Ok(mut u) = self.unknown.lock() {
             if u.len() > 100_000 {
                 u.retain(|_, until| *until > now_s);
@@ -157,11 +157,11 @@ impl PcShared {
             .is_ok_and(|u| u.get(user).is_some_and(|until| *until > now_s))
     }
 
-    pub fn set_down(&self, down: bool) {
+    pub(crate) fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::Relaxed);
     }
 
-    pub fn is_down(&self) -> bool {
+    pub(crate) fn is_down(&self) -> bool {
         self.down.load(Ordering::Relaxed)
     }
 
@@ -175,7 +175,7 @@ impl PcShared {
             return false;
         };
         if guard.is_none() {
-            match crate::auth::proxychain::backup::read(path) {
+            match backup::read(path) {
                 Ok((proxy, chains)) => {
                     tracing::warn!(
                         "authority unreachable: {} backup credentials loaded from {}",
@@ -204,7 +204,7 @@ impl PcShared {
 }
 
 /// A worker's Proxychain authenticator.
-pub struct PcAuthenticator {
+pub(crate) struct PcAuthenticator {
     shared: Arc<PcShared>,
     /// Which methods are challenged and who is trusted: the shared setup's until a reload
     /// changes them.
@@ -224,7 +224,7 @@ fn identity(msg: &Message<'_>, to: bool) -> Option<Vec<u8>> {
 }
 
 impl PcAuthenticator {
-    pub fn new(shared: Arc<PcShared>) -> PcAuthenticator {
+    pub(crate) fn new(shared: Arc<PcShared>) -> PcAuthenticator {
         PcAuthenticator {
             scope: shared.cfg.scope.clone(),
             shared,
@@ -233,21 +233,22 @@ impl PcAuthenticator {
     }
 
     /// A reload's methods and trusted sources (the realm cannot change without a restart).
-    pub fn set_scope(&mut self, scope: Arc<super::Scope>) {
+    pub(crate) fn set_scope(&mut self, scope: Arc<super::Scope>) {
         self.scope = scope;
     }
 
-    pub fn shared(&self) -> &Arc<PcShared> {
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<PcShared> {
         &self.shared
     }
 
     /// Not challenged: ACK, CANCEL, a method not configured, or a trusted source.
-    pub fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
+    pub(crate) fn exempt(&self, msg: &Message<'_>, source: IpAddr) -> bool {
         self.scope.exempt(msg, source)
     }
 
     /// Whether `source` is in a trusted network.
-    pub fn trusts(&self, source: IpAddr) -> bool {
+    pub(crate) fn trusts(&self, source: IpAddr) -> bool {
         self.scope.trusts(source)
     }
 
@@ -275,7 +276,7 @@ impl PcAuthenticator {
     }
 
     /// Decides on a request that is not [`exempt`](Self::exempt), at Unix time `now_ms`.
-    pub fn verify(&mut self, msg: &Message<'_>, now_ms: u64) -> Verdict {
+    pub(crate) fn verify(&mut self, msg: &Message<'_>, now_ms: u64) -> Verdict {
         let now_s = now_ms / 1000;
         let register = msg.method() == Method::Register;
         let mut found = None;

@@ -300,15 +300,8 @@ fn an_unknown_user_gets_a_decoy_no_key_answers() {
 fn with_the_authority_down_backup_credentials_keep_calls_authenticated() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p1.backup");
-    super::backup::write(&path, "p1", &[("alice".to_string(), key("alice"))], |k| {
-        Ok(sip_core::proxychain::issue(
-            HashKind::Sha256,
-            k,
-            "p1",
-            50,
-            [5; 16],
-            [6; 16],
-        ))
+    backup::write(&path, "p1", &[("alice".to_string(), key("alice"))], |k| {
+        Ok(issue(HashKind::Sha256, k, "p1", 50, [5; 16], [6; 16]))
     })
     .unwrap();
     let mut a = authenticator(Some(path));

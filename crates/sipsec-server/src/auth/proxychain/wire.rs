@@ -13,7 +13,7 @@ use sip_core::hex;
 use sip_core::proxychain::{self, HashKind, Issued, Nonce, Token, NONCE_LEN};
 
 /// Longest line either side accepts: a credential is ~400 bytes.
-pub const MAX_LINE: usize = 4096;
+pub(crate) const MAX_LINE: usize = 4096;
 
 /// Proxy → authority.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,7 +64,7 @@ pub struct Credential {
     pub n_da: String,
     pub tk_p: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_unix_s: Option<u64>,
+    pub(crate) expires_unix_s: Option<u64>,
 }
 
 impl Credential {
@@ -125,7 +125,7 @@ pub fn parse<'a, T: Deserialize<'a>>(line: &'a str) -> Result<T> {
 
 /// Now in Unix seconds: the clock credential expiry (`expires_unix_s`), revocations and
 /// backup files are stated in, on the authority and the proxy alike.
-pub fn unix_s() -> u64 {
+pub(crate) fn unix_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

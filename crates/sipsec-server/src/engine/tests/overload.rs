@@ -126,8 +126,8 @@ fn the_ack_for_a_shed_call_is_absorbed_and_retransmissions_get_the_same_answer()
                 String::from_utf8_lossy(&to_tag)
             ),
         );
-    let count = |e: &Engine, c: fn(&crate::stats::Stats) -> &std::sync::atomic::AtomicU64| {
-        c(e.stats()).load(std::sync::atomic::Ordering::Relaxed)
+    let count = |e: &Engine, c: fn(&Stats) -> &std::sync::atomic::AtomicU64| {
+        c(e.stats()).load(Ordering::Relaxed)
     };
     let retransmissions = count(&e, |s| &s.retransmissions_absorbed);
     let (sent, _) = deliver(&mut e, 1002, ALICE, &ack);

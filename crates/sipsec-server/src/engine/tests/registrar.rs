@@ -108,12 +108,12 @@ fn a_per_source_cap_of_zero_leaves_only_the_global_one() {
 fn a_wildcard_listener_owns_every_address_of_the_host() {
     let host = sipsec_transport::net::names::host_addresses();
     assert!(host.contains(&"127.0.0.1".parse().unwrap()), "{host:?}");
-    let ip: std::net::IpAddr = host
+    let ip: IpAddr = host
         .iter()
         .copied()
         .find(|ip| ip.is_ipv4() && !ip.is_loopback())
         .unwrap_or_else(|| "198.18.0.7".parse().unwrap());
-    let status = |host_addrs: Vec<std::net::IpAddr>| {
+    let status = |host_addrs: Vec<IpAddr>| {
         let mut cfg = Config::from_toml(
             "[server]\nlisten = [\"udp:0.0.0.0:5060\"]\ndomains = [\"example.test\"]\n",
         )
