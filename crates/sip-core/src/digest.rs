@@ -18,8 +18,11 @@ pub(crate) type AuthParam<'a> = (&'a [u8], Cow<'a, [u8]>);
 /// A digest hash algorithm (RFC 7616 §6.1, RFC 8760).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
+    /// MD5 (RFC 3261 §22.4), the default when a challenge names no `algorithm`.
     Md5,
+    /// SHA-256 (RFC 7616, RFC 8760).
     Sha256,
+    /// SHA-512/256, written `SHA-512-256` on the wire (RFC 7616, RFC 8760).
     Sha512_256,
 }
 
@@ -69,20 +72,25 @@ impl Algorithm {
 /// Why a challenge or credentials could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DigestError {
+    /// The header's auth scheme is another than `Digest`.
     #[error("authentication scheme is not Digest")]
     NotDigest,
+    /// The auth-param list does not parse: a parameter without `=`, an empty or unterminated value,
+    /// a value with CR, LF or NUL, or an `nc` that is not 8 hex digits.
     #[error("malformed auth-param list")]
     Malformed,
+    /// A required parameter is absent; the string names it.
     #[error("missing {0}")]
     Missing(&'static str),
+    /// The `algorithm` token is none of `MD5`, `SHA-256`, `SHA-512-256` (`-sess` variants
+    /// included).
     #[error("unsupported algorithm")]
     UnsupportedAlgorithm,
+    /// A challenge offers `qop` without `auth`, or credentials carry a `qop` other than `auth`.
     #[error("no supported qop (only auth is offered by this client)")]
     UnsupportedQop,
 }
 
-/// Splits `Digest a=b, c="d"` into its parameters, unquoting quoted strings (escapes kept
-/// verbatim except the backslash itself is dropped before the escaped character).
 /// A value written as a quoted-string (RFC 3261 §25.1): in double quotes, with `"` and `\`
 /// escaped, so a value read from the network cannot end the string early and smuggle in
 /// parameters. [`parse_scheme_params`] refuses values with CR, LF or NUL, which a
@@ -108,6 +116,8 @@ impl std::fmt::Display for Quoted<'_> {
     }
 }
 
+/// Splits `Digest a=b, c="d"` into its parameters, unquoting quoted strings (escapes kept
+/// verbatim except the backslash itself is dropped before the escaped character).
 pub fn parse_params(value: &[u8]) -> Result<Vec<AuthParam<'_>>, DigestError> {
     parse_scheme_params(value, b"Digest")
 }
@@ -203,12 +213,18 @@ pub(crate) fn parse_scheme_params<'v>(
 /// A server's challenge (`WWW-Authenticate` / `Proxy-Authenticate`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Challenge {
+    /// The `realm` parameter: the protection space the credentials must name (RFC 3261 §22.1).
     pub realm: String,
+    /// The `nonce` parameter, echoed in the answer and hashed into the response.
     pub nonce: String,
+    /// The `opaque` parameter, echoed unchanged in the answer when present.
     pub opaque: Option<String>,
+    /// The hash algorithm; `MD5` when the challenge names none.
     pub algorithm: Algorithm,
     /// Whether the server offered `qop=auth` (we then use it, as RFC 7616 requires).
     pub qop_auth: bool,
+    /// Whether the server flagged the previous nonce `stale=true`: the password was right, only the
+    /// nonce expired (RFC 7616 §3.3).
     pub stale: bool,
 }
 
@@ -307,13 +323,21 @@ impl Challenge {
 /// reads it (RFC 7616 §3.4). Values borrow from the header where they can.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credentials<'a> {
+    /// The `username` parameter: the user the client claims to be.
     pub username: Cow<'a, [u8]>,
+    /// The `realm` parameter, which must be the realm the server challenged with.
     pub realm: Cow<'a, [u8]>,
+    /// The `nonce` parameter: the server nonce the client answers.
     pub nonce: Cow<'a, [u8]>,
+    /// The `uri` parameter: the digest-uri hashed into HA2 (the Request-URI the client sent).
     pub uri: Cow<'a, [u8]>,
+    /// The `response` parameter: the hex hash the server recomputes and compares.
     pub response: Cow<'a, [u8]>,
+    /// The hash algorithm; `MD5` when the credentials name none.
     pub algorithm: Algorithm,
+    /// The `cnonce` parameter: the client nonce, present with `qop=auth`.
     pub cnonce: Option<Cow<'a, [u8]>>,
+    /// The `opaque` parameter, which must echo the challenge's.
     pub opaque: Option<Cow<'a, [u8]>>,
     /// `qop=auth` was used (then `nc` and `cnonce` are present).
     pub qop_auth: bool,

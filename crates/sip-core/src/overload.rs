@@ -34,6 +34,7 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// The token carried in `oc-algo`.
     pub fn token(self) -> &'static str {
         match self {
             Algorithm::Loss => "loss",
@@ -80,7 +81,9 @@ fn offered_in(params: Params<'_>) -> Option<Offer> {
 /// The algorithms a client offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Offer {
+    /// The client offers `loss` (RFC 7339).
     pub loss: bool,
+    /// The client offers `rate` (RFC 7415).
     pub rate: bool,
 }
 
@@ -107,6 +110,7 @@ impl Offer {
 /// What a server tells a client in the Via of a response.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Feedback {
+    /// The algorithm the server chose from the client's offer (`oc-algo`).
     pub algorithm: Algorithm,
     /// Percent to refuse (`loss`, 0–100) or requests per second (`rate`).
     pub value: u32,
@@ -236,6 +240,7 @@ impl Default for Throttle {
 const RATE_BURST: u64 = 4;
 
 impl Throttle {
+    /// A throttle with no feedback in force: every request is admitted.
     pub fn new() -> Throttle {
         Throttle {
             feedback: None,

@@ -120,6 +120,7 @@ impl Token {
         }
     }
 
+    /// The hash bytes, 16 or 32 of them.
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
@@ -188,12 +189,15 @@ pub(crate) fn session_key(kind: HashKind, k_ad: &[u8], n_dp: &Nonce, proxy: &str
 /// The five-tuple the authority issues to a proxy (message 3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Issued {
+    /// The hash function of the chain and its HMACs.
     pub hash: HashKind,
     /// H^l(tk_A).
     pub anchor: Token,
     /// l.
     pub length: u32,
+    /// n_DP: the authority's nonce for the proxy, from which tk_P is derived.
     pub n_dp: Nonce,
+    /// n_DA: the authority's nonce for the user, from which tk_A is derived.
     pub n_da: Nonce,
     /// tk_P.
     pub tk_p: Token,
@@ -259,13 +263,18 @@ pub enum Refusal {
 /// A proxy's cached credential for one user: where it is on the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chain {
+    /// The hash function of the chain and its HMACs.
     pub hash: HashKind,
     /// H^i(tk_A).
     pub current: Token,
     /// i: how many values are left to reveal (H^(i-1) .. H^0).
     pub counter: u32,
+    /// n_DP, as issued; sent to the client in each challenge.
     pub n_dp: Nonce,
+    /// n_DA, as issued; sent to the client in each challenge.
     pub n_da: Nonce,
+    /// tk_P: the session key this proxy shares with the user, keying the challenge's and the
+    /// response's HMACs.
     pub tk_p: Token,
 }
 
@@ -409,12 +418,17 @@ impl ClientChain {
 /// Why a `PC` header could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
+    /// The header's scheme is another than `PC`.
     #[error("not a PC header")]
     NotPc,
+    /// The parameter list does not parse (see [`DigestError::Malformed`]).
     #[error("malformed PC parameters")]
     Malformed,
+    /// A parameter is missing, empty, too long or not of its form (counter, nonce or hex); the
+    /// string names it.
     #[error("missing or bad {0}")]
     Bad(&'static str),
+    /// The `algorithm` token is neither `MD5` nor `SHA-256`.
     #[error("unsupported algorithm")]
     UnsupportedAlgorithm,
 }
@@ -465,10 +479,13 @@ pub struct Challenge {
     pub realm: String,
     /// i.
     pub counter: u32,
+    /// n_DA, hex in `nda`.
     pub n_da: Nonce,
+    /// n_DP, hex in `ndp`.
     pub n_dp: Nonce,
     /// HMAC(tk_P, n_AP ‖ i).
     pub proof: Token,
+    /// The hash function of the chain and its HMACs.
     pub hash: HashKind,
 }
 
@@ -486,6 +503,7 @@ impl Challenge {
         )
     }
 
+    /// Parses a `Proxy-Authenticate: PC` value carrying a counter.
     pub fn parse(value: &[u8]) -> Result<Challenge, ParseError> {
         Challenge::from_params(&parse_scheme_params(value, b"PC")?)
     }
@@ -514,7 +532,12 @@ impl Challenge {
 /// no chain value to challenge with (none yet, spent, or a replay).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Authenticate {
-    Hello { realm: String },
+    /// The hello challenge: asks the client for message 1.
+    Hello {
+        /// P, the proxy's identifier.
+        realm: String,
+    },
+    /// Message 4, a challenge on the chain.
     Challenge(Challenge),
 }
 
@@ -542,7 +565,9 @@ impl Authenticate {
 /// Message 5 (`Proxy-Authorization: PC …` with a response).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
+    /// A, the user answering (`username`).
     pub username: String,
+    /// P, the proxy's identifier the response is for.
     pub realm: String,
     /// i.
     pub counter: u32,
@@ -550,10 +575,12 @@ pub struct Response {
     pub value: Token,
     /// HMAC(tk_P, A ‖ B ‖ i).
     pub proof: Token,
+    /// The hash function of the chain and its HMACs.
     pub hash: HashKind,
 }
 
 impl Response {
+    /// The header value: `PC username=…, realm=…, i=…, response=…, hmac=…, algorithm=…`.
     pub fn render(&self) -> String {
         format!(
             "PC username={}, realm={}, i=\"{}\", response=\"{}\", hmac=\"{}\", algorithm={}",
@@ -571,11 +598,14 @@ impl Response {
 /// request so the challenge can prove the network to the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
+    /// A, the user (`username`).
     pub username: String,
+    /// n_AP: the user's fresh nonce, which the proxy's challenge must prove (`nap`, hex).
     pub n_ap: Nonce,
 }
 
 impl Hello {
+    /// The header value: `PC username=…, nap=…`.
     pub fn render(&self) -> String {
         format!(
             "PC username={}, nap=\"{}\"",
@@ -588,7 +618,9 @@ impl Hello {
 /// A `Proxy-Authorization: PC …` value: a hello (message 1) or a response (message 5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Authorization {
+    /// Message 1: the user names itself and sends n_AP.
     Hello(Hello),
+    /// Message 5: the user reveals the next chain value.
     Response(Response),
 }
 
@@ -619,6 +651,7 @@ impl Authorization {
         }))
     }
 
+    /// The user either form names.
     pub fn username(&self) -> &str {
         match self {
             Authorization::Hello(h) => &h.username,

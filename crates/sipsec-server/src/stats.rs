@@ -165,6 +165,7 @@ pub struct Traffic {
     pub transactions: AtomicU64,
     pub(crate) transactions_lingering: AtomicU64,
     pub(crate) connections_open: AtomicU64,
+    /// Contacts registered, as this worker's replica of the location service holds them.
     pub bindings: AtomicU64,
     pub(crate) busy_ppm: AtomicU64,
 }
@@ -190,10 +191,12 @@ fn class_index(code: u16) -> Option<usize> {
     matches!(code, 100..=699).then(|| usize::from(code / 100 - 1))
 }
 
+/// Adds one to a counter.
 pub fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Adds `n` to a counter.
 pub fn add(c: &AtomicU64, n: usize) {
     if n > 0 {
         c.fetch_add(n as u64, Ordering::Relaxed);

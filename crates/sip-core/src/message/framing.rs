@@ -12,7 +12,12 @@ pub enum Frame {
     Incomplete,
     /// A keep-alive of this many bytes (`CRLF` or `CRLFCRLF`): a double CRLF is a ping to
     /// answer with a single CRLF pong.
-    KeepAlive { len: usize, ping: bool },
+    KeepAlive {
+        /// Bytes the keep-alive occupies: 2 or 4.
+        len: usize,
+        /// Whether it is a double-CRLF ping that expects a pong.
+        ping: bool,
+    },
     /// A whole message of this many bytes.
     Message(usize),
     /// A message longer than allowed begins here: answer 513 if it can be addressed, then

@@ -11,7 +11,11 @@ macro_rules! header_names {
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u8)]
         pub enum HeaderName {
-            $($variant,)*
+            $(
+                #[doc = concat!("The `", $name, "` header.")]
+                $variant,
+            )*
+            /// Any header the core does not recognise, carried through untouched.
             Other,
         }
 

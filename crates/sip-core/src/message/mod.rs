@@ -32,25 +32,40 @@ use std::cell::OnceCell;
 /// A request method. Methods compare case-sensitively (RFC 3261 §7.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Method {
+    /// Starts a session (RFC 3261 §13).
     Invite,
+    /// Acknowledges a final response to an INVITE (RFC 3261 §13.2.2.4, §17.1.1.3).
     Ack,
+    /// Ends a dialog (RFC 3261 §15).
     Bye,
+    /// Cancels a pending INVITE (RFC 3261 §9).
     Cancel,
+    /// Binds a contact to an address of record (RFC 3261 §10).
     Register,
+    /// Queries a server's or user agent's capabilities (RFC 3261 §11).
     Options,
+    /// Carries application information within a dialog (RFC 6086).
     Info,
+    /// Modifies a session before the INVITE completes (RFC 3311).
     Update,
+    /// Acknowledges a reliable provisional response (RFC 3262).
     Prack,
+    /// Requests event notifications (RFC 6665).
     Subscribe,
+    /// Reports an event to a subscriber (RFC 6665).
     Notify,
+    /// Asks the recipient to contact a third party (RFC 3515).
     Refer,
+    /// Carries an instant message (RFC 3428).
     Message,
+    /// Publishes event state to a compositor (RFC 3903).
     Publish,
     /// An extension method; its text is in [`Message::method_raw`].
     Other,
 }
 
 impl Method {
+    /// The method named by `b`, matched case-sensitively; any other token is [`Method::Other`].
     pub fn from_bytes(b: &[u8]) -> Method {
         match b {
             b"INVITE" => Method::Invite,
@@ -71,6 +86,7 @@ impl Method {
         }
     }
 
+    /// The method's token as written on the wire; empty for [`Method::Other`].
     pub fn as_str(self) -> &'static str {
         match self {
             Method::Invite => "INVITE",
@@ -95,16 +111,24 @@ impl Method {
 /// The first line of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartLine<'a> {
+    /// A request line: `Method Request-URI SIP/2.0` (RFC 3261 §7.1).
     Request {
+        /// The method, or [`Method::Other`] for an extension.
         method: Method,
+        /// The method token as written.
         method_raw: &'a [u8],
+        /// The parsed Request-URI.
         uri: Uri<'a>,
         /// Absolute offsets of the Request-URI.
         uri_start: usize,
+        /// Absolute offset just past the Request-URI.
         uri_end: usize,
     },
+    /// A status line: `SIP/2.0 Status-Code Reason-Phrase` (RFC 3261 §7.2).
     Response {
+        /// The status code, 100 to 699.
         code: u16,
+        /// The reason phrase as written; may be empty.
         reason: &'a [u8],
     },
 }
@@ -112,6 +136,7 @@ pub enum StartLine<'a> {
 /// One indexed header line: its kind and where its name, value and whole line sit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderField {
+    /// What header this line is, `Other` for one the core does not recognise.
     pub name: HeaderName,
     pub(crate) name_start: u32,
     pub(crate) name_end: u32,
@@ -438,10 +463,12 @@ impl<'a> Message<'a> {
         &self.buf[..self.body_end]
     }
 
+    /// The parsed first line: a request line or a status line.
     pub fn start_line(&self) -> &StartLine<'a> {
         &self.start
     }
 
+    /// Whether the message is a request (a response otherwise).
     pub fn is_request(&self) -> bool {
         matches!(self.start, StartLine::Request { .. })
     }
@@ -462,6 +489,7 @@ impl<'a> Message<'a> {
         }
     }
 
+    /// The Request-URI of a request; `None` for a response.
     pub fn request_uri(&self) -> Option<&Uri<'a>> {
         match &self.start {
             StartLine::Request { uri, .. } => Some(uri),
@@ -479,6 +507,7 @@ impl<'a> Message<'a> {
         }
     }
 
+    /// The status code of a response; `None` for a request.
     pub fn status(&self) -> Option<u16> {
         match self.start {
             StartLine::Response { code, .. } => Some(code),
@@ -486,6 +515,7 @@ impl<'a> Message<'a> {
         }
     }
 
+    /// Every header line, in message order.
     pub fn headers(&self) -> &[HeaderField] {
         &self.headers
     }
@@ -495,14 +525,18 @@ impl<'a> Message<'a> {
         self.headers_end
     }
 
+    /// The value of a header line: from after the colon and its whitespace to the end of the
+    /// line, continuation lines included.
     pub fn value(&self, h: &HeaderField) -> &'a [u8] {
         &self.buf[h.value_start as usize..h.value_end as usize]
     }
 
+    /// The first header line of this kind.
     pub fn header(&self, name: HeaderName) -> Option<&HeaderField> {
         self.headers.iter().find(|h| h.name == name)
     }
 
+    /// The value of the first header line of this kind.
     pub fn header_value(&self, name: HeaderName) -> Option<&'a [u8]> {
         self.header(name).map(|h| self.value(h))
     }
@@ -534,6 +568,7 @@ impl<'a> Message<'a> {
             .filter(|v| !v.is_empty())
     }
 
+    /// The top Via (RFC 3261 §8.1.1.7), parsed with the message.
     pub fn top_via(&self) -> &Via<'a> {
         &self.top_via
     }
@@ -575,14 +610,17 @@ impl<'a> Message<'a> {
         rest_of_line.into_iter().chain(later_lines)
     }
 
+    /// The CSeq header (RFC 3261 §8.1.1.5).
     pub fn cseq(&self) -> &CSeq<'a> {
         &self.cseq
     }
 
+    /// The Call-ID value (RFC 3261 §8.1.1.4): non-empty, without whitespace.
     pub fn call_id(&self) -> &'a [u8] {
         self.call_id
     }
 
+    /// The Max-Forwards value (RFC 3261 §8.1.1.6); `None` when the header is absent.
     pub fn max_forwards(&self) -> Option<u8> {
         self.max_forwards
     }
@@ -652,6 +690,8 @@ impl<'a> Message<'a> {
             .any(|h| self.value(h) == b"*")
     }
 
+    /// The body: the bytes after the empty line, as many as Content-Length says (the rest of the
+    /// datagram if there is none).
     pub fn body(&self) -> &'a [u8] {
         &self.buf[self.body_start..self.body_end]
     }

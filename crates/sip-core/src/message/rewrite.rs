@@ -28,6 +28,7 @@ pub struct Splice {
 }
 
 impl Splice {
+    /// An empty set of edits.
     pub fn new() -> Self {
         Self::default()
     }
@@ -57,14 +58,17 @@ impl Splice {
         });
     }
 
+    /// Replaces `src[start..end]` with `text`.
     pub fn replace(&mut self, start: usize, end: usize, text: &[u8]) {
         self.replace_with(start, end, |t| t.extend_from_slice(text));
     }
 
+    /// Inserts `text` at offset `at`; inserts at one offset keep the order they were added in.
     pub fn insert(&mut self, at: usize, text: &[u8]) {
         self.replace(at, at, text);
     }
 
+    /// Removes `src[start..end]`.
     pub fn remove(&mut self, start: usize, end: usize) {
         self.replace(start, end, b"");
     }
@@ -88,11 +92,14 @@ impl Splice {
 
 /// Edits a proxy makes, expressed on a parsed message.
 pub struct Rewriter<'m, 'a> {
+    /// The message being forwarded; its offsets address the source buffer.
     pub msg: &'m Message<'a>,
+    /// The edits collected so far.
     pub splice: &'m mut Splice,
 }
 
 impl<'m, 'a> Rewriter<'m, 'a> {
+    /// A rewriter over `msg`, clearing what `splice` held.
     pub fn new(msg: &'m Message<'a>, splice: &'m mut Splice) -> Self {
         splice.clear();
         Rewriter { msg, splice }

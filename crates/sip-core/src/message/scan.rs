@@ -4,7 +4,7 @@
 //! Header values are indexed in place, so a folded value still contains its CRLF. Inside an
 //! indexed value a CR or LF can only be part of a fold, which makes it plain whitespace here.
 
-/// Character classes of the RFC 3261 ABNF, one bit each in [`CLASS`].
+/// Character classes of the RFC 3261 ABNF, one bit each in `CLASS`.
 pub mod class {
     /// `token`.
     pub(crate) const TOKEN: u8 = 1;

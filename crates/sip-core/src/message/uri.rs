@@ -10,25 +10,38 @@ use super::scan::{check_escaped, class, eq_ic, is, parse_u64};
 /// The URI scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheme {
+    /// `sip:` (RFC 3261 §19.1).
     Sip,
+    /// `sips:`, which requires TLS on every hop (RFC 3261 §19.1).
     Sips,
+    /// `tel:` (RFC 3966); the number is in [`Uri::user`].
     Tel,
+    /// Any other scheme; only the scheme is split off.
     Other,
 }
 
 /// Why a URI was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UriError {
+    /// The scheme is missing or malformed, or a URI of another scheme is empty or holds
+    /// whitespace, `<` or `>`.
     Scheme,
+    /// The user part has a character outside its class or a bad `%` escape.
     User,
+    /// The password has a character outside its class or a bad `%` escape.
     Password,
+    /// The host is neither a hostname, an IPv4 address nor a valid bracketed IPv6 reference.
     Host,
+    /// The port is not a number from 0 to 65535.
     Port,
+    /// A `;` parameter has an empty name or value, or a bad character.
     Param,
+    /// The `?` header part is malformed.
     Header,
 }
 
 impl UriError {
+    /// A short phrase naming the fault, used as a 400 reason.
     pub fn as_str(self) -> &'static str {
         match self {
             UriError::Scheme => "bad scheme",
@@ -45,13 +58,17 @@ impl UriError {
 /// A parsed URI borrowing its text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Uri<'a> {
+    /// The whole URI as written.
     pub raw: &'a [u8],
+    /// The scheme; decides which parts are parsed.
     pub scheme: Scheme,
     /// User part (or the number of a tel URI), still escaped.
     pub user: Option<&'a [u8]>,
+    /// Password part after `user:`, still escaped; RFC 3261 §19.1.1 advises against it.
     pub password: Option<&'a [u8]>,
     /// Host as written; an IPv6 reference keeps its brackets. Empty for tel and other schemes.
     pub host: &'a [u8],
+    /// Port, if written.
     pub port: Option<u16>,
     /// `;name=value` parameters including the leading `;`, or empty.
     pub params: &'a [u8],

@@ -52,10 +52,16 @@ fn parse_params<'a>(
 /// parsing, so asking for them costs nothing; any other is in `params`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Via<'a> {
+    /// The transport token of `SIP/2.0/<transport>`, e.g. `UDP`, `TLS`, `WS`.
     pub transport: &'a [u8],
+    /// The sent-by host as written; an IPv6 reference keeps its brackets.
     pub host: &'a [u8],
+    /// The sent-by port, if written.
     pub port: Option<u16>,
+    /// All the via-params as written, leading `;` included.
     pub params: Params<'a>,
+    /// The `branch` parameter (RFC 3261 §8.1.1.7): the transaction id, when it has the magic
+    /// cookie.
     pub branch: Option<&'a [u8]>,
     /// `rport` as written: `None` absent, `Some(None)` without a value.
     rport: Option<Option<&'a [u8]>>,
@@ -63,6 +69,7 @@ pub struct Via<'a> {
     maddr: Option<&'a [u8]>,
     /// Absolute offsets of this via-parm in the buffer.
     pub start: usize,
+    /// Absolute offset just past the via-parm.
     pub end: usize,
 }
 
@@ -83,6 +90,7 @@ impl<'a> Via<'a> {
         super::uri::unbracket(self.host)
     }
 
+    /// The `received` parameter a server added: the source address it saw (RFC 3261 §18.2.1).
     pub fn received(&self) -> Option<&'a [u8]> {
         self.received
     }
@@ -93,6 +101,7 @@ impl<'a> Via<'a> {
             .map(|v| v.and_then(parse_u64).and_then(|p| u16::try_from(p).ok()))
     }
 
+    /// The `maddr` parameter: the address a response goes to instead of sent-by (RFC 3261 §18.2.2).
     pub fn maddr(&self) -> Option<&'a [u8]> {
         self.maddr
     }
@@ -200,7 +209,9 @@ pub(crate) fn parse_via_list<'a>(
 /// The CSeq header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CSeq<'a> {
+    /// The sequence number, below 2^31 (RFC 3261 §8.1.1.5).
     pub seq: u32,
+    /// The method token, as written.
     pub method: &'a [u8],
 }
 
@@ -226,18 +237,24 @@ pub(crate) fn parse_cseq(value: &[u8]) -> Result<CSeq<'_>, ParseError> {
 /// A name-addr or addr-spec with header parameters (From, To, Contact, Route, Record-Route).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NameAddr<'a> {
+    /// The display name as written (quotes kept), if any.
     pub display: Option<&'a [u8]>,
+    /// The address.
     pub uri: Uri<'a>,
+    /// The header parameters after the address (`;tag=`, `;expires=`, ...), leading `;` included.
     pub params: Params<'a>,
     /// Whether the URI was in angle brackets.
     pub bracketed: bool,
     /// The first `tag` parameter's value, found while parsing.
     tag: Option<&'a [u8]>,
+    /// Absolute offset where the value starts in the message buffer.
     pub start: usize,
+    /// Absolute offset just past the value and its parameters.
     pub end: usize,
 }
 
 impl<'a> NameAddr<'a> {
+    /// The `tag` parameter (RFC 3261 §19.3): identifies a dialog's end.
     pub fn tag(&self) -> Option<&'a [u8]> {
         self.tag
     }

@@ -25,7 +25,11 @@ use std::sync::Arc;
 /// Timer base values (RFC 3261 §17.1.1.1).
 #[derive(Debug, Clone, Copy)]
 pub struct Timers {
+    /// T1, the round-trip time estimate in ms (RFC 3261 §17.1.1.1; default 500): the first
+    /// retransmission interval over UDP and the base of timers B, F, H and J (64·T1).
     pub t1: Millis,
+    /// T2, the longest retransmission interval in ms for non-INVITE requests and INVITE responses
+    /// (default 4000).
     pub t2: Millis,
     pub(crate) t4: Millis,
     /// Timer C (RFC 3261 §16.6 step 11): how long a client INVITE transaction may stay in
@@ -55,21 +59,34 @@ pub struct TxId {
 /// Which of the four machines a transaction runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// A client INVITE transaction (RFC 3261 §17.1.1).
     ClientInvite,
+    /// A client non-INVITE transaction (RFC 3261 §17.1.2).
     ClientNonInvite,
+    /// A server INVITE transaction (RFC 3261 §17.2.1).
     ServerInvite,
+    /// A server non-INVITE transaction (RFC 3261 §17.2.2).
     ServerNonInvite,
 }
 
 /// Transaction states across the four machines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
+    /// Client INVITE: the request is sent, no response yet.
     Calling,
+    /// Non-INVITE: the request is sent (client) or received (server), no provisional response yet.
     Trying,
+    /// A provisional response has been received (client) or sent (server).
     Proceeding,
+    /// INVITE: a 2xx has been received (client) or sent (server); its retransmissions and ACKs pass
+    /// end to end (RFC 6026).
     Accepted,
+    /// A final non-2xx response has been received or sent; waiting out retransmissions.
     Completed,
+    /// Server INVITE: the ACK for its non-2xx final response arrived (timer I running).
     Confirmed,
+    /// The machine has ended; the table removes a transaction as it gets here, so a live one never
+    /// reports it.
     Terminated,
 }
 
@@ -77,21 +94,37 @@ pub enum State {
 #[derive(Debug)]
 pub enum Output<A, U> {
     /// Send these bytes to `dest`.
-    Transmit { dest: A, data: Bytes },
+    Transmit {
+        /// Where to send: the transaction's peer.
+        dest: A,
+        /// The message: a request, a retransmission, an ACK or a response.
+        data: Bytes,
+    },
     /// Timer B, C, F or H fired: the transaction failed and is gone (the TU answers 408 for a
     /// client transaction, and CANCELs a client INVITE that timed out in `Proceeding`, i.e.
     /// on timer C). Carries the state it was in, where it sent, the user value, and the
     /// request a client transaction sent (the last response for a server transaction).
     Timeout {
+        /// The transaction that failed (already gone).
         id: TxId,
+        /// Which machine it ran.
         kind: Kind,
+        /// The state it timed out in.
         state: State,
+        /// The peer it sent to.
         dest: A,
+        /// Its user value.
         user: U,
+        /// The request a client transaction sent, or the last response of a server one.
         message: Bytes,
     },
     /// The transaction is gone; its user value is handed back.
-    Terminated { id: TxId, user: U },
+    Terminated {
+        /// The transaction that ended (already gone).
+        id: TxId,
+        /// Its user value.
+        user: U,
+    },
 }
 
 /// How an incoming request related to existing transactions.
@@ -146,7 +179,8 @@ struct Tx<A, U> {
     user: Option<U>,
     /// In a state that only waits (timers D, I, J, K, L, M) to absorb or pass retransmissions.
     lingering: bool,
-    /// A client transaction whose Timer B or F was brought forward ([`Transactions::expect_response_within`]).
+    /// A client transaction whose Timer B or F was brought forward
+    /// ([`Transactions::expect_response_within`]).
     hurried: bool,
 }
 
@@ -214,6 +248,7 @@ pub(crate) fn client_key(branch: &[u8], method: &[u8], out: &mut Vec<u8>) {
 }
 
 impl<A: Copy, U> Transactions<A, U> {
+    /// An empty table whose timer wheel starts at `now` (ms).
     pub fn new(now: Millis, timers: Timers) -> Self {
         Transactions {
             timers,
@@ -235,6 +270,7 @@ impl<A: Copy, U> Transactions<A, U> {
         self.server_keys.len() + self.client_keys.len()
     }
 
+    /// Whether no transaction is live.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -262,6 +298,7 @@ impl<A: Copy, U> Transactions<A, U> {
         false
     }
 
+    /// The timer base values the table runs with.
     pub fn timers(&self) -> Timers {
         self.timers
     }
@@ -280,18 +317,22 @@ impl<A: Copy, U> Transactions<A, U> {
             .filter(|t| t.generation == id.generation)
     }
 
+    /// The state of transaction `id`; `None` once it is gone.
     pub fn state(&self, id: TxId) -> Option<State> {
         self.get(id).map(|t| t.state)
     }
 
+    /// Which machine transaction `id` runs; `None` once it is gone.
     pub fn kind(&self, id: TxId) -> Option<Kind> {
         self.get(id).map(|t| t.kind)
     }
 
+    /// The user value of transaction `id`; `None` once it is gone.
     pub fn user(&self, id: TxId) -> Option<&U> {
         self.get(id)?.user.as_ref()
     }
 
+    /// The user value of transaction `id`, to update; `None` once it is gone.
     pub fn user_mut(&mut self, id: TxId) -> Option<&mut U> {
         self.get_mut(id)?.user.as_mut()
     }

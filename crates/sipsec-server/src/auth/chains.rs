@@ -23,6 +23,7 @@ const EVICTION_SAMPLE: usize = 8;
 /// One user's credentials.
 #[derive(Debug, Clone)]
 pub struct Entry {
+    /// The chain authentications step down.
     pub chain: Chain,
     /// Unix seconds after which the chain is not used; 0: never (a backup credential).
     pub(crate) expires_s: u64,
@@ -36,6 +37,8 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// An entry holding `chain`, unusable after `expires_s` (Unix s; 0: never), with no prefetched
+    /// chain and no uses.
     pub fn new(chain: Chain, expires_s: u64) -> Entry {
         Entry {
             chain,
@@ -232,10 +235,12 @@ impl ChainCache {
         self.len.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Credentials held.
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
 
+    /// Whether no credential is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -15,6 +15,7 @@ use std::sync::RwLock;
 /// their password is set again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Secrets {
+    /// HA1 for MD5, the form a digest response with `algorithm=MD5` is checked against.
     pub md5: [u8; 16],
     pub(crate) sha256: [u8; 32],
     pub(crate) sha512_256: [u8; 32],
@@ -129,13 +130,17 @@ pub struct Credentials {
 /// What a lookup found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup {
+    /// The user is in the cache: these are the user's secrets.
     Found(Secrets),
+    /// The cache is current and does not hold the user: no such user.
     Unknown,
     /// The cache cannot say (not loaded, or the database is down and the user is not known).
     Unavailable,
 }
 
 impl Credentials {
+    /// An empty cache for `realm`, still loading (every lookup is unavailable until
+    /// [`Credentials::set_state`] says otherwise).
     pub fn new(realm: &str) -> Credentials {
         Credentials {
             realm: realm.to_string(),
@@ -144,10 +149,12 @@ impl Credentials {
         }
     }
 
+    /// The realm these users belong to.
     pub fn realm(&self) -> &str {
         &self.realm
     }
 
+    /// Whether the cache can be trusted now.
     pub fn state(&self) -> CacheState {
         match self.state.load(Ordering::Acquire) {
             0 => CacheState::Loading,
@@ -156,10 +163,13 @@ impl Credentials {
         }
     }
 
+    /// Says whether the cache can be trusted: the user loader sets it after the first load, and
+    /// at each database outage and recovery.
     pub fn set_state(&self, s: CacheState) {
         self.state.store(s as u8, Ordering::Release);
     }
 
+    /// What the cache says about `username`.
     pub fn lookup(&self, username: &str) -> Lookup {
         let state = self.state();
         if state == CacheState::Loading {
@@ -188,10 +198,12 @@ impl Credentials {
         }
     }
 
+    /// Users held.
     pub fn len(&self) -> usize {
         self.users.read().map_or(0, |u| u.len())
     }
 
+    /// Whether no user is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

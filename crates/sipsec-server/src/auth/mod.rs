@@ -23,8 +23,10 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scheme {
+    /// No authentication: every request is served (the default).
     #[default]
     None,
+    /// HTTP Digest (RFC 3261 §22, RFC 7616) against the user database.
     Digest,
     /// Hash-chain credentials from `sipsec authd` (`docs/proxychain.md`).
     Proxychain,
@@ -119,12 +121,15 @@ impl Scope {
 /// The validated `[auth]` settings.
 #[derive(Debug, Clone)]
 pub struct AuthConfig {
+    /// Which scheme authenticates requests (`scheme`, default none).
     pub scheme: Scheme,
     pub(crate) scope: Arc<Scope>,
     /// Offered in this order.
     pub algorithms: Vec<Algorithm>,
     pub(crate) nonce_lifetime_ms: u64,
     pub(crate) max_failures_per_source: u32,
+    /// Failed attempts by one user within the failure window before the user is refused 403
+    /// (`max_failures_per_user`, default 10).
     pub max_failures_per_user: u32,
     pub(crate) failure_window_ms: u64,
     pub(crate) max_tracked_nonces: usize,

@@ -21,7 +21,12 @@ pub(crate) const NONCE_HEX_LEN: usize = 2 * (8 + 8 + MAC_LEN);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NonceState {
     /// Ours and fresh; `id` names it for replay tracking, `issued_ms` is when it was made.
-    Fresh { id: [u8; MAC_LEN], issued_ms: u64 },
+    Fresh {
+        /// The nonce's MAC, unique to it: the key its counts are kept under.
+        id: [u8; MAC_LEN],
+        /// When the nonce was made, in ms since the Unix epoch.
+        issued_ms: u64,
+    },
     /// Ours but older than the nonce lifetime (answered `stale=true`).
     Stale,
     /// Not a nonce we made (or made before a restart).
@@ -40,6 +45,8 @@ fn unhex(text: &[u8], out: &mut [u8]) -> bool {
 }
 
 impl Nonces {
+    /// Nonces MACed under `secret` (the server draws one at each start), fresh for `lifetime_ms`
+    /// after they are made.
     pub fn new(secret: [u8; 32], lifetime_ms: u64) -> Nonces {
         Nonces {
             secret,
@@ -129,6 +136,7 @@ struct Seen {
 /// Whether a count was accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Count {
+    /// The count is new for this nonce.
     Accepted,
     /// Used before with this nonce.
     Replay,
@@ -137,6 +145,7 @@ pub enum Count {
 }
 
 impl NonceCounts {
+    /// Room for `capacity` nonces in all, each remembered until `lifetime_ms` after it was issued.
     pub fn new(capacity: usize, lifetime_ms: u64) -> NonceCounts {
         let shards = 16;
         let per_shard = capacity.div_ceil(shards).max(1);
@@ -224,6 +233,7 @@ impl NonceCounts {
             .sum()
     }
 
+    /// Whether no nonce is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 /// The authority's settings.
 #[derive(Debug, Clone)]
 pub struct Policy {
+    /// The hash of the chains issued when a proxy names none.
     pub hash: HashKind,
     /// Chain length when the authority is not busy.
     pub chain_length: u32,
@@ -38,14 +39,18 @@ pub(crate) fn issue_fresh(hash: HashKind, key: &[u8], proxy: &str, length: u32) 
 /// What a proxy asked for.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ask {
+    /// The chain length the proxy wants; clamped to 1 to the longest allowed.
     pub length: Option<u32>,
+    /// The hash function the proxy wants; absent: the policy's.
     pub hash: Option<HashKind>,
 }
 
 /// Counters the authority reports.
 #[derive(Default)]
 pub struct AuthorityStats {
+    /// Chains issued to proxies.
     pub issued: AtomicU64,
+    /// Chains asked for users the authority does not know (or who have no Proxychain key).
     pub unknown: AtomicU64,
     pub(crate) revocations_pushed: AtomicU64,
     pub(crate) bytes_in: AtomicU64,
@@ -60,9 +65,12 @@ pub struct AuthorityStats {
 /// One counter as it is reported: its name in the log line (`name=value`, which the lab
 /// reads), its Prometheus name (without `_total`), its help text and its value.
 pub struct Reported {
+    /// The name in the log line.
     pub log: &'static str,
     pub(crate) metric: &'static str,
+    /// The Prometheus help text.
     pub help: &'static str,
+    /// The count.
     pub value: u64,
 }
 
@@ -125,8 +133,11 @@ impl AuthorityStats {
 
 /// The authority.
 pub struct Authority {
+    /// The chain lengths, hash and lifetime it issues with.
     pub policy: Policy,
+    /// The users and their Proxychain keys.
     pub users: Arc<Credentials>,
+    /// What it has done, for the log line and `/metrics`.
     pub stats: AuthorityStats,
     /// user → proxies holding a chain for them.
     holders: Mutex<HashMap<Box<str>, HashSet<Arc<str>>>>,
@@ -137,6 +148,7 @@ pub struct Authority {
 }
 
 impl Authority {
+    /// An authority issuing by `policy` to the users in `users`.
     pub fn new(policy: Policy, users: Arc<Credentials>) -> Authority {
         Authority {
             length_now: AtomicU64::new(u64::from(policy.chain_length)),

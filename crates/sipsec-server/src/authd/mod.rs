@@ -38,10 +38,12 @@ pub struct AuthdArgs {
     /// Binds nothing, opens no database, creates no file.
     #[arg(long)]
     pub check: bool,
+    /// Something else to do than run the authority.
     #[command(subcommand)]
     pub command: Option<AuthdCommand>,
 }
 
+/// `sipsec authd`'s subcommands.
 #[derive(clap::Subcommand, Debug)]
 pub enum AuthdCommand {
     /// Write backup credentials for one proxy: a long chain with no expiry per user.
@@ -73,17 +75,29 @@ pub enum AuthdCommand {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthdConfig {
+    /// The address the authority listens on, TLS only (`listen`, default 127.0.0.1:5070).
     pub listen: SocketAddr,
     /// The users' realm (the one `sipsec users` stores them under).
     pub realm: String,
+    /// The user database `sipsec users` writes (`database`, default `sqlite://sipsec.db`).
     pub database: String,
+    /// The authority's certificate chain (PEM, `cert`); its proxies verify it.
     pub cert: PathBuf,
+    /// The private key of `cert` (PEM, `key`).
     pub key: PathBuf,
     /// CA that signs the proxies' certificates.
     pub ca: PathBuf,
+    /// The hash of the chains issued when a proxy names none: `MD5` or `SHA-256` (`hash`, default
+    /// SHA-256).
     pub hash: String,
+    /// The chain length issued when a proxy names none and the authority is not busy
+    /// (`chain_length`, default 10).
     pub chain_length: u32,
+    /// The longest chain issued, whether a proxy asks for it or load grows one
+    /// (`max_chain_length`, default 100).
     pub max_chain_length: u32,
+    /// Issues per second above which chains grow longer, in proportion (`busy_issues_per_s`;
+    /// default 0: never).
     pub busy_issues_per_s: u64,
     pub(crate) credential_lifetime_s: u64,
 }
@@ -124,6 +138,8 @@ pub struct MetricsTable {
 }
 
 impl AuthdConfig {
+    /// Reads the `[authd]` and `[metrics]` tables of `path` (the defaults without one) and
+    /// validates them; relative paths are taken from the file's directory.
     pub fn load(path: Option<&std::path::Path>) -> Result<(AuthdConfig, MetricsTable)> {
         let (cfg, metrics) = match path {
             Some(p) => {
@@ -145,6 +161,8 @@ impl AuthdConfig {
         Ok((cfg, metrics))
     }
 
+    /// The authority's settings, validated: the hash known, the lengths within
+    /// [`sip_core::proxychain::MAX_COUNTER`].
     pub fn policy(&self) -> Result<authority::Policy> {
         let hash = HashKind::from_token(self.hash.as_bytes())
             .with_context(|| format!("authd.hash: {:?} is not MD5 or SHA-256", self.hash))?;

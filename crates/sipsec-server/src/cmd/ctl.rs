@@ -17,6 +17,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// `sipsec ctl`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct CtlArgs {
     /// What to ask: `reload` (read the config file again) or `counters` (every counter).

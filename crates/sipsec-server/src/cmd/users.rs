@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use std::io::BufRead;
 use std::path::PathBuf;
 
+/// `sipsec users`' arguments.
 #[derive(clap::Args, Debug)]
 pub struct UsersArgs {
     /// The server's config file: its database and `[auth] realm` (default: the embedded
@@ -48,6 +49,8 @@ pub(crate) enum UsersAction {
     },
 }
 
+/// Runs `sipsec users`: opens the config's database and adds, removes, lists or imports users of
+/// the realm.
 pub fn run(args: UsersArgs) -> Result<()> {
     let cfg = match &args.config {
         Some(p) => Config::load(p)?,

@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 /// Where the server listens: `transport:ip:port`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Listen {
+    /// The transport the listener speaks.
     pub transport: Transport,
+    /// The local address it binds.
     pub addr: SocketAddr,
 }
 
@@ -44,10 +46,13 @@ pub(crate) fn parse_listen(s: &str) -> Result<Listen, String> {
     Ok(Listen { transport, addr })
 }
 
+/// What the server does with a request for one of its users (`[server] mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
+    /// Forwards it to the user's registered contacts (the default).
     Proxy,
+    /// Answers 302 with the registered contacts (RFC 3261 §8.3).
     Redirect,
 }
 
@@ -363,11 +368,21 @@ impl Default for RawTls {
 /// the certificates of servers we connect to.
 #[derive(Debug, Clone, Default)]
 pub struct TlsConfig {
+    /// Our certificate chain (PEM, `tls.cert`): presented to TLS clients, and as our client
+    /// certificate to servers that ask.
     pub cert: Option<PathBuf>,
+    /// The private key of `cert` (PEM, `tls.key`).
     pub key: Option<PathBuf>,
+    /// CA certificates (PEM, `tls.ca`) that client certificates and the servers we connect to must
+    /// chain to.
     pub ca: Option<PathBuf>,
+    /// Whether `tls:` listeners ask clients for a certificate (`tls.client_auth`: none, optional or
+    /// required; default none).
     pub client_auth: ClientAuth,
+    /// Whether the certificates of servers we connect to are verified (`tls.verify_server`, default
+    /// true; false is for labs).
     pub verify_server: bool,
+    /// Backend, versions, suites, key-exchange groups and session resumption, for both sides.
     pub protocol: sipsec_transport::tls::Protocol,
 }
 
@@ -405,6 +420,8 @@ impl TlsConfig {
 /// Connection handling for TCP and TLS (`[server]` keys).
 #[derive(Debug, Clone)]
 pub struct StreamConfig {
+    /// Whether connections to the next hop are kept per target or opened per call
+    /// (`outbound_connections`, default persistent).
     pub outbound: OutboundConnections,
     /// A connection with no traffic this long is closed.
     pub(crate) idle_timeout_ms: u64,
@@ -582,6 +599,7 @@ pub struct RegistrarConfig {
     pub(crate) min_expires: u32,
     pub(crate) max_expires: u32,
     pub(crate) default_expires: u32,
+    /// Contacts one address-of-record may hold (`max_contacts`, default 16); more is answered 403.
     pub max_contacts: usize,
     /// Bindings held in all, across workers; a REGISTER that would add one more is answered
     /// 503 (with Retry-After), and no more than this many are loaded from the database.
@@ -597,13 +615,21 @@ pub struct RegistrarConfig {
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The addresses the server listens on (`listen`, default `udp:127.0.0.1:5060`).
     pub listen: Vec<Listen>,
+    /// The domains whose users this server registers and locates, lower case (`domains`, default
+    /// `localhost`).
     pub domains: Vec<String>,
+    /// Proxy or redirect server (`mode`, default proxy).
     pub mode: Mode,
+    /// Whether requests are proxied statefully, with transactions (RFC 3261 §17), or forwarded
+    /// statelessly (§16.11); `stateful`, default true.
     pub stateful: bool,
     pub(crate) record_route: bool,
     /// Resolved worker count (never 0).
     pub workers: usize,
+    /// The largest message accepted, in bytes (`max_message_size`, default 16384); larger ones are
+    /// answered 513.
     pub max_message_size: usize,
     /// Cap on how long a loaded worker lets messages accumulate after waking, while it
     /// measures that waiting costs less CPU than not (0: never; `serve::coalesce`).
@@ -627,10 +653,15 @@ pub struct Config {
     /// Default and per-domain routes, DNS and failover (`[routing]`).
     pub routing: RoutingConfig,
     pub(crate) database_url: String,
+    /// Registration expiry bounds and binding limits (`[registrar]`).
     pub registrar: RegistrarConfig,
+    /// TCP and TLS connection handling (`[server]` keys).
     pub streams: StreamConfig,
+    /// Certificates and protocol choices for TLS (`[tls]`).
     pub tls: TlsConfig,
+    /// Who is challenged and how (`[auth]`).
     pub auth: crate::auth::AuthConfig,
+    /// Local admission control and RFC 7339 feedback (`[overload]`).
     pub overload: OverloadConfig,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
     pub(crate) metrics_listen: Option<SocketAddr>,

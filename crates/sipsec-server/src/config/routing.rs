@@ -63,17 +63,21 @@ pub struct Route {
     pub priority: u16,
     /// Share among the routes of the same priority (RFC 2782 weighting).
     pub weight: u16,
+    /// Where the URI leads: an address, or a name to resolve when the route is used.
     pub next: Next,
 }
 
 /// A route's destination: an address, or a name located by DNS (RFC 3263) when used.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
+    /// An IP address (or `localhost`), with its transport and port.
     Addr(Peer),
+    /// A DNS name, located as RFC 3263 says each time it is used.
     Name(Query),
 }
 
 impl Next {
+    /// The hop as the router looks it up: the address, or the name as a DNS cache key.
     pub fn hop(&self) -> Hop<'_> {
         match self {
             Next::Addr(p) => Hop::Addr(*p),

@@ -40,6 +40,7 @@ pub struct Query {
 }
 
 impl Query {
+    /// A query for `name`, lower-cased and without a trailing dot.
     pub fn new(
         name: &[u8],
         transport: Option<Transport>,
@@ -98,9 +99,13 @@ impl std::fmt::Display for Query {
 /// name costs no allocation.
 #[derive(Debug, Clone, Copy)]
 pub struct QueryKey<'a> {
+    /// The host name as written in the message (any case, a trailing dot allowed).
     pub name: &'a [u8],
+    /// The URI's `transport` parameter.
     pub transport: Option<Transport>,
+    /// The URI's port.
     pub port: Option<u16>,
+    /// A `sips:` URI: TLS only, and the certificate must name the domain (RFC 5922).
     pub secure: bool,
 }
 
@@ -142,7 +147,9 @@ impl hashbrown::Equivalent<Query> for QueryKey<'_> {
 /// Where a URI sends, before DNS: an address already, or a name to resolve.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Hop<'a> {
+    /// An IP address (or `localhost`): no DNS needed.
     Addr(Peer),
+    /// A name to locate by DNS (RFC 3263).
     Name(QueryKey<'a>),
 }
 
@@ -173,7 +180,9 @@ pub struct Entry {
     pub rank: u32,
     /// RFC 2782 weight among the entries of the same rank.
     pub weight: u16,
+    /// The target's transport: from the NAPTR service, the SRV name, or the query.
     pub transport: Transport,
+    /// The port: the SRV record's, the URI's, or the transport's default.
     pub port: u16,
     /// The target's addresses, IPv4 before IPv6.
     pub addrs: SmallVec<[IpAddr; 2]>,
@@ -210,6 +219,7 @@ pub enum Failure {
 }
 
 impl Resolution {
+    /// An answer with no entries, failed for `error`, usable for `ttl_s` seconds.
     pub fn failed(error: Failure, ttl_s: u32) -> Resolution {
         Resolution {
             entries: Vec::new(),

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 /// Counters of the channel, for the lab.
 #[derive(Default, Debug)]
 pub struct ChannelStats {
+    /// Requests sent to the authority.
     pub requests: std::sync::atomic::AtomicU64,
     pub(crate) bytes_out: std::sync::atomic::AtomicU64,
     pub(crate) bytes_in: std::sync::atomic::AtomicU64,

@@ -38,6 +38,7 @@ pub enum Command {
 }
 
 impl Command {
+    /// Every command, in the order `sipsec ctl` lists them.
     pub const ALL: [Command; 2] = [Command::Reload, Command::Counters];
 
     /// The word on the wire.
@@ -79,11 +80,13 @@ pub fn decode(wire: &str) -> Reply {
 
 /// A command waiting for the main thread, and where its answer goes.
 pub struct Request {
+    /// What was asked.
     pub command: Command,
     reply: tokio::sync::oneshot::Sender<Reply>,
 }
 
 impl Request {
+    /// Sends the answer back to the client; a client that has gone is ignored.
     pub fn answer(self, reply: Reply) {
         let _ = self.reply.send(reply);
     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 /// user database when digest runs without its cache), made by a worker's authenticator.
 #[derive(Debug)]
 pub struct Fetch {
+    /// The user whose credentials are wanted.
     pub user: String,
     /// Ahead of need: no request waits for it.
     pub prefetch: bool,
@@ -28,11 +29,13 @@ pub struct FetchHandle {
 }
 
 impl FetchHandle {
+    /// A handle and the receiving end its fetches arrive at.
     pub fn new() -> (FetchHandle, tokio::sync::mpsc::UnboundedReceiver<Fetch>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         (FetchHandle { tx }, rx)
     }
 
+    /// Asks for `user`'s credentials on behalf of `worker`; a fetcher that has stopped is ignored.
     pub fn fetch(&self, user: String, prefetch: bool, worker: usize) {
         let _ = self.tx.send(Fetch {
             user,

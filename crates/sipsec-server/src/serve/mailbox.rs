@@ -16,7 +16,12 @@ pub enum Letter {
     /// For the worker's engine.
     Engine(Mail),
     /// Bytes for a connection the receiving worker owns: I/O, which its engine never sees.
-    Transmit { to: Peer, data: Bytes },
+    Transmit {
+        /// The peer, on a connection the receiving worker owns.
+        to: Peer,
+        /// The bytes to write.
+        data: Bytes,
+    },
     /// A reloaded configuration and the TLS made from it (SIGHUP, `sipsec ctl reload`).
     Reload(Arc<super::reload::Reloaded>),
 }

@@ -15,8 +15,12 @@ use std::sync::Arc;
 
 /// What a worker is handed.
 pub struct Reloaded {
+    /// The new configuration.
     pub cfg: Arc<Config>,
+    /// The server side made from its `[tls]`, when it has `tls:` listeners.
     pub tls_server: Option<ServerTls>,
+    /// The client side made from its `[tls]`, for the TLS connections workers open; `None` without
+    /// a CA (unless verification is off).
     pub tls_client: Option<ClientTls>,
 }
 

@@ -22,6 +22,7 @@ pub enum Token {
 }
 
 impl Token {
+    /// The `u64` epoll carries for this descriptor.
     pub fn encode(self) -> u64 {
         match self {
             Token::Udp(i) => UDP | i as u64,
@@ -31,6 +32,7 @@ impl Token {
         }
     }
 
+    /// The descriptor a `u64` from epoll names; `None` for a kind no token has.
     pub fn decode(token: u64) -> Option<Token> {
         let index = (token & !KIND) as usize;
         match token & KIND {

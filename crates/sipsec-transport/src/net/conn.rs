@@ -8,8 +8,12 @@ use sip_core::message::framing::{next_frame, Frame};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
+/// One accepted or opened stream connection: its socket, its TLS session if any, and the bytes
+/// waiting to be framed or written.
 pub struct StreamConn {
+    /// The non-blocking socket.
     pub stream: TcpStream,
+    /// The peer's address.
     pub remote: SocketAddr,
     /// TLS state; plaintext goes through it instead of `outbuf`.
     pub tls: Option<Box<Session>>,
@@ -45,6 +49,7 @@ pub struct Framed {
 }
 
 impl StreamConn {
+    /// A connection over `stream`, TLS if a session is given, with empty buffers.
     pub fn new(stream: TcpStream, remote: SocketAddr, tls: Option<Session>) -> Self {
         StreamConn {
             stream,
@@ -63,6 +68,7 @@ impl StreamConn {
         }
     }
 
+    /// Whether output is queued that the socket has not taken yet.
     pub fn has_output(&self) -> bool {
         !self.outbuf.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
     }

@@ -6,6 +6,7 @@
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
+/// One epoll set (closed when dropped).
 pub struct Epoll {
     fd: OwnedFd,
 }
@@ -20,6 +21,7 @@ pub const READ: u32 = libc::EPOLLIN as u32;
 pub const STREAM: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 
 impl Epoll {
+    /// A new, empty set (close-on-exec).
     pub fn new() -> io::Result<Epoll> {
         // SAFETY: epoll_create1 returns a new descriptor or -1.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -43,6 +45,7 @@ impl Epoll {
         Ok(())
     }
 
+    /// Registers `fd` for `events` ([`READ`] or [`STREAM`]); `token` comes back in its events.
     pub fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
         self.ctl(libc::EPOLL_CTL_ADD, fd, events, token)
     }

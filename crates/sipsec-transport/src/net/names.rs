@@ -46,6 +46,7 @@ pub fn host_addresses() -> Vec<IpAddr> {
 pub struct ServerNames {
     /// Lower case.
     pub domains: Vec<String>,
+    /// The listen addresses (`listen` in the configuration).
     pub addrs: Vec<SocketAddr>,
 }
 

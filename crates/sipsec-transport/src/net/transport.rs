@@ -5,10 +5,14 @@
 use sip_core::message::{Scheme, Uri, Via};
 use std::net::{IpAddr, SocketAddr};
 
+/// A SIP transport (RFC 3261 §18).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Transport {
+    /// SIP over UDP, port 5060 by default.
     Udp,
+    /// SIP over TCP, port 5060 by default.
     Tcp,
+    /// SIP over TLS on TCP, port 5061 by default (RFC 3261 §26.2.1).
     Tls,
 }
 
@@ -46,6 +50,8 @@ impl Transport {
         }
     }
 
+    /// The transport named `name` (`udp`, `tcp`, `tls`, case-insensitive), as in a Via or a
+    /// `transport=` parameter.
     pub fn parse(name: &[u8]) -> Option<Transport> {
         [Transport::Udp, Transport::Tcp, Transport::Tls]
             .into_iter()
@@ -91,7 +97,9 @@ pub type ConnId = u32;
 /// Where a message came from or goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Peer {
+    /// The transport the message travels on.
     pub transport: Transport,
+    /// The remote address.
     pub addr: SocketAddr,
     /// Streams: the connection to use while it is still open. UDP: the socket a request came
     /// in on, so its responses leave from the address it was sent to (RFC 3581 §4). See
@@ -119,6 +127,7 @@ impl Peer {
         (self.transport.reliable() && self.conn != 0).then_some(self.conn)
     }
 
+    /// A UDP peer; the driver picks the socket to send from.
     pub fn udp(addr: SocketAddr) -> Peer {
         Peer {
             transport: Transport::Udp,
@@ -127,6 +136,7 @@ impl Peer {
         }
     }
 
+    /// A peer on `transport` with no connection chosen: the driver finds or opens one.
     pub fn new(transport: Transport, addr: SocketAddr) -> Peer {
         Peer {
             transport,

@@ -93,6 +93,7 @@ impl Default for RecvBatch {
 }
 
 impl RecvBatch {
+    /// Buffers for [`BATCH`] datagrams of up to 65,535 bytes each.
     pub fn new() -> Self {
         let mut b = RecvBatch {
             buffers: vec![0u8; BATCH * MAX_DATAGRAM],

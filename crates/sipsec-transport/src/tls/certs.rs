@@ -11,14 +11,20 @@ use rcgen::{
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+/// The key type of the certificates `sipsec certs` makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KeyKind {
+    /// ECDSA on P-256 (secp256r1), signed with SHA-256: the cheap handshake and the default.
     EcdsaP256,
+    /// ECDSA on P-384 (secp384r1), signed with SHA-384.
     EcdsaP384,
+    /// RSA with a 2048-bit modulus, as in the seed's 2008 setup.
     #[value(name = "rsa-2048", alias = "rsa2048")]
     Rsa2048,
+    /// RSA with a 3072-bit modulus.
     #[value(name = "rsa-3072", alias = "rsa3072")]
     Rsa3072,
+    /// RSA with a 4096-bit modulus.
     #[value(name = "rsa-4096", alias = "rsa4096")]
     Rsa4096,
 }
@@ -47,9 +53,13 @@ pub struct CertsArgs {
 /// The files `sipsec certs` writes, relative to `--out`.
 pub const CA: &str = "ca.pem";
 pub(crate) const CA_KEY: &str = "ca-key.pem";
+/// The server's certificate (PEM), valid for the `--name`s.
 pub const SERVER: &str = "server.pem";
+/// The server certificate's private key (PEM, mode 0600).
 pub const SERVER_KEY: &str = "server-key.pem";
+/// The client certificate (PEM), for mutual TLS.
 pub const CLIENT: &str = "client.pem";
+/// The client certificate's private key (PEM, mode 0600).
 pub const CLIENT_KEY: &str = "client-key.pem";
 
 fn key_pair(kind: KeyKind) -> Result<KeyPair> {

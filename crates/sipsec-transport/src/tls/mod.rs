@@ -58,6 +58,7 @@ pub enum Backend {
 /// The protocol choices common to both sides.
 #[derive(Debug, Clone, Default)]
 pub struct Protocol {
+    /// Which TLS library runs the sessions.
     pub backend: Backend,
     /// "1.2" and/or "1.3"; empty means both.
     pub versions: Vec<String>,
@@ -68,6 +69,8 @@ pub struct Protocol {
     /// Key-exchange groups by name (`X25519`, `secp256r1`, `secp384r1`, `X25519MLKEM768`),
     /// in preference order; empty means the provider's defaults.
     pub key_exchange: Vec<String>,
+    /// Whether sessions may be resumed, by tickets and session IDs; `[tls] session_resumption`
+    /// (default true).
     pub session_resumption: bool,
     /// Stages done without cryptography (seed 002's ablation; `lab-noop` builds only).
     pub noop: crate::ablation::Stages,
@@ -82,17 +85,22 @@ pub struct ClientSide {
     pub no_verify: bool,
     /// Our certificate chain and key (PEM), presented when a server asks.
     pub identity: Option<(PathBuf, PathBuf)>,
+    /// Versions, suites, groups and resumption for the connections this side opens.
     pub protocol: Protocol,
 }
 
 /// What the server side needs.
 #[derive(Debug, Clone)]
 pub struct ServerSide {
+    /// The server's certificate chain (PEM).
     pub cert: PathBuf,
+    /// The server certificate's private key (PEM).
     pub key: PathBuf,
     /// CA that client certificates must chain to (needed unless `client_auth` is none).
     pub ca: Option<PathBuf>,
+    /// Whether the server asks clients for a certificate, and whether it requires one.
     pub client_auth: ClientAuth,
+    /// Versions, suites, groups and resumption for the connections the server accepts.
     pub protocol: Protocol,
 }
 
@@ -300,7 +308,9 @@ pub enum Error {
 /// A server-side configuration from either backend, shared by every connection it accepts.
 #[derive(Clone)]
 pub enum ServerTls {
+    /// A rustls server configuration.
     Rustls(Arc<ServerConfig>),
+    /// An OpenSSL server context (cargo feature `openssl`).
     #[cfg(feature = "openssl")]
     Openssl(Arc<openssl::Server>),
 }
@@ -321,7 +331,9 @@ impl ServerTls {
 /// A client-side configuration from either backend, with the sessions it may resume.
 #[derive(Clone)]
 pub enum ClientTls {
+    /// A rustls client configuration; its resumable sessions live in its session store.
     Rustls(Arc<ClientConfig>),
+    /// An OpenSSL client context and its session cache (cargo feature `openssl`).
     #[cfg(feature = "openssl")]
     Openssl(Arc<openssl::Client>),
 }

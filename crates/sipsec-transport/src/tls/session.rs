@@ -14,7 +14,9 @@ pub use rustls::HandshakeKind;
     reason = "connections hold it boxed, so the rustls variant's size costs nothing per idle connection"
 )]
 pub enum Session {
+    /// A rustls client or server connection.
     Rustls(rustls::Connection),
+    /// An OpenSSL session (cargo feature `openssl`).
     #[cfg(feature = "openssl")]
     Openssl(super::openssl::Session),
 }
@@ -92,6 +94,7 @@ impl Session {
         }
     }
 
+    /// Whether the handshake has not finished yet.
     pub fn is_handshaking(&self) -> bool {
         match self {
             Session::Rustls(tls) => tls.is_handshaking(),

@@ -24,9 +24,12 @@ const THROTTLE_CAPACITY: usize = 100_000;
 /// What the workers share: the nonce secret, nonce counts, failure counts and the credential
 /// cache.
 pub struct DigestShared {
+    /// Makes and checks the nonces of our challenges.
     pub nonces: Nonces,
+    /// The nonce counts used so far, for replay detection.
     pub counts: NonceCounts,
     throttle: Throttle,
+    /// The users and their HA1s.
     pub credentials: Arc<Credentials>,
     /// Without the cache: each user's secrets as a query returned them, for the one request
     /// that waited for them.

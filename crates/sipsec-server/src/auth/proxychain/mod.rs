@@ -42,6 +42,7 @@ pub struct PcConfig {
     pub(crate) authority_name: String,
     /// Chain length asked for (the authority may issue longer under load).
     pub chain_length: u32,
+    /// The hash function of the chains asked for (`hash`, default SHA-256).
     pub hash: HashKind,
     /// Credentials held at most.
     pub(crate) cache_size: usize,
@@ -84,7 +85,9 @@ impl PcConfig {
 
 /// What the workers share.
 pub struct PcShared {
+    /// The validated settings.
     pub cfg: Arc<PcConfig>,
+    /// The chains held, per user.
     pub cache: ChainCache,
     /// P, as the authority (or the backup file) names this proxy.
     proxy: RwLock<Option<Arc<str>>>,
@@ -102,6 +105,7 @@ pub struct PcShared {
 const UNKNOWN_FOR_S: u64 = 10;
 
 impl PcShared {
+    /// Shared state for `cfg`, with an empty cache and P not yet known.
     pub fn new(cfg: PcConfig) -> PcShared {
         PcShared {
             cache: ChainCache::new(cfg.cache_size),
@@ -119,6 +123,7 @@ impl PcShared {
         self.proxy.read().ok()?.clone()
     }
 
+    /// Records P as the authority named this proxy.
     pub fn set_proxy(&self, p: &str) {
         if let Ok(mut g) = self.proxy.write() {
             if g.as_deref() != Some(p) {

@@ -22,10 +22,14 @@ pub enum Request {
     /// A credential (a new chain) for `user` at this proxy, of the proxy's configured length
     /// and hash (the authority may make it longer when busy; absent: its own defaults).
     Issue {
+        /// Matches the answer to the request.
         id: u64,
+        /// The user the chain is for.
         user: String,
+        /// The chain length the proxy wants; absent: the authority's `chain_length`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         length: Option<u32>,
+        /// The hash function, `MD5` or `SHA-256`; absent: the authority's `hash`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         hash: Option<String>,
     },
@@ -37,37 +41,67 @@ pub enum Request {
 pub enum Reply {
     /// First line on a connection: the identifier P the authority knows this proxy by (from
     /// its certificate), which the chains it issues are bound to.
-    Welcome { proxy: String },
+    Welcome {
+        /// P, the proxy's identifier.
+        proxy: String,
+    },
+    /// The credential asked for by request `id`.
     Issued {
+        /// The request's `id`.
         id: u64,
+        /// The user the chain is for.
         user: String,
+        /// The chain, bound to this proxy.
         credential: Credential,
     },
     /// No such user, or a user with no Proxychain key (stored before schema 3).
-    Unknown { id: u64, user: String },
+    Unknown {
+        /// The request's `id`.
+        id: u64,
+        /// The user asked for.
+        user: String,
+    },
     /// The authority cannot answer now (its user database is not loaded or is down).
-    Unavailable { id: u64, user: String },
+    Unavailable {
+        /// The request's `id`.
+        id: u64,
+        /// The user asked for.
+        user: String,
+    },
     /// Drop any chain held for `user`: the user's key changed or the user was removed.
-    Revoke { user: String },
+    Revoke {
+        /// The user whose chains are void.
+        user: String,
+    },
     /// The authority is closing this connection on purpose, and why (this proxy was revoked).
-    Goodbye { reason: String },
+    Goodbye {
+        /// Why, for the proxy's log.
+        reason: String,
+    },
 }
 
 /// A credential as it travels: the five-tuple, and when it expires (never, for backups).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Credential {
+    /// `MD5` or `SHA-256`.
     pub hash: String,
+    /// H^l(tk_A), hex.
     pub anchor: String,
+    /// l, the chain length.
     pub length: u32,
+    /// n_DP, hex.
     pub n_dp: String,
+    /// n_DA, hex.
     pub n_da: String,
+    /// tk_P, the session key this proxy shares with the user, hex.
     pub tk_p: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) expires_unix_s: Option<u64>,
 }
 
 impl Credential {
+    /// The wire form of `c`, expiring at `expires_unix_s` (Unix s; `None`: never, for backups).
     pub fn new(c: &Issued, expires_unix_s: Option<u64>) -> Credential {
         Credential {
             hash: c.hash.token().to_string(),
