@@ -131,7 +131,7 @@ pub struct Server {
     ctx: SslContext,
 }
 
-pub fn server(s: &ServerSide) -> Result<Server> {
+pub(super) fn server(s: &ServerSide) -> Result<Server> {
     let mut b = SslContextBuilder::new(SslMethod::tls_server())?;
     b.set_certificate_chain_file(&s.cert)
         .with_context(|| format!("cannot read certificates from {}", s.cert.display()))?;
@@ -185,7 +185,7 @@ pub struct Client {
     name_index: openssl::ex_data::Index<Ssl, String>,
 }
 
-pub fn client(c: &ClientSide) -> Result<Client> {
+pub(super) fn client(c: &ClientSide) -> Result<Client> {
     let mut b = SslContextBuilder::new(SslMethod::tls_client())?;
     apply_protocol(&mut b, &c.protocol)?;
     match (&c.ca, c.no_verify) {
@@ -433,6 +433,8 @@ impl Session {
         let _ = self.stream.shutdown();
     }
 
+    /// The negotiated cipher suite by its IANA name, once the handshake is over.
+    #[cfg(test)]
     pub(crate) fn cipher_suite(&self) -> Option<String> {
         let cipher = self.stream.ssl().current_cipher()?;
         Some(cipher.standard_name().unwrap_or(cipher.name()).to_string())

@@ -483,9 +483,8 @@ fn seed_suite(resumption: bool) -> Protocol {
 fn openssl_negotiates_the_seed_suite_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     make_certs(dir.path(), KeyKind::Rsa2048, true);
-    let client = super::client(&client_side(dir.path(), false, seed_suite(true))).unwrap();
-    let server =
-        super::server(&server_side(dir.path(), ClientAuth::None, seed_suite(true))).unwrap();
+    let client = client(&client_side(dir.path(), false, seed_suite(true))).unwrap();
+    let server = server(&server_side(dir.path(), ClientAuth::None, seed_suite(true))).unwrap();
     let (mut c, mut s) = session_pair(&client, &server).unwrap();
     assert_eq!(
         c.cipher_suite().as_deref(),
@@ -515,19 +514,19 @@ fn openssl_checks_certificates_both_ways() {
     let (ours, theirs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     make_certs(ours.path(), KeyKind::Rsa2048, true);
     make_certs(theirs.path(), KeyKind::Rsa2048, true);
-    let server = super::server(&server_side(
+    let server = server(&server_side(
         ours.path(),
         ClientAuth::Required,
         seed_suite(true),
     ))
     .unwrap();
     // Mutual authentication succeeds with our CA's client certificate ...
-    let good = super::client(&client_side(ours.path(), true, seed_suite(true))).unwrap();
+    let good = client(&client_side(ours.path(), true, seed_suite(true))).unwrap();
     session_pair(&good, &server).unwrap();
     // ... and fails without one, or with a server the client's CA did not sign.
-    let anonymous = super::client(&client_side(ours.path(), false, seed_suite(true))).unwrap();
+    let anonymous = client(&client_side(ours.path(), false, seed_suite(true))).unwrap();
     assert!(session_pair(&anonymous, &server).is_err());
-    let stranger = super::client(&client_side(theirs.path(), true, seed_suite(true))).unwrap();
+    let stranger = client(&client_side(theirs.path(), true, seed_suite(true))).unwrap();
     let err = session_pair(&stranger, &server).err().unwrap();
     assert!(err.to_string().contains("certificate"), "{err}");
 }
@@ -539,8 +538,8 @@ fn openssl_and_rustls_interoperate_on_modern_suites() {
     make_certs(dir.path(), KeyKind::EcdsaP256, true);
     let mut ossl = protocol(&[], true);
     ossl.backend = Backend::Openssl;
-    let client = super::client(&client_side(dir.path(), true, ossl.clone())).unwrap();
-    let server = super::server(&server_side(
+    let client = client(&client_side(dir.path(), true, ossl.clone())).unwrap();
+    let server = server(&server_side(
         dir.path(),
         ClientAuth::Required,
         protocol(&[], true),
@@ -563,13 +562,12 @@ fn openssl_cannot_negotiate_3des() {
     let mut p = seed_suite(true);
     p.cipher_suites = vec!["TLS_RSA_WITH_3DES_EDE_CBC_SHA".into()];
     // Refused when configured, or at the handshake: either way, with a reason.
-    let refused = super::server(&server_side(dir.path(), ClientAuth::None, p.clone()))
+    let refused = server(&server_side(dir.path(), ClientAuth::None, p.clone()))
         .err()
         .map(|e| format!("{e:#}"))
         .or_else(|| {
-            let server =
-                super::server(&server_side(dir.path(), ClientAuth::None, p.clone())).ok()?;
-            let client = super::client(&client_side(dir.path(), false, p)).ok()?;
+            let server = server(&server_side(dir.path(), ClientAuth::None, p.clone())).ok()?;
+            let client = client(&client_side(dir.path(), false, p)).ok()?;
             session_pair(&client, &server).err().map(|e| e.to_string())
         });
     let why = refused.expect("3DES was negotiated");
