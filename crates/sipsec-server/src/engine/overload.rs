@@ -46,7 +46,7 @@ use super::{local_tag, response_peer, Effects, Engine};
 use crate::stats::inc;
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
-use sip_core::message::{HeaderName, Message, Method, Via};
+use sip_core::message::{Message, Method, Via};
 use sip_core::overload::{self, Algorithm, Feedback, Throttle};
 use sip_core::timer::Millis;
 use sipsec_transport::net::transport::Peer;
@@ -254,8 +254,8 @@ impl Engine {
         }
         let mut top_is_ours = None;
         // A malformed Route is not ours; routing answers it 400 later.
-        let _ = msg.name_addrs(HeaderName::Route, |_, na| {
-            top_is_ours.get_or_insert_with(|| self.is_local_host(&na.uri));
+        let _ = self.walk_routes(msg, |_, _, ours| {
+            top_is_ours.get_or_insert(ours);
         });
         top_is_ours == Some(true)
     }

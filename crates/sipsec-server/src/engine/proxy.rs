@@ -482,19 +482,8 @@ impl Engine {
             inc(&self.stats.stray_responses);
             return;
         };
-        let feedback = self.response_feedback(now, msg);
-        let mut out = Vec::new();
-        let mut splice = std::mem::take(&mut self.splice);
-        let mut rw = Rewriter::new(msg, &mut splice);
-        rw.pop_via();
-        if let Some((via, fb)) = &feedback {
-            rw.set_overload_feedback(via, fb);
-        }
-        self.restamp_record_route(&mut rw);
-        rw.finish(&mut out);
-        self.splice = splice;
-        inc(&self.stats.forwarded_responses);
-        fx.transmits.push((dest, Bytes::from(out)));
+        let data = self.relayed_response(now, msg);
+        fx.transmits.push((dest, data));
     }
 
     pub(super) fn on_branch_response(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) {
@@ -532,21 +521,7 @@ impl Engine {
                 return;
             }
         }
-        let feedback = self.response_feedback(now, msg);
-        let mut out = Vec::with_capacity(msg.as_bytes().len());
-        {
-            let mut splice = std::mem::take(&mut self.splice);
-            let mut rw = Rewriter::new(msg, &mut splice);
-            rw.pop_via();
-            if let Some((via, fb)) = &feedback {
-                rw.set_overload_feedback(via, fb);
-            }
-            self.restamp_record_route(&mut rw);
-            rw.finish(&mut out);
-            self.splice = splice;
-        }
-        let data = Bytes::from(out);
-        inc(&self.stats.forwarded_responses);
+        let data = self.relayed_response(now, msg);
         match code {
             100..=199 => {
                 if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
@@ -578,6 +553,24 @@ impl Engine {
                 self.send_best_if_done(now, server, code >= 600);
             }
         }
+    }
+
+    /// A response as it goes upstream: our Via popped, feedback in the
+    /// next one when that neighbour asked for it, and our Record-Route's tokens restamped.
+    fn relayed_response(&mut self, now: Millis, msg: &Message<'_>) -> Bytes {
+        let mut out = Vec::with_capacity(msg.as_bytes().len());
+        let feedback = self.response_feedback(now, msg);
+        let mut splice = std::mem::take(&mut self.splice);
+        let mut rw = Rewriter::new(msg, &mut splice);
+        rw.pop_via();
+        if let Some((via, fb)) = &feedback {
+            rw.set_overload_feedback(via, fb);
+        }
+        self.restamp_record_route(&mut rw);
+        rw.finish(&mut out);
+        self.splice = splice;
+        inc(&self.stats.forwarded_responses);
+        Bytes::from(out)
     }
 
     /// Keeps a non-2xx final response if it beats the best so far (§16.7 step 6).

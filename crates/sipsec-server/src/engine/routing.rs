@@ -9,7 +9,9 @@ use crate::dns::{Failure, Hop};
 use crate::engine::locate::Located;
 use crate::location::Lookup;
 use crate::stats::inc;
-use sip_core::message::{HeaderField, HeaderName, Message, Method, Scheme, Uri};
+use sip_core::message::{
+    HeaderField, HeaderName, Message, Method, NameAddr, ParseError, Scheme, Uri,
+};
 use sip_core::timer::Millis;
 use sipsec_transport::net::transport::Peer;
 use smallvec::SmallVec;
@@ -115,11 +117,9 @@ impl Engine {
         let mut next_route: Option<Hop<'_>> = None;
         let mut next_route_uri = None;
         let mut route_error = false;
-        let mut ours = true;
         // The dialog tokens in our Routes (see `relay`).
         let mut tokens: SmallVec<[&[u8]; 2]> = SmallVec::new();
-        let routes = msg.name_addrs(HeaderName::Route, |field, na| {
-            ours &= self.is_local_host(&na.uri);
+        let routes = self.walk_routes(msg, |field, na, ours| {
             if ours {
                 match pop_route.last_mut() {
                     Some((f, end)) if f.line_start == field.line_start => *end = na.end,
@@ -251,6 +251,21 @@ impl Engine {
                 respond(404, "Not Found")
             }
         }
+    }
+
+    /// Walks a request's Route values top first, saying of each whether it is in the leading
+    /// run that names this server (loose routing, §16.4: those are consumed). Routing and
+    /// overload control's dialog test ([`Engine::in_our_dialog`]) both ask it.
+    pub(super) fn walk_routes<'a>(
+        &self,
+        msg: &Message<'a>,
+        mut each: impl FnMut(&HeaderField, NameAddr<'a>, bool),
+    ) -> Result<(), ParseError> {
+        let mut ours = true;
+        msg.name_addrs(HeaderName::Route, |field, na| {
+            ours = ours && self.is_local_host(&na.uri);
+            each(field, na, ours);
+        })
     }
 
     /// 403 for a request the relay rule holds back (see `relay`).
