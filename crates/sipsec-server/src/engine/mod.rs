@@ -24,7 +24,8 @@
 //! - [`Engine::handle_mail`]: [`Mail`] from another worker (a handed-off message, a binding
 //!   change, a route's destination found down or up), from the store (commits), from a
 //!   credential fetcher or from DNS (an answer is in);
-//! - [`Engine::handle_saved`]: the store's commits, without going through [`Mail`];
+//! - [`Engine::handle_saved`]: what [`Mail::Saved`] carries (the store's commits), for a
+//!   driver that has it without mail;
 //! - [`Engine::handle_transport_error`]: a request the driver could not deliver;
 //! - [`Engine::handle_timeout`]: when [`Engine::poll_timeout`] has passed;
 //! - [`Engine::handle_load`]: every [`Engine::overload_interval_ms`], the share of it the

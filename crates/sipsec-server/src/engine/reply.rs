@@ -100,7 +100,7 @@ impl Engine {
                     // address the Via names until Timer H, eleven times over 32 s, to whoever
                     // a spoofed datagram named (27.9x reflection). A caller that lost it
                     // retransmits its INVITE and is answered again; its ACK carries our
-                    // deterministic tag and is absorbed (`overload_is_ack_for_local_answer`).
+                    // deterministic tag and is absorbed (`reply_is_local_ack`).
                     ReplyTo::Peer(dest)
                 } else {
                     let reliable = dest.transport.reliable();
