@@ -50,6 +50,11 @@ impl Durable {
         self.sent += n as u64;
     }
 
+    /// The store has committed the first `count` changes sent.
+    fn commit(&mut self, count: u64) {
+        self.saved = self.saved.max(count);
+    }
+
     /// Holds `ok`, the 200 to `request`, until the store has committed every change sent so
     /// far; gives it back when nothing is uncommitted (it goes now).
     fn hold(&mut self, now: Millis, ok: Reply, request: &Message<'_>) -> Option<Reply> {
@@ -102,7 +107,7 @@ impl Engine {
     /// The store has committed the first `count` binding changes this worker sent: the 200s
     /// waiting for them go out.
     pub(super) fn durable_saved(&mut self, now: Millis, count: u64, fx: &mut Effects) {
-        self.durable.saved = self.durable.saved.max(count);
+        self.durable.commit(count);
         while let Some(reply) = self.durable.next_saved() {
             self.reply_send(now, reply, fx);
         }
