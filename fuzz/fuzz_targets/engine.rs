@@ -240,7 +240,7 @@ impl Net {
             for (to, data) in back {
                 // It arrives from the server's own address, on the transport it was sent on.
                 let from = Peer::new(to.transport, to.addr);
-                self.engine.on_message(self.now, from, &data, &mut fx);
+                self.engine.handle_message(self.now, from, &data, &mut fx);
             }
         }
     }
@@ -277,7 +277,7 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                 let from = peer(r.from);
                 net.remember(from, Bytes::from(text.clone()));
                 net.run(
-                    |e, now, fx| e.on_message(now, from, text.as_bytes(), fx),
+                    |e, now, fx| e.handle_message(now, from, text.as_bytes(), fx),
                     true,
                 );
             }
@@ -305,7 +305,7 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                     b"",
                     &mut out,
                 );
-                net.run(|e, now, fx| e.on_message(now, to, &out, fx), true);
+                net.run(|e, now, fx| e.handle_message(now, to, &out, fx), true);
             }
             Step::Mutate { nth, at, byte } => {
                 let Some((to, data)) = net.recent.get(nth as usize % net.recent.len().max(1))
@@ -318,19 +318,19 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                     let i = at as usize % data.len();
                     data[i] = byte;
                 }
-                net.run(|e, now, fx| e.on_message(now, to, &data, fx), true);
+                net.run(|e, now, fx| e.handle_message(now, to, &data, fx), true);
             }
             Step::Raw { from, data } => {
                 let from = peer(from);
-                net.run(|e, now, fx| e.on_message(now, from, &data, fx), true);
+                net.run(|e, now, fx| e.handle_message(now, from, &data, fx), true);
             }
             Step::Tick { ms } => {
                 net.now += u64::from(ms) * 4;
-                net.run(|e, now, fx| e.on_tick(now, fx), false);
+                net.run(|e, now, fx| e.handle_timeout(now, fx), false);
             }
             Step::Saved { count } => {
                 saved += u64::from(count % 4);
-                net.run(|e, now, fx| e.on_saved(now, saved, fx), false);
+                net.run(|e, now, fx| e.handle_saved(now, saved, fx), false);
             }
             Step::TransportError { nth } => {
                 let Some((to, data)) = net.recent.get(nth as usize % net.recent.len().max(1))
@@ -338,7 +338,7 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                     continue;
                 };
                 let (to, data) = (*to, data.clone());
-                net.run(|e, now, fx| e.on_transport_error(now, to, &data, fx), true);
+                net.run(|e, now, fx| e.handle_transport_error(now, to, &data, fx), true);
             }
             Step::Resolve {
                 nth,
@@ -363,11 +363,11 @@ fuzz_target!(|input: (Role, Vec<Step>)| {
                     query,
                     resolution: Arc::new(resolution),
                 };
-                net.run(|e, now, fx| e.on_mail(now, mail, fx), true);
+                net.run(|e, now, fx| e.handle_mail(now, mail, fx), true);
             }
         }
     }
     // However it ended, time runs out every transaction.
     net.now += 3_600_000;
-    net.run(|e, now, fx| e.on_tick(now, fx), false);
+    net.run(|e, now, fx| e.handle_timeout(now, fx), false);
 });

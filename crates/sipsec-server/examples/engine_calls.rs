@@ -41,7 +41,7 @@ From: sipp <sip:sipp@127.0.0.2:5070>;tag={call}SIPpTag00\r\nTo: <sip:bench@127.0
 Call-ID: {call}-bench@127.0.0.2\r\nCSeq: 1 INVITE\r\nContact: sip:sipp@127.0.0.2:5070\r\nMax-Forwards: 70\r\n\
 Subject: Performance Test\r\nContent-Type: application/sdp\r\nContent-Length: 0\r\n\r\n"
         );
-        engine.on_message(now, uac, invite.as_bytes(), &mut fx);
+        engine.handle_message(now, uac, invite.as_bytes(), &mut fx);
         let forwarded = take_to(&mut fx, uas).expect("INVITE forwarded");
         fx.transmits.clear();
         let fwd = Message::parse(&forwarded).unwrap();
@@ -57,7 +57,7 @@ Subject: Performance Test\r\nContent-Type: application/sdp\r\nContent-Length: 0\
             &mut ringing,
         );
         copy_record_route(&fwd, &mut ringing);
-        engine.on_message(now, uas, &ringing, &mut fx);
+        engine.handle_message(now, uas, &ringing, &mut fx);
         let mut ok = Vec::new();
         build::response(
             &fwd,
@@ -69,7 +69,7 @@ Subject: Performance Test\r\nContent-Type: application/sdp\r\nContent-Length: 0\
             &mut ok,
         );
         copy_record_route(&fwd, &mut ok);
-        engine.on_message(now, uas, &ok, &mut fx);
+        engine.handle_message(now, uas, &ok, &mut fx);
         let up = take_to(&mut fx, uac).expect("200 forwarded");
         assert!(
             up.starts_with(b"SIP/2.0 200"),
@@ -85,19 +85,19 @@ Call-ID: {call}-bench@127.0.0.2\r\nCSeq: {cseq} {method}\r\nRoute: <sip:127.0.0.
 Contact: sip:sipp@127.0.0.2:5070\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
             )
         };
-        engine.on_message(now, uac, in_dialog("ACK", 1, "2").as_bytes(), &mut fx);
-        engine.on_message(now, uac, in_dialog("BYE", 2, "3").as_bytes(), &mut fx);
+        engine.handle_message(now, uac, in_dialog("ACK", 1, "2").as_bytes(), &mut fx);
+        engine.handle_message(now, uac, in_dialog("BYE", 2, "3").as_bytes(), &mut fx);
         let bye = take_to(&mut fx, uas).expect("BYE forwarded");
         fx.transmits.clear();
         let bye = Message::parse(&bye).unwrap();
         let mut bye_ok = Vec::new();
         build::response(&bye, 200, "OK", None, b"", b"", &mut bye_ok);
-        engine.on_message(now, uas, &bye_ok, &mut fx);
+        engine.handle_message(now, uas, &bye_ok, &mut fx);
         if take_to(&mut fx, uac).is_some_and(|r| r.starts_with(b"SIP/2.0 200")) {
             completed += 1;
         }
         fx.transmits.clear();
-        engine.on_tick(now, &mut fx);
+        engine.handle_timeout(now, &mut fx);
         fx.transmits.clear();
     }
     assert_eq!(completed, calls, "every call completes");

@@ -38,7 +38,7 @@ From: <sip:user{user}@bench.test>;tag={n}SIPpTag00{n}\r\nTo: <sip:user{user}@ben
 Call-ID: {n}-4242@127.0.0.2\r\nCSeq: 1 REGISTER\r\nContact: <sip:user{user}@127.0.0.2:5070>\r\n\
 Expires: 3600\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
         );
-        engine.on_message(now, phone, register.as_bytes(), &mut fx);
+        engine.handle_message(now, phone, register.as_bytes(), &mut fx);
         if fx
             .transmits
             .iter()
@@ -48,7 +48,7 @@ Expires: 3600\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
         }
         fx.transmits.clear();
         fx.changes.clear();
-        engine.on_tick(now, &mut fx);
+        engine.handle_timeout(now, &mut fx);
         fx.transmits.clear();
     }
     assert_eq!(ok, registers, "every REGISTER is answered 200");

@@ -199,8 +199,11 @@ impl Sim {
                 }
                 shared.end_fetch(&user);
                 let mut fx = Effects::default();
-                self.engine
-                    .on_mail(self.now_ms, Mail::Credential { user: user.into() }, &mut fx);
+                self.engine.handle_mail(
+                    self.now_ms,
+                    Mail::Credential { user: user.into() },
+                    &mut fx,
+                );
                 self.apply(fx);
             }
         }
@@ -230,7 +233,7 @@ impl Sim {
                     let mut fx = Effects::default();
                     let source = Peer::new(Transport::Udp, f.from);
                     self.engine
-                        .on_message(self.now_ms, source, &f.data, &mut fx);
+                        .handle_message(self.now_ms, source, &f.data, &mut fx);
                     self.apply(fx);
                 } else {
                     let (ua, local) = self.ua_at(f.to);
@@ -251,7 +254,7 @@ impl Sim {
     fn progress(&mut self, until_ms: u64) -> bool {
         self.deliver();
         let next = [
-            self.engine.next_deadline(),
+            self.engine.poll_timeout(),
             self.caller.next_deadline_us().map(|us| us.div_ceil(1000)),
             self.callee.next_deadline_us().map(|us| us.div_ceil(1000)),
         ]
@@ -263,7 +266,7 @@ impl Sim {
         };
         self.now_ms = self.now_ms.max(next);
         let mut fx = Effects::default();
-        self.engine.on_tick(self.now_ms, &mut fx);
+        self.engine.handle_timeout(self.now_ms, &mut fx);
         self.apply(fx);
         let now_us = self.now_ms * 1000;
         for local in [CALLER, CALLEE] {

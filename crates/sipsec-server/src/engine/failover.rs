@@ -23,7 +23,7 @@ pub(super) struct Failover {
 impl Engine {
     /// Branch `cid` failed with a 503 (a real one, or our own for a transport error): tries
     /// the next destination. True when a new branch went out in its place.
-    pub(super) fn fail_over_on_503(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) -> bool {
+    pub(super) fn failover_on_503(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) -> bool {
         let Some(Link::Branch {
             server,
             failover,
@@ -43,7 +43,7 @@ impl Engine {
         let hold_ms = msg
             .retry_after()
             .map_or(self.cfg.routing.hold_down_ms, |s| u64::from(s) * 1000);
-        if !self.fail_over(now, server, failed, hold_ms, f) {
+        if !self.failover_send(now, server, failed, hold_ms, f) {
             return false;
         }
         if let Some(Link::Branch { done, .. }) = self.tx.user_mut(cid) {
@@ -57,7 +57,7 @@ impl Engine {
 
     /// A branch of `server` timed out before anything answered it: tries the next
     /// destination. True when a new branch went out in its place.
-    pub(super) fn fail_over_on_timeout(
+    pub(super) fn failover_on_timeout(
         &mut self,
         now: Millis,
         server: TxId,
@@ -65,7 +65,7 @@ impl Engine {
         failover: Box<Failover>,
     ) -> bool {
         let hold_ms = self.cfg.routing.hold_down_ms;
-        if !self.fail_over(now, server, failed, hold_ms, failover) {
+        if !self.failover_send(now, server, failed, hold_ms, failover) {
             return false;
         }
         if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
@@ -75,7 +75,7 @@ impl Engine {
     }
 
     /// Holds `failed` down and sends the request to the next destination not held down.
-    fn fail_over(
+    fn failover_send(
         &mut self,
         now: Millis,
         server: TxId,
@@ -83,17 +83,17 @@ impl Engine {
         hold_ms: u64,
         mut f: Box<Failover>,
     ) -> bool {
-        self.hold_down(now, failed, hold_ms);
+        self.locate_hold_down(now, failed, hold_ms);
         match self.tx.user(server) {
             Some(Link::Proxied(ctx)) if !ctx.cancelled && !ctx.final_sent => {}
             _ => return false,
         }
-        let Some(pos) = f.rest.iter().position(|d| !self.held_down(now, d)) else {
+        let Some(pos) = f.rest.iter().position(|d| !self.locate_held_down(now, d)) else {
             return false;
         };
         let dest = f.rest[pos];
         f.rest.drain(..=pos);
-        let Some(side) = self.side(dest) else {
+        let Some(side) = self.proxy_side(dest) else {
             return false;
         };
         let request = f.request.clone();
@@ -106,7 +106,7 @@ impl Engine {
         }
         let plan = f.plan.clone();
         let failover = (!f.rest.is_empty()).then_some(f);
-        self.send_branch(now, &msg, Some(server), dest, side, &plan, failover);
+        self.proxy_send_branch(now, &msg, (dest, side), &plan, failover);
         true
     }
 }

@@ -192,14 +192,14 @@ impl Locator {
 
 impl Engine {
     /// Seeds the worker's random numbers (route and SRV weighting).
-    pub(super) fn seed_locator(&mut self) {
+    pub(super) fn locate_seed(&mut self) {
         self.locator.rng =
             0x9e37_79b9_7f4a_7c15 ^ ((self.worker as u64 + 1) << 32) ^ self.epoch_unix_ms;
     }
 
     /// Parks a request until the DNS answers for `queries` come; false when too many wait
     /// (the caller answers 503).
-    pub(super) fn wait_for_dns(&mut self, queries: SmallVec<[Query; 1]>, waiter: Waiter) -> bool {
+    pub(super) fn locate_wait(&mut self, queries: SmallVec<[Query; 1]>, waiter: Waiter) -> bool {
         let loc = &mut self.locator;
         if loc.waiting_total >= MAX_WAITING || waiter.waits >= MAX_WAITS {
             return false;
@@ -215,14 +215,14 @@ impl Engine {
     }
 
     /// Names to look up, for the driver.
-    pub(super) fn take_lookups(&mut self, fx: &mut Effects) {
+    pub(super) fn locate_take_lookups(&mut self, fx: &mut Effects) {
         if !self.locator.lookups.is_empty() {
             fx.lookups.append(&mut self.locator.lookups);
         }
     }
 
     /// An answer came: it is cached and the requests that waited for it run on.
-    pub(super) fn on_resolved(
+    pub(super) fn locate_resolved(
         &mut self,
         now: Millis,
         query: Query,
@@ -269,14 +269,14 @@ impl Engine {
         if let Some(waiters) = loc.waiting.remove(&query) {
             loc.waiting_total -= waiters.len();
             for w in waiters {
-                self.resume(now, w, fx);
+                self.locate_resume(now, w, fx);
             }
         }
     }
 
     /// Runs a request that waited for DNS from where it stopped: routing decides again (the
     /// answer is cached now) and the request goes on in the server transaction it waited in.
-    fn resume(&mut self, now: Millis, w: Waiter, fx: &mut Effects) {
+    fn locate_resume(&mut self, now: Millis, w: Waiter, fx: &mut Effects) {
         let Ok(msg) = Message::parse(&w.data) else {
             return;
         };
@@ -299,7 +299,7 @@ impl Engine {
     }
 
     /// Whether `peer` failed lately and should be skipped.
-    pub(super) fn held_down(&self, now: Millis, peer: &Peer) -> bool {
+    pub(super) fn locate_held_down(&self, now: Millis, peer: &Peer) -> bool {
         self.locator
             .held_down
             .get(&(peer.transport, peer.addr))
@@ -307,7 +307,7 @@ impl Engine {
     }
 
     /// Skips `peer` for `for_ms` (RFC 3263 §4.3).
-    pub(super) fn hold_down(&mut self, now: Millis, peer: Peer, for_ms: u64) {
+    pub(super) fn locate_hold_down(&mut self, now: Millis, peer: Peer, for_ms: u64) {
         if for_ms == 0 {
             return;
         }
@@ -331,7 +331,7 @@ impl Engine {
 
     /// Tells the other workers the holds set here (their clocks are this one's), so none of
     /// them has to find a dead destination for itself.
-    pub(super) fn tell_holds(&mut self, fx: &mut Effects) {
+    pub(super) fn locate_tell_holds(&mut self, fx: &mut Effects) {
         for (peer, until) in self.locator.told.drain(..) {
             for w in (0..self.cfg.workers).filter(|&w| w != self.worker) {
                 fx.mail.push((w, Mail::HoldDown { peer, until }));

@@ -7,18 +7,31 @@
 //!
 //! # What to call when
 //!
+//! The names say what a method is, as in quinn-proto's `Connection`: `handle_*` is an
+//! input, `poll_*` says when the engine next wants one, and everything it asks of the
+//! driver comes out in the [`Effects`] each input is given; other public methods are setup
+//! or plain queries.
+//!
+//! Setup, before the first input: [`Engine::new`], then [`Engine::enable_auth`] or
+//! [`Engine::enable_proxychain`] as configured, and [`Engine::preload`] /
+//! [`Engine::know_aor`] with what the store holds.
+//!
 //! Inputs, each given the time and an [`Effects`] to fill:
-//! - [`Engine::on_message`]: a message arrived — a datagram, or one framed on a connection
-//!   (the [`Peer`] says which, and names the connection);
-//! - [`Engine::on_oversize`]: the start of a stream message over `max_message_size`;
-//! - [`Engine::on_mail`]: [`Mail`] from another worker (a handed-off message, a binding
+//! - [`Engine::handle_message`]: a message arrived — a datagram, or one framed on a
+//!   connection (the [`Peer`] says which, and names the connection); before it,
+//!   [`Engine::set_clock_us`] with the same clock reading in microseconds;
+//! - [`Engine::handle_oversize`]: the start of a stream message over `max_message_size`;
+//! - [`Engine::handle_mail`]: [`Mail`] from another worker (a handed-off message, a binding
 //!   change, a route's destination found down or up), from the store (commits), from a
 //!   credential fetcher or from DNS (an answer is in);
-//! - [`Engine::on_transport_error`]: a request the driver could not deliver;
-//! - [`Engine::on_tick`]: when [`Engine::next_deadline`] has passed;
-//! - [`Engine::on_load`]: every `[overload] interval_ms`, the share of it the worker was busy;
-//! - [`Engine::reload`]: a new configuration (SIGHUP), already checked by
-//!   [`Config::restart_only_changes`] to differ only where it may.
+//! - [`Engine::handle_saved`]: what [`Mail::Saved`] carries (the store's commits), for a
+//!   driver that has it without mail;
+//! - [`Engine::handle_transport_error`]: a request the driver could not deliver;
+//! - [`Engine::handle_timeout`]: when [`Engine::poll_timeout`] has passed;
+//! - [`Engine::handle_load`]: every [`Engine::overload_interval_ms`], the share of it the
+//!   worker was busy (no effects);
+//! - [`Engine::handle_reload`]: a new configuration (SIGHUP), already checked by
+//!   [`Config::restart_only_changes`] to differ only where it may (no effects).
 //!
 //! Outputs, all in [`Effects`], which the driver carries out after each input (or after a
 //! batch of them) and then clears: messages to send, mail for other workers, binding changes
@@ -27,23 +40,33 @@
 //! credentials to fetch, names to look up in DNS, and the domains TLS destinations must prove
 //! (before any connection to them is opened).
 //!
-//! Timers: after any input, [`Engine::next_deadline`] may have moved; the driver must call
-//! [`Engine::on_tick`] no later than it says. Nothing else advances the engine's time.
+//! Timers: after any input, [`Engine::poll_timeout`] may have moved; the driver must call
+//! [`Engine::handle_timeout`] no later than it says. Nothing else advances the engine's time.
 //!
 //! Roles (RFC 3261): a transaction-stateful proxy (§16, with parallel forking and best
 //! response selection per §16.7), a stateless proxy (§16.11), a redirect server (§8.3), and a
 //! registrar (§10.3) for requests addressed to our domains.
 //!
-//! One `impl Engine` spread over files by concern: this module holds the state and the
-//! inputs; `gate` is the auth gate (digest or Proxychain, and requests parked for
-//! credentials); `relay` says who may be forwarded where (and makes and checks the dialog
-//! tokens in our Record-Route); `routing` decides what a request needs, `locate` finds where its next hop is
-//! (DNS answers, requests waiting for them, destinations held down), `proxy` forwards and
-//! tracks branches, `failover` moves a failed branch to the next destination, `probe` pings
-//! the configured routes, `registrar` handles REGISTER against the [`location`](crate::location) service,
-//! `durable` holds its 200s until the store commits, `reject` answers what the parser refused,
-//! `branch` makes and reads our Via branches, and `overload` decides what to admit under load
-//! (and what to tell neighbours).
+//! # Where a method lives
+//!
+//! This module holds the state, the public methods above, and the request path that joins
+//! the rest (`handle_request`, `route_request`, `drain_outputs`). Every other file's part of
+//! `impl Engine` is named after it — `gate_check` is in `gate`, `proxy_forward` in `proxy` —
+//! and the state a concern owns is its own type there ([`gate::Gate`], [`durable::Durable`],
+//! [`locate::Locator`], [`overload::Overload`], [`probe::Prober`]):
+//! - `gate`: the auth gate (digest or Proxychain, and requests parked for credentials);
+//! - `relay`: who may be forwarded where (and the dialog tokens in our Record-Route);
+//! - `routing`: what a request needs (answer, register, redirect, forward), and the Route walk;
+//! - `locate`: where its next hop is (DNS answers, requests waiting for them, destinations
+//!   held down);
+//! - `proxy`: forwarding and the branches of a forwarded request; `failover`: a failed
+//!   branch moved to the next destination; `probe`: the configured routes pinged;
+//! - `registrar`: REGISTER against the [`location`](crate::location) service (a pure
+//!   function); `durable`: its 200s held until the store commits;
+//! - `reply`: the answers made here ([`reply::Answer`], where they go: [`reply::ReplyTo`]);
+//!   `reject`: answers to what the parser refused;
+//! - `overload`: what to admit under load, and what to tell neighbours;
+//! - `branch`: our Via branches (free functions).
 
 mod branch;
 mod durable;
@@ -56,6 +79,7 @@ mod proxy;
 mod registrar;
 mod reject;
 mod relay;
+mod reply;
 mod routing;
 
 #[cfg(test)]
@@ -63,8 +87,9 @@ mod tests;
 
 use crate::config::Config;
 use crate::engine::relay::Vouched;
+use crate::engine::reply::{Answer, ReplyTo};
 use crate::location::{BindingChange, Location, SharedChange};
-use crate::stats::{add, inc, LogLimiter, Stats};
+use crate::stats::{inc, LogLimiter, Stats};
 use bytes::Bytes;
 use sip_core::message::rewrite::Splice;
 use sip_core::message::{build, HeaderField, Message, Method, ParseError, Via};
@@ -134,11 +159,6 @@ impl Effects {
     }
 }
 
-/// Requests waiting for the authority, at most this many per user and in all: beyond, they
-/// are answered 503 at once rather than held.
-const MAX_PARKED_PER_USER: usize = 16;
-const MAX_PARKED: usize = 10_000;
-
 /// What a server transaction is for.
 #[derive(Debug)]
 enum Link {
@@ -156,7 +176,7 @@ enum Link {
     },
     /// A CANCEL we sent downstream.
     Cancel,
-    /// An OPTIONS probe of a route's destination (`probe`).
+    /// An OPTIONS probe of a route's destination (`probe_due`).
     Probe,
 }
 
@@ -232,24 +252,31 @@ struct Target {
 
 /// What to do with a request.
 enum Decision {
-    Respond {
-        code: u16,
-        reason: &'static str,
-        headers: String,
-    },
+    /// Answer it here.
+    Respond(Answer),
     Register {
         aor: String,
     },
-    Forward {
-        targets: SmallVec<[Target; 1]>,
-        /// Our own Routes to consume (two after a double Record-Route): per header line,
-        /// where the last of its values to remove ends.
-        pop_route: SmallVec<[(HeaderField, usize); 2]>,
-        record_route: bool,
-    },
+    Forward(Forward),
     /// Next hops named by DNS that this worker has no answer for yet: wait for them.
     Locate(SmallVec<[crate::dns::Query; 1]>),
     Drop,
+}
+
+impl From<Answer> for Decision {
+    fn from(answer: Answer) -> Decision {
+        Decision::Respond(answer)
+    }
+}
+
+/// Where a request is forwarded to, and how its Routes change.
+#[derive(Debug)]
+struct Forward {
+    targets: SmallVec<[Target; 1]>,
+    /// Our own Routes to consume (two after a double Record-Route): per header line, where
+    /// the last of its values to remove ends.
+    pop_route: SmallVec<[(HeaderField, usize); 2]>,
+    record_route: bool,
 }
 
 const ALLOW: &str = "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER\r\n";
@@ -296,38 +323,19 @@ pub struct Engine {
     counter: u64,
     stats: Arc<Stats>,
     log: LogLimiter,
-    /// Failed authentications' log lines (what fail2ban reads), limited apart from the other
-    /// warnings so that a flood of malformed messages cannot crowd them out.
-    auth_log: LogLimiter,
-    /// Digest authentication, when `[auth] scheme = "digest"`.
-    auth: Option<crate::auth::digest::DigestAuthenticator>,
-    /// Proxychain, when `[auth] scheme = "proxychain"`.
-    proxychain: Option<crate::auth::proxychain::PcAuthenticator>,
-    /// Requests waiting for a user's chain from the authority.
-    parked: std::collections::HashMap<Arc<str>, Vec<(Peer, Bytes)>>,
-    parked_total: usize,
-    /// Running requests that already waited: they are not parked twice.
-    rerunning: bool,
-    /// When "authentication unavailable" was last logged.
-    unavailable_logged: Option<Millis>,
-    /// Binding changes handed to the store, and how many of them it has committed
-    /// (`durable`).
-    changes_sent: u64,
-    changes_saved: u64,
-    /// REGISTER answers waiting for the store, oldest first (`durable`).
-    held: std::collections::VecDeque<durable::Held>,
+    /// The auth gate: the authenticator and the requests waiting for credentials (`gate`).
+    gate: gate::Gate,
+    /// Binding changes handed to the store and the answers waiting for it (`durable`).
+    durable: durable::Durable,
     /// Overload control: what this worker admits, tells neighbours and was told by next hops.
     overload: overload::Overload,
     /// DNS answers, requests waiting for them, targets held down (`locate`).
     locator: locate::Locator,
-    /// OPTIONS probes of the configured routes (`probe`, worker 0).
+    /// OPTIONS probes of the configured routes (`probe_due`, worker 0).
     prober: probe::Prober,
     /// The driver's clock in microseconds, for the latency histograms.
     clock: FineClock,
 }
-
-/// How often an authentication outage is logged, per worker.
-const UNAVAILABLE_LOG_MS: Millis = 60_000;
 
 fn hostport(addr: SocketAddr) -> String {
     match addr.ip() {
@@ -402,48 +410,28 @@ impl Engine {
             counter: 0,
             stats,
             log: LogLimiter::new(10),
-            auth_log: LogLimiter::new(10),
-            auth: None,
-            proxychain: None,
-            parked: std::collections::HashMap::new(),
-            parked_total: 0,
-            rerunning: false,
-            unavailable_logged: None,
-            changes_sent: 0,
-            changes_saved: 0,
-            held: std::collections::VecDeque::new(),
+            gate: gate::Gate::new(),
+            durable: durable::Durable::default(),
             overload: overload::Overload::new(),
             locator: locate::Locator::default(),
             prober: probe::Prober::default(),
             clock: FineClock::default(),
             cfg,
         };
-        engine.seed_locator();
+        engine.locate_seed();
         engine
     }
 
-    pub fn stats(&self) -> &Arc<Stats> {
-        &self.stats
+    // Setup, before the first input.
+
+    /// Turns digest authentication on, with what the workers share.
+    pub fn enable_auth(&mut self, shared: Arc<crate::auth::digest::DigestShared>) {
+        self.gate.enable_digest(&self.cfg, shared, self.worker);
     }
 
-    /// The driver's clock in microseconds (the same reading as the `now` it passes next, in
-    /// milliseconds): the INVITE latency histograms measure with it.
-    pub(crate) fn set_clock_us(&mut self, us: u64) {
-        self.clock = FineClock { us };
-    }
-
-    /// Takes a reloaded configuration: requests from now on are routed, registered, shed and
-    /// challenged by it; transactions in flight finish as they began. DNS answers are dropped
-    /// (hosts and name servers may have changed) and asked again as needed.
-    pub fn reload(&mut self, cfg: Arc<Config>) {
-        if let Some(auth) = self.auth.as_mut() {
-            auth.set_config(Arc::new(cfg.auth.clone()));
-        }
-        if let Some(pc) = self.proxychain.as_mut() {
-            pc.set_scope(cfg.auth.scope.clone());
-        }
-        self.locator.forget_answers();
-        self.cfg = cfg;
+    /// Turns Proxychain on, with what the workers share.
+    pub fn enable_proxychain(&mut self, shared: Arc<crate::auth::proxychain::PcShared>) {
+        self.gate.enable_proxychain(shared);
     }
 
     /// Loads a binding or known AOR from the store at start.
@@ -455,14 +443,25 @@ impl Engine {
         self.location.know(aor);
     }
 
+    // Queries.
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// How often the driver should call [`Engine::handle_load`].
+    pub(crate) fn overload_interval_ms(&self) -> u64 {
+        self.cfg.overload.interval_ms
+    }
+
     /// Live transactions.
     #[cfg(test)]
     pub fn transactions(&self) -> usize {
         self.tx.len()
     }
 
-    /// The next time [`Engine::on_tick`] has work, in monotonic milliseconds.
-    pub fn next_deadline(&self) -> Option<Millis> {
+    /// The next time [`Engine::handle_timeout`] has work, in monotonic milliseconds.
+    pub fn poll_timeout(&self) -> Option<Millis> {
         let loc = self
             .location
             .next_expiry()
@@ -470,49 +469,129 @@ impl Engine {
         [
             self.tx.next_deadline(),
             loc,
-            self.next_held_deadline(),
-            self.next_probe(),
+            self.durable.next_deadline(),
+            self.probe_next(),
         ]
         .into_iter()
         .flatten()
         .min()
     }
 
-    fn unix_ms(&self, now: Millis) -> u64 {
-        self.epoch_unix_ms + now
+    // Inputs.
+
+    /// The driver's clock in microseconds (the same reading as the `now` it passes next, in
+    /// milliseconds): the INVITE latency histograms measure with it.
+    pub(crate) fn set_clock_us(&mut self, us: u64) {
+        self.clock = FineClock { us };
+    }
+
+    /// Takes a reloaded configuration: requests from now on are routed, registered, shed and
+    /// challenged by it; transactions in flight finish as they began. DNS answers are dropped
+    /// (hosts and name servers may have changed) and asked again as needed.
+    pub(crate) fn handle_reload(&mut self, cfg: Arc<Config>) {
+        self.gate.reload(&cfg);
+        self.locator.forget_answers();
+        self.cfg = cfg;
     }
 
     /// Runs the timers due at `now`.
     // Never inlined: one call per wake-up, and a fixed boundary for bench/callgrind.sh to
     // count the engine's instructions at, whatever the optimiser inlines inside it.
     #[inline(never)]
-    pub fn on_tick(&mut self, now: Millis, fx: &mut Effects) {
+    pub fn handle_timeout(&mut self, now: Millis, fx: &mut Effects) {
         self.tx.advance(now, &mut self.outputs);
         self.location.expire(self.unix_ms(now));
-        self.expire_held(now, fx);
-        self.probe(now, fx);
+        self.durable_expire(now, fx);
+        self.probe_due(now, fx);
         self.drain_outputs(now, fx);
     }
 
-    /// Handles mail from another worker.
-    pub fn on_mail(&mut self, now: Millis, mail: Mail, fx: &mut Effects) {
+    /// Handles mail from another worker, the store, a credential fetcher or DNS.
+    pub fn handle_mail(&mut self, now: Millis, mail: Mail, fx: &mut Effects) {
         match mail {
-            Mail::Message { source, data } => self.on_message(now, source, &data, fx),
+            Mail::Message { source, data } => self.handle_message(now, source, &data, fx),
             Mail::Binding(change) => self.location.apply(&change),
-            Mail::Credential { user } => self.on_credential(now, &user, fx),
-            Mail::Saved { count } => self.on_saved(now, count, fx),
+            Mail::Credential { user } => self.gate_credential(now, &user, fx),
+            Mail::Saved { count } => self.handle_saved(now, count, fx),
             Mail::HoldDown { peer, until } => self.locator.hold_until(peer, until, false),
             Mail::Resolved { query, resolution } => {
-                self.on_resolved(now, query, resolution, fx);
+                self.locate_resolved(now, query, resolution, fx);
                 self.drain_outputs(now, fx);
             }
         }
     }
 
+    /// The store has committed the first `count` binding changes this worker sent: the
+    /// REGISTER answers waiting for them go out (`durable`).
+    pub fn handle_saved(&mut self, now: Millis, count: u64, fx: &mut Effects) {
+        self.durable_saved(now, count, fx);
+        self.drain_outputs(now, fx);
+    }
+
+    /// The driver's load measurement, every `[overload] interval_ms`: the share of the last
+    /// interval the worker was busy, and the longest a datagram waited in the kernel before
+    /// it was read (0 when not measured).
+    pub(crate) fn handle_load(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
+        self.overload_measure(now, busy, queue_delay_ms);
+    }
+
+    /// The start of a message on a stream that is over `max_message_size`: answered 513 if
+    /// its head can be addressed (the stream closes after it: the rest of the message cannot
+    /// be skipped reliably), counted like an oversize datagram.
+    pub(crate) fn handle_oversize(
+        &mut self,
+        now: Millis,
+        source: Peer,
+        head: &[u8],
+        fx: &mut Effects,
+    ) {
+        inc(&self.stats.oversize);
+        self.reject_unparsed(now, source, head, ParseError::TooLarge, fx);
+    }
+
+    /// A request we sent could not be delivered to `dest` (connection refused, failed
+    /// handshake): per RFC 3261 §8.1.3.1 its branch ends as if `dest` had answered 503, so the
+    /// caller gets its final answer at once when no branch is left, not Timer B's 408.
+    pub fn handle_transport_error(
+        &mut self,
+        now: Millis,
+        dest: Peer,
+        data: &[u8],
+        fx: &mut Effects,
+    ) {
+        let Ok(req) = Message::parse(data) else {
+            return;
+        };
+        if !req.is_request() || req.method() == Method::Ack {
+            return;
+        }
+        inc(&self.stats.transport_errors);
+        if self.log.allow(now) {
+            tracing::warn!(
+                "cannot deliver {} to {dest}: the branch fails with 503",
+                String::from_utf8_lossy(req.method_raw())
+            );
+        }
+        let mut resp = Vec::new();
+        let server = self.cfg.server_line.as_bytes();
+        build::response(
+            &req,
+            503,
+            "Service Unavailable",
+            None,
+            server,
+            b"",
+            &mut resp,
+        );
+        // As a response from `dest`: it reaches the worker owning the branch, and a stateless
+        // proxy forwards it upstream by Via.
+        self.handle_message(now, Peer::new(dest.transport, dest.addr), &resp, fx);
+    }
+
     /// Handles one received message: a datagram, or a message framed on a stream.
-    // Never inlined, for the same reason as `on_tick`.
+    // Never inlined, for the same reason as `handle_timeout`.
     #[inline(never)]
-    pub fn on_message(&mut self, now: Millis, source: Peer, data: &[u8], fx: &mut Effects) {
+    pub fn handle_message(&mut self, now: Millis, source: Peer, data: &[u8], fx: &mut Effects) {
         inc(&self.stats.messages_in);
         if source.transport != Transport::Udp {
             inc(&self.stats.stream_messages_in);
@@ -525,8 +604,7 @@ impl Engine {
             return;
         }
         if data.len() > self.cfg.max_message_size {
-            inc(&self.stats.oversize);
-            self.reject_unparsed(now, source, data, ParseError::TooLarge, fx);
+            self.handle_oversize(now, source, data, fx);
             return;
         }
         let msg = match Message::parse(data) {
@@ -539,7 +617,7 @@ impl Engine {
         };
         if msg.is_request() {
             inc(&self.stats.requests_in);
-            self.on_request(now, source, &msg, fx);
+            self.handle_request(now, source, &msg, fx);
         } else {
             inc(&self.stats.responses_in);
             if let Some(conn) = source.stream_conn().filter(|_| ends_call(&msg)) {
@@ -560,12 +638,13 @@ impl Engine {
             }
             let code = msg.status().unwrap_or(0);
             self.stats.traffic.response(msg.method(), code);
-            self.on_response(now, &msg, fx);
+            self.proxy_response(now, &msg, fx);
         }
         self.drain_outputs(now, fx);
     }
 
-    fn on_request(&mut self, now: Millis, source: Peer, msg: &Message<'_>, fx: &mut Effects) {
+    /// A request, parsed: absorbed, shed, refused, answered or routed.
+    fn handle_request(&mut self, now: Millis, source: Peer, msg: &Message<'_>, fx: &mut Effects) {
         let method = msg.method();
         inc(&self.stats.traffic.requests[method as usize]);
         if self.cfg.stateful {
@@ -583,14 +662,14 @@ impl Engine {
         let from_ok = facts.is_some();
         let to_tagged = facts.is_some_and(|f| f.to_tag.is_some());
         if self.cfg.stateful && method == Method::Cancel && from_ok {
-            self.on_cancel(now, source, msg, fx);
+            self.proxy_cancel(now, source, msg, fx);
             return;
         }
-        if self.is_ack_for_local_answer(msg, facts.and_then(|f| f.to_tag)) {
+        if self.reply_is_local_ack(msg, facts.and_then(|f| f.to_tag)) {
             inc(&self.stats.local_answer_acks);
             return;
         }
-        if from_ok && self.shed(now, source, msg, to_tagged, fx) {
+        if from_ok && self.overload_shed(now, source, msg, to_tagged, fx) {
             return;
         }
         if self.cfg.stateful
@@ -606,13 +685,13 @@ impl Engine {
                     self.tx.len()
                 );
             }
-            let busy = self.local_response(msg, 503, "Service Unavailable", "Retry-After: 1\r\n");
-            fx.transmits
-                .push((response_peer(msg.top_via(), source), busy));
+            let busy = Answer::new(503, "Service Unavailable").with_headers("Retry-After: 1\r\n");
+            let to = ReplyTo::Peer(response_peer(msg.top_via(), source));
+            self.reply(now, to, msg, &busy, fx);
             return;
         }
         let vouched = if from_ok {
-            match self.authenticated(now, source, msg, fx) {
+            match self.gate_check(now, source, msg, fx) {
                 Some(vouched) => vouched,
                 None => return,
             }
@@ -622,7 +701,8 @@ impl Engine {
         match facts {
             Some(facts) => self.route_request(now, source, msg, (facts, vouched), None, fx),
             None if method != Method::Ack => {
-                self.answer(now, source, msg, 400, "Bad From or To header", "", fx);
+                let bad = Answer::new(400, "Bad From or To header");
+                self.reply(now, ReplyTo::Sender(source), msg, &bad, fx);
             }
             None => {}
         }
@@ -641,24 +721,19 @@ impl Engine {
     ) {
         let method = msg.method();
         let in_dialog = facts.to_tag.is_some();
-        let decision = self.decide(now, msg, (in_dialog, vouched), facts.hash);
+        let decision = self.routing_decide(now, msg, (in_dialog, vouched), facts.hash);
         let existing = resumed.and_then(|r| r.server);
+        // Where an answer made here goes: the server transaction it waited for DNS in, if any.
+        let reply_to = existing.map_or(ReplyTo::Sender(source), ReplyTo::Transaction);
         match decision {
             Decision::Drop => {}
-            Decision::Respond { .. } | Decision::Register { .. } if method == Method::Ack => {}
-            Decision::Respond {
-                code,
-                reason,
-                headers,
-            } => {
-                let to = (source, existing);
-                self.answer_at(now, to, msg, code, reason, &headers, fx);
-            }
+            Decision::Respond(_) | Decision::Register { .. } if method == Method::Ack => {}
+            Decision::Respond(answer) => self.reply(now, reply_to, msg, &answer, fx),
             Decision::Locate(queries) => {
                 let server = match resumed {
                     Some(r) => r.server,
                     None if self.cfg.stateful && method != Method::Ack => {
-                        Some(self.open_server(now, source, msg))
+                        Some(self.proxy_open_server(now, source, msg))
                     }
                     None => None,
                 };
@@ -673,196 +748,68 @@ impl Engine {
                     waits: resumed.map_or(0, |r| r.waits),
                     vouched,
                 };
-                if !self.wait_for_dns(queries, waiter) && method != Method::Ack {
+                if !self.locate_wait(queries, waiter) && method != Method::Ack {
                     inc(&self.stats.overload_rejected);
-                    let headers = if server.is_some() {
-                        "Retry-After: 5\r\n"
-                    } else {
-                        ""
-                    };
-                    let reason = "Service Unavailable (DNS)";
-                    self.answer_at(now, (source, server), msg, 503, reason, headers, fx);
+                    let mut busy = Answer::new(503, "Service Unavailable (DNS)");
+                    if server.is_some() {
+                        busy = busy.with_headers("Retry-After: 5\r\n");
+                    }
+                    let to = server.map_or(ReplyTo::Sender(source), ReplyTo::Transaction);
+                    self.reply(now, to, msg, &busy, fx);
                 }
             }
             Decision::Register { aor } => {
                 let outcome = registrar::register(
                     &self.cfg.registrar,
                     // Our listeners (a loop) and our management ports (no relay there).
-                    |peer| self.is_own_listener(peer) || self.is_management_port(peer.addr),
+                    |peer| {
+                        self.routing_is_own_listener(peer)
+                            || self.relay_is_management_port(peer.addr)
+                    },
                     &self.location,
                     &aor,
                     msg,
                     source,
                     self.unix_ms(now),
                 );
-                if outcome.code == 200 {
+                let answer = outcome.answer;
+                if answer.code == 200 {
                     inc(&self.stats.registrations);
                 } else {
                     inc(&self.stats.registrations_refused);
                     if self.log.allow(now) {
-                        tracing::warn!(%source, "REGISTER refused: {} {}", outcome.code, outcome.reason);
+                        tracing::warn!(%source, "REGISTER refused: {} {}", answer.code, answer.reason);
                     }
                 }
-                self.note_changes_sent(outcome.changes.len());
+                self.durable.note_sent(outcome.changes.len());
                 for change in outcome.changes {
                     self.location.apply(&change);
                     fx.changes.push(Arc::new(change));
                 }
-                if outcome.code == 200 && self.cfg.registrar.durable {
-                    self.answer_durably(now, source, msg, &outcome.headers, fx);
+                if answer.code == 200 && self.cfg.registrar.durable {
+                    let ok = self.reply_prepare(now, ReplyTo::Sender(source), msg, &answer);
+                    self.durable_hold(now, ok, msg, fx);
                 } else {
-                    self.answer(
-                        now,
-                        source,
-                        msg,
-                        outcome.code,
-                        outcome.reason,
-                        &outcome.headers,
-                        fx,
-                    );
+                    self.reply(now, ReplyTo::Sender(source), msg, &answer, fx);
                 }
             }
-            Decision::Forward {
-                targets,
-                pop_route,
-                record_route,
-            } => {
-                let route = (&pop_route[..], record_route);
+            Decision::Forward(forward) => {
                 // What a next hop's feedback may refuse: what local admission may shed.
-                let new_work = self.sheddable(msg) && !self.in_our_dialog(msg, in_dialog);
+                let new_work =
+                    self.overload_sheddable(msg) && !self.overload_in_our_dialog(msg, in_dialog);
                 let how = (facts.hash, new_work, existing);
-                self.forward(now, source, msg, how, &targets, route, fx);
+                self.proxy_forward(now, source, msg, how, &forward, fx);
             }
         }
-        self.take_lookups(fx);
+        self.locate_take_lookups(fx);
     }
 
-    /// Answers a request here: in the server transaction it waited for DNS in, when `to`
-    /// names one, else as [`Engine::answer`] does.
-    #[allow(clippy::too_many_arguments)]
-    fn answer_at(
-        &mut self,
-        now: Millis,
-        to: (Peer, Option<TxId>),
-        msg: &Message<'_>,
-        code: u16,
-        reason: &str,
-        headers: &str,
-        fx: &mut Effects,
-    ) {
-        match to {
-            (_, Some(id)) => self.answer_in(now, id, msg, code, reason, headers),
-            (source, None) => self.answer(now, source, msg, code, reason, headers, fx),
-        }
+    fn unix_ms(&self, now: Millis) -> u64 {
+        self.epoch_unix_ms + now
     }
 
-    /// Answers a request that waited for DNS through the server transaction it waited in.
-    fn answer_in(
-        &mut self,
-        now: Millis,
-        id: TxId,
-        msg: &Message<'_>,
-        code: u16,
-        reason: &str,
-        headers: &str,
-    ) {
-        let data = self.answer_data(now, msg, code, reason, headers);
-        if let Some(Link::Proxied(ctx)) = self.tx.user_mut(id) {
-            ctx.finish(self.clock.at(now), &self.stats);
-            ctx.waiting = None;
-        }
-        self.tx.respond(now, id, code, data, &mut self.outputs);
-    }
-
-    /// A response generated here: `headers` (CRLF-terminated lines) plus our Server header,
-    /// with a deterministic To tag.
-    fn local_response(&self, msg: &Message<'_>, code: u16, reason: &str, headers: &str) -> Bytes {
-        self.stats.traffic.local_response(code);
-        let server = &self.cfg.server_line;
-        let mut extra = String::with_capacity(headers.len() + server.len());
-        extra.push_str(headers);
-        extra.push_str(server);
-        let tag = local_tag(msg);
-        let mut out = Vec::with_capacity(msg.as_bytes().len() / 2 + extra.len() + 64);
-        build::response(
-            msg,
-            code,
-            reason,
-            Some(&tag),
-            extra.as_bytes(),
-            b"",
-            &mut out,
-        );
-        Bytes::from(out)
-    }
-
-    /// Sends a locally generated final (or OPTIONS) response, through a server transaction
-    /// when stateful so retransmissions of the request are answered from it.
-    #[allow(clippy::too_many_arguments)]
-    fn answer(
-        &mut self,
-        now: Millis,
-        source: Peer,
-        msg: &Message<'_>,
-        code: u16,
-        reason: &str,
-        headers: &str,
-        fx: &mut Effects,
-    ) {
-        let data = self.answer_data(now, msg, code, reason, headers);
-        let dest = response_peer(msg.top_via(), source);
-        if msg.method() == Method::Invite && code >= 300 {
-            // A final answer made here to an INVITE, before anything was forwarded (a
-            // challenge, 403, 404, ...), is sent once and kept nowhere, as Kamailio's
-            // `sl_send_reply` does: a server transaction would repeat it to the address the
-            // Via names until Timer H, eleven times over 32 s, to whoever a spoofed datagram
-            // named (27.9x reflection). A caller that lost it retransmits its INVITE and is
-            // answered again; its ACK carries our deterministic tag and is absorbed
-            // (`is_ack_for_local_answer`).
-            fx.transmits.push((dest, data));
-            return;
-        }
-        let to = self.local_reply(msg, dest);
-        self.release(now, to, code, data, fx);
-    }
-
-    /// An answer made here, with overload feedback for a neighbour that asked, counted.
-    fn answer_data(
-        &mut self,
-        now: Millis,
-        msg: &Message<'_>,
-        code: u16,
-        reason: &str,
-        headers: &str,
-    ) -> Bytes {
-        let data = self.local_response(msg, code, reason, headers);
-        inc(&self.stats.local_responses);
-        self.add_feedback(now, data)
-    }
-
-    /// Opens the server transaction for an answer generated here (stateful), or names the
-    /// peer to send it to (stateless).
-    fn local_reply(&mut self, msg: &Message<'_>, dest: Peer) -> LocalReply {
-        if self.cfg.stateful {
-            let id = self
-                .tx
-                .create_server(msg, dest, dest.transport.reliable(), Link::Local);
-            LocalReply::Transaction(id)
-        } else {
-            LocalReply::Peer(dest)
-        }
-    }
-
-    /// Sends an answer generated here where `local_reply` said.
-    fn release(&mut self, now: Millis, to: LocalReply, code: u16, data: Bytes, fx: &mut Effects) {
-        match to {
-            LocalReply::Transaction(id) => {
-                self.tx.respond(now, id, code, data, &mut self.outputs);
-            }
-            LocalReply::Peer(dest) => fx.transmits.push((dest, data)),
-        }
-    }
-
+    /// Carries out what the transactions asked for: their messages go into `fx`, their
+    /// timeouts end probes and branches; then the holds set meanwhile are told.
     fn drain_outputs(&mut self, now: Millis, fx: &mut Effects) {
         while !self.outputs.is_empty() {
             // Handlers below may queue more outputs; they go into the spare buffer.
@@ -875,7 +822,7 @@ impl Engine {
                         user: Link::Probe,
                         dest,
                         ..
-                    } => self.on_probe(now, dest, false),
+                    } => self.probe_result(now, dest, false),
                     Output::Timeout {
                         kind,
                         state,
@@ -887,10 +834,10 @@ impl Engine {
                         if matches!(kind, Kind::ClientInvite | Kind::ClientNonInvite) {
                             if kind == Kind::ClientInvite && state == State::Proceeding {
                                 // Timer C: the branch rang too long; end it downstream too.
-                                self.send_cancel(now, &message, dest);
+                                self.proxy_send_cancel(now, &message, dest);
                             }
                             let answered = state == State::Proceeding;
-                            self.on_branch_timeout(now, user, &message, (dest, answered));
+                            self.proxy_branch_timeout(now, user, &message, (dest, answered));
                         }
                     }
                     Output::Terminated { .. } => {}
@@ -898,7 +845,7 @@ impl Engine {
             }
             self.spare_outputs = outputs;
         }
-        self.tell_holds(fx);
+        self.locate_tell_holds(fx);
     }
 }
 
@@ -921,39 +868,5 @@ impl<'a> RequestFacts<'a> {
             to_tag,
             hash: branch::loop_hash(msg, from_tag, to_tag.unwrap_or_default()),
         })
-    }
-}
-
-/// Where an answer generated here goes: through its server transaction (stateful, which
-/// then answers retransmissions from it), or straight to the peer (stateless).
-#[derive(Debug)]
-enum LocalReply {
-    Transaction(TxId),
-    Peer(Peer),
-}
-
-/// A deterministic To tag for responses generated here: a retransmitted request gets the
-/// same tag, even from a stateless server (RFC 3261 §16.11).
-fn local_tag(msg: &Message<'_>) -> LocalTag {
-    let from_tag = msg.from().ok().and_then(|f| f.tag()).unwrap_or_default();
-    let h = branch::fnv1a(&[
-        msg.call_id(),
-        from_tag,
-        msg.top_via().branch.unwrap_or_default(),
-    ]);
-    let mut tag = *b"sS0000000000000000";
-    for (i, digit) in tag[2..].iter_mut().enumerate() {
-        *digit = b"0123456789abcdef"[(h >> (60 - 4 * i)) as usize & 0xf];
-    }
-    LocalTag(tag)
-}
-
-/// A To tag made here: `sS` and 16 hex digits, on the stack.
-struct LocalTag([u8; 18]);
-
-impl std::ops::Deref for LocalTag {
-    type Target = str;
-    fn deref(&self) -> &str {
-        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
     }
 }

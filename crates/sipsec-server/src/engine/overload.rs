@@ -3,7 +3,7 @@
 //!
 //! **The load signal** is the worker's busy fraction: the share of wall time it was not
 //! blocked in `epoll_wait` waiting for work, measured by its driver over each
-//! `[overload] interval_ms` and handed in by [`Engine::on_load`]. It costs two clock reads per
+//! `[overload] interval_ms` and handed in by [`Engine::handle_load`]. It costs two clock reads per
 //! loop pass, means the same for UDP, TCP and TLS, and counts the time a CPU quota holds the
 //! worker off as busy (a container's limit is the capacity the worker has). But it reads 1.0
 //! alike for a worker just keeping up and for one with a second of datagrams queued behind it
@@ -19,7 +19,7 @@
 //! the work already queued (or a neighbour's reaction) to show:
 //! - `admit`, towards `target`: the share of sheddable requests this worker takes. The rest
 //!   are answered 503 at once, before any transaction, authentication or location work
-//!   ([`Engine::shed`]), spread evenly (error diffusion, not coin flips).
+//!   ([`Engine::overload_shed`]), spread evenly (error diffusion, not coin flips).
 //! - `send`, towards the lower `feedback_target`: what neighbours that announced `oc` are told
 //!   to send (loss: refuse `1 − send` of their new requests; rate: `send` × what they sent
 //!   when control began). A neighbour that honours it keeps this worker below `target`, so
@@ -33,7 +33,7 @@
 //! what a sender merely writes: a To tag alone is not a dialog (a flood of To-tagged INVITEs
 //! aimed elsewhere would pass), only a To tag with our own Route on top, which is what the
 //! route set we recorded makes every in-dialog request through us carry
-//! ([`Engine::in_our_dialog`]); and `Resource-Priority` counts only from networks the
+//! ([`Engine::overload_in_our_dialog`]); and `Resource-Priority` counts only from networks the
 //! operator names (none by default), never from whoever claims it. A re-INVITE from a UA
 //! that sends through us without a Route (Record-Route off, no preloaded route) is therefore
 //! new work and may be shed; a 503 to a re-INVITE leaves its dialog intact (RFC 3261 §14.1).
@@ -42,11 +42,12 @@
 //! [`sip_core::overload::ANNOUNCE`]; feedback in our Via of a response updates that hop's
 //! [`Throttle`], and new requests it refuses are answered 503 here instead of being sent.
 
-use super::{local_tag, response_peer, Effects, Engine};
+use super::reply::{Answer, ReplyTo};
+use super::{response_peer, Effects, Engine};
 use crate::stats::inc;
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
-use sip_core::message::{HeaderName, Message, Method, Via};
+use sip_core::message::{Message, Via};
 use sip_core::overload::{self, Algorithm, Feedback, Throttle};
 use sip_core::timer::Millis;
 use sipsec_transport::net::transport::Peer;
@@ -136,15 +137,9 @@ fn step(share: f64, busy: f64, target: f64, now: Millis, hold: Millis, cut_at: &
 }
 
 impl Engine {
-    /// How often the driver should call [`Engine::on_load`].
-    pub(crate) fn overload_interval_ms(&self) -> u64 {
-        self.cfg.overload.interval_ms
-    }
-
-    /// The driver's load measurement, every `[overload] interval_ms`: the share of the last
-    /// interval the worker was busy, and the longest a datagram waited in the kernel before
-    /// it was read (0 when not measured).
-    pub(crate) fn on_load(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
+    /// Updates the gauges and both controllers from a load measurement
+    /// ([`Engine::handle_load`]).
+    pub(super) fn overload_measure(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         // The gauges `/metrics` reads.
         let t = &self.stats.traffic;
@@ -207,8 +202,8 @@ impl Engine {
 
     /// Whether a request must be shed: it is new work of a sheddable kind and local
     /// admission refuses it. Counts the arrival either way.
-    fn must_shed(&mut self, source: Peer, msg: &Message<'_>, to_tagged: bool) -> bool {
-        if !self.sheddable(msg) || self.in_our_dialog(msg, to_tagged) {
+    fn overload_must_shed(&mut self, source: Peer, msg: &Message<'_>, to_tagged: bool) -> bool {
+        if !self.overload_sheddable(msg) || self.overload_in_our_dialog(msg, to_tagged) {
             return false;
         }
         let cfg = &self.cfg.overload;
@@ -248,20 +243,20 @@ impl Engine {
     /// and its top Route is ours — the Record-Route we added when the dialog was made, or
     /// the preloaded route of a UA that sends everything through us. A To tag alone proves
     /// nothing: anyone can write one.
-    pub(super) fn in_our_dialog(&self, msg: &Message<'_>, to_tagged: bool) -> bool {
+    pub(super) fn overload_in_our_dialog(&self, msg: &Message<'_>, to_tagged: bool) -> bool {
         if !to_tagged {
             return false;
         }
         let mut top_is_ours = None;
         // A malformed Route is not ours; routing answers it 400 later.
-        let _ = msg.name_addrs(HeaderName::Route, |_, na| {
-            top_is_ours.get_or_insert_with(|| self.is_local_host(&na.uri));
+        let _ = self.routing_walk_routes(msg, |_, _, ours| {
+            top_is_ours.get_or_insert(ours);
         });
         top_is_ours == Some(true)
     }
 
     /// Whether this request's method is one overload control may refuse (out of dialog).
-    pub(super) fn sheddable(&self, msg: &Message<'_>) -> bool {
+    pub(super) fn overload_sheddable(&self, msg: &Message<'_>) -> bool {
         let method = msg.method_raw();
         self.cfg
             .overload
@@ -272,7 +267,7 @@ impl Engine {
 
     /// Local admission control: answers a new request 503 at once, with no transaction, when
     /// the worker is over its target. Returns whether it did.
-    pub(super) fn shed(
+    pub(super) fn overload_shed(
         &mut self,
         now: Millis,
         source: Peer,
@@ -280,7 +275,7 @@ impl Engine {
         to_tagged: bool,
         fx: &mut Effects,
     ) -> bool {
-        if !self.must_shed(source, msg, to_tagged) {
+        if !self.overload_must_shed(source, msg, to_tagged) {
             return false;
         }
         inc(&self.stats.overload_shed);
@@ -288,29 +283,18 @@ impl Engine {
         // A neighbour that speaks RFC 7339 learns what to send from the feedback; a
         // Retry-After would make it stop sending altogether (RFC 7339 §5.10).
         let retry = self.cfg.overload.retry_after_s;
-        let headers = if retry > 0 && !oc_client {
-            format!("Retry-After: {retry}\r\n")
-        } else {
-            String::new()
-        };
-        let data = self.local_response(msg, 503, "Service Unavailable", &headers);
-        let data = self.add_feedback(now, data);
-        fx.transmits
-            .push((response_peer(msg.top_via(), source), data));
+        let mut busy = Answer::new(503, "Service Unavailable");
+        if retry > 0 && !oc_client {
+            busy = busy.with_headers(format!("Retry-After: {retry}\r\n"));
+        }
+        let to = ReplyTo::Peer(response_peer(msg.top_via(), source));
+        self.reply(now, to, msg, &busy, fx);
         true
-    }
-
-    /// An ACK for a response generated here that has no transaction (a shed request's 503):
-    /// absorbed, not routed on.
-    pub(super) fn is_ack_for_local_answer(&self, msg: &Message<'_>, to_tag: Option<&[u8]>) -> bool {
-        msg.method() == Method::Ack
-            && to_tag.is_some_and(|t| t.len() == 18 && t.starts_with(b"sS"))
-            && to_tag == Some(local_tag(msg).as_bytes())
     }
 
     /// The feedback for a neighbour whose Via is `via`, if it announced `oc` and feedback is
     /// being given now.
-    pub(super) fn feedback_for(&self, now: Millis, via: &Via<'_>) -> Option<Feedback> {
+    pub(super) fn overload_feedback_for(&self, now: Millis, via: &Via<'_>) -> Option<Feedback> {
         let cfg = &self.cfg.overload;
         let o = &self.overload;
         if !cfg.feedback || now >= o.feedback_until {
@@ -337,14 +321,14 @@ impl Engine {
     }
 
     /// A response generated here, with feedback in its top Via when the client asked for it.
-    pub(super) fn add_feedback(&mut self, now: Millis, data: Bytes) -> Bytes {
+    pub(super) fn overload_add_feedback(&mut self, now: Millis, data: Bytes) -> Bytes {
         if now >= self.overload.feedback_until || !self.cfg.overload.feedback {
             return data;
         }
         let Ok(msg) = Message::parse(&data) else {
             return data;
         };
-        let Some(fb) = self.feedback_for(now, msg.top_via()) else {
+        let Some(fb) = self.overload_feedback_for(now, msg.top_via()) else {
             return data;
         };
         let mut out = Vec::with_capacity(data.len() + 64);
@@ -355,22 +339,22 @@ impl Engine {
     }
 
     /// Whether feedback may have to be written into responses now (cheap test first).
-    pub(super) fn feedback_on(&self, now: Millis) -> bool {
+    pub(super) fn overload_feedback_on(&self, now: Millis) -> bool {
         self.cfg.overload.feedback && now < self.overload.feedback_until
     }
 
     /// For a response about to be forwarded: the Via it goes to next (below ours) and the
     /// feedback to write there, when that neighbour asked for it and feedback is on now.
-    pub(super) fn response_feedback<'a>(
+    pub(super) fn overload_response_feedback<'a>(
         &self,
         now: Millis,
         msg: &Message<'a>,
     ) -> Option<(Via<'a>, Feedback)> {
-        if !self.feedback_on(now) {
+        if !self.overload_feedback_on(now) {
             return None;
         }
         let via = msg.second_via()?.ok()?;
-        let fb = self.feedback_for(now, &via)?;
+        let fb = self.overload_feedback_for(now, &via)?;
         Some((via, fb))
     }
 
@@ -380,7 +364,12 @@ impl Engine {
     }
 
     /// Client side: what the next hop `dest` said in our Via of its response.
-    pub(super) fn on_hop_feedback(&mut self, now: Millis, dest: SocketAddr, msg: &Message<'_>) {
+    pub(super) fn overload_hop_feedback(
+        &mut self,
+        now: Millis,
+        dest: SocketAddr,
+        msg: &Message<'_>,
+    ) {
         let Ok(fb) = Feedback::from_via(msg.top_via()) else {
             return;
         };
@@ -395,7 +384,7 @@ impl Engine {
     }
 
     /// Client side: whether a new request may go to `dest` under the feedback it gave.
-    pub(super) fn hop_admits(&mut self, now: Millis, dest: SocketAddr) -> bool {
+    pub(super) fn overload_hop_admits(&mut self, now: Millis, dest: SocketAddr) -> bool {
         match self.overload.hops.get_mut(&dest) {
             Some(t) => t.admit(now * 1000),
             None => true,

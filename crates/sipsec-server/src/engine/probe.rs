@@ -17,13 +17,13 @@ pub(super) struct Prober {
 
 impl Engine {
     /// When probing next has work (worker 0 only, when probing is on).
-    pub(super) fn next_probe(&self) -> Option<Millis> {
+    pub(super) fn probe_next(&self) -> Option<Millis> {
         (self.worker == 0 && self.cfg.routing.probe_interval_s > 0).then_some(self.prober.next_at)
     }
 
     /// Sends the probes due at `now`.
-    pub(super) fn probe(&mut self, now: Millis, fx: &mut Effects) {
-        if self.next_probe().is_none_or(|at| at > now) {
+    pub(super) fn probe_due(&mut self, now: Millis, fx: &mut Effects) {
+        if self.probe_next().is_none_or(|at| at > now) {
             return;
         }
         self.prober.next_at = now + self.cfg.routing.probe_interval_s * 1000;
@@ -46,13 +46,13 @@ impl Engine {
         peers.sort_by_key(|p| (p.transport, p.addr));
         peers.dedup();
         for peer in peers {
-            self.send_probe(now, peer, &cfg);
+            self.probe_send(now, peer, &cfg);
         }
-        self.take_lookups(fx);
+        self.locate_take_lookups(fx);
     }
 
-    fn send_probe(&mut self, now: Millis, peer: Peer, cfg: &Config) {
-        let Some(side) = self.side(peer) else {
+    fn probe_send(&mut self, now: Millis, peer: Peer, cfg: &Config) {
+        let Some(side) = self.proxy_side(peer) else {
             return;
         };
         let s = &self.sides[side];
@@ -89,13 +89,13 @@ impl Engine {
     }
 
     /// A probe of `peer` was answered (`up`) or not: it is marked up (no longer held down) or
-    /// down (held down until marked up), here and, through `tell_holds`, in every other worker.
-    pub(super) fn on_probe(&mut self, now: Millis, peer: Peer, up: bool) {
+    /// down (held down until marked up), here and, through `locate_tell_holds`, in every other worker.
+    pub(super) fn probe_result(&mut self, now: Millis, peer: Peer, up: bool) {
         let peer = Peer::new(peer.transport, peer.addr);
         if !up {
             inc(&self.stats.probe_failures);
         }
-        let was_down = self.held_down(now, &peer);
+        let was_down = self.locate_held_down(now, &peer);
         // Up and not held down, or down and held down already: nothing to do.
         if up != was_down {
             return;

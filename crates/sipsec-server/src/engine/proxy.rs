@@ -5,7 +5,8 @@
 
 use super::failover::Failover;
 use super::relay;
-use super::{branch, local_tag, response_peer, Effects, Engine, Link, ProxyContext, Side, Target};
+use super::reply::{local_tag, Answer, ReplyTo};
+use super::{branch, response_peer, Effects, Engine, Forward, Link, ProxyContext, Side, Target};
 use crate::stats::{add, inc};
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
@@ -18,11 +19,13 @@ use smallvec::SmallVec;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-/// How every branch of one forwarded request is made: what `send_branch` needs besides the
+/// How every branch of one forwarded request is made: what `proxy_send_branch` needs besides the
 /// request and its destination (kept by a branch's failover to make the next one).
 #[derive(Debug, Clone)]
 pub(super) struct BranchPlan {
     pub source: Peer,
+    /// The server transaction the branches belong to (stateful).
+    pub server: Option<TxId>,
     pub hash: u32,
     /// New work (announce RFC 7339 support on it).
     pub(crate) new_work: bool,
@@ -47,7 +50,12 @@ struct Chosen<'t> {
 
 impl Engine {
     /// Opens the server transaction of a request we proxy (and says 100 Trying to an INVITE).
-    pub(super) fn open_server(&mut self, now: Millis, source: Peer, msg: &Message<'_>) -> TxId {
+    pub(super) fn proxy_open_server(
+        &mut self,
+        now: Millis,
+        source: Peer,
+        msg: &Message<'_>,
+    ) -> TxId {
         let dest = response_peer(msg.top_via(), source);
         let ctx = ProxyContext {
             invite: msg.method() == Method::Invite,
@@ -74,17 +82,21 @@ impl Engine {
     /// Forwards a request to `targets` (in parallel, as many as Max-Breadth allows), each to
     /// the first of its destinations that can be used, the rest kept for failover. `existing`
     /// is the server transaction of a request that waited for DNS.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn forward(
+    pub(super) fn proxy_forward(
         &mut self,
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
         (hash, new_work, existing): (u32, bool, Option<TxId>),
-        targets: &[Target],
-        (pop_route, record_route): (&[(HeaderField, usize)], bool),
+        forward: &Forward,
         fx: &mut Effects,
     ) {
+        let Forward {
+            targets,
+            pop_route,
+            record_route,
+        } = forward;
+        let record_route = *record_route;
         let method = msg.method();
         let stateful = self.cfg.stateful && method != Method::Ack;
         let hop_control = new_work && !self.overload_hops_empty();
@@ -98,31 +110,33 @@ impl Engine {
             // have; a destination on another one is unreachable from here.
             let mut dests: SmallVec<[Peer; 2]> = SmallVec::new();
             for d in &target.dests {
-                if self.is_own_listener(d) {
+                if self.routing_is_own_listener(d) {
                     own = true;
                     inc(&self.stats.loops);
-                } else if self.is_management_port(d.addr) {
+                } else if self.relay_is_management_port(d.addr) {
                     // Checked here, on the addresses DNS gave, whatever named them.
                     refused = true;
                     inc(&self.stats.relay_refused);
-                } else if self.side(*d).is_some() {
+                } else if self.proxy_side(*d).is_some() {
                     dests.push(*d);
                 } else {
                     inc(&self.stats.unroutable);
                 }
             }
             // Those that failed lately are skipped while another can be tried.
-            if dests.len() > 1 && dests.iter().any(|d| self.held_down(now, d)) {
+            if dests.len() > 1 && dests.iter().any(|d| self.locate_held_down(now, d)) {
                 let before = dests.len();
-                if dests.iter().any(|d| !self.held_down(now, d)) {
-                    dests.retain(|d| !self.held_down(now, d));
+                if dests.iter().any(|d| !self.locate_held_down(now, d)) {
+                    dests.retain(|d| !self.locate_held_down(now, d));
                     add(&self.stats.held_down_skipped, before - dests.len());
                 }
             }
             // RFC 7339/7415 as a client: next hops that asked for less get less new work;
             // the next destination is tried instead, and what all refuse is answered here.
             let pick = if hop_control {
-                let pick = dests.iter().position(|d| self.hop_admits(now, d.addr));
+                let pick = dests
+                    .iter()
+                    .position(|d| self.overload_hop_admits(now, d.addr));
                 throttled |= pick.is_none() && !dests.is_empty();
                 pick
             } else {
@@ -130,7 +144,9 @@ impl Engine {
             };
             if let Some(i) = pick {
                 let dest = dests[i];
-                let side = self.side(dest).expect("kept only destinations with a side");
+                let side = self
+                    .proxy_side(dest)
+                    .expect("kept only destinations with a side");
                 let rest = if stateful {
                     dests.drain(i + 1..).collect()
                 } else {
@@ -156,7 +172,8 @@ impl Engine {
                 } else {
                     (503, "No Transport To Target")
                 };
-                self.answer_at(now, (source, existing), msg, code, reason, "", fx);
+                let to = existing.map_or(ReplyTo::Sender(source), ReplyTo::Transaction);
+                self.reply(now, to, msg, &Answer::new(code, reason), fx);
             }
             return;
         }
@@ -185,7 +202,7 @@ impl Engine {
                 }
                 Some(id)
             }
-            (true, None) => Some(self.open_server(now, source, msg)),
+            (true, None) => Some(self.proxy_open_server(now, source, msg)),
         };
         let dialog_token = (record_route && self.relay_restricted())
             .then(|| relay::hop_back(msg).map(|hop| relay::token(&hop)))
@@ -199,6 +216,7 @@ impl Engine {
             } = c;
             let plan = BranchPlan {
                 source,
+                server,
                 hash,
                 new_work,
                 request_uri: target.request_uri.clone(),
@@ -214,7 +232,7 @@ impl Engine {
                     plan: plan.clone(),
                 })
             });
-            if let Some(stateless) = self.send_branch(now, msg, server, dest, side, &plan, failover)
+            if let Some(stateless) = self.proxy_send_branch(now, msg, (dest, side), &plan, failover)
             {
                 fx.transmits.push(stateless);
             }
@@ -222,19 +240,16 @@ impl Engine {
     }
 
     /// Sends one copy of `msg` to `dest` from our side `out_side` in a client transaction of
-    /// server transaction `server` (stateful); stateless, returns it for the caller to send.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn send_branch(
+    /// the plan's server transaction (stateful); stateless, returns it for the caller to send.
+    pub(super) fn proxy_send_branch(
         &mut self,
         now: Millis,
         msg: &Message<'_>,
-        server: Option<TxId>,
-        dest: Peer,
-        out_side: usize,
+        (dest, out_side): (Peer, usize),
         plan: &BranchPlan,
         failover: Option<Box<Failover>>,
     ) -> Option<(Peer, Bytes)> {
-        let source = plan.source;
+        let (source, server) = (plan.source, plan.server);
         // Only new work is announced (feedback is about new requests; its responses bring
         // it): requests inside a dialog, and their responses, stay as short as ever.
         let announce = if self.cfg.overload.announce && plan.new_work {
@@ -244,7 +259,7 @@ impl Engine {
         };
         // Between two transports, record-route twice (RFC 5658): each side of the dialog
         // reaches us over its own.
-        let in_side = self.side(source).filter(|&i| i != out_side);
+        let in_side = self.proxy_side(source).filter(|&i| i != out_side);
         let via_dest = dest;
         let dest = self.sides[out_side].send_to(dest);
         let branch = if server.is_some() {
@@ -317,61 +332,22 @@ impl Engine {
         None
     }
 
-    /// A request we sent could not be delivered to `dest` (connection refused, failed
-    /// handshake): per RFC 3261 §8.1.3.1 its branch ends as if `dest` had answered 503, so the
-    /// caller gets its final answer at once when no branch is left, not Timer B's 408.
-    pub fn on_transport_error(&mut self, now: Millis, dest: Peer, data: &[u8], fx: &mut Effects) {
-        let Ok(req) = Message::parse(data) else {
-            return;
-        };
-        if !req.is_request() || req.method() == Method::Ack {
-            return;
-        }
-        inc(&self.stats.transport_errors);
-        if self.log.allow(now) {
-            tracing::warn!(
-                "cannot deliver {} to {dest}: the branch fails with 503",
-                String::from_utf8_lossy(req.method_raw())
-            );
-        }
-        let mut resp = Vec::new();
-        let server = self.cfg.server_line.as_bytes();
-        build::response(
-            &req,
-            503,
-            "Service Unavailable",
-            None,
-            server,
-            b"",
-            &mut resp,
-        );
-        // As a response from `dest`: it reaches the worker owning the branch, and a stateless
-        // proxy forwards it upstream by Via.
-        self.on_message(now, Peer::new(dest.transport, dest.addr), &resp, fx);
-    }
-
-    pub(super) fn on_cancel(
+    pub(super) fn proxy_cancel(
         &mut self,
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
         fx: &mut Effects,
     ) {
+        let to = ReplyTo::Sender(source);
         let Some(invite) = self.tx.find_cancelled(msg) else {
-            self.answer(
-                now,
-                source,
-                msg,
-                481,
-                "Call/Transaction Does Not Exist",
-                "",
-                fx,
-            );
+            let unknown = Answer::new(481, "Call/Transaction Does Not Exist");
+            self.reply(now, to, msg, &unknown, fx);
             return;
         };
-        self.answer(now, source, msg, 200, "OK", "", fx);
+        self.reply(now, to, msg, &Answer::new(200, "OK"), fx);
         // A locally answered INVITE has no branches: cancel_branches leaves it alone.
-        self.cancel_branches(now, invite);
+        self.proxy_cancel_branches(now, invite);
         // One still waiting for DNS has none yet: it ends here.
         let waiting = match self.tx.user_mut(invite) {
             Some(Link::Proxied(ctx)) => ctx.waiting.take(),
@@ -379,14 +355,15 @@ impl Engine {
         };
         if let Some(request) = waiting {
             if let Ok(req) = Message::parse(&request) {
-                self.answer_in(now, invite, &req, 487, "Request Terminated", "");
+                let terminated = Answer::new(487, "Request Terminated");
+                self.reply(now, ReplyTo::Transaction(invite), &req, &terminated, fx);
             }
         }
     }
 
     /// Sends CANCEL down a branch that has had a provisional response; a branch still in
     /// Calling gets its CANCEL when its first provisional arrives (RFC 3261 §9.1).
-    pub(super) fn cancel_branch(&mut self, now: Millis, branch_id: TxId) {
+    pub(super) fn proxy_cancel_branch(&mut self, now: Millis, branch_id: TxId) {
         if self.tx.state(branch_id) != Some(State::Proceeding)
             || self.tx.kind(branch_id) != Some(Kind::ClientInvite)
         {
@@ -408,11 +385,11 @@ impl Engine {
         let Some(dest) = self.tx.dest(branch_id) else {
             return;
         };
-        self.send_cancel(now, &request, dest);
+        self.proxy_send_cancel(now, &request, dest);
     }
 
     /// Sends a CANCEL for a request we forwarded, in a client transaction of its own.
-    pub(super) fn send_cancel(&mut self, now: Millis, request: &[u8], dest: Peer) {
+    pub(super) fn proxy_send_cancel(&mut self, now: Millis, request: &[u8], dest: Peer) {
         let Ok(req) = Message::parse(request) else {
             return;
         };
@@ -431,27 +408,27 @@ impl Engine {
         );
     }
 
-    pub(super) fn on_response(&mut self, now: Millis, msg: &Message<'_>, fx: &mut Effects) {
+    pub(super) fn proxy_response(&mut self, now: Millis, msg: &Message<'_>, fx: &mut Effects) {
         // A stateless proxy's only client transactions are its probes.
         if !self.cfg.stateful && self.tx.is_empty() {
-            self.forward_response_by_via(now, msg, fx);
+            self.proxy_forward_by_via(now, msg, fx);
             return;
         }
         match self.tx.recv_response(now, msg, &mut self.outputs) {
             ResponseMatch::Deliver(cid) if matches!(self.tx.user(cid), Some(Link::Probe)) => {
                 let code = msg.status().unwrap_or(0);
                 if let (Some(dest), true) = (self.tx.dest(cid), code >= 200) {
-                    self.on_probe(now, dest, code != 503);
+                    self.probe_result(now, dest, code != 503);
                 }
             }
-            _ if !self.cfg.stateful => self.forward_response_by_via(now, msg, fx),
-            ResponseMatch::Deliver(cid) => self.on_branch_response(now, cid, msg),
+            _ if !self.cfg.stateful => self.proxy_forward_by_via(now, msg, fx),
+            ResponseMatch::Deliver(cid) => self.proxy_branch_response(now, cid, msg),
             ResponseMatch::Absorbed => inc(&self.stats.retransmissions_absorbed),
             ResponseMatch::Unmatched => {
                 // A 2xx retransmission after the transaction ended still goes upstream (§16.7).
                 let code = msg.status().unwrap_or(0);
                 if (200..300).contains(&code) && msg.method() == Method::Invite {
-                    self.forward_response_by_via(now, msg, fx);
+                    self.proxy_forward_by_via(now, msg, fx);
                 } else {
                     inc(&self.stats.stray_responses);
                 }
@@ -460,7 +437,7 @@ impl Engine {
     }
 
     /// Stateless response forwarding: pop our Via, send to the next one.
-    pub(super) fn forward_response_by_via(
+    pub(super) fn proxy_forward_by_via(
         &mut self,
         now: Millis,
         msg: &Message<'_>,
@@ -468,7 +445,7 @@ impl Engine {
     ) {
         let top = msg.top_via();
         if !top.branch.is_some_and(|b| b.starts_with(branch::MAGIC))
-            || !self.is_local_addr(top.host, top.port.unwrap_or(5060))
+            || !self.routing_is_local_addr(top.host, top.port.unwrap_or(5060))
         {
             inc(&self.stats.stray_responses);
             return;
@@ -482,29 +459,18 @@ impl Engine {
             inc(&self.stats.stray_responses);
             return;
         };
-        let feedback = self.response_feedback(now, msg);
-        let mut out = Vec::new();
-        let mut splice = std::mem::take(&mut self.splice);
-        let mut rw = Rewriter::new(msg, &mut splice);
-        rw.pop_via();
-        if let Some((via, fb)) = &feedback {
-            rw.set_overload_feedback(via, fb);
-        }
-        self.restamp_record_route(&mut rw);
-        rw.finish(&mut out);
-        self.splice = splice;
-        inc(&self.stats.forwarded_responses);
-        fx.transmits.push((dest, Bytes::from(out)));
+        let data = self.proxy_relayed_response(now, msg);
+        fx.transmits.push((dest, data));
     }
 
-    pub(super) fn on_branch_response(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) {
+    pub(super) fn proxy_branch_response(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) {
         let code = msg.status().unwrap_or(0);
         if self.cfg.overload.announce {
             if let Some(dest) = self.tx.dest(cid) {
-                self.on_hop_feedback(now, dest.addr, msg);
+                self.overload_hop_feedback(now, dest.addr, msg);
             }
         }
-        if code == 503 && self.fail_over_on_503(now, cid, msg) {
+        if code == 503 && self.failover_on_503(now, cid, msg) {
             return;
         }
         let server = match self.tx.user_mut(cid) {
@@ -526,27 +492,13 @@ impl Engine {
         };
         if code < 200 {
             if cancelled {
-                self.cancel_branch(now, cid);
+                self.proxy_cancel_branch(now, cid);
             }
             if code == 100 || final_sent {
                 return;
             }
         }
-        let feedback = self.response_feedback(now, msg);
-        let mut out = Vec::with_capacity(msg.as_bytes().len());
-        {
-            let mut splice = std::mem::take(&mut self.splice);
-            let mut rw = Rewriter::new(msg, &mut splice);
-            rw.pop_via();
-            if let Some((via, fb)) = &feedback {
-                rw.set_overload_feedback(via, fb);
-            }
-            self.restamp_record_route(&mut rw);
-            rw.finish(&mut out);
-            self.splice = splice;
-        }
-        let data = Bytes::from(out);
-        inc(&self.stats.forwarded_responses);
+        let data = self.proxy_relayed_response(now, msg);
         match code {
             100..=199 => {
                 if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
@@ -568,20 +520,38 @@ impl Engine {
                         }
                     }
                 }
-                self.cancel_branches(now, server);
+                self.proxy_cancel_branches(now, server);
             }
             _ => {
-                self.offer_final(server, code, data);
+                self.proxy_offer_final(server, code, data);
                 if code >= 600 {
-                    self.cancel_branches(now, server);
+                    self.proxy_cancel_branches(now, server);
                 }
-                self.send_best_if_done(now, server, code >= 600);
+                self.proxy_send_best_if_done(now, server, code >= 600);
             }
         }
     }
 
+    /// A response as it goes upstream: our Via popped, feedback in the
+    /// next one when that neighbour asked for it, and our Record-Route's tokens restamped.
+    fn proxy_relayed_response(&mut self, now: Millis, msg: &Message<'_>) -> Bytes {
+        let mut out = Vec::with_capacity(msg.as_bytes().len());
+        let feedback = self.overload_response_feedback(now, msg);
+        let mut splice = std::mem::take(&mut self.splice);
+        let mut rw = Rewriter::new(msg, &mut splice);
+        rw.pop_via();
+        if let Some((via, fb)) = &feedback {
+            rw.set_overload_feedback(via, fb);
+        }
+        self.relay_restamp_record_route(&mut rw);
+        rw.finish(&mut out);
+        self.splice = splice;
+        inc(&self.stats.forwarded_responses);
+        Bytes::from(out)
+    }
+
     /// Keeps a non-2xx final response if it beats the best so far (§16.7 step 6).
-    pub(super) fn offer_final(&mut self, server: TxId, code: u16, data: Bytes) {
+    pub(super) fn proxy_offer_final(&mut self, server: TxId, code: u16, data: Bytes) {
         if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
             if ctx
                 .best
@@ -594,7 +564,7 @@ impl Engine {
     }
 
     /// Marks a context cancelled and sends CANCEL down its INVITE branches.
-    pub(super) fn cancel_branches(&mut self, now: Millis, server: TxId) {
+    pub(super) fn proxy_cancel_branches(&mut self, now: Millis, server: TxId) {
         let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) else {
             return;
         };
@@ -602,13 +572,13 @@ impl Engine {
         if ctx.invite {
             let branches = ctx.branches.clone();
             for b in branches {
-                self.cancel_branch(now, b);
+                self.proxy_cancel_branch(now, b);
             }
         }
     }
 
     /// Sends the best final response once every branch has one (or at once for a 6xx).
-    pub(super) fn send_best_if_done(&mut self, now: Millis, server: TxId, force: bool) {
+    pub(super) fn proxy_send_best_if_done(&mut self, now: Millis, server: TxId, force: bool) {
         let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) else {
             return;
         };
@@ -625,7 +595,7 @@ impl Engine {
     /// A branch timed out (timer B or F, or C when `answered`): it fails over to the next
     /// destination if it has one and nothing had answered, else counts as a 408 from that
     /// branch.
-    pub(super) fn on_branch_timeout(
+    pub(super) fn proxy_branch_timeout(
         &mut self,
         now: Millis,
         link: Link,
@@ -643,7 +613,7 @@ impl Engine {
             return;
         };
         if let Some(f) = failover.filter(|_| !answered) {
-            if self.fail_over_on_timeout(now, server, dest, f) {
+            if self.failover_on_timeout(now, server, dest, f) {
                 return;
             }
         }
@@ -670,8 +640,8 @@ impl Engine {
         if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
             ctx.pending = ctx.pending.saturating_sub(1);
         }
-        self.offer_final(server, 408, Bytes::from(out));
-        self.send_best_if_done(now, server, false);
+        self.proxy_offer_final(server, 408, Bytes::from(out));
+        self.proxy_send_best_if_done(now, server, false);
     }
 }
 
@@ -686,7 +656,7 @@ pub(super) fn response_rank(code: u16) -> u16 {
 
 impl Engine {
     /// Which of our sides reaches `peer`: the same transport and address family.
-    pub(super) fn side(&self, peer: Peer) -> Option<usize> {
+    pub(super) fn proxy_side(&self, peer: Peer) -> Option<usize> {
         let v6 = peer.addr.is_ipv6();
         self.sides
             .iter()

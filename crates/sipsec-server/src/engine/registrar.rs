@@ -12,6 +12,7 @@
 //! would add bindings beyond either is answered 503 with Retry-After: refreshing, removing
 //! and moving existing bindings still work at the cap.
 
+use super::reply::Answer;
 use crate::config::RegistrarConfig;
 use crate::location::{Binding, BindingChange, Location};
 use sip_core::message::values::parse_delta_seconds;
@@ -20,22 +21,21 @@ use sipsec_transport::net::transport::{uri_peer, Peer};
 use smallvec::SmallVec;
 use std::sync::Arc;
 
-/// The registrar's answer.
+/// The registrar's answer, and the binding changes it made.
 #[derive(Debug)]
 pub(super) struct Outcome {
-    pub code: u16,
-    pub reason: &'static str,
-    /// Extra header lines for the response, each ending in CRLF.
-    pub headers: String,
+    pub answer: Answer,
     pub changes: Vec<BindingChange>,
 }
 
 impl Outcome {
     fn reject(code: u16, reason: &'static str) -> Outcome {
+        Outcome::refuse(Answer::new(code, reason))
+    }
+
+    fn refuse(answer: Answer) -> Outcome {
         Outcome {
-            code,
-            reason,
-            headers: String::new(),
+            answer,
             changes: Vec::new(),
         }
     }
@@ -108,9 +108,7 @@ pub(super) fn register(
             }
         }
         return Outcome {
-            code: 200,
-            reason: "OK",
-            headers: String::new(),
+            answer: Answer::new(200, "OK"),
             changes: vec![BindingChange::RemoveAll { aor: aor.into() }],
         };
     }
@@ -151,12 +149,10 @@ pub(super) fn register(
         .iter()
         .any(|r| r.expires > 0 && r.expires < cfg.min_expires)
     {
-        return Outcome {
-            code: 423,
-            reason: "Interval Too Brief",
-            headers: format!("Min-Expires: {}\r\n", cfg.min_expires),
-            changes: Vec::new(),
-        };
+        let brief = Answer::new(423, "Interval Too Brief");
+        return Outcome::refuse(
+            brief.with_headers(format!("Min-Expires: {}\r\n", cfg.min_expires)),
+        );
     }
 
     // The changes, last one per contact (a contact listed twice is bound as its last entry
@@ -212,9 +208,7 @@ pub(super) fn register(
         return full;
     }
     Outcome {
-        code: 200,
-        reason: "OK",
-        headers,
+        answer: Answer::new(200, "OK").with_headers(headers),
         changes,
     }
 }
@@ -255,12 +249,10 @@ fn over_limits(
     } else {
         return None;
     };
-    Some(Outcome {
-        code: 503,
-        reason,
-        headers: format!("Retry-After: {FULL_RETRY_AFTER_S}\r\n"),
-        changes: Vec::new(),
-    })
+    let full = Answer::new(503, reason);
+    Some(Outcome::refuse(full.with_headers(format!(
+        "Retry-After: {FULL_RETRY_AFTER_S}\r\n"
+    ))))
 }
 
 /// The Contact lines of a 200 OK: the bindings current once `changes` apply (the existing

@@ -19,24 +19,14 @@ impl Engine {
         err: ParseError,
         fx: &mut Effects,
     ) {
-        if let Some(answer) = self.salvage(now, source, data, err) {
-            fx.transmits.push((source, answer));
-        }
-    }
-
-    /// The 513 for a message on a stream that is over `max_message_size` (the stream closes
-    /// after it: the rest of the message cannot be skipped reliably), if the head of it can be
-    /// addressed. Counted like an oversize datagram.
-    pub(crate) fn on_oversize(&mut self, now: Millis, source: Peer, head: &[u8], fx: &mut Effects) {
-        inc(&self.stats.oversize);
-        if let Some(answer) = self.salvage(now, source, head, ParseError::TooLarge) {
+        if let Some(answer) = self.reject_salvage(now, source, data, err) {
             fx.transmits.push((source, answer));
         }
     }
 
     /// Logs (rate-limited) a refused message and builds its answer, counting it as a local
     /// response, or as dropped when it cannot be addressed.
-    fn salvage(
+    fn reject_salvage(
         &mut self,
         now: Millis,
         source: Peer,

@@ -37,7 +37,9 @@
 //! in-dialog requests to foreign hops (they still can once authenticated, or through the
 //! configured routes).
 
-use super::Engine;
+use super::reply::Answer;
+use super::{Decision, Engine};
+use crate::stats::inc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use sip_core::message::rewrite::Rewriter;
@@ -125,13 +127,19 @@ fn first_contact<'a>(msg: &Message<'a>) -> Option<Uri<'a>> {
 impl Engine {
     /// Whether requests nobody vouches for are held to the relay rule (authentication on).
     pub(super) fn relay_restricted(&self) -> bool {
-        self.auth.is_some() || self.proxychain.is_some()
+        self.gate.is_on()
+    }
+
+    /// 403 for a request the relay rule holds back (see `relay`).
+    pub(super) fn relay_forbidden(&self) -> Decision {
+        inc(&self.stats.relay_refused);
+        Answer::new(403, "Relay Forbidden").into()
     }
 
     /// Whether `addr` is one of this server's management ports, which nothing is forwarded
     /// to: the metrics endpoint and the Proxychain authority. A wildcard listen address owns
     /// its port on the loopback and on the server's own addresses.
-    pub(super) fn is_management_port(&self, addr: SocketAddr) -> bool {
+    pub(super) fn relay_is_management_port(&self, addr: SocketAddr) -> bool {
         let pc = self.cfg.auth.proxychain.as_ref().map(|pc| pc.authority);
         self.cfg.metrics_listen.into_iter().chain(pc).any(|m| {
             m.port() == addr.port()
@@ -145,7 +153,7 @@ impl Engine {
     }
 
     /// Whether `hop` is where a configured route (default or per domain) goes.
-    pub(super) fn is_configured_route(&self, hop: &crate::dns::Hop<'_>) -> bool {
+    pub(super) fn relay_is_configured_route(&self, hop: &crate::dns::Hop<'_>) -> bool {
         let routing = &self.cfg.routing;
         let domain = routing.domain_routes.iter().map(|(_, r)| r);
         routing
@@ -158,7 +166,7 @@ impl Engine {
     /// Rewrites the tokens of our Record-Route entries in a response that may form a dialog
     /// (1xx with a tag, 2xx) to authorise the hop on to the callee (RFC 3261 §16.7 step 4):
     /// the entry just above ours, else the response's Contact.
-    pub(super) fn restamp_record_route(&self, rw: &mut Rewriter<'_, '_>) {
+    pub(super) fn relay_restamp_record_route(&self, rw: &mut Rewriter<'_, '_>) {
         let msg = rw.msg;
         if !self.relay_restricted() || !(101..300).contains(&msg.status().unwrap_or(0)) {
             return;
@@ -172,7 +180,7 @@ impl Engine {
                 .uri
                 .param(TOKEN_PARAM)
                 .flatten()
-                .filter(|t| t.len() == 2 * TOKEN_BYTES && self.is_local_host(&na.uri))
+                .filter(|t| t.len() == 2 * TOKEN_BYTES && self.routing_is_local_host(&na.uri))
                 .map(|t| t.as_ptr() as usize - base);
             entries.push((na.uri, ours));
         });

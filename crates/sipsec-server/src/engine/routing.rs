@@ -3,33 +3,36 @@
 //! to registered contacts, the next Route, the default route or its Request-URI.
 
 use super::relay::{self, Vouched};
-use super::{branch, Decision, Engine, Target, ALLOW};
+use super::reply::Answer;
+use super::{branch, Decision, Engine, Forward, Target, ALLOW};
 use crate::config::Mode;
 use crate::dns::{Failure, Hop};
 use crate::engine::locate::Located;
 use crate::location::Lookup;
 use crate::stats::inc;
-use sip_core::message::{HeaderField, HeaderName, Message, Method, Scheme, Uri};
+use sip_core::message::{
+    HeaderField, HeaderName, Message, Method, NameAddr, ParseError, Scheme, Uri,
+};
 use sip_core::timer::Millis;
 use sipsec_transport::net::transport::Peer;
 use smallvec::SmallVec;
 use std::fmt::Write as _;
 
 impl Engine {
-    pub(super) fn is_local_host(&self, uri: &Uri<'_>) -> bool {
+    pub(super) fn routing_is_local_host(&self, uri: &Uri<'_>) -> bool {
         self.cfg.names.names(uri)
     }
 
     /// True when `host:port` is one of our listen addresses; `host` may be an IPv6 reference
     /// in brackets, as Via sent-by and URI hosts write it.
-    pub(super) fn is_local_addr(&self, host: &[u8], port: u16) -> bool {
+    pub(super) fn routing_is_local_addr(&self, host: &[u8], port: u16) -> bool {
         self.cfg.names.is_addr(host, port)
     }
 
     /// True when `peer` is one of our own listeners: sending there would hand the request
     /// back to ourselves. A listener on the unspecified address owns, at its port, every
     /// address of the host's interfaces (read at start and on reload) and the loopback ones.
-    pub(super) fn is_own_listener(&self, peer: &Peer) -> bool {
+    pub(super) fn routing_is_own_listener(&self, peer: &Peer) -> bool {
         let ip = peer.addr.ip();
         self.cfg.listen.iter().any(|l| {
             l.transport == peer.transport
@@ -43,14 +46,14 @@ impl Engine {
         })
     }
 
-    pub(super) fn is_our_domain(&self, host: &[u8]) -> bool {
+    pub(super) fn routing_is_our_domain(&self, host: &[u8]) -> bool {
         self.cfg.names.is_domain(host)
     }
 
     /// The address-of-record key of a user at a host we serve: `user@domain`, the domain in
     /// lower case, our own IP addresses standing for the first domain.
-    pub(super) fn aor_key(&self, user: &[u8], host: &[u8]) -> String {
-        let domain = if self.is_our_domain(host) {
+    pub(super) fn routing_aor_key(&self, user: &[u8], host: &[u8]) -> String {
+        let domain = if self.routing_is_our_domain(host) {
             host
         } else {
             self.cfg.domains[0].as_bytes()
@@ -64,7 +67,7 @@ impl Engine {
     }
 
     /// Decides what to do with a request that is not a retransmission.
-    pub(super) fn decide(
+    pub(super) fn routing_decide(
         &mut self,
         now: Millis,
         msg: &Message<'_>,
@@ -75,21 +78,21 @@ impl Engine {
         let uri = *msg.request_uri().expect("requests have a Request-URI");
         if msg.max_forwards() == Some(0) {
             inc(&self.stats.too_many_hops);
-            return respond(483, "Too Many Hops");
+            return Answer::new(483, "Too Many Hops").into();
         }
         if uri.scheme == Scheme::Other {
-            return respond(416, "Unsupported URI Scheme");
+            return Answer::new(416, "Unsupported URI Scheme").into();
         }
         if let Some(refused) = bad_extension(msg, HeaderName::ProxyRequire) {
             return refused;
         }
         match msg.max_breadth() {
-            Some(Err(_)) => return respond(400, "Bad Max-Breadth header"),
+            Some(Err(_)) => return Answer::new(400, "Bad Max-Breadth header").into(),
             // No branch could be given the breadth of at least 1 each must carry (RFC 5393
             // §5.3.2).
             Some(Ok(0)) if method != Method::Ack && method != Method::Cancel => {
                 inc(&self.stats.breadth_limited);
-                return respond(440, "Max-Breadth Exceeded");
+                return Answer::new(440, "Max-Breadth Exceeded").into();
             }
             _ => {}
         }
@@ -97,17 +100,17 @@ impl Engine {
         let mut looped = false;
         let vias_ok = msg.vias(|v| {
             if v.branch.and_then(branch::carried_loop_hash) == Some(hash)
-                && self.is_local_addr(v.host, v.port.unwrap_or(5060))
+                && self.routing_is_local_addr(v.host, v.port.unwrap_or(5060))
             {
                 looped = true;
             }
         });
         if vias_ok.is_err() {
-            return respond(400, "Bad Via header");
+            return Answer::new(400, "Bad Via header").into();
         }
         if looped {
             inc(&self.stats.loops);
-            return respond(482, "Loop Detected");
+            return Answer::new(482, "Loop Detected").into();
         }
         // Loose routing (§16.4): the top Routes naming us are consumed (two of them after a
         // double Record-Route between transports).
@@ -115,11 +118,9 @@ impl Engine {
         let mut next_route: Option<Hop<'_>> = None;
         let mut next_route_uri = None;
         let mut route_error = false;
-        let mut ours = true;
         // The dialog tokens in our Routes (see `relay`).
         let mut tokens: SmallVec<[&[u8]; 2]> = SmallVec::new();
-        let routes = msg.name_addrs(HeaderName::Route, |field, na| {
-            ours &= self.is_local_host(&na.uri);
+        let routes = self.routing_walk_routes(msg, |field, na, ours| {
             if ours {
                 match pop_route.last_mut() {
                     Some((f, end)) if f.line_start == field.line_start => *end = na.end,
@@ -133,7 +134,7 @@ impl Engine {
             }
         });
         if routes.is_err() {
-            return respond(400, "Bad Route header");
+            return Answer::new(400, "Bad Route header").into();
         }
         // Whether the relay rule holds this request back from hops it cannot vouch for: not
         // vouched for at the gate, and no token of ours for the hop its dialog goes to.
@@ -151,7 +152,7 @@ impl Engine {
             );
         if route_error {
             inc(&self.stats.unroutable);
-            return respond(404, "Not Found (unresolvable Route)");
+            return Answer::new(404, "Not Found (unresolvable Route)").into();
         }
         if let Some(hop) = next_route {
             if restricted {
@@ -161,16 +162,16 @@ impl Engine {
             return forward_located(located, pop_route, record_route);
         }
 
-        let addressed_to_us = self.is_local_host(&uri);
+        let addressed_to_us = self.routing_is_local_host(&uri);
         if addressed_to_us && (uri.user.is_none() || method == Method::Register) {
-            return self.decide_local(msg, in_dialog);
+            return self.routing_decide_local(msg, in_dialog);
         }
         let user_here = uri.user.filter(|_| {
             matches!(uri.scheme, Scheme::Sip | Scheme::Sips) && addressed_to_us && !in_dialog
         });
         if let Some(user) = user_here {
-            let explicit_domain = self.is_our_domain(uri.host_unbracketed());
-            let aor = self.aor_key(user, uri.host_unbracketed());
+            let explicit_domain = self.routing_is_our_domain(uri.host_unbracketed());
+            let aor = self.routing_aor_key(user, uri.host_unbracketed());
             let now_unix = self.unix_ms(now);
             let lookup = self.location.lookup(&aor, now_unix);
             let fallback =
@@ -178,7 +179,7 @@ impl Engine {
             match (lookup, fallback) {
                 (Lookup::Found(bindings), _) => {
                     if self.cfg.mode == Mode::Redirect {
-                        return self.redirect_to(
+                        return self.routing_redirect_to(
                             bindings
                                 .iter()
                                 .map(|b| (b.contact.to_string(), Some(b.expires_at))),
@@ -192,11 +193,11 @@ impl Engine {
                             dests: smallvec::smallvec![b.target],
                         })
                         .collect();
-                    return Decision::Forward {
+                    return Decision::Forward(Forward {
                         targets,
                         pop_route,
                         record_route,
-                    };
+                    });
                 }
                 (_, Some(_)) => {}
                 // A user whose bindings all expired gets the answer of a user who never
@@ -204,7 +205,7 @@ impl Engine {
                 // once had an account here. Challenge the method to hide more (README).
                 (Lookup::Unavailable | Lookup::Unknown, None) => {
                     inc(&self.stats.unroutable);
-                    return respond(404, "Not Found");
+                    return Answer::new(404, "Not Found").into();
                 }
             }
         }
@@ -219,16 +220,19 @@ impl Engine {
         if !routes.is_empty() && self.cfg.mode == Mode::Redirect {
             let ordered = self.locator.order_routes(routes);
             let contacts = ordered.iter().map(|r| (r.uri.clone(), None));
-            return self.redirect_to(contacts, self.unix_ms(now));
+            return self.routing_redirect_to(contacts, self.unix_ms(now));
         }
         if self.cfg.mode != Mode::Proxy && !in_dialog {
             inc(&self.stats.unroutable);
-            return respond(404, "Not Found");
+            return Answer::new(404, "Not Found").into();
         }
         let hop = routes.is_empty().then(|| crate::dns::hop(&uri)).flatten();
         // In a dialog with no Route of ours (a peer that did not keep our Record-Route), the
         // Request-URI may still name a configured route: that is not a relay.
-        if restricted && routes.is_empty() && !hop.is_some_and(|h| self.is_configured_route(&h)) {
+        if restricted
+            && routes.is_empty()
+            && !hop.is_some_and(|h| self.relay_is_configured_route(&h))
+        {
             return self.relay_forbidden();
         }
         let (locator, stats) = (&mut self.locator, &self.stats);
@@ -248,63 +252,63 @@ impl Engine {
             Some(located) => forward_located(located, pop_route, record_route),
             None => {
                 inc(&self.stats.unroutable);
-                respond(404, "Not Found")
+                Answer::new(404, "Not Found").into()
             }
         }
     }
 
-    /// 403 for a request the relay rule holds back (see `relay`).
-    pub(super) fn relay_forbidden(&self) -> Decision {
-        inc(&self.stats.relay_refused);
-        respond(403, "Relay Forbidden")
+    /// Walks a request's Route values top first, saying of each whether it is in the leading
+    /// run that names this server (loose routing, §16.4: those are consumed). Routing and
+    /// overload control's dialog test ([`Engine::overload_in_our_dialog`]) both ask it.
+    pub(super) fn routing_walk_routes<'a>(
+        &self,
+        msg: &Message<'a>,
+        mut each: impl FnMut(&HeaderField, NameAddr<'a>, bool),
+    ) -> Result<(), ParseError> {
+        let mut ours = true;
+        msg.name_addrs(HeaderName::Route, |field, na| {
+            ours = ours && self.routing_is_local_host(&na.uri);
+            each(field, na, ours);
+        })
     }
 
     /// Requests addressed to the server itself.
-    pub(super) fn decide_local(&mut self, msg: &Message<'_>, in_dialog: bool) -> Decision {
+    pub(super) fn routing_decide_local(&mut self, msg: &Message<'_>, in_dialog: bool) -> Decision {
         if let Some(refused) = bad_extension(msg, HeaderName::Require) {
             return refused;
         }
         match msg.method() {
-            Method::Options => Decision::Respond {
-                code: 200,
-                reason: "OK",
-                headers: format!("{ALLOW}Accept: application/sdp\r\n"),
-            },
+            Method::Options => Decision::Respond(
+                Answer::new(200, "OK").with_headers(format!("{ALLOW}Accept: application/sdp\r\n")),
+            ),
             Method::Register if !in_dialog => {
                 let Ok(to) = msg.to() else {
-                    return respond(400, "Bad To header");
+                    return Answer::new(400, "Bad To header").into();
                 };
                 let (Some(user), true) = (
                     to.uri.user,
-                    self.is_local_host(&to.uri) || self.is_our_domain(to.uri.host_unbracketed()),
+                    self.routing_is_local_host(&to.uri)
+                        || self.routing_is_our_domain(to.uri.host_unbracketed()),
                 ) else {
-                    return respond(404, "Not Found (not a domain of this registrar)");
+                    return Answer::new(404, "Not Found (not a domain of this registrar)").into();
                 };
                 Decision::Register {
-                    aor: self.aor_key(user, to.uri.host_unbracketed()),
+                    aor: self.routing_aor_key(user, to.uri.host_unbracketed()),
                 }
             }
             Method::Ack => Decision::Drop,
             Method::Other => {
                 inc(&self.stats.not_allowed);
-                Decision::Respond {
-                    code: 501,
-                    reason: "Not Implemented",
-                    headers: ALLOW.into(),
-                }
+                Decision::Respond(Answer::new(501, "Not Implemented").with_headers(ALLOW))
             }
             _ => {
                 inc(&self.stats.not_allowed);
-                Decision::Respond {
-                    code: 405,
-                    reason: "Method Not Allowed",
-                    headers: ALLOW.into(),
-                }
+                Decision::Respond(Answer::new(405, "Method Not Allowed").with_headers(ALLOW))
             }
         }
     }
 
-    pub(super) fn redirect_to(
+    pub(super) fn routing_redirect_to(
         &self,
         contacts: impl Iterator<Item = (String, Option<u64>)>,
         now_unix: u64,
@@ -321,11 +325,7 @@ impl Engine {
             }
             headers.push_str("\r\n");
         }
-        Decision::Respond {
-            code: 302,
-            reason: "Moved Temporarily",
-            headers,
-        }
+        Decision::Respond(Answer::new(302, "Moved Temporarily").with_headers(headers))
     }
 }
 
@@ -340,25 +340,17 @@ fn forward_located(
     match located {
         Located::Wait(queries) => Decision::Locate(queries),
         Located::Peers { failure, peers } if peers.is_empty() => match failure {
-            Some(Failure::Unavailable) => respond(503, "Service Unavailable (DNS)"),
-            _ => respond(404, "Not Found (no such domain)"),
+            Some(Failure::Unavailable) => Answer::new(503, "Service Unavailable (DNS)").into(),
+            _ => Answer::new(404, "Not Found (no such domain)").into(),
         },
-        Located::Peers { peers, .. } => Decision::Forward {
+        Located::Peers { peers, .. } => Decision::Forward(Forward {
             targets: smallvec::smallvec![Target {
                 request_uri: None,
                 dests: peers
             }],
             pop_route,
             record_route,
-        },
-    }
-}
-
-pub(super) fn respond(code: u16, reason: &'static str) -> Decision {
-    Decision::Respond {
-        code,
-        reason,
-        headers: String::new(),
+        }),
     }
 }
 
@@ -366,9 +358,8 @@ pub(super) fn respond(code: u16, reason: &'static str) -> Decision {
 /// supports none yet, so every option listed is unsupported.
 pub(super) fn bad_extension(msg: &Message<'_>, header: HeaderName) -> Option<Decision> {
     let options = msg.header(header).map(|h| msg.value(h))?;
-    Some(Decision::Respond {
-        code: 420,
-        reason: "Bad Extension",
-        headers: format!("Unsupported: {}\r\n", String::from_utf8_lossy(options)),
-    })
+    let unsupported = format!("Unsupported: {}\r\n", String::from_utf8_lossy(options));
+    Some(Decision::Respond(
+        Answer::new(420, "Bad Extension").with_headers(unsupported),
+    ))
 }

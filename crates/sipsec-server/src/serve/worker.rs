@@ -6,10 +6,10 @@
 //! 2. mail first (bindings other workers made must be in place before any message that may
 //!    depend on them), then a `recvmmsg` batch per readable UDP socket and the bytes of each
 //!    readable connection ([`Connections`]), every message handed to the engine by the same
-//!    call, [`Engine::on_message`], after the mail that arrived meanwhile;
+//!    call, [`Engine::handle_message`], after the mail that arrived meanwhile;
 //! 3. the engine's and the connections' due timers;
 //! 4. every `[overload] interval_ms`, the share of it the worker was busy
-//!    ([`Engine::on_load`]);
+//!    ([`Engine::handle_load`]);
 //! 5. everything the engine asked for ([`Effects`]): binding changes posted to the other
 //!    workers (without waking them: step 2 takes them first) and the store before any answer
 //!    leaves, datagrams with one `sendmmsg` per
@@ -151,14 +151,11 @@ impl Worker {
             // time overload control measures.
             let wait_start = Instant::now();
             let now = self.millis(wait_start);
-            let timeout = [
-                self.engine.next_deadline(),
-                self.connections.next_deadline(),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-            .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
+            let timeout = [self.engine.poll_timeout(), self.connections.next_deadline()]
+                .into_iter()
+                .flatten()
+                .min()
+                .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
             let n = self.epoll.wait(&mut events, timeout);
             let woke = Instant::now();
             busy.idle(woke.saturating_duration_since(wait_start));
@@ -195,15 +192,15 @@ impl Worker {
             }
             self.receive_streams(&mut fx);
             let now = self.now();
-            if self.engine.next_deadline().is_some_and(|d| d <= now) {
-                self.engine.on_tick(now, &mut fx);
+            if self.engine.poll_timeout().is_some_and(|d| d <= now) {
+                self.engine.handle_timeout(now, &mut fx);
             }
             if self.connections.next_deadline().is_some_and(|d| d <= now) {
                 self.connections.on_tick(now);
             }
             if let Some(load) = busy.take(woke) {
                 self.engine
-                    .on_load(now, load.busy, load.queue_delay.as_millis() as u64);
+                    .handle_load(now, load.busy, load.queue_delay.as_millis() as u64);
                 let open = self.connections.open() as u64;
                 let traffic = &self.engine.stats().traffic;
                 traffic.connections_open.store(open, Ordering::Relaxed);
@@ -222,7 +219,7 @@ impl Worker {
             if !failed.is_empty() {
                 let now = self.now();
                 for (to, data) in failed.drain(..) {
-                    self.engine.on_transport_error(now, to, &data, &mut fx);
+                    self.engine.handle_transport_error(now, to, &data, &mut fx);
                 }
                 self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
             }
@@ -238,11 +235,11 @@ impl Worker {
             match letter {
                 Letter::Engine(mail) => {
                     let now = self.now();
-                    self.engine.on_mail(now, mail, fx);
+                    self.engine.handle_mail(now, mail, fx);
                 }
                 Letter::Transmit { to, data } => fx.transmits.push((to, data)),
                 Letter::Reload(r) => {
-                    self.engine.reload(r.cfg.clone());
+                    self.engine.handle_reload(r.cfg.clone());
                     self.connections
                         .set_tls(r.tls_server.clone(), r.tls_client.clone());
                 }
@@ -264,7 +261,7 @@ impl Worker {
                 for i in 0..n {
                     if let Some((source, data)) = batch.get(i) {
                         let source = Peer::udp_via(source, socket);
-                        self.engine.on_message(now, source, data, fx);
+                        self.engine.handle_message(now, source, data, fx);
                     }
                 }
             }
@@ -290,10 +287,10 @@ impl Worker {
         for i in 0..count {
             match self.connections.received(i) {
                 Some(Received::Message(source, data)) => {
-                    self.engine.on_message(now, source, data, fx);
+                    self.engine.handle_message(now, source, data, fx);
                 }
                 Some(Received::Oversize(source, head)) => {
-                    self.engine.on_oversize(now, source, head, fx);
+                    self.engine.handle_oversize(now, source, head, fx);
                 }
                 None => {}
             }

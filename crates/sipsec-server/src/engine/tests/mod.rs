@@ -47,7 +47,7 @@ impl Sent {
 
 fn deliver(e: &mut Engine, now: Millis, from: &str, text: &str) -> (Vec<Sent>, Effects) {
     let mut fx = Effects::default();
-    e.on_message(now, Peer::udp(addr(from)), text.as_bytes(), &mut fx);
+    e.handle_message(now, Peer::udp(addr(from)), text.as_bytes(), &mut fx);
     (sent(&mut fx), fx)
 }
 
@@ -65,7 +65,7 @@ fn sent(fx: &mut Effects) -> Vec<Sent> {
 
 fn tick(e: &mut Engine, now: Millis) -> Vec<Sent> {
     let mut fx = Effects::default();
-    e.on_tick(now, &mut fx);
+    e.handle_timeout(now, &mut fx);
     sent(&mut fx)
 }
 
@@ -668,7 +668,7 @@ fn never_panics_on_torture_messages_or_mutations() {
     for entry in std::fs::read_dir(dir).unwrap() {
         let buf = std::fs::read(entry.unwrap().path()).unwrap();
         let mut fx = Effects::default();
-        e.on_message(now, Peer::udp(addr(ALICE)), &buf, &mut fx);
+        e.handle_message(now, Peer::udp(addr(ALICE)), &buf, &mut fx);
         for _ in 0..300 {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -677,9 +677,9 @@ fn never_panics_on_torture_messages_or_mutations() {
             let i = (seed as usize) % b.len().max(1);
             b[i] = (seed >> 32) as u8;
             b.truncate(((seed >> 40) as usize % (buf.len() + 1)).max(i));
-            e.on_message(now, Peer::udp(addr(ALICE)), &b, &mut fx);
+            e.handle_message(now, Peer::udp(addr(ALICE)), &b, &mut fx);
             now += 7;
-            e.on_tick(now, &mut fx);
+            e.handle_timeout(now, &mut fx);
         }
     }
 }
@@ -811,7 +811,7 @@ fn two_workers_share_bindings_and_hand_responses_to_their_owner() {
     assert_eq!(fx.changes.len(), 1);
     let mut sink = Effects::default();
     for change in fx.changes {
-        w1.on_mail(1, Mail::Binding(change), &mut sink);
+        w1.handle_mail(1, Mail::Binding(change), &mut sink);
     }
     // Alice's INVITE lands on worker 1, which now knows bob.
     let (sent, _) = deliver(
@@ -837,7 +837,7 @@ fn two_workers_share_bindings_and_hand_responses_to_their_owner() {
         panic!("expected mail for worker 1")
     };
     let mut out = Effects::default();
-    w1.on_mail(3, mail.clone(), &mut out);
+    w1.handle_mail(3, mail.clone(), &mut out);
     let up: Vec<_> = out
         .transmits
         .iter()
@@ -920,7 +920,7 @@ fn between_transports_the_proxy_record_routes_twice_and_pops_both_routes() {
         addr: addr(BOB1),
         conn: 7,
     };
-    e.on_message(10, from, bye.as_bytes(), &mut fx);
+    e.handle_message(10, from, bye.as_bytes(), &mut fx);
     let out: Vec<_> = fx.transmits.drain(..).collect();
     let (to, data) = out
         .iter()
@@ -938,7 +938,7 @@ fn between_transports_the_proxy_record_routes_twice_and_pops_both_routes() {
     let bye_out = Message::parse(data).unwrap();
     let mut resp = Vec::new();
     build::response(&bye_out, 200, "OK", None, b"", b"", &mut resp);
-    e.on_message(11, Peer::udp(addr(ALICE)), &resp, &mut fx);
+    e.handle_message(11, Peer::udp(addr(ALICE)), &resp, &mut fx);
     let (to, _) = fx
         .transmits
         .iter()
@@ -1212,7 +1212,7 @@ fn a_durable_registrar_answers_once_the_store_has_committed() {
         assert!(sent.is_empty());
         assert!(fx.changes.is_empty(), "a retransmission changes nothing");
         let mut fx = Effects::default();
-        e.on_saved(200, 1, &mut fx);
+        e.handle_saved(200, 1, &mut fx);
         // Stateless, the retransmission was answered too (its own 200, also held).
         let expected = if stateful { 1 } else { 2 };
         assert_eq!(fx.transmits.len(), expected, "stateful {stateful}");
@@ -1230,7 +1230,7 @@ fn a_durable_registrar_answers_once_the_store_has_committed() {
         );
         assert!(sent.is_empty());
         let mut fx = Effects::default();
-        e.on_saved(400, 2, &mut fx);
+        e.handle_saved(400, 2, &mut fx);
         assert_eq!(fx.transmits.len(), 1);
         // A REGISTER that changes nothing, once everything is committed, needs no wait.
         let same = register("bob", &format!("<sip:bob@{BOB1}>"), "", "z9hG4bKd3", 2);
@@ -1260,7 +1260,7 @@ fn a_durable_registrar_answers_once_the_store_has_committed() {
         );
         // A late commit finds nothing to release twice.
         let mut fx = Effects::default();
-        e.on_saved(7_000, 3, &mut fx);
+        e.handle_saved(7_000, 3, &mut fx);
         assert!(fx.transmits.is_empty());
     }
 }

@@ -18,7 +18,7 @@ fn overloaded_with(server: &str, keys: &str) -> Engine {
         "{server}{ROUTE}[overload]\ninterval_ms = 20\n{keys}"
     ));
     for i in 1..=50 {
-        e.on_load(i * 20, 1.0, 0);
+        e.handle_load(i * 20, 1.0, 0);
     }
     e
 }
@@ -61,7 +61,7 @@ fn offer(e: &mut Engine, now: Millis, n: usize, via_params: &str, extra: &str) -
 fn below_the_target_nothing_is_shed() {
     let mut e = engine(ROUTE);
     for i in 1..=10 {
-        e.on_load(i * 100, 0.5, 0);
+        e.handle_load(i * 100, 0.5, 0);
     }
     let shed: usize = (0..100)
         .map(|n| offer(&mut e, 1000, n, "", "").shed.len())
@@ -263,7 +263,7 @@ fn the_admitted_share_comes_back_when_the_load_falls() {
     let mut e = overloaded("");
     let low = e.overload.admitted_share();
     for i in 11..=70 {
-        e.on_load(i * 100, 0.5, 0);
+        e.handle_load(i * 100, 0.5, 0);
     }
     let share = e.overload.admitted_share();
     assert!(
@@ -320,7 +320,7 @@ fn a_neighbour_that_announces_oc_is_told_what_to_send_and_gets_no_retry_after() 
 fn feedback_ends_with_no_reduction_once_the_load_falls() {
     let mut e = overloaded("");
     for i in 11..=80 {
-        e.on_load(i * 100, 0.3, 0);
+        e.handle_load(i * 100, 0.3, 0);
     }
     // Within the validity of the last reduction the neighbour is told 0%; later, nothing.
     let o = offer(&mut e, 8_100, 1, ";oc", "");
@@ -374,13 +374,13 @@ fn as_a_client_the_proxy_sends_a_next_hop_only_what_its_feedback_allows() {
 #[test]
 fn a_cut_waits_for_the_work_already_queued_before_the_next() {
     let mut e = engine(ROUTE);
-    e.on_load(100, 1.0, 0);
+    e.handle_load(100, 1.0, 0);
     let once = e.overload.admitted_share();
     assert!(once < 1.0);
     // Still saturated one interval later: the queue the first cut cannot have drained yet.
-    e.on_load(200, 1.0, 0);
+    e.handle_load(200, 1.0, 0);
     assert_eq!(e.overload.admitted_share(), once);
-    e.on_load(300, 1.0, 0);
+    e.handle_load(300, 1.0, 0);
     assert!(e.overload.admitted_share() < once);
 }
 
@@ -388,11 +388,11 @@ fn a_cut_waits_for_the_work_already_queued_before_the_next() {
 fn a_queue_of_datagrams_beyond_the_limit_counts_as_overload_however_busy() {
     let mut e = engine(ROUTE);
     // Half busy by the clock, but datagrams waited 70 ms: over capacity, and cut hard.
-    e.on_load(100, 0.5, 70);
+    e.handle_load(100, 0.5, 70);
     let cut = e.overload.admitted_share();
     assert!((cut - 0.7).abs() < 1e-9, "{cut}");
     // Within the limit the busy fraction rules.
     let mut e = engine(ROUTE);
-    e.on_load(100, 0.5, 20);
+    e.handle_load(100, 0.5, 20);
     assert_eq!(e.overload.admitted_share(), 1.0);
 }

@@ -28,7 +28,7 @@ impl Pair {
         let text = register(user, CONTACT, "", &format!("z9hG4bKc{user}{cseq}"), cseq);
         let (sent, fx) = deliver(&mut self.0[w], 10, from, &text);
         for change in fx.changes {
-            self.0[1 - w].on_mail(10, Mail::Binding(change), &mut Effects::default());
+            self.0[1 - w].handle_mail(10, Mail::Binding(change), &mut Effects::default());
         }
         sent[0].text.lines().next().unwrap().to_string()
             + if sent[0].text.contains("Retry-After: 60\r\n") {
@@ -76,7 +76,7 @@ fn bindings_stop_at_the_caps_across_workers() {
     let (sent, fx) = deliver(&mut p.0[0], 20, a, &remove);
     assert_eq!(sent[0].status(), Some(200));
     for change in fx.changes {
-        p.0[1].on_mail(20, Mail::Binding(change), &mut Effects::default());
+        p.0[1].handle_mail(20, Mail::Binding(change), &mut Effects::default());
     }
     assert_eq!(p.register(1, b, "v2", 1), "SIP/2.0 200 OK");
 }

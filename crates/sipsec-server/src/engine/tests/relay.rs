@@ -273,7 +273,7 @@ fn reflected(e: &mut Engine, invite: &str) -> (usize, usize) {
     let mut sent: Vec<Sent> = first;
     let mut now = 0;
     while now < 40_000 {
-        now = e.next_deadline().unwrap_or(now + 1000).max(now + 1);
+        now = e.poll_timeout().unwrap_or(now + 1000).max(now + 1);
         sent.extend(tick(e, now));
     }
     let to_alice: Vec<&Sent> = sent.iter().filter(|s| s.to == addr(ALICE)).collect();
@@ -303,7 +303,7 @@ fn a_spoofed_invite_draws_one_answer() {
                 &answer,
                 code,
                 "X",
-                Some(&local_tag(&answer)),
+                Some(&reply::local_tag(&answer)),
                 b"",
                 b"",
                 &mut resp,

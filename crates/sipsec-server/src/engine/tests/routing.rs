@@ -25,7 +25,7 @@ fn answer_a(ip: [u8; 4], ttl_s: u32) -> Arc<Resolution> {
 
 fn resolved(e: &mut Engine, now: Millis, query: Query, r: Arc<Resolution>) -> (Vec<Sent>, Effects) {
     let mut fx = Effects::default();
-    e.on_mail(
+    e.handle_mail(
         now,
         Mail::Resolved {
             query,
@@ -269,7 +269,7 @@ fn probes_mark_a_silent_route_down_in_every_worker_and_up_when_it_answers() {
     };
     deliver(&mut e, 10, BOB2, &answer(&sent(&p2), 200, "p"));
     let mut fx = Effects::default();
-    e.on_tick(1_000, &mut fx);
+    e.handle_timeout(1_000, &mut fx);
     assert!(
         fx.mail
             .iter()
@@ -294,7 +294,7 @@ fn a_hold_told_by_another_worker_is_kept_until_it_ends() {
     let mut e = engine(TWO);
     let mut fx = Effects::default();
     let bob1 = Peer::udp(addr(BOB1));
-    e.on_mail(
+    e.handle_mail(
         0,
         Mail::HoldDown {
             peer: bob1,
