@@ -25,7 +25,10 @@ pub struct Binding {
     pub(crate) expires_at: u64,
     /// The `q` parameter as written, if any.
     pub q: Option<Arc<str>>,
+    /// The Call-ID of the REGISTER that made or last refreshed it (RFC 3261 §10.3: a
+    /// refresh from the same Call-ID must carry a higher CSeq).
     pub call_id: Arc<str>,
+    /// That REGISTER's CSeq number.
     pub cseq: u32,
     /// The address the REGISTER came from, for the per-source limit; `None` for a binding
     /// loaded from the database, which does not keep it (a refresh attributes it again).
@@ -35,9 +38,25 @@ pub struct Binding {
 /// A change to the location service, applied by every replica and by the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BindingChange {
-    Upsert { aor: Arc<str>, binding: Binding },
-    Remove { aor: Arc<str>, contact: Arc<str> },
-    RemoveAll { aor: Arc<str> },
+    /// Adds `binding` to `aor`, or replaces the one with the same contact.
+    Upsert {
+        /// The address-of-record.
+        aor: Arc<str>,
+        /// The binding as it now stands.
+        binding: Binding,
+    },
+    /// Removes `contact` from `aor` (expired, or registered with `expires=0`).
+    Remove {
+        /// The address-of-record.
+        aor: Arc<str>,
+        /// The contact URI as registered.
+        contact: Arc<str>,
+    },
+    /// Removes every binding of `aor` (`Contact: *` with `Expires: 0`).
+    RemoveAll {
+        /// The address-of-record.
+        aor: Arc<str>,
+    },
 }
 
 impl BindingChange {

@@ -104,21 +104,39 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub enum Mail {
     /// A message that belongs to the receiving worker's transactions.
-    Message { source: Peer, data: Bytes },
+    Message {
+        /// Where the message came from.
+        source: Peer,
+        /// The message as it arrived.
+        data: Bytes,
+    },
     /// A registration change made by another worker.
     Binding(SharedChange),
     /// The user's credentials came (or their fetch gave up): requests waiting for them run
     /// now.
-    Credential { user: Arc<str> },
+    Credential {
+        /// The user whose credentials were fetched.
+        user: Arc<str>,
+    },
     /// From the store: it has committed the first `count` binding changes this worker sent
     /// (durable registration only).
-    Saved { count: u64 },
+    Saved {
+        /// How many of this worker's changes the store has committed, counted from the start.
+        count: u64,
+    },
     /// Another worker held a destination down until `until` (a failure, or its probe found
     /// it down: `Millis::MAX`), or found it up again (`until` 0).
-    HoldDown { peer: Peer, until: Millis },
+    HoldDown {
+        /// The destination.
+        peer: Peer,
+        /// Held down until then (`Millis::MAX`: until a probe finds it up; 0: up now).
+        until: Millis,
+    },
     /// DNS answered a lookup this worker asked for (`Effects::lookups`).
     Resolved {
+        /// What was asked.
         query: crate::dns::Query,
+        /// What DNS answered, or why it did not.
         resolution: Arc<crate::dns::Resolution>,
     },
 }
@@ -148,6 +166,7 @@ pub struct Effects {
 }
 
 impl Effects {
+    /// Whether there is nothing for the driver to do.
     pub fn is_empty(&self) -> bool {
         self.transmits.is_empty()
             && self.mail.is_empty()
@@ -445,6 +464,7 @@ impl Engine {
 
     // Queries.
 
+    /// The counters this engine writes (shared with its driver and the metrics endpoint).
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }
