@@ -40,10 +40,15 @@ const WAKE_UP: usize = N - 1;
 /// One configuration: the medians of its rounds.
 #[derive(Debug, Clone)]
 pub struct Observation {
+    /// The suite the row belongs to.
     pub suite: String,
+    /// The row's name within its suite.
     pub row: String,
+    /// Server CPU per successful operation, µs.
     pub cpu_us: f64,
+    /// The measured peak, operations per second, where the row has one.
     pub peak_per_s: Option<f64>,
+    /// Block counts per operation, in the order of `BLOCKS`.
     pub counts: [f64; N],
 }
 
@@ -237,6 +242,7 @@ pub(crate) struct Prediction {
     /// The same held-out model's CPU per operation at saturation: every block but the
     /// wake-up, since a worker that never runs out of work never sleeps.
     pub(crate) held_out_saturated_us: Option<f64>,
+    /// The measured peak, operations per second, where the row has one.
     pub peak_per_s: Option<f64>,
     /// The row's block counts per operation.
     pub counts: [f64; N],
@@ -259,6 +265,7 @@ impl Prediction {
 /// The model fitted on every row, and each row predicted with and without itself.
 #[derive(Debug, Clone)]
 pub struct Model {
+    /// Unit cost of each block fitted on every row, µs.
     pub units: Units,
     pub(crate) predictions: Vec<Prediction>,
 }

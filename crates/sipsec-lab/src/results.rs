@@ -16,11 +16,15 @@ pub fn path(dir: &Path) -> PathBuf {
 /// One row measured in one round.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Record {
+    /// The suite the row belongs to.
     pub suite: String,
+    /// The row's name within its suite.
     pub row: String,
+    /// The round it was measured in.
     pub round: u32,
     /// Offered operations per second and operations in the measured run.
     pub rate: f64,
+    /// Operations attempted in the measured run.
     pub calls: u64,
     /// The transport between the load generator and the server (`udp`, `tcp`, `tls`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -43,10 +47,14 @@ pub struct Record {
     #[serde(default)]
     pub(crate) wakeups: f64,
     #[serde(default)]
+    /// Operations that succeeded in the measured run.
     pub succeeded: u64,
     #[serde(default)]
+    /// Operations that failed in the measured run.
     pub failed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The highest rate at which at least 99% of operations succeeded (`--find-peak`),
+    /// operations per second; absent where no peak was searched for.
     pub peak_per_s: Option<f64>,
     /// The server's own counters over the measured run.
     #[serde(default)]

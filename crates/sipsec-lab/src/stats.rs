@@ -25,8 +25,11 @@ pub fn median(values: &[f64]) -> Option<f64> {
 /// A ratio to the baseline: the median over rounds and its 95% confidence interval.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ratio {
+    /// The median over rounds of the per-round ratios.
     pub median: f64,
+    /// The bootstrap 95% interval's lower end.
     pub low: f64,
+    /// The bootstrap 95% interval's upper end.
     pub high: f64,
 }
 

@@ -50,7 +50,9 @@ impl Conn {
 /// server's certificate against (default: the address), the callee's server configuration.
 #[derive(Clone, Default)]
 pub struct StreamTls {
+    /// The caller's configuration and the name it checks; `None` for plain TCP.
     pub client: Option<(ClientTls, Option<String>)>,
+    /// The callee's configuration; `None` for plain TCP.
     pub server: Option<ServerTls>,
 }
 

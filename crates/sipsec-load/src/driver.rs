@@ -39,13 +39,17 @@ pub trait Links {
 /// life except `open`, which is the connections open now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LinkCounters {
+    /// Connections the caller opened.
     pub connections_opened: u64,
+    /// Connections the callee's listener accepted.
     pub connections_accepted: u64,
     /// Connections refused, reset, or closed with data unsent.
     pub connection_errors: u64,
+    /// Connections open now.
     pub open: u64,
     /// The caller's handshakes, full and resumed.
     pub tls_full_handshakes: u64,
+    /// The caller's handshakes that resumed a session.
     pub tls_resumed_handshakes: u64,
     /// Handshakes the UAS completed.
     pub tls_accepted_handshakes: u64,
@@ -187,7 +191,9 @@ pub struct RunTimes {
     /// From the first start to the last (the schedule's span, the stop's if it came first):
     /// what a rate offered is measured over.
     pub(crate) schedule_s: f64,
+    /// Transmissions the links could neither send nor queue.
     pub send_failures: u64,
+    /// The caller's stop flag ended the run (SIGINT or SIGTERM): nothing started after it.
     pub interrupted: bool,
     /// What the links did during this run.
     pub links: LinkCounters,

@@ -5,7 +5,9 @@
 /// The search's settings.
 #[derive(Debug, Clone, Copy)]
 pub struct Search {
+    /// The first rate tried, operations per second.
     pub start: f64,
+    /// The highest rate tried, operations per second.
     pub max: f64,
     /// Stop bisecting when the interval is narrower than this fraction of the good rate.
     pub(crate) precision: f64,
@@ -16,6 +18,7 @@ pub struct Search {
 /// One trial's outcome.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Trial {
+    /// The rate tried, operations per second.
     pub rate: f64,
     pub(crate) success_ratio: f64,
 }

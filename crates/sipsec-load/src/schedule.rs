@@ -9,12 +9,14 @@ pub struct RatePlan {
     pub rate: f64,
     /// Added every `step_s` seconds (0 for a constant rate).
     pub(crate) ramp_step: f64,
+    /// Seconds between the ramp's steps.
     pub step_s: f64,
     /// The ramp stops rising here.
     pub(crate) max_rate: f64,
 }
 
 impl RatePlan {
+    /// `rate` operations per second for the whole run.
     pub fn constant(rate: f64) -> RatePlan {
         RatePlan {
             rate,
@@ -53,6 +55,7 @@ impl RatePlan {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limit {
     pub(crate) duration_s: Option<f64>,
+    /// Stop after this many operations have started.
     pub calls: Option<u64>,
 }
 
@@ -65,6 +68,7 @@ pub struct Pacer {
 }
 
 impl Pacer {
+    /// A pacer that has started nothing yet.
     pub fn new(plan: RatePlan, limit: Limit) -> Pacer {
         Pacer {
             plan,
@@ -73,6 +77,7 @@ impl Pacer {
         }
     }
 
+    /// The rate it paces to.
     pub fn plan(&self) -> &RatePlan {
         &self.plan
     }
@@ -104,6 +109,7 @@ impl Pacer {
             || self.limit.duration_s.is_some_and(|d| elapsed_s >= d)
     }
 
+    /// Operations started so far.
     pub fn started(&self) -> u64 {
         self.started
     }

@@ -8,10 +8,16 @@ use std::collections::BTreeMap;
 /// Outcomes over some span of time.
 #[derive(Clone)]
 pub struct Tally {
+    /// Operations started.
     pub attempted: u64,
+    /// Operations that got the response that counts.
     pub succeeded: u64,
+    /// Operations that ended any other way.
     pub failed: u64,
+    /// The failed operations counted by the reason their operation ended with.
     pub failures_by_reason: BTreeMap<String, u64>,
+    /// Messages sent again: requests and responses the timers retransmitted (the UAS's 2xx
+    /// among them), and the ACKs and responses repeated for a retransmission that arrived.
     pub retransmissions: u64,
     /// Microseconds from the first request to the response that counts (INVITE→200,
     /// REGISTER→200, INVITE→302, OPTIONS→200).
@@ -72,10 +78,13 @@ impl Tally {
 /// The run total and the window since the last progress line.
 #[derive(Default)]
 pub struct RunTally {
+    /// Since the run began.
     pub total: Tally,
+    /// Since the last progress line.
     pub window: Tally,
     /// Calls the UAS side answered and saw end.
     pub uas_answered: u64,
+    /// Calls the UAS side saw end with a BYE it knew.
     pub uas_completed: u64,
     /// Messages that matched nothing or could not be parsed.
     pub stray: u64,
@@ -84,22 +93,26 @@ pub struct RunTally {
 }
 
 impl RunTally {
+    /// Counts an operation started.
     pub fn attempt(&mut self) {
         self.total.attempted += 1;
         self.window.attempted += 1;
     }
 
+    /// Records one operation's latency in µs (at least 1).
     pub fn latency(&mut self, us: u64) {
         let us = us.max(1);
         let _ = self.total.latency_us.record(us);
         let _ = self.window.latency_us.record(us);
     }
 
+    /// Counts an operation that succeeded.
     pub fn success(&mut self) {
         self.total.succeeded += 1;
         self.window.succeeded += 1;
     }
 
+    /// Counts an operation that failed, under `reason`.
     pub fn failure(&mut self, reason: &str) {
         for t in [&mut self.total, &mut self.window] {
             t.failed += 1;
@@ -112,6 +125,7 @@ impl RunTally {
         }
     }
 
+    /// Counts `n` messages sent again.
     pub fn retransmissions(&mut self, n: u64) {
         self.total.retransmissions += n;
         self.window.retransmissions += n;

@@ -7,7 +7,9 @@ use std::path::Path;
 /// One user of the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct User {
+    /// The user part of the From/To URIs and the digest username.
     pub username: String,
+    /// The digest password.
     pub password: String,
     /// Overrides the run's domain for this user.
     pub domain: Option<String>,
@@ -18,22 +20,27 @@ pub struct User {
 pub struct Users(Vec<User>);
 
 impl Users {
+    /// The given users, in their order.
     pub fn new(users: Vec<User>) -> Users {
         Users(users)
     }
 
+    /// The `i`-th user, counting from 0.
     pub fn get(&self, i: usize) -> Option<&User> {
         self.0.get(i)
     }
 
+    /// How many users there are.
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// True when there are none.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// Reads and parses the file at `path` (see [`Users::parse`]).
     pub fn load(path: &Path) -> Result<Users> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read users file {}", path.display()))?;

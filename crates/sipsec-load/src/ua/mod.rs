@@ -38,7 +38,9 @@ use std::sync::Arc;
 /// and the remote address on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Endpoint {
+    /// The driver's link (see the link numbering in `connections`).
     pub link: u32,
+    /// The remote address on it.
     pub addr: SocketAddr,
 }
 
@@ -53,7 +55,10 @@ pub enum Scenario {
     /// REGISTER, 200.
     Register,
     /// INVITE, 302; then the call to the first Contact when `follow`.
-    Redirect { follow: bool },
+    Redirect {
+        /// Call the first Contact of the 302.
+        follow: bool,
+    },
     /// OPTIONS, 200.
     Options,
 }
@@ -61,6 +66,7 @@ pub enum Scenario {
 /// Everything the UA needs to know, fixed for a run.
 #[derive(Clone)]
 pub struct UaConfig {
+    /// What each operation the UAC starts does.
     pub scenario: Scenario,
     /// Where the UAC sends new requests (the server, or a UAS directly).
     pub target: Endpoint,
@@ -68,14 +74,18 @@ pub struct UaConfig {
     pub uac_local: SocketAddr,
     /// The UAS's own address (Contact of its 200), when this UA answers calls.
     pub uas_local: Option<SocketAddr>,
+    /// The transport to the target: named in Via and Contact, and whether messages are
+    /// retransmitted (not on TCP or TLS).
     pub transport: Transport,
     /// Host part of Request-URIs, From and To (default: the target's address).
     pub domain: String,
+    /// Callers, callees and their credentials; empty when no user file is given.
     pub users: Arc<Users>,
     /// Callee user when no user file is given.
     pub service: String,
     /// Milliseconds a call stays established before the UAC hangs up.
     pub hold_ms: u64,
+    /// Seconds asked for in a REGISTER's Expires.
     pub expires: u32,
     /// The address registered in Contact (default: the UAC's own).
     pub register_contact: Option<String>,
@@ -85,6 +95,7 @@ pub struct UaConfig {
     pub oc: bool,
     /// Start nothing while a 503's Retry-After lasts.
     pub honour_retry_after: bool,
+    /// The RFC 3261 timers, for the transactions and the UAS's 2xx retransmissions.
     pub timers: Timers,
     /// Distinguishes this run's Call-IDs and branches from earlier runs on the same sockets.
     pub epoch: u32,
@@ -220,6 +231,7 @@ pub struct Ua {
     outputs: Vec<Output<Endpoint, TxUser>>,
     fired: Vec<Event>,
     scratch: Vec<u8>,
+    /// What this UA counted so far.
     pub stats: RunTally,
     /// Numbers of the operations that ended, when `UaConfig::report_ended` asks for them
     /// (per-call connections close on them); the driver drains it.
@@ -250,6 +262,7 @@ fn ms(us: u64) -> u64 {
 }
 
 impl Ua {
+    /// A UA with nothing in flight, its clocks started at `now_us` (µs).
     pub fn new(cfg: UaConfig, now_us: u64) -> Ua {
         let timers = cfg.timers;
         Ua {
