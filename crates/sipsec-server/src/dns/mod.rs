@@ -19,8 +19,8 @@
 
 pub mod resolver;
 
-use sipsec_transport::net::transport::{Peer, Transport};
 use sip_core::message::{Scheme, Uri};
+use sipsec_transport::net::transport::{Peer, Transport};
 use smallvec::SmallVec;
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
