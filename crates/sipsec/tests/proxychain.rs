@@ -167,6 +167,11 @@ impl Lab {
     /// The proxy's config: UDP on port+1, calls routed to the UAS on port+2, `extra` added to
     /// `[auth]` (with its `methods`); its certificate is `cert` (the lab's client certificate
     /// unless given).
+    /// The authority, a proxy with the lab's settings and the callee, started in that order.
+    fn start(&self) -> (Authd, Server, LoadUas) {
+        (self.authd(), self.proxy(""), self.uas())
+    }
+
     fn proxy_config(&self, certs: &str, extra: &str) -> String {
         let p = self.port;
         format!(
@@ -235,9 +240,7 @@ impl Lab {
 #[test]
 fn calls_authenticate_through_the_chain_and_a_new_password_is_pushed() {
     let lab = Lab::new();
-    let _authd = lab.authd();
-    let proxy = lab.proxy("");
-    let uas = lab.uas();
+    let (_authd, proxy, uas) = lab.start();
     // 60 calls over 12 users: 5 calls, 10 authentications (INVITE and BYE) per user on
     // chains of 4, so every user's chain is renewed at least twice.
     let (code, summary, stderr) = lab.calls(&lab.path("users.csv"), 60);
@@ -357,9 +360,7 @@ fn challenge_in(m: &str) -> Option<Challenge> {
 #[test]
 fn attacks_on_the_proxy_are_refused() {
     let lab = Lab::new();
-    let _authd = lab.authd();
-    let proxy_server = lab.proxy("");
-    let _uas = lab.uas();
+    let (_authd, proxy_server, _uas) = lab.start();
     let proxy = format!("127.0.0.1:{}", lab.port + 1);
     let ep = Endpoint::bind("127.0.0.1:0");
     let key = proxychain::user_key("user1", REALM, "pw1");
@@ -505,9 +506,7 @@ fn with_the_authority_down_backup_credentials_carry_the_calls() {
 #[test]
 fn a_revoked_proxy_is_cut_off() {
     let lab = Lab::new();
-    let _authd = lab.authd();
-    let proxy = lab.proxy("");
-    let _uas = lab.uas();
+    let (_authd, proxy, _uas) = lab.start();
     let (code, _, _) = lab.calls(&lab.path("users.csv"), 12);
     assert_eq!(code, 0);
     let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
