@@ -132,6 +132,15 @@ impl Lab {
         self.dir.path().join(name).to_str().unwrap().to_string()
     }
 
+    /// Runs `sipsec authd ARGS` on the authority's configuration.
+    fn authd_command(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(["authd", "--config", &self.path("authd.toml")])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     fn users(&self, args: &[&str]) {
         let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
             .args([
@@ -468,18 +477,15 @@ fn a_proxy_the_authority_does_not_know_is_refused_and_its_callers_get_503() {
 #[test]
 fn with_the_authority_down_backup_credentials_carry_the_calls() {
     let lab = Lab::new();
-    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
-        .args(["authd", "--config", &lab.path("authd.toml"), "backup"])
-        .args([
-            "--proxy",
-            "proxy-1",
-            "--length",
-            "50",
-            "--out",
-            &lab.path("p1.backup"),
-        ])
-        .output()
-        .unwrap();
+    let out = lab.authd_command(&[
+        "backup",
+        "--proxy",
+        "proxy-1",
+        "--length",
+        "50",
+        "--out",
+        &lab.path("p1.backup"),
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -509,16 +515,7 @@ fn a_revoked_proxy_is_cut_off() {
     let (_authd, proxy, _uas) = lab.start();
     let (code, _, _) = lab.calls(&lab.path("users.csv"), 12);
     assert_eq!(code, 0);
-    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
-        .args([
-            "authd",
-            "--config",
-            &lab.path("authd.toml"),
-            "revoke-proxy",
-            "proxy-1",
-        ])
-        .output()
-        .unwrap();
+    let out = lab.authd_command(&["revoke-proxy", "proxy-1"]);
     assert!(out.status.success());
     std::thread::sleep(Duration::from_millis(2500));
     // The proxy says what happened: revoked, not an outage.
