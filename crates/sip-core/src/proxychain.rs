@@ -334,19 +334,6 @@ impl Chain {
 /// mistaken challenge can make a client do.
 pub const MAX_COUNTER: u32 = 1 << 20;
 
-/// The client's side: checks the network's proof in `ch` (mutual authentication) and makes
-/// the response for a request from `from` to `to`.
-pub fn answer(
-    k_ad: &[u8],
-    ch: &Challenge,
-    n_ap: &Nonce,
-    username: &str,
-    from: &[u8],
-    to: &[u8],
-) -> Result<Response, Refusal> {
-    ClientChain::answer(k_ad, ch, n_ap, username, from, to).map(|(_, r)| r)
-}
-
 /// The client's copy of a chain whose challenge it verified: what it needs to answer the
 /// same proxy's next counter without being challenged again (`sipsec load --auth-reuse`;
 /// `docs/proxychain.md`, "Answering without a challenge"). A sipsec extension on the client
@@ -363,7 +350,9 @@ pub struct ClientChain {
 }
 
 impl ClientChain {
-    /// Answers `ch` as [`answer`] does, keeping the chain for the next requests.
+    /// The client's side: checks the network's proof in `ch` (mutual authentication) and
+    /// makes the response for a request from `from` to `to`, keeping the chain for the next
+    /// requests.
     pub fn answer(
         k_ad: &[u8],
         ch: &Challenge,

@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use std::collections::HashMap;
@@ -218,6 +218,26 @@ fn answer<B>(endpoint: &Endpoint, req: &Request<B>) -> Response<Full<Bytes>> {
     }
 }
 
+/// What one sample of a metric holds: a counter's count (`u64`) or a gauge's level (`f64`).
+trait Sample {
+    const KIND: MetricType;
+    fn encode(&self, m: &mut MetricEncoder<'_>) -> std::fmt::Result;
+}
+
+impl Sample for u64 {
+    const KIND: MetricType = MetricType::Counter;
+    fn encode(&self, m: &mut MetricEncoder<'_>) -> std::fmt::Result {
+        m.encode_counter::<NoLabelSet, _, u64>(self, None)
+    }
+}
+
+impl Sample for f64 {
+    const KIND: MetricType = MetricType::Gauge;
+    fn encode(&self, m: &mut MetricEncoder<'_>) -> std::fmt::Result {
+        m.encode_gauge(self)
+    }
+}
+
 /// Writing metrics from counters read at scrape time: the small vocabulary the collectors
 /// use on `prometheus-client`'s encoder.
 pub(crate) struct Writer<'a, 'b> {
@@ -227,10 +247,7 @@ pub(crate) struct Writer<'a, 'b> {
 impl Writer<'_, '_> {
     /// A counter (`name` gets `_total`).
     pub(crate) fn counter(&mut self, name: &str, help: &str, value: u64) -> std::fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, None, MetricType::Counter)?;
-        m.encode_counter::<NoLabelSet, _, u64>(&value, None)
+        self.sample(name, help, value)
     }
 
     /// A counter family: one value per label set.
@@ -240,22 +257,12 @@ impl Writer<'_, '_> {
         help: &str,
         values: impl IntoIterator<Item = (L, u64)>,
     ) -> std::fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, None, MetricType::Counter)?;
-        for (labels, v) in values {
-            m.encode_family(&labels)?
-                .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-        }
-        Ok(())
+        self.family(name, help, values)
     }
 
     /// A gauge.
     pub(crate) fn gauge(&mut self, name: &str, help: &str, value: f64) -> std::fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, None, MetricType::Gauge)?;
-        m.encode_gauge(&value)
+        self.sample(name, help, value)
     }
 
     /// A gauge family.
@@ -265,11 +272,25 @@ impl Writer<'_, '_> {
         help: &str,
         values: impl IntoIterator<Item = (L, f64)>,
     ) -> std::fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        self.family(name, help, values)
+    }
+
+    /// A metric of one sample.
+    fn sample<V: Sample>(&mut self, name: &str, help: &str, value: V) -> std::fmt::Result {
+        let mut m = self.enc.encode_descriptor(name, help, None, V::KIND)?;
+        value.encode(&mut m)
+    }
+
+    /// A metric family: one sample per label set.
+    fn family<L: EncodeLabelSet, V: Sample>(
+        &mut self,
+        name: &str,
+        help: &str,
+        values: impl IntoIterator<Item = (L, V)>,
+    ) -> std::fmt::Result {
+        let mut m = self.enc.encode_descriptor(name, help, None, V::KIND)?;
         for (labels, v) in values {
-            m.encode_family(&labels)?.encode_gauge(&v)?;
+            v.encode(&mut m.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -266,22 +266,15 @@ fn digest_with_sipp_and_every_refusal(db: &str) {
             inf += &format!("user{n};pw{n};[authentication username=user{n} password=pw{n}]\n");
         }
         std::fs::write(dir.path().join("users.inf"), inf).unwrap();
-        let reg = sipp_client(
-            dir.path(),
-            &target,
-            &[
-                "-sf",
-                scenario("register_auth.xml").to_str().unwrap(),
-                "-inf",
-                "users.inf",
-                "-m",
-                "50",
-                "-r",
-                "50",
-                "-i",
-                "127.0.0.1",
-            ],
-        );
+        // Each of the 50 users once, 50 a second, through scenario `xml` (with `extra`).
+        let each_user = |xml: &str, extra: &[&str]| {
+            let sf = scenario(xml);
+            let mut args = vec!["-sf", sf.to_str().unwrap(), "-inf", "users.inf"];
+            args.extend(["-m", "50", "-r", "50", "-i", "127.0.0.1"]);
+            args.extend_from_slice(extra);
+            sipp_client(dir.path(), &target, &args)
+        };
+        let reg = each_user("register_auth.xml", &[]);
         assert_eq!(
             (reg.successful, reg.failed),
             (50, 0),
@@ -289,24 +282,7 @@ fn digest_with_sipp_and_every_refusal(db: &str) {
             server.log()
         );
         let _uas = sipp_uas_with("127.0.0.1", port + 1, &["-sn", "uas"]);
-        let calls = sipp_client(
-            dir.path(),
-            &target,
-            &[
-                "-sf",
-                scenario("uac_auth.xml").to_str().unwrap(),
-                "-inf",
-                "users.inf",
-                "-m",
-                "50",
-                "-r",
-                "50",
-                "-i",
-                "127.0.0.1",
-                "-s",
-                "bob",
-            ],
-        );
+        let calls = each_user("uac_auth.xml", &["-s", "bob"]);
         assert_eq!(
             (calls.successful, calls.failed),
             (50, 0),

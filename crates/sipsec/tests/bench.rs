@@ -12,21 +12,21 @@ fn load_cpu() -> String {
     (cpus.min(2) - 1).to_string()
 }
 
-fn bench(dir: &std::path::Path, args: &[&str]) -> Value {
+/// Runs `sipsec bench ARGS` pinned (the server on CPU 0, the load generator on the next) and
+/// quiet, and returns its JSON report; shows what it printed if it fails.
+fn run_bench(dir: &std::path::Path, args: &[&str]) -> Value {
     let json = dir.join("bench.json");
     let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
         .arg("bench")
         .args(args)
         .args([
-            "--calls",
-            "600",
-            "--rate",
-            "300",
-            "--warmup-calls",
-            "100",
             "--quiet",
+            "--server-cpu",
+            "0",
+            "--load-cpu",
+            &load_cpu(),
+            "--json",
         ])
-        .args(["--server-cpu", "0", "--load-cpu", &load_cpu(), "--json"])
         .arg(&json)
         .current_dir(dir)
         .output()
@@ -37,7 +37,14 @@ fn bench(dir: &std::path::Path, args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
+/// `sipsec bench ARGS` for 600 calls at 300 a second after 100 to warm up: checks the report
+/// counts them and a measurable CPU cost per call.
+fn bench(dir: &std::path::Path, args: &[&str]) -> Value {
+    let sizes = ["--calls", "600", "--rate", "300", "--warmup-calls", "100"];
+    let v = run_bench(dir, &[args, &sizes[..]].concat());
     assert_eq!(v["ops"], 600, "{v}");
     assert_eq!(v["rate"], 300.0, "{v}");
     assert_eq!(v["load"]["succeeded"], 600, "{v}");
@@ -109,28 +116,7 @@ static DEFAULT_TOPOLOGY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// others.
 fn bench_json(dir: &std::path::Path, args: &[&str]) -> Value {
     let _turn = DEFAULT_TOPOLOGY.lock().unwrap_or_else(|e| e.into_inner());
-    let json = dir.join("bench.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
-        .arg("bench")
-        .args(args)
-        .args([
-            "--quiet",
-            "--server-cpu",
-            "0",
-            "--load-cpu",
-            &load_cpu(),
-            "--json",
-        ])
-        .arg(&json)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+    run_bench(dir, args)
 }
 
 /// `--instructions` counts the server's user-space instructions per call with callgrind,

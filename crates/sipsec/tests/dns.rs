@@ -146,33 +146,29 @@ fn calls_spread_over_weighted_srv_targets_found_by_naptr() {
     let base = ports(21000);
     let (sip, dns_port, p1, p2) = (base, base + 1, base + 2, base + 3);
     let dns = Dns::start("carrier.test.", dns_port);
-    dns.add(
-        "carrier.test.",
-        60,
-        naptr(10, "SIP+D2U", "_sip._udp.carrier.test."),
-    );
-    dns.add(
-        "carrier.test.",
-        60,
-        naptr(5, "SIP+D2T", "_sip._tcp.carrier.test."),
-    );
-    dns.add(
-        "_sip._tcp.carrier.test.",
-        60,
-        srv(0, 1, p1, "a.carrier.test."),
-    );
-    dns.add(
-        "_sip._udp.carrier.test.",
-        60,
-        srv(10, 60, p1, "a.carrier.test."),
-    );
-    dns.add(
-        "_sip._udp.carrier.test.",
-        60,
-        srv(10, 20, p2, "b.carrier.test."),
-    );
-    dns.add("a.carrier.test.", 60, a([127, 0, 0, 1]));
-    dns.add("b.carrier.test.", 60, aaaa(Ipv6Addr::LOCALHOST));
+    for (name, record) in [
+        (
+            "carrier.test.",
+            naptr(10, "SIP+D2U", "_sip._udp.carrier.test."),
+        ),
+        (
+            "carrier.test.",
+            naptr(5, "SIP+D2T", "_sip._tcp.carrier.test."),
+        ),
+        ("_sip._tcp.carrier.test.", srv(0, 1, p1, "a.carrier.test.")),
+        (
+            "_sip._udp.carrier.test.",
+            srv(10, 60, p1, "a.carrier.test."),
+        ),
+        (
+            "_sip._udp.carrier.test.",
+            srv(10, 20, p2, "b.carrier.test."),
+        ),
+        ("a.carrier.test.", a([127, 0, 0, 1])),
+        ("b.carrier.test.", aaaa(Ipv6Addr::LOCALHOST)),
+    ] {
+        dns.add(name, 60, record);
+    }
     let uas1 = LoadUas::start(dir.path(), &format!("udp:127.0.0.1:{p1}"), &[]);
     let uas2 = LoadUas::start(dir.path(), &format!("udp:[::1]:{p2}"), &[]);
     let server = proxy(dir.path(), sip, dns.port, "sip:carrier.test", "");
@@ -222,21 +218,13 @@ fn failover_from_a_dead_and_a_503_target_completes_the_calls() {
     let base = ports(21100);
     let (sip, dns_port, dead, busy, good) = (base, base + 1, base + 2, base + 3, base + 4);
     let dns = Dns::start("fail.test.", dns_port);
-    dns.add(
-        "_sip._udp.fail.test.",
-        60,
-        srv(10, 1, dead, "dead.fail.test."),
-    );
-    dns.add(
-        "_sip._udp.fail.test.",
-        60,
-        srv(10, 1, busy, "busy.fail.test."),
-    );
-    dns.add(
-        "_sip._udp.fail.test.",
-        60,
-        srv(20, 1, good, "good.fail.test."),
-    );
+    for (name, record) in [
+        ("_sip._udp.fail.test.", srv(10, 1, dead, "dead.fail.test.")),
+        ("_sip._udp.fail.test.", srv(10, 1, busy, "busy.fail.test.")),
+        ("_sip._udp.fail.test.", srv(20, 1, good, "good.fail.test.")),
+    ] {
+        dns.add(name, 60, record);
+    }
     for host in ["dead", "busy", "good"] {
         dns.add(&format!("{host}.fail.test."), 60, a([127, 0, 0, 1]));
     }

@@ -111,22 +111,10 @@ fn calls_into(dir: &Path, first: u16, calls: u64) -> (i32, serde_json::Value, St
     let (ca, cert, key) = (p("ca.pem"), p("client.pem"), p("client-key.pem"));
     let target = format!("tls:127.0.0.1:{first}");
     let calls = calls.to_string();
-    load(
-        dir,
-        &[
-            &target,
-            "--tls-ca",
-            &ca,
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--calls",
-            &calls,
-            "--rate",
-            "50",
-        ],
-    )
+    let mut args = vec![target.as_str()];
+    args.extend(tls_files(&cert, &key, &ca));
+    args.extend(["--calls", &calls, "--rate", "50"]);
+    load(dir, &args)
 }
 
 #[test]
@@ -172,12 +160,11 @@ fn sipsec_and_kamailio_chained_over_tls_both_ways_with_and_without_client_certif
             dir.path(),
             &sipsec_config(dir.path(), sipsec_port, &kamailio_uri, client_auth),
         );
-        let (code, v, err) = calls_into(dir.path(), sipsec_port, calls);
-        assert_eq!(
-            (code, n(&v, "succeeded")),
-            (0, calls),
-            "load → sipsec → Kamailio, mutual {mutual}: {err}\n{v}\n{}",
-            server.log()
+        assert_all_succeeded(
+            &calls_into(dir.path(), sipsec_port, calls),
+            calls,
+            &format!("load → sipsec → Kamailio, mutual {mutual}"),
+            &server,
         );
         let c = server.stop_counters();
         assert_eq!(c.get("tls_failures"), 0, "{c:?}");
@@ -191,12 +178,11 @@ fn sipsec_and_kamailio_chained_over_tls_both_ways_with_and_without_client_certif
             &sipsec_config(dir.path(), sipsec_port, &uas_uri, client_auth),
         );
         let kam = start_kamailio(dir.path(), first_kamailio, &sipsec_uri, mutual);
-        let (code, v, err) = calls_into(dir.path(), first_kamailio, calls);
-        assert_eq!(
-            (code, n(&v, "succeeded")),
-            (0, calls),
-            "load → Kamailio → sipsec, mutual {mutual}: {err}\n{v}\n{}",
-            server.log()
+        assert_all_succeeded(
+            &calls_into(dir.path(), first_kamailio, calls),
+            calls,
+            &format!("load → Kamailio → sipsec, mutual {mutual}"),
+            &server,
         );
         drop(kam);
         let c = server.stop_counters();

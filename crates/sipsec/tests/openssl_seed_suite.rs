@@ -32,16 +32,8 @@ fn the_seed_suite_carries_calls_in_the_chain_and_local_modes() {
         "--tls-version",
         "1.2",
     ];
-    let mut uas_args = vec![
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--tls-ca",
-        &ca,
-        "--tls-client-auth",
-        "required",
-    ];
+    let mut uas_args = tls_files(&cert, &key, &ca).to_vec();
+    uas_args.extend(["--tls-client-auth", "required"]);
     uas_args.extend(seed);
     let uas = LoadUas::start(dir.path(), &uas_addr, &uas_args);
     let calls = 60u64;
@@ -61,29 +53,13 @@ fn the_seed_suite_carries_calls_in_the_chain_and_local_modes() {
             dir.path().join("s.db").display()
         );
         let server = Server::start_logged(dir.path(), &cfg);
-        let mut args = vec![
-            listen.as_str(),
-            "--tls-ca",
-            &ca,
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--connection",
-            caller,
-            "--calls",
-            "60",
-            "--rate",
-            "60",
-        ];
+        let mut args = vec![listen.as_str()];
+        args.extend(tls_files(&cert, &key, &ca));
+        args.extend(["--connection", caller, "--calls", "60", "--rate", "60"]);
         args.extend(seed);
-        let (code, v, err) = load(dir.path(), &args);
-        assert_eq!(
-            (code, n(&v, "succeeded")),
-            (0, calls),
-            "{caller}: {err}\n{v}\n{}",
-            server.log()
-        );
+        let run = load(dir.path(), &args);
+        assert_all_succeeded(&run, calls, caller, &server);
+        let v = &run.1;
         let c = server.stop_counters();
         let (accepted, opened) = (c.get("connections_accepted"), c.get("connections_opened"));
         let (full, resumed) = (

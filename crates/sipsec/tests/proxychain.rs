@@ -132,6 +132,15 @@ impl Lab {
         self.dir.path().join(name).to_str().unwrap().to_string()
     }
 
+    /// Runs `sipsec authd ARGS` on the authority's configuration.
+    fn authd_command(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(["authd", "--config", &self.path("authd.toml")])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     fn users(&self, args: &[&str]) {
         let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
             .args([
@@ -167,6 +176,11 @@ impl Lab {
     /// The proxy's config: UDP on port+1, calls routed to the UAS on port+2, `extra` added to
     /// `[auth]` (with its `methods`); its certificate is `cert` (the lab's client certificate
     /// unless given).
+    /// The authority, a proxy with the lab's settings and the callee, started in that order.
+    fn start(&self) -> (Authd, Server, LoadUas) {
+        (self.authd(), self.proxy(""), self.uas())
+    }
+
     fn proxy_config(&self, certs: &str, extra: &str) -> String {
         let p = self.port;
         format!(
@@ -235,9 +249,7 @@ impl Lab {
 #[test]
 fn calls_authenticate_through_the_chain_and_a_new_password_is_pushed() {
     let lab = Lab::new();
-    let _authd = lab.authd();
-    let proxy = lab.proxy("");
-    let uas = lab.uas();
+    let (_authd, proxy, uas) = lab.start();
     // 60 calls over 12 users: 5 calls, 10 authentications (INVITE and BYE) per user on
     // chains of 4, so every user's chain is renewed at least twice.
     let (code, summary, stderr) = lab.calls(&lab.path("users.csv"), 60);
@@ -357,9 +369,7 @@ fn challenge_in(m: &str) -> Option<Challenge> {
 #[test]
 fn attacks_on_the_proxy_are_refused() {
     let lab = Lab::new();
-    let _authd = lab.authd();
-    let proxy_server = lab.proxy("");
-    let _uas = lab.uas();
+    let (_authd, proxy_server, _uas) = lab.start();
     let proxy = format!("127.0.0.1:{}", lab.port + 1);
     let ep = Endpoint::bind("127.0.0.1:0");
     let key = proxychain::user_key("user1", REALM, "pw1");
@@ -380,8 +390,9 @@ fn attacks_on_the_proxy_are_refused() {
     assert_eq!(status(&m), 407, "{m}");
     let ch = challenge_in(&m).expect("a full challenge");
     assert_eq!((ch.realm.as_str(), ch.counter), ("proxy-1", 4));
-    let r =
-        proxychain::answer(&key, &ch, &[1; 16], "user1", a, b).expect("the network proves itself");
+    let r = proxychain::ClientChain::answer(&key, &ch, &[1; 16], "user1", a, b)
+        .map(|(_, r)| r)
+        .expect("the network proves itself");
     // The response moved to another callee: 403.
     let moved = invite(&ep, "user1", "user3", "c2", 1, &r.render());
     assert_eq!(status(&exchange(&ep, &proxy, &moved)), 403);
@@ -466,18 +477,15 @@ fn a_proxy_the_authority_does_not_know_is_refused_and_its_callers_get_503() {
 #[test]
 fn with_the_authority_down_backup_credentials_carry_the_calls() {
     let lab = Lab::new();
-    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
-        .args(["authd", "--config", &lab.path("authd.toml"), "backup"])
-        .args([
-            "--proxy",
-            "proxy-1",
-            "--length",
-            "50",
-            "--out",
-            &lab.path("p1.backup"),
-        ])
-        .output()
-        .unwrap();
+    let out = lab.authd_command(&[
+        "backup",
+        "--proxy",
+        "proxy-1",
+        "--length",
+        "50",
+        "--out",
+        &lab.path("p1.backup"),
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -504,21 +512,10 @@ fn with_the_authority_down_backup_credentials_carry_the_calls() {
 #[test]
 fn a_revoked_proxy_is_cut_off() {
     let lab = Lab::new();
-    let _authd = lab.authd();
-    let proxy = lab.proxy("");
-    let _uas = lab.uas();
+    let (_authd, proxy, _uas) = lab.start();
     let (code, _, _) = lab.calls(&lab.path("users.csv"), 12);
     assert_eq!(code, 0);
-    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
-        .args([
-            "authd",
-            "--config",
-            &lab.path("authd.toml"),
-            "revoke-proxy",
-            "proxy-1",
-        ])
-        .output()
-        .unwrap();
+    let out = lab.authd_command(&["revoke-proxy", "proxy-1"]);
     assert!(out.status.success());
     std::thread::sleep(Duration::from_millis(2500));
     // The proxy says what happened: revoked, not an outage.

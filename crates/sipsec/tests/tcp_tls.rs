@@ -158,15 +158,10 @@ fn the_four_seed_000_modes_over_tls_with_sipsec_load() {
         dir.path(),
         &uas_addr,
         &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--tls-ca",
-            &ca,
-            "--tls-client-auth",
-            "optional",
-        ],
+            &tls_files(&cert, &key, &ca)[..],
+            &["--tls-client-auth", "optional"],
+        ]
+        .concat(),
     );
     let modes = [
         Mode {

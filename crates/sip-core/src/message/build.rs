@@ -109,46 +109,38 @@ fn copy_header(req: &Message<'_>, name: HeaderName, label: &str, out: &mut Vec<u
 /// Request-URI, top Via, From, Call-ID, CSeq number and Route as the INVITE, To from the
 /// response (RFC 3261 §17.1.1.3).
 pub fn ack_for_non2xx(invite: &Message<'_>, response: &Message<'_>, out: &mut Vec<u8>) {
-    let uri = invite.request_uri().map_or(&b""[..], |u| u.raw);
-    out.extend_from_slice(b"ACK ");
-    out.extend_from_slice(uri);
-    out.extend_from_slice(b" SIP/2.0\r\nVia: ");
-    let via = invite.top_via();
-    out.extend_from_slice(&invite.as_bytes()[via.start..via.end]);
-    out.extend_from_slice(b"\r\n");
-    copy_header(invite, HeaderName::From, "From", out);
-    copy_header(response, HeaderName::To, "To", out);
-    copy_header(invite, HeaderName::CallId, "Call-ID", out);
-    out.extend_from_slice(b"CSeq: ");
-    push_int(out, invite.cseq().seq);
-    out.extend_from_slice(b" ACK\r\n");
-    for h in invite.headers_named(HeaderName::Route) {
-        out.extend_from_slice(b"Route: ");
-        out.extend_from_slice(invite.value(h));
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n");
+    same_hop(b"ACK", invite, response, out);
 }
 
 /// Writes a CANCEL for a request this element sent (RFC 3261 §9.1): same Request-URI, top Via,
 /// From, To, Call-ID, CSeq number and Route.
 pub fn cancel_for(request: &Message<'_>, out: &mut Vec<u8>) {
-    let uri = request.request_uri().map_or(&b""[..], |u| u.raw);
-    out.extend_from_slice(b"CANCEL ");
+    same_hop(b"CANCEL", request, request, out);
+}
+
+/// Writes a `method` request on the hop of one this element sent (an ACK for a non-2xx, a
+/// CANCEL): `sent`'s Request-URI, top Via, From, Call-ID, CSeq number and Route, and the To
+/// of `to` (the response for an ACK, the request itself for a CANCEL).
+fn same_hop(method: &[u8], sent: &Message<'_>, to: &Message<'_>, out: &mut Vec<u8>) {
+    let uri = sent.request_uri().map_or(&b""[..], |u| u.raw);
+    out.extend_from_slice(method);
+    out.push(b' ');
     out.extend_from_slice(uri);
     out.extend_from_slice(b" SIP/2.0\r\nVia: ");
-    let via = request.top_via();
-    out.extend_from_slice(&request.as_bytes()[via.start..via.end]);
+    let via = sent.top_via();
+    out.extend_from_slice(&sent.as_bytes()[via.start..via.end]);
     out.extend_from_slice(b"\r\n");
-    copy_header(request, HeaderName::From, "From", out);
-    copy_header(request, HeaderName::To, "To", out);
-    copy_header(request, HeaderName::CallId, "Call-ID", out);
+    copy_header(sent, HeaderName::From, "From", out);
+    copy_header(to, HeaderName::To, "To", out);
+    copy_header(sent, HeaderName::CallId, "Call-ID", out);
     out.extend_from_slice(b"CSeq: ");
-    push_int(out, request.cseq().seq);
-    out.extend_from_slice(b" CANCEL\r\n");
-    for h in request.headers_named(HeaderName::Route) {
+    push_int(out, sent.cseq().seq);
+    out.push(b' ');
+    out.extend_from_slice(method);
+    out.extend_from_slice(b"\r\n");
+    for h in sent.headers_named(HeaderName::Route) {
         out.extend_from_slice(b"Route: ");
-        out.extend_from_slice(request.value(h));
+        out.extend_from_slice(sent.value(h));
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n");

@@ -109,10 +109,7 @@ pub(crate) fn split_hostport(hp: &[u8]) -> Result<(&[u8], Option<u16>), UriError
             _ => return Err(UriError::Host),
         }
     } else {
-        match hp.iter().position(|b| *b == b':') {
-            Some(i) => (&hp[..i], Some(&hp[i + 1..])),
-            None => (hp, None),
-        }
+        split_at_first(hp, b':')
     };
     if !valid_host(host) {
         return Err(UriError::Host);
@@ -128,13 +125,19 @@ pub(crate) fn split_hostport(hp: &[u8]) -> Result<(&[u8], Option<u16>), UriError
     Ok((host, port))
 }
 
+/// `s` split at its first `sep`: what comes before, and what comes after if `sep` is there
+/// (`host:port`, `name=value`, `user:password`).
+fn split_at_first(s: &[u8], sep: u8) -> (&[u8], Option<&[u8]>) {
+    match s.iter().position(|b| *b == sep) {
+        Some(i) => (&s[..i], Some(&s[i + 1..])),
+        None => (s, None),
+    }
+}
+
 fn check_params(params: &[u8]) -> Result<(), UriError> {
     // params is ";a;b=c..." : every element needs a non-empty name.
     for p in params.split(|b| *b == b';').skip(1) {
-        let (name, value) = match p.iter().position(|b| *b == b'=') {
-            Some(i) => (&p[..i], Some(&p[i + 1..])),
-            None => (p, None),
-        };
+        let (name, value) = split_at_first(p, b'=');
         if name.is_empty() || !check_escaped(name, class::PARAM) {
             return Err(UriError::Param);
         }
@@ -215,10 +218,7 @@ impl<'a> Uri<'a> {
         let (user, password) = match userinfo {
             None => (None, None),
             Some(ui) => {
-                let (u, p) = match ui.iter().position(|b| *b == b':') {
-                    Some(i) => (&ui[..i], Some(&ui[i + 1..])),
-                    None => (ui, None),
-                };
+                let (u, p) = split_at_first(ui, b':');
                 if u.is_empty() || !check_escaped(u, class::USER) {
                     return Err(UriError::User);
                 }

@@ -41,13 +41,13 @@ fn the_independent_test_vectors_hold() {
             // Run the protocol down to this step's counter, checking each vector on the way.
             while chain.counter > i {
                 let ch = chain.challenge(proxy, &n_ap);
-                let r = answer(&k_ad, &ch, &n_ap, "alice", from, to).unwrap();
+                let (_, r) = ClientChain::answer(&k_ad, &ch, &n_ap, "alice", from, to).unwrap();
                 chain.verify(&r, from, to).unwrap();
             }
             let ch = chain.challenge(proxy, &n_ap);
             assert_eq!(ch.counter, i);
             assert_eq!(ch.proof.hex(), s(&step["network_proof"]));
-            let r = answer(&k_ad, &ch, &n_ap, "alice", from, to).unwrap();
+            let (_, r) = ClientChain::answer(&k_ad, &ch, &n_ap, "alice", from, to).unwrap();
             assert_eq!(r.value.hex(), s(&step["response"]));
             assert_eq!(r.proof.hex(), s(&step["request_proof"]));
             chain.verify(&r, from, to).unwrap();
@@ -82,12 +82,12 @@ fn a_chain_authenticates_exactly_length_requests_then_is_exhausted() {
         let mut s = setup(kind, 5);
         for _ in 0..5 {
             let ch = s.chain.challenge("p1", &s.n_ap);
-            let r = answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
+            let (_, r) = ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
             s.chain.verify(&r, A, B).unwrap();
         }
         let ch = s.chain.challenge("p1", &s.n_ap);
         assert_eq!(
-            answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B),
+            ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).map(|(_, r)| r),
             Err(Refusal::CounterRange),
             "a client never reveals past the root"
         );
@@ -107,7 +107,7 @@ fn a_chain_authenticates_exactly_length_requests_then_is_exhausted() {
 fn a_replayed_response_is_refused() {
     let mut s = setup(HashKind::Sha256, 10);
     let ch = s.chain.challenge("p1", &s.n_ap);
-    let r = answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
+    let (_, r) = ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
     s.chain.verify(&r, A, B).unwrap();
     assert_eq!(s.chain.verify(&r, A, B), Err(Refusal::Counter));
 }
@@ -119,7 +119,7 @@ fn a_lowered_counter_in_the_challenge_is_caught_by_the_client() {
     let mut ch = s.chain.challenge("p1", &s.n_ap);
     ch.counter = 1;
     assert_eq!(
-        answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B),
+        ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).map(|(_, r)| r),
         Err(Refusal::NetworkProof)
     );
 }
@@ -130,20 +130,20 @@ fn a_forged_network_proof_or_a_proof_for_another_nonce_is_refused() {
     let mut ch = s.chain.challenge("p1", &s.n_ap);
     ch.proof = Token::new(&[7; 32]);
     assert_eq!(
-        answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B),
+        ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).map(|(_, r)| r),
         Err(Refusal::NetworkProof)
     );
     // A challenge replayed from an earlier request (another n_AP) does not verify either.
     let old = s.chain.challenge("p1", &[9; 16]);
     assert_eq!(
-        answer(&s.k_ad, &old, &s.n_ap, "alice", A, B),
+        ClientChain::answer(&s.k_ad, &old, &s.n_ap, "alice", A, B).map(|(_, r)| r),
         Err(Refusal::NetworkProof)
     );
     // Nor does one made with another user's key.
     let other = user_key("mallory", "example.com", "secret");
     let ch = s.chain.challenge("p1", &s.n_ap);
     assert_eq!(
-        answer(&other, &ch, &s.n_ap, "mallory", A, B),
+        ClientChain::answer(&other, &ch, &s.n_ap, "mallory", A, B).map(|(_, r)| r),
         Err(Refusal::NetworkProof)
     );
 }
@@ -152,7 +152,7 @@ fn a_forged_network_proof_or_a_proof_for_another_nonce_is_refused() {
 fn a_response_moved_to_another_from_or_to_is_refused() {
     let mut s = setup(HashKind::Sha256, 10);
     let ch = s.chain.challenge("p1", &s.n_ap);
-    let r = answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
+    let (_, r) = ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
     assert_eq!(
         s.chain.verify(&r, A, b"eve@example.com"),
         Err(Refusal::RequestProof)
@@ -169,7 +169,7 @@ fn a_response_moved_to_another_from_or_to_is_refused() {
 fn a_wrong_chain_value_is_refused_without_advancing() {
     let mut s = setup(HashKind::Sha256, 10);
     let ch = s.chain.challenge("p1", &s.n_ap);
-    let mut r = answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
+    let (_, mut r) = ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
     r.value = Token::new(&[5; 32]);
     assert_eq!(s.chain.verify(&r, A, B), Err(Refusal::Chain));
     assert_eq!(s.chain.counter, 10);
@@ -200,7 +200,7 @@ fn headers_round_trip_and_bad_ones_are_refused() {
         );
     }
     assert!(Challenge::parse(b"PC realm=\"p1\"").is_err());
-    let r = answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
+    let (_, r) = ClientChain::answer(&s.k_ad, &ch, &s.n_ap, "alice", A, B).unwrap();
     assert_eq!(
         Authorization::parse(r.render().as_bytes()).unwrap(),
         Authorization::Response(r)

@@ -184,6 +184,44 @@ struct Tx<A, U> {
     hurried: bool,
 }
 
+impl<A, U> Tx<A, U> {
+    /// A new transaction of `kind`, in the state its machine starts in (RFC 3261 §17: a client
+    /// INVITE Calling, a server INVITE Proceeding, a non-INVITE Trying on either side), with
+    /// no timer armed yet, `interval` its first retransmission interval and `user` its user
+    /// value.
+    fn new(
+        kind: Kind,
+        key: Arc<[u8]>,
+        dest: A,
+        reliable: bool,
+        message: Bytes,
+        interval: Millis,
+        user: U,
+    ) -> Tx<A, U> {
+        let state = match kind {
+            Kind::ClientInvite => State::Calling,
+            Kind::ServerInvite => State::Proceeding,
+            Kind::ClientNonInvite | Kind::ServerNonInvite => State::Trying,
+        };
+        Tx {
+            kind,
+            state,
+            generation: 0,
+            key,
+            dest,
+            reliable,
+            message,
+            ack: None,
+            retransmit_timer: None,
+            timeout_timer: None,
+            interval,
+            user: Some(user),
+            lingering: false,
+            hurried: false,
+        }
+    }
+}
+
 /// A table of transactions with their timers.
 pub struct Transactions<A, U> {
     timers: Timers,
@@ -473,26 +511,16 @@ impl<A: Copy, U> Transactions<A, U> {
         } else {
             Kind::ServerNonInvite
         };
-        let id = self.alloc(Tx {
+        let t1 = self.timers.t1;
+        let id = self.alloc(Tx::new(
             kind,
-            state: if kind == Kind::ServerInvite {
-                State::Proceeding
-            } else {
-                State::Trying
-            },
-            generation: 0,
-            key: key.clone(),
+            key.clone(),
             dest,
             reliable,
-            message: Bytes::new(),
-            ack: None,
-            retransmit_timer: None,
-            timeout_timer: None,
-            interval: self.timers.t1,
-            user: Some(user),
-            lingering: false,
-            hurried: false,
-        });
+            Bytes::new(),
+            t1,
+            user,
+        ));
         if let Some(old) = self.server_keys.insert(key, id) {
             // Same key as a live transaction: the newer wins; the old one ends quietly.
             if let Some(slot) = self.slab.get_mut(old.index as usize) {
@@ -589,30 +617,20 @@ impl<A: Copy, U> Transactions<A, U> {
             dest,
             data: request.clone(),
         });
-        let id = self.alloc(Tx {
-            kind: if invite {
-                Kind::ClientInvite
-            } else {
-                Kind::ClientNonInvite
-            },
-            state: if invite {
-                State::Calling
-            } else {
-                State::Trying
-            },
-            generation: 0,
-            key: key.clone(),
+        let kind = if invite {
+            Kind::ClientInvite
+        } else {
+            Kind::ClientNonInvite
+        };
+        let id = self.alloc(Tx::new(
+            kind,
+            key.clone(),
             dest,
             reliable,
-            message: request,
-            ack: None,
-            retransmit_timer: None,
-            timeout_timer: None,
-            interval: t1,
-            user: Some(user),
-            lingering: false,
-            hurried: false,
-        });
+            request,
+            t1,
+            user,
+        ));
         self.client_keys.insert(key, id);
         if !reliable {
             self.arm(id, now + t1, TimerKind::Retransmit); // A or E

@@ -313,7 +313,8 @@ mod tests {
         let mut chain = proxychain::Chain::from(credential.issued().unwrap());
         let key = proxychain::user_key("alice", "example.com", "pw");
         let ch = chain.challenge("p1", &[1; 16]);
-        let r = proxychain::answer(&key, &ch, &[1; 16], "alice", b"a@x", b"b@x").unwrap();
+        let (_, r) =
+            proxychain::ClientChain::answer(&key, &ch, &[1; 16], "alice", b"a@x", b"b@x").unwrap();
         chain.verify(&r, b"a@x", b"b@x").unwrap();
         assert_eq!(a.take_holders("alice"), vec![p.clone()]);
         assert!(a.take_holders("alice").is_empty());

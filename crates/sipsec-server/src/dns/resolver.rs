@@ -4,6 +4,7 @@
 
 use super::{naptr_service, srv_prefix, Entry, Failure, Query, Resolution};
 use hickory_resolver::config::{LookupIpStrategy, NameServerConfig, ResolverConfig};
+use hickory_resolver::lookup::Lookup;
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::NetError;
 use hickory_resolver::proto::rr::{RData, RecordType};
@@ -130,16 +131,26 @@ impl Resolver {
         }
     }
 
-    /// NAPTR for the services of `allowed`; true when it gave any usable SRV name.
-    async fn naptr(&self, answer: &mut Answer, name: &str, allowed: &[Transport]) -> bool {
-        let lookup = match self.dns.lookup(name, RecordType::NAPTR).await {
-            Ok(l) => l,
+    /// The records of `rtype` at `name`, noting in `answer` how long they stay valid, or why
+    /// there are none.
+    async fn records(&self, answer: &mut Answer, name: &str, rtype: RecordType) -> Option<Lookup> {
+        match self.dns.lookup(name, rtype).await {
+            Ok(lookup) => {
+                answer.valid_until(lookup.valid_until());
+                Some(lookup)
+            }
             Err(e) => {
                 answer.error(&e);
-                return false;
+                None
             }
+        }
+    }
+
+    /// NAPTR for the services of `allowed`; true when it gave any usable SRV name.
+    async fn naptr(&self, answer: &mut Answer, name: &str, allowed: &[Transport]) -> bool {
+        let Some(lookup) = self.records(answer, name, RecordType::NAPTR).await else {
+            return false;
         };
-        answer.valid_until(lookup.valid_until());
         let mut rules: Vec<(u16, u16, Transport, String)> = lookup
             .answers()
             .iter()
@@ -165,14 +176,9 @@ impl Resolver {
     /// SRV at `name`; true when it answered with records (even "." ones: the service is
     /// then decidedly not there, RFC 2782).
     async fn srv(&self, answer: &mut Answer, name: &str, rank: u32, t: Transport) -> bool {
-        let lookup = match self.dns.lookup(name, RecordType::SRV).await {
-            Ok(l) => l,
-            Err(e) => {
-                answer.error(&e);
-                return false;
-            }
+        let Some(lookup) = self.records(answer, name, RecordType::SRV).await else {
+            return false;
         };
-        answer.valid_until(lookup.valid_until());
         let mut found = false;
         for r in lookup.answers() {
             if let RData::SRV(srv) = &r.data {

@@ -1,5 +1,6 @@
 //! Helpers for tests that drive `sipsec load` and `sipsec certs`.
 
+use super::Server;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -9,6 +10,29 @@ use std::time::Duration;
 pub(crate) fn load(dir: &Path, args: &[&str]) -> (i32, Value, String) {
     let r = load_printing(dir, &[args, &["--quiet"]].concat());
     (r.code, r.summary, r.stderr)
+}
+
+/// `sipsec load`'s options for its TLS certificate, that certificate's key, and the CA that
+/// verifies its peers.
+pub(crate) fn tls_files<'a>(cert: &'a str, key: &'a str, ca: &'a str) -> [&'a str; 6] {
+    ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca]
+}
+
+/// Asserts that a `sipsec load` run, as [`load`] returns it, exited 0 with all `calls`
+/// succeeded; else shows `what`, the run's stderr and summary, and the server's log.
+pub(crate) fn assert_all_succeeded(
+    run: &(i32, Value, String),
+    calls: u64,
+    what: &str,
+    server: &Server,
+) {
+    let (code, v, err) = run;
+    assert_eq!(
+        (*code, n(v, "succeeded")),
+        (0, calls),
+        "{what}: {err}\n{v}\n{}",
+        server.log()
+    );
 }
 
 /// What a `sipsec load` run printed and wrote.

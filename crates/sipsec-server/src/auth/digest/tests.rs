@@ -96,6 +96,16 @@ fn answer(
     format!("{name}: {value}\r\n")
 }
 
+/// A `method` request from `user` answering `c` with `password` at nonce count `nc`, in the
+/// header its challenge came in (Authorization for REGISTER's 401, else Proxy-Authorization).
+fn answered(c: &Challenge, method: &str, user: &str, password: &str, nc: u32) -> String {
+    request(
+        method,
+        user,
+        &answer(c, user, password, method, nc, method == "REGISTER"),
+    )
+}
+
 fn code_and_why(v: &Verdict) -> (u16, Why) {
     match v {
         Verdict::Refuse { code, why, .. } => (*code, *why),
@@ -133,11 +143,7 @@ fn a_challenge_answered_with_the_right_password_passes_once_per_count() {
             code_and_why(&check(&mut a, &text, NOW + 20)),
             (407, Why::Replay)
         );
-        let next = request(
-            "INVITE",
-            "alice",
-            &answer(&c, "alice", "wonderland", "INVITE", 2, false),
-        );
+        let next = answered(&c, "INVITE", "alice", "wonderland", 2);
         assert_eq!(check(&mut a, &next, NOW + 30), Verdict::Pass);
     }
 }
@@ -148,11 +154,7 @@ fn the_registrar_challenges_with_401() {
     let first = check(&mut a, &request("REGISTER", "alice", ""), NOW);
     assert_eq!(code_and_why(&first), (401, Why::NoCredentials));
     let c = challenge_of(&first, "SHA-256");
-    let text = request(
-        "REGISTER",
-        "alice",
-        &answer(&c, "alice", "wonderland", "REGISTER", 1, true),
-    );
+    let text = answered(&c, "REGISTER", "alice", "wonderland", 1);
     assert_eq!(check(&mut a, &text, NOW), Verdict::Pass);
     // Credentials in the wrong header are no credentials.
     let text = request(
@@ -170,24 +172,8 @@ fn the_registrar_challenges_with_401() {
 fn wrong_passwords_and_unknown_users_get_the_same_answer() {
     let (mut a, _) = setup(&[]);
     let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
-    let wrong = check(
-        &mut a,
-        &request(
-            "INVITE",
-            "alice",
-            &answer(&c, "alice", "guess", "INVITE", 1, false),
-        ),
-        NOW,
-    );
-    let unknown = check(
-        &mut a,
-        &request(
-            "INVITE",
-            "mallory",
-            &answer(&c, "mallory", "x", "INVITE", 1, false),
-        ),
-        NOW,
-    );
+    let wrong = check(&mut a, &answered(&c, "INVITE", "alice", "guess", 1), NOW);
+    let unknown = check(&mut a, &answered(&c, "INVITE", "mallory", "x", 1), NOW);
     assert_eq!(code_and_why(&wrong), (407, Why::Failed));
     assert_eq!(code_and_why(&unknown), (407, Why::Failed));
     let shape = |v: &Verdict| match v {
@@ -217,11 +203,7 @@ fn old_or_foreign_nonces_with_the_right_password_are_stale() {
         &check(&mut a, &request("INVITE", "alice", ""), NOW),
         "SHA-256",
     );
-    let text = request(
-        "INVITE",
-        "alice",
-        &answer(&c, "alice", "wonderland", "INVITE", 1, false),
-    );
+    let text = answered(&c, "INVITE", "alice", "wonderland", 1);
     let late = check(&mut a, &text, NOW + 31_000);
     assert_eq!(code_and_why(&late), (407, Why::Stale));
     assert!(challenge_of(&late, "SHA-256").stale);
@@ -232,11 +214,7 @@ fn old_or_foreign_nonces_with_the_right_password_are_stale() {
         (407, Why::Stale)
     );
     // A wrong password on an old nonce is not even checked: stale too, and not a failure.
-    let wrong = request(
-        "INVITE",
-        "alice",
-        &answer(&c, "alice", "nope", "INVITE", 1, false),
-    );
+    let wrong = answered(&c, "INVITE", "alice", "nope", 1);
     let v = check(&mut a, &wrong, NOW + 31_000);
     assert_eq!(code_and_why(&v), (407, Why::Stale));
     assert!(challenge_of(&v, "SHA-256").stale);
@@ -266,21 +244,13 @@ fn repeated_failures_are_throttled_even_with_the_right_password() {
     let (mut a, _) = setup(&[]);
     let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
     for nc in 1..=4 {
-        let wrong = request(
-            "INVITE",
-            "alice",
-            &answer(&c, "alice", "guess", "INVITE", nc, false),
-        );
+        let wrong = answered(&c, "INVITE", "alice", "guess", nc);
         assert_eq!(
             code_and_why(&check(&mut a, &wrong, NOW)),
             (407, Why::Failed)
         );
     }
-    let right = request(
-        "INVITE",
-        "alice",
-        &answer(&c, "alice", "wonderland", "INVITE", 9, false),
-    );
+    let right = answered(&c, "INVITE", "alice", "wonderland", 9);
     assert_eq!(
         code_and_why(&check(&mut a, &right, NOW)),
         (403, Why::Throttled)
@@ -291,11 +261,7 @@ fn repeated_failures_are_throttled_even_with_the_right_password() {
         &check(&mut a, &request("INVITE", "alice", ""), later),
         "MD5",
     );
-    let fresh = request(
-        "INVITE",
-        "alice",
-        &answer(&c2, "alice", "wonderland", "INVITE", 1, false),
-    );
+    let fresh = answered(&c2, "INVITE", "alice", "wonderland", 1);
     assert_eq!(check(&mut a, &fresh, later), Verdict::Pass);
 }
 
@@ -303,16 +269,8 @@ fn repeated_failures_are_throttled_even_with_the_right_password() {
 fn without_the_user_database_the_answer_is_503() {
     let (mut a, creds) = setup(&[]);
     let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
-    let alice = request(
-        "INVITE",
-        "alice",
-        &answer(&c, "alice", "wonderland", "INVITE", 1, false),
-    );
-    let carol = request(
-        "INVITE",
-        "carol",
-        &answer(&c, "carol", "x", "INVITE", 1, false),
-    );
+    let alice = answered(&c, "INVITE", "alice", "wonderland", 1);
+    let carol = answered(&c, "INVITE", "carol", "x", 1);
     creds.set_state(CacheState::Loading);
     let v = check(&mut a, &alice, NOW);
     assert_eq!(code_and_why(&v), (503, Why::Unavailable));
@@ -576,11 +534,7 @@ fn without_the_cache_an_answer_serves_the_waiting_requests_once() {
     let shared = Arc::new(DigestShared::new(&cfg, creds).unwrap());
     let mut a = DigestAuthenticator::new(Arc::new(cfg), shared.clone(), 3);
     let c = challenge_of(&check(&mut a, &request("INVITE", "alice", ""), NOW), "MD5");
-    let first = request(
-        "INVITE",
-        "alice",
-        &answer(&c, "alice", "wonderland", "INVITE", 1, false),
-    );
+    let first = answered(&c, "INVITE", "alice", "wonderland", 1);
     let waits = |v: Verdict| matches!(v, Verdict::Wait { ref user } if user == "alice");
     assert!(waits(check(&mut a, &first, NOW + 1)));
     assert!(
@@ -600,11 +554,7 @@ fn without_the_cache_an_answer_serves_the_waiting_requests_once() {
     a.release();
 
     // The next request queries again.
-    let next = request(
-        "INVITE",
-        "alice",
-        &answer(&c, "alice", "wonderland", "INVITE", 2, false),
-    );
+    let next = answered(&c, "INVITE", "alice", "wonderland", 2);
     assert!(waits(check(&mut a, &next, NOW + 700)));
     assert_eq!(a.fetches.len(), 1, "a new query");
     // An answer for another worker is not this one's.

@@ -90,7 +90,7 @@ pub fn read(path: &Path) -> Result<(String, HashMap<Box<str>, Chain>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sip_core::proxychain::{answer, issue, user_key, HashKind};
+    use sip_core::proxychain::{issue, user_key, ClientChain, HashKind};
 
     #[test]
     fn a_backup_file_round_trips_and_its_chains_authenticate() {
@@ -119,7 +119,7 @@ mod tests {
         let chain = chains.get_mut("alice").unwrap();
         assert_eq!(chain.counter, 100);
         let ch = chain.challenge("p1", &[4; 16]);
-        let r = answer(&alice, &ch, &[4; 16], "alice", b"a@x", b"b@x").unwrap();
+        let (_, r) = ClientChain::answer(&alice, &ch, &[4; 16], "alice", b"a@x", b"b@x").unwrap();
         chain.verify(&r, b"a@x", b"b@x").unwrap();
         std::fs::write(
             &path,

@@ -3,7 +3,7 @@
 //! moved responses, spoofed identities, unknown users, prefetching and backup credentials.
 
 use super::*;
-use sip_core::proxychain::{answer, issue, user_key, Hello, Nonce};
+use sip_core::proxychain::{issue, user_key, ClientChain, Hello, Nonce};
 
 const REALM: &str = "example.test";
 const NOW_MS: u64 = 1_700_000_000_000;
@@ -88,7 +88,7 @@ fn respond(a: &mut PcAuthenticator, n_ap: Nonce) -> String {
         a,
         &request("INVITE", "alice", "bob", Some(hello("alice", n_ap))),
     ));
-    let r = answer(
+    let (_, r) = ClientChain::answer(
         &key("alice"),
         &ch,
         &n_ap,
@@ -284,14 +284,15 @@ fn an_unknown_user_gets_a_decoy_no_key_answers() {
         "shaped like a real one"
     );
     assert_eq!(
-        answer(
+        ClientChain::answer(
             &key("ghost"),
             &ch,
             &n_ap,
             "ghost",
             b"ghost@example.test",
             b"bob@example.test"
-        ),
+        )
+        .map(|(_, r)| r),
         Err(Refusal::NetworkProof)
     );
 }

@@ -1,0 +1,278 @@
+//! The bindings in the database: loading them at start, and writing a batch of changes as
+//! its plan (the batch's final state) turned into a few statements in one transaction, the
+//! bindings in multi-row upserts; a change the database refuses is isolated from the rest.
+
+use super::{Dialect, Store};
+use crate::location::{Binding, BindingChange, SharedChange};
+use anyhow::Result;
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+/// What the server loads at start.
+pub struct Loaded {
+    pub bindings: Vec<(String, Binding)>,
+    pub(crate) known_aors: Vec<String>,
+}
+
+impl Store {
+    /// Loads live bindings, at most `max_bindings` (`[registrar] max_bindings`: those that
+    /// live longest), and known AORs; expired rows are deleted on the way.
+    pub async fn load(&self, now_unix_ms: u64, max_bindings: usize) -> Result<Loaded> {
+        sqlx::query(
+            &self
+                .dialect
+                .sql("DELETE FROM location_bindings WHERE expires_at <= ?"),
+        )
+        .bind(now_unix_ms as i64)
+        .execute(&self.pool)
+        .await?;
+        let limit = max_bindings.min(i64::MAX as usize);
+        let rows: Vec<AnyRow> = sqlx::query(&format!(
+            "SELECT aor, contact, target, expires_at, q, call_id, cseq FROM location_bindings \
+             ORDER BY expires_at DESC LIMIT {limit}"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut bindings = Vec::with_capacity(rows.len());
+        for r in rows {
+            let target: String = r.try_get(2)?;
+            let Some(target) = sipsec_transport::net::transport::Peer::parse(&target) else {
+                continue;
+            };
+            let q: Option<String> = r.try_get(4)?;
+            bindings.push((
+                r.try_get::<String, _>(0)?,
+                Binding {
+                    contact: r.try_get::<String, _>(1)?.into(),
+                    target,
+                    expires_at: r.try_get::<i64, _>(3)? as u64,
+                    q: q.map(Into::into),
+                    call_id: r.try_get::<String, _>(5)?.into(),
+                    cseq: r.try_get::<i64, _>(6)? as u32,
+                    source: None,
+                },
+            ));
+        }
+        let known_aors = sqlx::query("SELECT aor FROM location_aors")
+            .fetch_all(&self.pool)
+            .await?
+            .into_iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()?;
+        Ok(Loaded {
+            bindings,
+            known_aors,
+        })
+    }
+
+    /// Applies a batch in one transaction; if that fails while the database answers, applies
+    /// its changes one by one, so a change the database refuses (a value its columns cannot
+    /// hold) cannot hold up the others. Returns the refused changes with why, and fails only
+    /// when the database does not answer (the batch is then to be retried whole).
+    pub(crate) async fn write_isolating(
+        &self,
+        changes: &[SharedChange],
+    ) -> Result<Vec<(SharedChange, String)>> {
+        let Err(batch_error) = self.write(changes).await else {
+            return Ok(Vec::new());
+        };
+        let mut refused = Vec::new();
+        for change in changes {
+            if let Err(e) = self.write(std::slice::from_ref(change)).await {
+                if !self.answers().await {
+                    return Err(batch_error);
+                }
+                refused.push((change.clone(), format!("{e:#}")));
+            }
+        }
+        Ok(refused)
+    }
+
+    /// Applies a batch of changes in one transaction: the batch's final state, in a few
+    /// statements (see `Plan`), the bindings in multi-row upserts rather than three
+    /// statements each. On SQLite the whole transaction goes to sqlx's SQLite thread as one
+    /// query, one round trip (a wake-up of each thread) instead of one per statement; the
+    /// other databases take the statements one by one inside a transaction.
+    pub async fn write(&self, changes: &[SharedChange]) -> Result<()> {
+        let statements = Plan::of(changes).statements(self.dialect);
+        if self.dialect == Dialect::Sqlite {
+            let mut sql = String::from("BEGIN;\n");
+            for s in &statements {
+                sql.push_str(&s.sql);
+                sql.push_str(";\n");
+            }
+            sql.push_str("COMMIT");
+            let mut query = sqlx::query(&sql);
+            for s in &statements {
+                for arg in &s.args {
+                    query = arg.bind(query);
+                }
+            }
+            let mut conn = self.pool.acquire().await?;
+            if let Err(e) = query.execute(&mut *conn).await {
+                // A statement failed part-way: the transaction it began is still open.
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                return Err(e.into());
+            }
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for s in &statements {
+            let mut query = sqlx::query(&s.sql);
+            for arg in &s.args {
+                query = arg.bind(query);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// One SQL statement of a write and the values for its placeholders, in order.
+struct Statement<'c> {
+    sql: String,
+    args: Vec<Arg<'c>>,
+}
+
+/// A value bound to a placeholder.
+enum Arg<'c> {
+    Text(&'c str),
+    Owned(String),
+    MaybeText(Option<&'c str>),
+    Int(i64),
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+impl<'c> Arg<'c> {
+    fn bind<'q>(&'q self, query: AnyQuery<'q>) -> AnyQuery<'q> {
+        match self {
+            Arg::Text(t) => query.bind(*t),
+            Arg::Owned(t) => query.bind(t.as_str()),
+            Arg::MaybeText(t) => query.bind(*t),
+            Arg::Int(n) => query.bind(*n),
+        }
+    }
+}
+
+/// Bindings per upsert statement: 7 values each stays far below every database's limit on
+/// bound values (SQLite's is 32,766, PostgreSQL's and MySQL's 65,535).
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// `(?, ?), (?, ?)`: `rows` rows of `columns` placeholders.
+pub(super) fn placeholders(rows: usize, columns: usize) -> String {
+    let row = format!("({})", vec!["?"; columns].join(", "));
+    vec![row; rows].join(", ")
+}
+
+/// What a batch leaves behind, as the statements to write it: a binding changed several
+/// times in a batch is written once, as it ended, and nothing changed before a `RemoveAll`
+/// of its AOR is written at all. Run in this order: remove-alls, removes, upserts.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Plan<'c> {
+    pub(super) remove_all: Vec<&'c str>,
+    pub(super) removes: Vec<(&'c str, &'c str)>,
+    pub(super) upserts: Vec<(&'c str, &'c Binding)>,
+}
+
+impl<'c> Plan<'c> {
+    pub(super) fn of(changes: &'c [SharedChange]) -> Plan<'c> {
+        use std::collections::HashSet;
+        let mut plan = Plan::default();
+        // Newest first: the first change met for a binding is its final state.
+        let mut cleared: HashSet<&str> = HashSet::new();
+        let mut settled: HashSet<(&str, &str)> = HashSet::new();
+        for change in changes.iter().rev() {
+            match &**change {
+                BindingChange::RemoveAll { aor } => {
+                    if cleared.insert(aor) {
+                        plan.remove_all.push(aor);
+                    }
+                }
+                BindingChange::Upsert { aor, binding } => {
+                    if !cleared.contains(&**aor) && settled.insert((aor, &binding.contact)) {
+                        plan.upserts.push((aor, binding));
+                    }
+                }
+                BindingChange::Remove { aor, contact } => {
+                    if !cleared.contains(&**aor) && settled.insert((aor, contact)) {
+                        plan.removes.push((aor, contact));
+                    }
+                }
+            }
+        }
+        // Oldest first again, as the changes came.
+        plan.remove_all.reverse();
+        plan.removes.reverse();
+        plan.upserts.reverse();
+        plan
+    }
+
+    /// The statements that write the plan, in the order they must run.
+    fn statements(&self, d: Dialect) -> Vec<Statement<'c>> {
+        let mut out = Vec::new();
+        for aor in &self.remove_all {
+            out.push(Statement {
+                sql: d.sql("DELETE FROM location_bindings WHERE aor = ?"),
+                args: vec![Arg::Text(aor)],
+            });
+        }
+        for (aor, contact) in &self.removes {
+            out.push(Statement {
+                sql: d.sql("DELETE FROM location_bindings WHERE aor = ? AND contact = ?"),
+                args: vec![Arg::Text(aor), Arg::Text(contact)],
+            });
+        }
+        let (insert, ignore_suffix) = match d {
+            Dialect::MySql => ("INSERT IGNORE INTO", ""),
+            Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
+            Dialect::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
+        };
+        let update = match d {
+            Dialect::MySql => {
+                " ON DUPLICATE KEY UPDATE target = VALUES(target), \
+                 expires_at = VALUES(expires_at), q = VALUES(q), \
+                 call_id = VALUES(call_id), cseq = VALUES(cseq)"
+            }
+            Dialect::Sqlite | Dialect::Postgres => {
+                " ON CONFLICT (aor, contact) DO UPDATE SET target = excluded.target, \
+                 expires_at = excluded.expires_at, q = excluded.q, \
+                 call_id = excluded.call_id, cseq = excluded.cseq"
+            }
+        };
+        for rows in self.upserts.chunks(ROWS_PER_STATEMENT) {
+            let mut aors: Vec<&str> = rows.iter().map(|(aor, _)| *aor).collect();
+            aors.sort_unstable();
+            aors.dedup();
+            out.push(Statement {
+                sql: d.sql(&format!(
+                    "{insert} location_aors (aor) VALUES {}{ignore_suffix}",
+                    placeholders(aors.len(), 1)
+                )),
+                args: aors.into_iter().map(Arg::Text).collect(),
+            });
+            let mut args = Vec::with_capacity(rows.len() * 7);
+            for (aor, binding) in rows {
+                args.extend([
+                    Arg::Text(aor),
+                    Arg::Text(&binding.contact),
+                    Arg::Owned(binding.target.to_string()),
+                    Arg::Int(binding.expires_at as i64),
+                    Arg::MaybeText(binding.q.as_deref()),
+                    Arg::Text(&binding.call_id),
+                    Arg::Int(i64::from(binding.cseq)),
+                ]);
+            }
+            out.push(Statement {
+                sql: d.sql(&format!(
+                    "INSERT INTO location_bindings (aor, contact, target, expires_at, q, call_id, cseq) \
+                     VALUES {}{update}",
+                    placeholders(rows.len(), 7)
+                )),
+                args,
+            });
+        }
+        out
+    }
+}
