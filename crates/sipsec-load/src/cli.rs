@@ -1,5 +1,6 @@
-//! `sipsec load`'s command line: what a run is asked to do, before [`super::Plan`] checks it
-//! and works out the rest.
+//! `sipsec load`'s options: what a run is asked to do, before [`super::Plan`] checks it and
+//! works out the rest — parsed from the command line, or built as a value by a caller (the
+//! bench) from [`LoadArgs::default`], whose defaults are the command line's own.
 
 use anyhow::{Context, Result};
 use clap::ValueEnum;
@@ -46,6 +47,22 @@ pub enum OnOff {
     Off,
 }
 
+impl OnOff {
+    pub fn is_on(self) -> bool {
+        self == OnOff::On
+    }
+}
+
+/// The options `A` has when none is given: the defaults its `#[arg]` attributes declare, so a
+/// caller building options as a value starts from the command line's defaults, not a copy.
+pub fn defaults<A: clap::Args + clap::FromArgMatches>() -> A {
+    let command = A::augment_args(clap::Command::new("defaults"));
+    let matches = command
+        .try_get_matches_from(["defaults"])
+        .expect("every option has a default or is optional");
+    A::from_arg_matches(&matches).expect("the defaults parse")
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RedirectArg {
     /// Count the 3xx as the success.
@@ -54,7 +71,7 @@ pub enum RedirectArg {
     Follow,
 }
 
-/// `sipsec load` options.
+/// `sipsec load` options: the typed plan of a run, before [`super::Plan`] checks it.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
     /// Where requests go: `[udp:|tcp:|tls:]ip:port` (a server, or a UAS directly). With `--role both`
@@ -213,6 +230,13 @@ pub struct LoadArgs {
     /// Seconds to wait for operations still in flight after the last start.
     #[arg(long, default_value_t = 35.0)]
     pub drain_s: f64,
+}
+
+impl Default for LoadArgs {
+    /// `sipsec load` with no options (see [`defaults`]).
+    fn default() -> Self {
+        defaults()
+    }
 }
 
 /// `[udp:|tcp:|tls:]ip:port`; the transport when one is named.
