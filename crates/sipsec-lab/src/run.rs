@@ -343,9 +343,9 @@ fn postmaster() -> Option<u32> {
 /// Where the reference Kamailio listens (UDP).
 const KAMAILIO: &str = "127.0.0.1:5060";
 
-/// The reference Kamailio configuration, `bench/kamailio/proxy.cfg`, carried in the binary so
+/// The reference Kamailio configuration, `peers/kamailio/proxy.cfg`, carried in the binary so
 /// the lab runs from anywhere.
-const KAMAILIO_CFG: &str = include_str!("../../../bench/kamailio/proxy.cfg");
+const KAMAILIO_CFG: &str = include_str!("../../../peers/kamailio/proxy.cfg");
 
 /// Whether the reference row can run: Kamailio is on the PATH, or why not.
 fn kamailio_kit() -> Result<(), String> {

@@ -46,7 +46,7 @@ pub const USERS: usize = 1_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Server {
     Sipsec,
-    /// Kamailio 5.6 with `bench/kamailio/proxy.cfg`, the reference row: run where
+    /// Kamailio 5.6 with `peers/kamailio/proxy.cfg`, the reference row: run where
     /// Kamailio is installed, skipped with a note where it is not.
     Kamailio,
 }

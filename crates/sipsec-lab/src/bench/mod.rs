@@ -27,7 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-/// Where the default bench topology puts things (as `bench/kamailio/compare.py`).
+/// Where the default bench topology puts things (as `scripts/kamailio_compare.py`).
 pub const SERVER: &str = "127.0.0.1:35060";
 const SERVER_TLS: &str = "127.0.0.1:35061";
 const UAC_IP: &str = "127.0.0.2";
