@@ -742,7 +742,7 @@ fn seed004() -> Suite {
         name: "seed004",
         title: "Seed 004: registration, proxying and redirection, with and without authentication",
         about: "Nahum et al. measured OpenSER's peak for registration, stateful and stateless \
-                proxying and redirection, over UDP and tcp(Chain), with and without digest (against \
+                proxying and redirection, over UDP and TCP, with and without digest (against \
                 MySQL), and saw authentication cost the most (−60% to −90%), then TCP (−43% \
                 to −65%), and redirection cheapest of all. Here: server CPU per operation at \
                 a fixed rate as a ratio to the same operation over UDP without \
@@ -762,83 +762,52 @@ pub const OVERLOAD_QUOTA: f64 = 0.25;
 /// that honours the feedback, for Kamailio, and for two sipsec hops.
 fn overload() -> Suite {
     use Setup::{Plain, Upstream};
+    // Every row holds the server to the quota and is read against control off.
+    let quota = || BenchArgs {
+        cpu_quota: Some(OVERLOAD_QUOTA),
+        ..plain()
+    };
+    let at_quota = |id, label, setup, bench| row(id, label, setup, bench, "off", None, None);
     let rows = vec![
-        row(
+        at_quota(
             "off",
             "sipsec, overload control off",
             Plain,
             BenchArgs {
-                cpu_quota: Some(OVERLOAD_QUOTA),
                 overload: Off,
-                ..plain()
+                ..quota()
             },
-            "off",
-            None,
-            None,
         ),
-        row(
-            "on",
-            "sipsec, local admission control",
-            Plain,
-            BenchArgs {
-                cpu_quota: Some(OVERLOAD_QUOTA),
-                ..plain()
-            },
-            "off",
-            None,
-            None,
-        ),
-        row(
+        at_quota("on", "sipsec, local admission control", Plain, quota()),
+        at_quota(
             "on-oc",
             "sipsec, callers honour RFC 7339 feedback",
             Plain,
             BenchArgs {
-                cpu_quota: Some(OVERLOAD_QUOTA),
                 oc: true,
-                ..plain()
+                ..quota()
             },
-            "off",
-            None,
-            None,
         ),
         Row {
             server: Server::Kamailio,
-            ..row(
+            ..at_quota(
                 "kamailio",
                 "Kamailio 5.6 (no overload control)",
                 Plain,
-                BenchArgs {
-                    cpu_quota: Some(OVERLOAD_QUOTA),
-                    ..plain()
-                },
-                "off",
-                None,
-                None,
+                quota(),
             )
         },
-        row(
+        at_quota(
             "two-hop",
             "two hops, upstream a plain proxy",
             Upstream { oc: false },
-            BenchArgs {
-                cpu_quota: Some(OVERLOAD_QUOTA),
-                ..plain()
-            },
-            "off",
-            None,
-            None,
+            quota(),
         ),
-        row(
+        at_quota(
             "two-hop-oc",
             "two hops, upstream honours RFC 7339",
             Upstream { oc: true },
-            BenchArgs {
-                cpu_quota: Some(OVERLOAD_QUOTA),
-                ..plain()
-            },
-            "off",
-            None,
-            None,
+            quota(),
         ),
     ];
     Suite {

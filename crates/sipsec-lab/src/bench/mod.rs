@@ -221,12 +221,18 @@ pub struct Report {
     /// the measured run, counted by callgrind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_instructions_per_op: Option<f64>,
-    /// `--cpu-quota`: the share of a core the server was held to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu_quota: Option<f64>,
-    /// `--cpu-quota`: seconds the quota held the server off over the whole bench.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu_throttled_s: Option<f64>,
+    /// `--cpu-quota`: the quota and what it did (its fields at the report's top level).
+    #[serde(flatten)]
+    pub quota: Option<QuotaHeld>,
+}
+
+/// A CPU quota the server was held to (`--cpu-quota`).
+#[derive(Debug, Clone, Serialize)]
+pub struct QuotaHeld {
+    /// The share of a core.
+    pub cpu_quota: f64,
+    /// Seconds the quota held the server off over the whole bench.
+    pub cpu_throttled_s: f64,
 }
 
 /// One point of a goodput curve.
@@ -785,8 +791,11 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             std::thread::sleep(std::time::Duration::from_secs(1));
         }
     }
-    let cpu_throttled_s = quota.as_ref().map(|q| q.throttled().1);
-    drop(quota);
+    // What the quota did; the quota itself is lifted (dropped) here, before the server stops.
+    let quota = quota.zip(a.cpu_quota).map(|(q, share)| QuotaHeld {
+        cpu_quota: share,
+        cpu_throttled_s: q.throttled().1,
+    });
     let instructions = match started {
         Some(s) => s.stop()?,
         None => None,
@@ -824,8 +833,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         server_instructions_per_op: instructions
             .filter(|_| ops > 0)
             .map(|n| n as f64 / ops as f64),
-        cpu_quota: a.cpu_quota,
-        cpu_throttled_s,
+        quota,
     };
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
