@@ -5,7 +5,7 @@
 # examples/engine_registers.rs) run N of each; callgrind collects only inside
 # Engine::on_message and Engine::on_tick, so the drivers' own message building is excluded.
 #
-#   bench/callgrind.sh [N=3000]
+#   scripts/callgrind.sh [N=3000]
 set -euo pipefail
 N=${1:-3000}
 cd "$(dirname "$0")/.."
