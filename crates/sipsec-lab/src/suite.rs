@@ -481,44 +481,29 @@ fn seed002() -> Suite {
     // One mode's base row (TLS, a full handshake per connection) and its four ablated rows
     // (ids and labels built at compile time).
     macro_rules! ablated {
-        ($id:literal, $label:literal, $mode:expr) => {{
-            let base = concat!($id, "-tls");
-            let ablate = |id, label, noop| Row {
-                noop,
-                ..row(id, label, Plain, tls($mode, Off, false), base, None, None)
-            };
-            [
-                row(
-                    base,
-                    concat!($label, " TLS"),
+        ($id:literal, $label:literal, $mode:expr) => {
+            ablated!(@rows $id, $label, $mode;
+                ["", "", ""],
+                ["-kx", ", no-op key exchange", "kx"],
+                ["-sign", ", no-op signatures", "sign"],
+                ["-aead", ", no-op record cipher", "aead"],
+                ["-all", ", all three no-op", "tls"])
+        };
+        (@rows $id:literal, $label:literal, $mode:expr;
+            $([$suffix:literal, $what:literal, $noop:literal]),*) => {
+            [$(Row {
+                noop: $noop,
+                ..row(
+                    concat!($id, "-tls", $suffix),
+                    concat!($label, " TLS", $what),
                     Plain,
                     tls($mode, Off, false),
-                    base,
+                    concat!($id, "-tls"),
                     None,
                     None,
-                ),
-                ablate(
-                    concat!($id, "-tls-kx"),
-                    concat!($label, " TLS, no-op key exchange"),
-                    "kx",
-                ),
-                ablate(
-                    concat!($id, "-tls-sign"),
-                    concat!($label, " TLS, no-op signatures"),
-                    "sign",
-                ),
-                ablate(
-                    concat!($id, "-tls-aead"),
-                    concat!($label, " TLS, no-op record cipher"),
-                    "aead",
-                ),
-                ablate(
-                    concat!($id, "-tls-all"),
-                    concat!($label, " TLS, all three no-op"),
-                    "tls",
-                ),
-            ]
-        }};
+                )
+            }),*]
+        };
     }
     let mut rows: Vec<Row> = [
         ablated!("chain", "chain", Chain),
