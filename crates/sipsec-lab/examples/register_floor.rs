@@ -8,7 +8,7 @@
 //!     cargo build --release --example register_floor
 //!     taskset -c 0 target/release/examples/register_floor 127.0.0.1:35060
 //!
-//! `bench/registrar.py` measures it beside sipsec and Kamailio.
+//! `scripts/registrar.py` measures it beside sipsec and Kamailio.
 
 use std::net::UdpSocket;
 

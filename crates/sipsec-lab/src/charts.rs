@@ -9,20 +9,22 @@ use plotters::prelude::*;
 
 /// Colours by index: the model's blocks (one colour each, the wake-up last in grey), then
 /// lines of a multi-series chart.
-pub(crate) const PALETTE: [RGBColor; 12] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-    RGBColor(188, 189, 34),
-    RGBColor(23, 190, 207),
-    RGBColor(255, 215, 0),
-    RGBColor(199, 199, 199),
-];
+pub(crate) const PALETTE: [RGBColor; 12] = rgb([
+    0x1f77b4, 0xff7f0e, 0x2ca02c, 0xd62728, 0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f, 0xbcbd22,
+    0x17becf, 0xffd700, 0xc7c7c7,
+]);
+
+/// Colours from `0xRRGGBB` values.
+const fn rgb<const N: usize>(hex: [u32; N]) -> [RGBColor; N] {
+    let mut out = [RGBColor(0, 0, 0); N];
+    let mut i = 0;
+    while i < N {
+        let h = hex[i];
+        out[i] = RGBColor((h >> 16) as u8, (h >> 8) as u8, h as u8);
+        i += 1;
+    }
+    out
+}
 
 type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 

@@ -9,7 +9,6 @@ use super::results::{self, Record};
 use super::suite::{self, Row, Server, Setup, Suite};
 use crate::bench::{self, BenchArgs};
 use anyhow::{bail, Context, Result};
-use clap::Parser;
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -173,7 +172,7 @@ impl Workspace {
         if self.sqlite_users {
             std::fs::copy(self.path("users.db"), dir.join("bench.db"))?;
         }
-        let overload = args.overload == sipsec_load::cli::OnOff::On;
+        let overload = args.overload.is_on();
         let config = bench::default_config(
             &dir,
             bench::role_of(args),
@@ -344,9 +343,9 @@ fn postmaster() -> Option<u32> {
 /// Where the reference Kamailio listens (UDP).
 const KAMAILIO: &str = "127.0.0.1:5060";
 
-/// The reference Kamailio configuration, `bench/kamailio/proxy.cfg`, carried in the binary so
+/// The reference Kamailio configuration, `peers/kamailio/proxy.cfg`, carried in the binary so
 /// the lab runs from anywhere.
-const KAMAILIO_CFG: &str = include_str!("../../../bench/kamailio/proxy.cfg");
+const KAMAILIO_CFG: &str = include_str!("../../../peers/kamailio/proxy.cfg");
 
 /// Whether the reference row can run: Kamailio is on the PATH, or why not.
 fn kamailio_kit() -> Result<(), String> {
@@ -436,17 +435,6 @@ impl Drop for Process {
     }
 }
 
-/// Parses `sipsec bench` words into its options, as the command line would.
-fn bench_args(words: &[String]) -> Result<BenchArgs> {
-    #[derive(Parser)]
-    struct Wrapper {
-        #[command(flatten)]
-        args: BenchArgs,
-    }
-    let argv = std::iter::once("sipsec-bench".to_string()).chain(words.iter().cloned());
-    Ok(Wrapper::try_parse_from(argv)?.args)
-}
-
 /// Measures one row once.
 fn measure(
     ws: &mut Workspace,
@@ -478,51 +466,27 @@ fn measure(
     } else {
         ((rate / 2.0) as u64).max(100)
     };
-    let mut words: Vec<String> = [
-        "--rate".to_string(),
-        rate.to_string(),
-        "--calls".to_string(),
-        calls.to_string(),
-        "--warmup-calls".to_string(),
-        warmup.to_string(),
-        "--quiet".to_string(),
-    ]
-    .into_iter()
-    .chain(row.bench.iter().map(|w| w.to_string()))
-    .collect();
-    words.extend(["--tls-dir".to_string(), ws.dir.path().display().to_string()]);
-    if a.peak || a.curve || suite.curve {
-        // The overload suite's points are steady states of control loops that settle in a
-        // second or so: each gets 5 s.
-        let step = if suite.curve { "5" } else { "2" };
-        words.extend(["--find-peak", "--step-s", step].map(String::from));
-    }
-    if a.curve || suite.curve {
-        words.push("--goodput-curve".into());
-    }
-    if suite.curve {
-        words.extend(["--curve-to", "3"].map(String::from));
-    }
-    if !row.noop.is_empty() {
-        words.extend(["--lab-noop", row.noop].map(String::from));
-    }
+    let mut args = BenchArgs {
+        rate,
+        calls,
+        warmup_calls: Some(warmup),
+        quiet: true,
+        lab_noop: row.noop.to_string(),
+        ..row.bench.clone()
+    };
+    args.streams.tls_dir = Some(ws.dir.path().to_path_buf());
     let mut helpers = Vec::new();
     if row.server == Server::Kamailio {
         match &ws.kamailio {
             Err(why) => return skipped(why.clone()),
             Ok(()) => {
                 let k = Process::kamailio(ws.dir.path())?;
-                words.extend([
-                    "--server-pid".to_string(),
-                    k.child.id().to_string(),
-                    "--target".to_string(),
-                    KAMAILIO.to_string(),
-                ]);
+                args.server_pid = vec![k.child.id()];
+                args.target = Some(KAMAILIO.to_string());
                 helpers.push(k);
             }
         }
     }
-    let args = bench_args(&words)?;
     let (config, users, peer) = match row.setup {
         Setup::Plain => (None, None, None),
         Setup::Digest => (
@@ -540,55 +504,44 @@ fn measure(
         Setup::Proxychain { prefetch } => {
             let mut p = ws.proxychain(row, &args, prefetch)?;
             helpers.append(&mut p.helpers);
-            words.extend(["--proxychain-realm", REALM].map(String::from));
+            args.proxychain_realm = Some(REALM.to_string());
             (Some(p.config), Some("callers-wan.csv"), p.peer)
         }
         Setup::Upstream { oc } => {
             helpers.push(ws.upstream(row, oc)?);
-            words.extend(["--target".to_string(), UPSTREAM.to_string()]);
+            args.target = Some(UPSTREAM.to_string());
             (None, None, None)
         }
     };
-    if let Some(config) = config {
-        words.extend(["--config".to_string(), config.display().to_string()]);
+    args.config = config;
+    args.users = users.map(|u| ws.path(u));
+    args.peer_pid = peer.into_iter().collect();
+    let mut measured = args.clone();
+    if a.peak || a.curve || suite.curve {
+        measured.find_peak = true;
+        // The overload suite's points are steady states of control loops that settle in a
+        // second or so: each gets 5 s.
+        measured.step_s = if suite.curve { 5.0 } else { 2.0 };
     }
-    if let Some(users) = users {
-        words.extend(["--users".to_string(), ws.path(users).display().to_string()]);
+    measured.goodput_curve = a.curve || suite.curve;
+    if suite.curve {
+        measured.curve_to = 3.0;
     }
-    if let Some(pid) = peer {
-        words.extend(["--peer-pid".to_string(), pid.to_string()]);
-    }
-    let mut record = match bench::run_until(bench_args(&words)?, stop) {
+    let mut record = match bench::run_until(measured, stop) {
         Ok(r) if r.load.interrupted || stop.load(Ordering::Relaxed) => return Ok(None),
         Ok(r) => Record::measured(suite.name, row.id, round, &r),
         Err(e) => Record::skipped(suite.name, row.id, round, format!("{FAILED}{e:#}")),
     };
     if a.instructions && row.server == Server::Sipsec && record.skipped.is_none() {
         // The same row, short and slow, under callgrind.
-        let mut counted: Vec<String> = Vec::new();
-        let mut rest = words.iter();
-        while let Some(w) = rest.next() {
-            match w.as_str() {
-                "--rate" | "--calls" | "--warmup-calls" | "--step-s" => {
-                    rest.next();
-                }
-                "--find-peak" | "--goodput-curve" => {}
-                _ => counted.push(w.clone()),
-            }
-        }
-        counted.extend(
-            [
-                "--rate",
-                "50",
-                "--calls",
-                "200",
-                "--warmup-calls",
-                "50",
-                "--instructions",
-            ]
-            .map(String::from),
-        );
-        match bench::run_until(bench_args(&counted)?, stop) {
+        let counted = BenchArgs {
+            rate: 50.0,
+            calls: 200,
+            warmup_calls: Some(50),
+            instructions: true,
+            ..args
+        };
+        match bench::run_until(counted, stop) {
             Ok(r) if r.load.interrupted || stop.load(Ordering::Relaxed) => return Ok(None),
             Ok(r) => record.instructions = r.server_instructions_per_op,
             Err(e) => {
@@ -743,15 +696,5 @@ mod tests {
             .collect();
         assert_eq!(ids, ["udp-auth", "local-tls-mutual"]);
         assert_eq!(selected(&s, None).len(), s.rows.len());
-    }
-
-    #[test]
-    fn every_row_parses_as_bench_options() {
-        for s in suite::all() {
-            for r in &s.rows {
-                let words: Vec<String> = r.bench.iter().map(|w| w.to_string()).collect();
-                bench_args(&words).unwrap_or_else(|e| panic!("{}: {e}", r.id));
-            }
-        }
     }
 }

@@ -1,9 +1,13 @@
 //! The suites: each seed's experiment as a table of rows. A row is one `sipsec bench` run
-//! (its command-line words), what it needs set up first (a user database for digest), the
+//! (its options, as a value), what it needs set up first (a user database for digest), the
 //! row its ratio is taken against, and the seed's own figure for the same configuration, so
 //! the report can set ours beside theirs.
 
+use crate::bench::modes::SeedMode::{self, Chain, Inbound, Local, Outbound};
+use crate::bench::{BenchArgs, BenchScenario};
 use serde::{Deserialize, Serialize};
+use sipsec_load::cli::OnOff::{self, Off, On};
+use sipsec_transport::net::transport::Transport;
 
 /// What a row needs before its bench runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,7 +46,7 @@ pub const USERS: usize = 1_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Server {
     Sipsec,
-    /// Kamailio 5.6 with `bench/kamailio/proxy.cfg`, the reference row: run where
+    /// Kamailio 5.6 with `peers/kamailio/proxy.cfg`, the reference row: run where
     /// Kamailio is installed, skipped with a note where it is not.
     Kamailio,
 }
@@ -55,8 +59,8 @@ pub struct Row {
     pub label: &'static str,
     pub server: Server,
     pub setup: Setup,
-    /// `sipsec bench` words besides rate, calls and output.
-    pub bench: &'static [&'static str],
+    /// `sipsec bench` options besides rate, calls, output and what the setup adds.
+    pub bench: BenchArgs,
     /// The row this one's ratio is taken against (itself for a baseline).
     pub baseline: &'static str,
     /// The seed's figure for this configuration, as the seed states it.
@@ -106,15 +110,38 @@ pub fn named(name: &str) -> Option<Suite> {
     all().into_iter().find(|s| s.name == name)
 }
 
+/// The bench's defaults: UDP, calls, a stateful proxy.
+fn plain() -> BenchArgs {
+    BenchArgs::default()
+}
+
+/// Calls over TCP in one of seed 000's connection modes.
+fn tcp(mode: SeedMode) -> BenchArgs {
+    let mut b = BenchArgs::default();
+    b.streams.transport = Transport::Tcp;
+    b.streams.mode = mode;
+    b
+}
+
+/// Calls over TLS in one of seed 000's connection modes, with or without session resumption
+/// and client certificates.
+fn tls(mode: SeedMode, resumption: OnOff, mutual: bool) -> BenchArgs {
+    let mut b = tcp(mode);
+    b.streams.transport = Transport::Tls;
+    b.streams.tls_resumption = resumption;
+    b.streams.mutual = mutual;
+    b
+}
+
 #[allow(
     clippy::too_many_arguments,
     reason = "the suite tables are written as one call per row, a column per argument"
 )]
-const fn row(
+fn row(
     id: &'static str,
     label: &'static str,
     setup: Setup,
-    bench: &'static [&'static str],
+    bench: BenchArgs,
     baseline: &'static str,
     seed: Option<&'static str>,
     seed_ratio: Option<f64>,
@@ -141,15 +168,13 @@ const fn row(
 /// it off, as the seed's plain "TLS" columns did; auth rows are relative to UDP with auth.
 fn seed000() -> Suite {
     use Setup::{Digest, Plain};
-    const TCP: &[&str] = &["--transport", "tcp"];
-    const TLS: &[&str] = &["--transport", "tls"];
     let r = |udp: f64, peak: f64| Some(udp / peak);
     let mut rows = vec![
         row(
             "udp",
             "UDP",
             Plain,
-            &[],
+            plain(),
             "udp",
             Some("2,400 cps"),
             r(1.0, 1.0),
@@ -158,7 +183,7 @@ fn seed000() -> Suite {
             "chain-tcp",
             "chain TCP",
             Plain,
-            TCP,
+            tcp(Chain),
             "udp",
             Some("1,139 cps"),
             r(2400.0, 1139.0),
@@ -167,7 +192,7 @@ fn seed000() -> Suite {
             "chain-tls",
             "chain TLS",
             Plain,
-            &["--transport", "tls", "--tls-resumption", "off"],
+            tls(Chain, Off, false),
             "udp",
             Some("695 cps (AES)"),
             r(2400.0, 695.0),
@@ -176,7 +201,7 @@ fn seed000() -> Suite {
             "udp-auth",
             "UDP, auth",
             Digest,
-            &[],
+            plain(),
             "udp-auth",
             Some("462 cps"),
             r(1.0, 1.0),
@@ -185,7 +210,7 @@ fn seed000() -> Suite {
             "chain-tcp-auth",
             "chain TCP, auth",
             Digest,
-            TCP,
+            tcp(Chain),
             "udp-auth",
             Some("361 cps"),
             r(462.0, 361.0),
@@ -194,7 +219,7 @@ fn seed000() -> Suite {
             "chain-tls-auth",
             "chain TLS, auth",
             Digest,
-            &["--transport", "tls", "--tls-resumption", "off"],
+            tls(Chain, Off, false),
             "udp-auth",
             Some("276 cps (AES)"),
             r(462.0, 276.0),
@@ -203,7 +228,7 @@ fn seed000() -> Suite {
             "outbound-tcp",
             "outbound TCP, auth",
             Digest,
-            &["--transport", "tcp", "--mode", "outbound"],
+            tcp(Outbound),
             "udp-auth",
             Some("268 cps"),
             r(462.0, 268.0),
@@ -212,14 +237,7 @@ fn seed000() -> Suite {
             "outbound-tls",
             "outbound TLS, auth",
             Digest,
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "outbound",
-                "--tls-resumption",
-                "off",
-            ],
+            tls(Outbound, Off, false),
             "udp-auth",
             Some("151 cps"),
             r(462.0, 151.0),
@@ -228,15 +246,7 @@ fn seed000() -> Suite {
             "outbound-tls-mutual",
             "outbound TLS mutual, auth",
             Digest,
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "outbound",
-                "--tls-resumption",
-                "off",
-                "--mutual",
-            ],
+            tls(Outbound, Off, true),
             "udp-auth",
             Some("122 cps"),
             r(462.0, 122.0),
@@ -245,7 +255,7 @@ fn seed000() -> Suite {
             "outbound-tls-resumed",
             "outbound TLS resumption, auth",
             Digest,
-            &["--transport", "tls", "--mode", "outbound"],
+            tls(Outbound, On, false),
             "udp-auth",
             Some("181 cps"),
             r(462.0, 181.0),
@@ -254,7 +264,7 @@ fn seed000() -> Suite {
             "inbound-tcp",
             "inbound TCP",
             Plain,
-            &["--transport", "tcp", "--mode", "inbound"],
+            tcp(Inbound),
             "udp",
             Some("583 cps"),
             r(2400.0, 583.0),
@@ -263,14 +273,7 @@ fn seed000() -> Suite {
             "inbound-tls",
             "inbound TLS",
             Plain,
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "inbound",
-                "--tls-resumption",
-                "off",
-            ],
+            tls(Inbound, Off, false),
             "udp",
             Some("161 cps"),
             r(2400.0, 161.0),
@@ -279,15 +282,7 @@ fn seed000() -> Suite {
             "inbound-tls-mutual",
             "inbound TLS mutual",
             Plain,
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "inbound",
-                "--tls-resumption",
-                "off",
-                "--mutual",
-            ],
+            tls(Inbound, Off, true),
             "udp",
             Some("115 cps"),
             r(2400.0, 115.0),
@@ -296,7 +291,7 @@ fn seed000() -> Suite {
             "inbound-tls-resumed",
             "inbound TLS resumption",
             Plain,
-            &["--transport", "tls", "--mode", "inbound"],
+            tls(Inbound, On, false),
             "udp",
             Some("326 cps"),
             r(2400.0, 326.0),
@@ -305,7 +300,7 @@ fn seed000() -> Suite {
             "local-tcp",
             "local TCP, auth",
             Digest,
-            &["--transport", "tcp", "--mode", "local"],
+            tcp(Local),
             "udp-auth",
             Some("247 cps"),
             r(462.0, 247.0),
@@ -314,14 +309,7 @@ fn seed000() -> Suite {
             "local-tls",
             "local TLS, auth",
             Digest,
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "local",
-                "--tls-resumption",
-                "off",
-            ],
+            tls(Local, Off, false),
             "udp-auth",
             Some("91 cps"),
             r(462.0, 91.0),
@@ -330,15 +318,7 @@ fn seed000() -> Suite {
             "local-tls-mutual",
             "local TLS mutual, auth",
             Digest,
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "local",
-                "--tls-resumption",
-                "off",
-                "--mutual",
-            ],
+            tls(Local, Off, true),
             "udp-auth",
             Some("61 cps"),
             r(462.0, 61.0),
@@ -347,7 +327,7 @@ fn seed000() -> Suite {
             "local-tls-resumed",
             "local TLS resumption, auth",
             Digest,
-            &["--transport", "tls", "--mode", "local"],
+            tls(Local, On, false),
             "udp-auth",
             Some("151 cps"),
             r(462.0, 151.0),
@@ -373,7 +353,7 @@ fn seed000() -> Suite {
             unavailable: Some(
                 "3DES: neither rustls nor OpenSSL 3 (Debian's) negotiates TLS_RSA_WITH_3DES_EDE_CBC_SHA",
             ),
-            ..row(id, label, Plain, TLS, baseline, Some(seed), Some(ratio))
+            ..row(id, label, Plain, tls(Chain, On, false), baseline, Some(seed), Some(ratio))
         });
     }
     rows.push(Row {
@@ -382,7 +362,7 @@ fn seed000() -> Suite {
             "kamailio-udp",
             "Kamailio 5.6, UDP",
             Plain,
-            &[],
+            plain(),
             "udp",
             None,
             None,
@@ -417,7 +397,7 @@ fn seed001() -> Suite {
             "no-auth",
             "no authentication",
             Plain,
-            &[],
+            plain(),
             "no-auth",
             Some("24,000 cps; setup 1.47 ms"),
             Some(1.0),
@@ -430,7 +410,7 @@ fn seed001() -> Suite {
                 "digest-wan",
                 "digest, query per call",
                 DigestWan { cache: false },
-                &[],
+                plain(),
                 "no-auth",
                 Some("1,160 cps; setup 36 ms"),
                 Some(24_000.0 / 1_160.0),
@@ -440,7 +420,7 @@ fn seed001() -> Suite {
             "digest-wan-cache",
             "digest, credential cache",
             DigestWan { cache: true },
-            &[],
+            plain(),
             "no-auth",
             None,
             None,
@@ -449,7 +429,7 @@ fn seed001() -> Suite {
             "proxychain",
             "Proxychain",
             Proxychain { prefetch: false },
-            &[],
+            plain(),
             "no-auth",
             Some("19,700 cps; setup 2.27 ms (36.28 on a new chain)"),
             Some(24_000.0 / 19_700.0),
@@ -458,7 +438,7 @@ fn seed001() -> Suite {
             "proxychain-prefetch",
             "Proxychain, prefetching",
             Proxychain { prefetch: true },
-            &[],
+            plain(),
             "no-auth",
             Some("setup 2.67 ms"),
             None,
@@ -467,7 +447,10 @@ fn seed001() -> Suite {
             "proxychain-ahead",
             "Proxychain, prefetching, answered ahead",
             Proxychain { prefetch: true },
-            &["--auth-reuse"],
+            BenchArgs {
+                auth_reuse: true,
+                ..plain()
+            },
             "no-auth",
             None,
             None,
@@ -498,89 +481,38 @@ fn seed001() -> Suite {
 /// 1 / (1 − saving ÷ base).
 fn seed002() -> Suite {
     use Setup::{Digest, Plain};
-    // One mode's base row and its four ablated rows (ids and labels built at compile time).
+    // One mode's base row (TLS, a full handshake per connection) and its four ablated rows
+    // (ids and labels built at compile time).
     macro_rules! ablated {
-        ($id:literal, $label:literal, $bench:expr) => {{
-            let base = concat!($id, "-tls");
-            let ablate = |id, label, noop| Row {
-                noop,
-                ..row(id, label, Plain, $bench, base, None, None)
-            };
-            [
-                row(
-                    base,
-                    concat!($label, " TLS"),
+        ($id:literal, $label:literal, $mode:expr) => {
+            ablated!(@rows $id, $label, $mode;
+                ["", "", ""],
+                ["-kx", ", no-op key exchange", "kx"],
+                ["-sign", ", no-op signatures", "sign"],
+                ["-aead", ", no-op record cipher", "aead"],
+                ["-all", ", all three no-op", "tls"])
+        };
+        (@rows $id:literal, $label:literal, $mode:expr;
+            $([$suffix:literal, $what:literal, $noop:literal]),*) => {
+            [$(Row {
+                noop: $noop,
+                ..row(
+                    concat!($id, "-tls", $suffix),
+                    concat!($label, " TLS", $what),
                     Plain,
-                    $bench,
-                    base,
+                    tls($mode, Off, false),
+                    concat!($id, "-tls"),
                     None,
                     None,
-                ),
-                ablate(
-                    concat!($id, "-tls-kx"),
-                    concat!($label, " TLS, no-op key exchange"),
-                    "kx",
-                ),
-                ablate(
-                    concat!($id, "-tls-sign"),
-                    concat!($label, " TLS, no-op signatures"),
-                    "sign",
-                ),
-                ablate(
-                    concat!($id, "-tls-aead"),
-                    concat!($label, " TLS, no-op record cipher"),
-                    "aead",
-                ),
-                ablate(
-                    concat!($id, "-tls-all"),
-                    concat!($label, " TLS, all three no-op"),
-                    "tls",
-                ),
-            ]
-        }};
+                )
+            }),*]
+        };
     }
     let mut rows: Vec<Row> = [
-        ablated!(
-            "chain",
-            "chain",
-            &["--transport", "tls", "--tls-resumption", "off"]
-        ),
-        ablated!(
-            "outbound",
-            "outbound",
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "outbound",
-                "--tls-resumption",
-                "off"
-            ]
-        ),
-        ablated!(
-            "inbound",
-            "inbound",
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "inbound",
-                "--tls-resumption",
-                "off"
-            ]
-        ),
-        ablated!(
-            "local",
-            "local",
-            &[
-                "--transport",
-                "tls",
-                "--mode",
-                "local",
-                "--tls-resumption",
-                "off"
-            ]
-        ),
+        ablated!("chain", "chain", Chain),
+        ablated!("outbound", "outbound", Outbound),
+        ablated!("inbound", "inbound", Inbound),
+        ablated!("local", "local", Local),
     ]
     .into_iter()
     .flatten()
@@ -589,7 +521,7 @@ fn seed002() -> Suite {
         "digest",
         "UDP, digest",
         Digest,
-        &[],
+        plain(),
         "digest",
         None,
         None,
@@ -600,7 +532,7 @@ fn seed002() -> Suite {
             "digest-hash",
             "UDP, digest, no-op hash",
             Digest,
-            &[],
+            plain(),
             "digest",
             None,
             None,
@@ -631,15 +563,15 @@ fn seed002() -> Suite {
 /// ≈2,500), TCP costs stateless 65% (stateless UDP ≈7,100).
 fn seed004() -> Suite {
     use Setup::{Digest, Plain};
-    const REG: &[&str] = &["--scenario", "register"];
-    const REG_TCP: &[&str] = &["--scenario", "register", "--transport", "tcp"];
-    const TCP: &[&str] = &["--transport", "tcp"];
     let mut rows = vec![
         row(
             "register",
             "register UDP",
             Plain,
-            REG,
+            BenchArgs {
+                scenario: BenchScenario::Register,
+                ..plain()
+            },
             "register",
             None,
             Some(1.0),
@@ -648,7 +580,10 @@ fn seed004() -> Suite {
             "register-auth",
             "register UDP, digest",
             Digest,
-            REG,
+            BenchArgs {
+                scenario: BenchScenario::Register,
+                ..plain()
+            },
             "register",
             Some("−80% peak"),
             Some(5.0),
@@ -657,7 +592,10 @@ fn seed004() -> Suite {
             "register-tcp",
             "register TCP",
             Plain,
-            REG_TCP,
+            BenchArgs {
+                scenario: BenchScenario::Register,
+                ..tcp(Chain)
+            },
             "register",
             Some("−19.8% peak"),
             Some(1.0 / (1.0 - 0.198)),
@@ -666,7 +604,10 @@ fn seed004() -> Suite {
             "register-tcp-auth",
             "register TCP, digest",
             Digest,
-            REG_TCP,
+            BenchArgs {
+                scenario: BenchScenario::Register,
+                ..tcp(Chain)
+            },
             "register",
             Some("−75% of TCP's peak"),
             Some(4.0 / (1.0 - 0.198)),
@@ -675,7 +616,7 @@ fn seed004() -> Suite {
             "stateful",
             "stateful UDP",
             Plain,
-            &[],
+            plain(),
             "stateful",
             Some("4,012 cps"),
             Some(1.0),
@@ -684,7 +625,7 @@ fn seed004() -> Suite {
             "stateful-auth",
             "stateful UDP, digest",
             Digest,
-            &[],
+            plain(),
             "stateful",
             Some("701 cps"),
             Some(4012.0 / 701.0),
@@ -693,7 +634,7 @@ fn seed004() -> Suite {
             "stateful-tcp",
             "stateful TCP",
             Plain,
-            TCP,
+            tcp(Chain),
             "stateful",
             Some("≈1,000 cps (derived)"),
             Some(4012.0 / 1000.0),
@@ -702,7 +643,7 @@ fn seed004() -> Suite {
             "stateful-tcp-auth",
             "stateful TCP, digest",
             Digest,
-            TCP,
+            tcp(Chain),
             "stateful",
             Some("400 cps"),
             Some(4012.0 / 400.0),
@@ -713,7 +654,10 @@ fn seed004() -> Suite {
         "stateless",
         "stateless UDP",
         Plain,
-        &["--stateless"],
+        BenchArgs {
+            stateless: true,
+            ..plain()
+        },
         "stateful",
         Some("≈7,100 cps (derived)"),
         Some(4012.0 / 7143.0),
@@ -722,7 +666,10 @@ fn seed004() -> Suite {
         "stateless-tcp",
         "stateless TCP",
         Plain,
-        &["--stateless", "--transport", "tcp"],
+        BenchArgs {
+            stateless: true,
+            ..tcp(Chain)
+        },
         "stateful",
         Some("≈2,500 cps (derived)"),
         Some(4012.0 / 2500.0),
@@ -731,15 +678,26 @@ fn seed004() -> Suite {
     // seed found it the cheapest scenario of all (fewer messages than proxying, less work
     // than registration); its text gives no redirection peak, only the losses: digest
     // −90.5% (UDP), TCP −55.2% (no digest) and −23.5% (digest).
-    const REDIRECT: &[&str] = &["--scenario", "redirect"];
-    const REDIRECT_TCP: &[&str] = &["--scenario", "redirect", "--transport", "tcp"];
     for (id, label, setup, bench, seed, ratio) in [
-        ("redirect", "redirect UDP", Plain, REDIRECT, None, Some(1.0)),
+        (
+            "redirect",
+            "redirect UDP",
+            Plain,
+            BenchArgs {
+                scenario: BenchScenario::Redirect,
+                ..plain()
+            },
+            None,
+            Some(1.0),
+        ),
         (
             "redirect-auth",
             "redirect UDP, digest",
             Digest,
-            REDIRECT,
+            BenchArgs {
+                scenario: BenchScenario::Redirect,
+                ..plain()
+            },
             Some("−90.5% peak"),
             Some(1.0 / 0.095),
         ),
@@ -747,7 +705,10 @@ fn seed004() -> Suite {
             "redirect-tcp",
             "redirect TCP",
             Plain,
-            REDIRECT_TCP,
+            BenchArgs {
+                scenario: BenchScenario::Redirect,
+                ..tcp(Chain)
+            },
             Some("−55.2% peak"),
             Some(1.0 / 0.448),
         ),
@@ -755,7 +716,10 @@ fn seed004() -> Suite {
             "redirect-tcp-auth",
             "redirect TCP, digest",
             Digest,
-            REDIRECT_TCP,
+            BenchArgs {
+                scenario: BenchScenario::Redirect,
+                ..tcp(Chain)
+            },
             Some("−23.5% of UDP digest's"),
             Some(1.0 / (0.095 * 0.765)),
         ),
@@ -779,71 +743,59 @@ fn seed004() -> Suite {
 
 /// The share of a core the overload suite holds the server under test to: one core of load
 /// generator then offers it several times its peak.
-pub(crate) const OVERLOAD_QUOTA: &str = "0.25";
+pub(crate) const OVERLOAD_QUOTA: f64 = 0.25;
 
 /// Overload control (seed 004's collapse past the peak, and RFC 7339/7415): goodput against
 /// offered load up to three times the peak, for sipsec with control off and on, with a load
 /// that honours the feedback, for Kamailio, and for two sipsec hops.
 fn overload() -> Suite {
     use Setup::{Plain, Upstream};
-    const Q: &str = OVERLOAD_QUOTA;
+    // Every row holds the server to the quota and is read against control off.
+    let quota = || BenchArgs {
+        cpu_quota: Some(OVERLOAD_QUOTA),
+        ..plain()
+    };
+    let at_quota = |id, label, setup, bench| row(id, label, setup, bench, "off", None, None);
     let rows = vec![
-        row(
+        at_quota(
             "off",
             "sipsec, overload control off",
             Plain,
-            &["--cpu-quota", Q, "--overload", "off"],
-            "off",
-            None,
-            None,
+            BenchArgs {
+                overload: Off,
+                ..quota()
+            },
         ),
-        row(
-            "on",
-            "sipsec, local admission control",
-            Plain,
-            &["--cpu-quota", Q],
-            "off",
-            None,
-            None,
-        ),
-        row(
+        at_quota("on", "sipsec, local admission control", Plain, quota()),
+        at_quota(
             "on-oc",
             "sipsec, callers honour RFC 7339 feedback",
             Plain,
-            &["--cpu-quota", Q, "--oc"],
-            "off",
-            None,
-            None,
+            BenchArgs {
+                oc: true,
+                ..quota()
+            },
         ),
         Row {
             server: Server::Kamailio,
-            ..row(
+            ..at_quota(
                 "kamailio",
                 "Kamailio 5.6 (no overload control)",
                 Plain,
-                &["--cpu-quota", Q],
-                "off",
-                None,
-                None,
+                quota(),
             )
         },
-        row(
+        at_quota(
             "two-hop",
             "two hops, upstream a plain proxy",
             Upstream { oc: false },
-            &["--cpu-quota", Q],
-            "off",
-            None,
-            None,
+            quota(),
         ),
-        row(
+        at_quota(
             "two-hop-oc",
             "two hops, upstream honours RFC 7339",
             Upstream { oc: true },
-            &["--cpu-quota", Q],
-            "off",
-            None,
-            None,
+            quota(),
         ),
     ];
     Suite {

@@ -1,5 +1,6 @@
-//! `sipsec load`'s command line: what a run is asked to do, before [`super::Plan`] checks it
-//! and works out the rest.
+//! `sipsec load`'s options: what a run is asked to do, before [`super::Plan`] checks it and
+//! works out the rest — parsed from the command line, or built as a value by a caller (the
+//! bench) from [`LoadArgs::default`], whose defaults are the command line's own.
 
 use anyhow::{Context, Result};
 use clap::ValueEnum;
@@ -46,6 +47,22 @@ pub enum OnOff {
     Off,
 }
 
+impl OnOff {
+    pub fn is_on(self) -> bool {
+        self == OnOff::On
+    }
+}
+
+/// The options `A` has when none is given: the defaults its `#[arg]` attributes declare, so a
+/// caller building options as a value starts from the command line's defaults, not a copy.
+pub fn defaults<A: clap::Args + clap::FromArgMatches>() -> A {
+    let command = A::augment_args(clap::Command::new("defaults"));
+    let matches = command
+        .try_get_matches_from(["defaults"])
+        .expect("every option has a default or is optional");
+    A::from_arg_matches(&matches).expect("the defaults parse")
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RedirectArg {
     /// Count the 3xx as the success.
@@ -54,7 +71,7 @@ pub enum RedirectArg {
     Follow,
 }
 
-/// `sipsec load` options.
+/// `sipsec load` options: the typed plan of a run, before [`super::Plan`] checks it.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
     /// Where requests go: `[udp:|tcp:|tls:]ip:port` (a server, or a UAS directly). With `--role both`
@@ -83,23 +100,23 @@ pub struct LoadArgs {
     /// Our certificate and key (PEM): the client certificate the caller presents when a
     /// server asks for one, and the UAS's server certificate.
     #[arg(long)]
-    pub(crate) tls_cert: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
     /// The private key (PEM) of --tls-cert.
     #[arg(long)]
-    pub(crate) tls_key: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
     /// CA certificates (PEM) the peer's certificate must chain to: the server's, and the
     /// caller's when the UAS asks for client certificates.
     #[arg(long)]
-    pub(crate) tls_ca: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
     /// Whether the UAS asks callers for a certificate (verified against --tls-ca).
     #[arg(long, value_enum, default_value = "none")]
-    pub(crate) tls_client_auth: tls::ClientAuth,
+    pub tls_client_auth: tls::ClientAuth,
     /// Accept any server certificate (a lab convenience; still checks handshake signatures).
     #[arg(long)]
-    pub(crate) tls_no_verify: bool,
+    pub tls_no_verify: bool,
     /// Name to check the server's certificate against (default: the target's IP address).
     #[arg(long)]
-    pub(crate) tls_server_name: Option<String>,
+    pub tls_server_name: Option<String>,
     /// Lab builds only (`--features lab-noop`): TLS stages done without cryptography, as the
     /// server under test does them (`kx,sign,aead`); seed 002's ablation. Never for real use;
     /// hidden from the help of production builds.
@@ -107,7 +124,7 @@ pub struct LoadArgs {
     pub lab_noop: String,
     /// TLS versions to offer: 1.2, 1.3 (repeatable; default both).
     #[arg(long = "tls-version", value_delimiter = ',')]
-    pub(crate) tls_versions: Vec<String>,
+    pub tls_versions: Vec<String>,
     /// TLS library: rustls, or openssl (built with the `openssl` feature) for seed 000's
     /// TLS_RSA_WITH_AES_128_CBC_SHA.
     #[arg(long, value_enum, default_value = "rustls")]
@@ -115,7 +132,7 @@ pub struct LoadArgs {
     /// Cipher suites to offer, by rustls name, or with OpenSSL also the IANA or OpenSSL name
     /// (repeatable; default the backend's set).
     #[arg(long = "tls-cipher-suite", value_delimiter = ',')]
-    pub(crate) tls_cipher_suites: Vec<String>,
+    pub tls_cipher_suites: Vec<String>,
     /// Key-exchange groups to offer: X25519, secp256r1, secp384r1, X25519MLKEM768
     /// (repeatable; default rustls's set).
     #[arg(long = "tls-key-exchange", value_delimiter = ',')]
@@ -144,14 +161,14 @@ pub struct LoadArgs {
     pub step_s: f64,
     /// The highest rate --ramp raises to, and the ceiling of --find-peak's search.
     #[arg(long)]
-    pub(crate) max_rate: Option<f64>,
+    pub max_rate: Option<f64>,
     /// Search for the highest rate at which at least 99% of operations succeed within 500 ms
     /// (T1: no retransmission needed), starting at --rate; each trial lasts --step-s.
     #[arg(long)]
     pub find_peak: bool,
     /// Relative precision of the peak search.
     #[arg(long, default_value_t = 0.03)]
-    pub(crate) peak_precision: f64,
+    pub peak_precision: f64,
     /// Milliseconds a call stays established before the UAC sends BYE.
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,
@@ -212,7 +229,14 @@ pub struct LoadArgs {
     pub quiet: bool,
     /// Seconds to wait for operations still in flight after the last start.
     #[arg(long, default_value_t = 35.0)]
-    pub(crate) drain_s: f64,
+    pub drain_s: f64,
+}
+
+impl Default for LoadArgs {
+    /// `sipsec load` with no options (see [`defaults`]).
+    fn default() -> Self {
+        defaults()
+    }
 }
 
 /// `[udp:|tcp:|tls:]ip:port`; the transport when one is named.

@@ -22,7 +22,7 @@ pub mod users;
 
 use anyhow::{bail, Context, Result};
 pub use cli::LoadArgs;
-use cli::{parse_endpoint, ConnectionArg, OnOff, RedirectArg, Role, ScenarioArg};
+use cli::{parse_endpoint, ConnectionArg, RedirectArg, Role, ScenarioArg};
 use driver::{Links, RunOptions, UdpLinks};
 use report::{Latency, Progress, Step, Summary};
 use schedule::{Limit, Pacer, RatePlan};
@@ -56,7 +56,7 @@ fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<connections
         versions: args.tls_versions.clone(),
         cipher_suites: args.tls_cipher_suites.clone(),
         key_exchange: args.tls_key_exchange.clone(),
-        session_resumption: args.tls_resumption == OnOff::On,
+        session_resumption: args.tls_resumption.is_on(),
         noop: sipsec_transport::ablation::Stages::parse(&args.lab_noop)?,
     };
     if protocol.noop.tls() {

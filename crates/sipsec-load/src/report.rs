@@ -153,8 +153,10 @@ pub struct Summary {
     /// Connections and TLS handshakes (stream transports only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections: Option<LinkCounters>,
+    /// `--find-peak`: the highest rate found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_per_s: Option<f64>,
+    /// `--ramp` and `--find-peak`: each rate's own figures.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<Step>,
 }

@@ -5,7 +5,7 @@
 //!     cargo build --release --example engine_calls
 //!     valgrind --tool=callgrind target/release/examples/engine_calls stateful 2000
 //!
-//! `bench/callgrind.sh` runs it twice and reports instructions per call.
+//! `scripts/callgrind.sh` runs it twice and reports instructions per call.
 
 use bytes::Bytes;
 use sip_core::message::build;

@@ -1,12 +1,12 @@
 //! Drives one engine through registrations in memory, for instruction counts under callgrind:
 //! 1,000 users refreshing their one binding, each REGISTER with a new Call-ID as SIPp's
-//! `bench/sipp/register.xml` sends it, 0.5 ms apart (2,000/s), with no sockets, no clock and
+//! `peers/sipp/register.xml` sends it, 0.5 ms apart (2,000/s), with no sockets, no clock and
 //! no store (the changes it hands the store are dropped here).
 //!
 //!     cargo build --release --example engine_registers
 //!     valgrind --tool=callgrind target/release/examples/engine_registers 5000
 //!
-//! `bench/callgrind.sh` runs it and reports instructions per REGISTER.
+//! `scripts/callgrind.sh` runs it and reports instructions per REGISTER.
 
 use sipsec_server::config::Config;
 use sipsec_server::engine::{Effects, Engine};

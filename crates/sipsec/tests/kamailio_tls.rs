@@ -33,7 +33,7 @@ fn have_kamailio_tls() -> bool {
     ok
 }
 
-/// Kamailio on `tls:127.0.0.1:port` running the reference proxy (`bench/kamailio`), relaying every
+/// Kamailio on `tls:127.0.0.1:port` running the reference proxy (`peers/kamailio`), relaying every
 /// initial INVITE to `next_hop`. `mutual`: it demands client certificates and presents its
 /// own when it connects out.
 fn start_kamailio(dir: &Path, port: u16, next_hop: &str, mutual: bool) -> Kamailio {

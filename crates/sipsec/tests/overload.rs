@@ -48,7 +48,7 @@ fn have_kamailio() -> bool {
     ok
 }
 
-/// Kamailio 5.6 on UDP `port` running the reference proxy (`bench/kamailio`), relaying every initial
+/// Kamailio 5.6 on UDP `port` running the reference proxy (`peers/kamailio`), relaying every initial
 /// INVITE to `next_hop`; stopped on drop.
 fn start_kamailio(dir: &Path, port: u16, next_hop: &str) -> Kamailio {
     let child = Command::new("kamailio")

@@ -74,7 +74,7 @@ fn sipp_register(
     )
 }
 
-/// A thousand calls of `bench/sipp/uac.xml` through sipsec to `bench/sipp/uas.xml`, after
+/// A thousand calls of `peers/sipp/uac.xml` through sipsec to `peers/sipp/uas.xml`, after
 /// five of SIPp's built-in caller that all fail.
 fn thousand_calls_through(stateful: bool) {
     if !have_sipp() {

@@ -1,6 +1,6 @@
 //! CPU accounting from /proc: user and system time of a process and everything it forked
 //! (Kamailio runs a dozen processes), and pinning to a core. This is the figure the seeds
-//! report — server CPU per call — read the same way `bench/kamailio/compare.py`
+//! report — server CPU per call — read the same way `scripts/kamailio_compare.py`
 //! reads it, so the two harnesses can be checked against each other.
 
 use anyhow::{bail, Context, Result};

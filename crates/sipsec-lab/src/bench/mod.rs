@@ -13,9 +13,11 @@ pub mod quota;
 pub mod relay;
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
 use serde::Serialize;
+use sipsec_load::cli::{OnOff, RedirectArg, Role as LoadRole, ScenarioArg};
 use sipsec_load::{self as load, report::Summary, LoadArgs};
+use sipsec_server::cmd::ctl::{self, CtlArgs};
+use sipsec_server::serve::control;
 use sipsec_transport::net::transport::Transport;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -23,9 +25,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-/// Where the default bench topology puts things (as `bench/kamailio/compare.py`).
+/// Where the default bench topology puts things (as `scripts/kamailio_compare.py`).
 pub const SERVER: &str = "127.0.0.1:35060";
 const SERVER_TLS: &str = "127.0.0.1:35061";
 const UAC_IP: &str = "127.0.0.2";
@@ -43,7 +45,20 @@ pub enum BenchScenario {
     Options,
 }
 
-/// `sipsec bench` options.
+impl BenchScenario {
+    /// The load generator's scenario for it.
+    fn load(self) -> ScenarioArg {
+        match self {
+            BenchScenario::Call => ScenarioArg::Call,
+            BenchScenario::Register => ScenarioArg::Register,
+            BenchScenario::Redirect => ScenarioArg::Redirect,
+            BenchScenario::Options => ScenarioArg::Options,
+        }
+    }
+}
+
+/// `sipsec bench` options: the typed plan of a bench run. The lab builds them as values from
+/// [`BenchArgs::default`], which is the command line's defaults.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// What each measured operation is.
@@ -123,7 +138,7 @@ pub struct BenchArgs {
     pub(crate) cpu_quota: Option<f64>,
     /// With the default config: the server's overload control (`[overload] enabled`).
     #[arg(long, value_enum, default_value = "on")]
-    pub overload: sipsec_load::cli::OnOff,
+    pub overload: OnOff,
     /// The load speaks overload control as a client (`sipsec load --oc`).
     #[arg(long)]
     pub oc: bool,
@@ -150,6 +165,13 @@ pub struct BenchArgs {
     pub lab_noop: String,
     #[command(flatten)]
     pub streams: modes::StreamArgs,
+}
+
+impl Default for BenchArgs {
+    /// `sipsec bench` with no options (see [`load::cli::defaults`]).
+    fn default() -> Self {
+        load::cli::defaults()
+    }
 }
 
 /// The bench report (`--json`).
@@ -199,12 +221,18 @@ pub struct Report {
     /// the measured run, counted by callgrind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_instructions_per_op: Option<f64>,
-    /// `--cpu-quota`: the share of a core the server was held to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) cpu_quota: Option<f64>,
-    /// `--cpu-quota`: seconds the quota held the server off over the whole bench.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) cpu_throttled_s: Option<f64>,
+    /// `--cpu-quota`: the quota and what it did (its fields at the report's top level).
+    #[serde(flatten)]
+    pub quota: Option<QuotaHeld>,
+}
+
+/// A CPU quota the server was held to (`--cpu-quota`).
+#[derive(Debug, Clone, Serialize)]
+pub struct QuotaHeld {
+    /// The share of a core.
+    pub(crate) cpu_quota: f64,
+    /// Seconds the quota held the server off over the whole bench.
+    pub(crate) cpu_throttled_s: f64,
 }
 
 /// One point of a goodput curve.
@@ -221,15 +249,16 @@ pub struct CurvePoint {
 /// Multiples of the peak the goodput curve is measured at (up to `--curve-to`).
 const CURVE: [f64; 9] = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0];
 
-/// A server's counters by name (`stats.rs`), as it logs them on SIGUSR1.
+/// A server's counters by name (`stats.rs`), as `sipsec ctl counters` reports them.
 pub type Counters = BTreeMap<String, u64>;
 
 /// A sipsec server this bench started; stopped on drop.
 struct Started {
     child: Child,
     _dir: tempfile::TempDir,
-    /// Every counters line the server has logged, oldest first.
-    counters: Arc<Mutex<Vec<Counters>>>,
+    /// Its control socket (`[control] socket`), where its counters are asked for; none when
+    /// a config given with `--config` sets none.
+    control: Option<PathBuf>,
     /// Under callgrind: its output file, dumped at each counters report (see [`Self::stop`]).
     callgrind: Option<PathBuf>,
 }
@@ -237,11 +266,11 @@ struct Started {
 impl Started {
     /// Stops the server and, under callgrind, reads the instructions it counted over the
     /// measured run. Callgrind dumps (and zeroes) its counts each time the server reports its
-    /// counters (`--dump-before=*report_counters*`): the first report, before the measured
-    /// run, ends dump 1 (start-up and warm-up); the second, after it, ends dump 2 — the
-    /// measured run alone. No `callgrind_control`: its `vgdb` must interrupt a process blocked
-    /// in a system call, which not every sandbox allows (it then reports no run, and nothing
-    /// is counted).
+    /// counters on SIGUSR1 (`--dump-before=*report_counters*`, [`Self::cut`]): the first
+    /// report, before the measured run, ends dump 1 (start-up and warm-up); the second, after
+    /// it, ends dump 2 — the measured run alone. No `callgrind_control`: its `vgdb` must
+    /// interrupt a process blocked in a system call, which not every sandbox allows (it then
+    /// reports no run, and nothing is counted).
     fn stop(mut self) -> Result<Option<u64>> {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -267,34 +296,49 @@ impl Started {
         Ok(Some(total))
     }
 
-    /// The server's counters now: asks with SIGUSR1 and waits (up to 2 s) for the line.
-    fn counters(&self) -> Option<Counters> {
-        let seen = self.counters.lock().ok()?.len();
+    /// The server's counters now, asked through its control socket (`sipsec ctl counters`).
+    fn counters(&self) -> Result<Option<Counters>> {
+        let Some(socket) = &self.control else {
+            return Ok(None);
+        };
+        let ask = CtlArgs {
+            command: control::Command::Counters,
+            config: None,
+            socket: Some(socket.clone()),
+            timeout_s: 10,
+        };
+        let text = ctl::run(&ask)?
+            .map_err(|why| anyhow::anyhow!("the server refused its counters: {why}"))?;
+        text.lines()
+            .map(|l| {
+                let (name, value) = l
+                    .split_once(' ')
+                    .with_context(|| format!("not a counter: {l:?}"))?;
+                Ok((name.to_string(), value.parse()?))
+            })
+            .collect::<Result<_>>()
+            .map(Some)
+    }
+
+    /// Under callgrind, ends dump `n` (see [`Self::stop`]): asks the server to report its
+    /// counters (SIGUSR1) and waits, up to 30 s, until callgrind has written the whole dump
+    /// (its last line, `totals:`) — the server stands still while it is written.
+    fn cut(&self, n: u32) {
+        let Some(out) = &self.callgrind else {
+            return;
+        };
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGUSR1) };
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while std::time::Instant::now() < until {
-            {
-                let lines = self.counters.lock().ok()?;
-                if lines.len() > seen {
-                    return lines.last().cloned();
-                }
-            }
+        let dump = PathBuf::from(format!("{}.{n}", out.display()));
+        let written = || {
+            std::fs::read_to_string(&dump)
+                .is_ok_and(|t| t.lines().last().is_some_and(|l| l.starts_with("totals:")))
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !written() && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        None
     }
-}
-
-/// Parses a counters log line (`... counters; name=value name=value`).
-fn parse_counters(line: &str) -> Option<Counters> {
-    let (_, list) = line.split_once("counters; ")?;
-    Some(
-        list.split_whitespace()
-            .filter_map(|kv| kv.split_once('='))
-            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
-            .collect(),
-    )
 }
 
 /// What counters changed by from `before` to `after`.
@@ -336,7 +380,8 @@ pub(crate) fn role_of(a: &BenchArgs) -> Role {
 }
 
 /// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
-/// 35061 for TLS runs), routing calls to the UAS over the bench's transport.
+/// 35061 for TLS runs), routing calls to the UAS over the bench's transport, its control
+/// socket (where the bench asks for its counters) in `dir`.
 pub(crate) fn default_config(
     dir: &Path,
     role: Role,
@@ -366,7 +411,7 @@ pub(crate) fn default_config(
          stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
          default_route = \"sip:{route};transport={}\"\n{hosts}[database]\nurl = \"sqlite://{}\"\n\
          [overload]\nenabled = {overload}\nfeedback = {overload}\nannounce = {overload}\n\
-         {tls_table}",
+         [control]\nsocket = \"{}\"\n{tls_table}",
         if role == Role::Redirect {
             "redirect"
         } else {
@@ -374,7 +419,8 @@ pub(crate) fn default_config(
         },
         role == Role::StatefulProxy,
         s.transport,
-        dir.join("bench.db").display()
+        dir.join("bench.db").display(),
+        dir.join("control.sock").display()
     )
 }
 
@@ -387,6 +433,7 @@ fn start_sipsec(
     instructions: bool,
 ) -> Result<Started> {
     let exe = std::env::current_exe().context("cannot find the sipsec binary")?;
+    let control = sipsec_server::config::Config::load(config)?.control_socket;
     let callgrind = instructions.then(|| dir.path().join("callgrind.out"));
     let mut cmd = match &callgrind {
         Some(out) => {
@@ -398,19 +445,13 @@ fn start_sipsec(
         }
         None => Command::new(exe),
     };
-    // Quiet unless the caller asked for the server's log, but for the counters lines the
-    // bench asks for: those are taken from its log and not shown.
+    // Warnings and errors only, unless the caller asked for the server's log.
     let asked = std::env::var("SIPSEC_LOG").ok();
     cmd.env(sipsec_transport::ablation::ENV, noop.to_arg());
     cmd.args(["serve", "--config"])
         .arg(config)
         .current_dir(dir.path())
-        .env(
-            "SIPSEC_LOG",
-            asked
-                .clone()
-                .unwrap_or_else(|| "warn,sipsec_server::serve=info".into()),
-        )
+        .env("SIPSEC_LOG", asked.clone().unwrap_or_else(|| "warn".into()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -426,17 +467,13 @@ fn start_sipsec(
             "cannot start sipsec serve"
         }
     })?;
-    let counters = Arc::new(Mutex::new(Vec::new()));
+    // The server's own lines; valgrind's commentary is not shown.
     let stderr = child.stderr.take().expect("piped");
-    let (lines, show_all) = (counters.clone(), asked.is_some());
+    let show_all = asked.is_some();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            match parse_counters(&line) {
-                Some(c) => lines.lock().map(|mut l| l.push(c)).unwrap_or(()),
-                None if show_all || line.contains(" WARN ") || line.contains(" ERROR ") => {
-                    eprintln!("{line}");
-                }
-                None => {}
+            if show_all || line.contains(" WARN ") || line.contains(" ERROR ") {
+                eprintln!("{line}");
             }
         }
     });
@@ -451,7 +488,7 @@ fn start_sipsec(
     Ok(Started {
         child,
         _dir: dir,
-        counters,
+        control,
         callgrind,
     })
 }
@@ -464,17 +501,6 @@ fn config_listen(path: &Path, transport: Transport) -> Result<SocketAddr> {
         .find(|l| l.transport == transport)
         .map(|l| l.addr)
         .with_context(|| format!("the config has no {transport} listener"))
-}
-
-/// Builds load options the way the command line would, so defaults stay in one place.
-fn load_args(words: &[String]) -> Result<LoadArgs> {
-    #[derive(Parser)]
-    struct Wrapper {
-        #[command(flatten)]
-        args: LoadArgs,
-    }
-    let argv = std::iter::once("sipsec-load".to_string()).chain(words.iter().cloned());
-    Ok(Wrapper::try_parse_from(argv)?.args)
 }
 
 /// `sipsec bench` on the command line: runs, then prints the report's summary.
@@ -527,6 +553,14 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     if !a.rate.is_finite() || a.rate <= 0.0 || a.calls == 0 {
         bail!("--rate and --calls must be positive");
     }
+    // What clap's `conflicts_with` and `requires` say on the command line, for plans built
+    // as values.
+    if a.instructions && (!a.server_pid.is_empty() || a.find_peak) {
+        bail!("--instructions counts a server started here, without --find-peak");
+    }
+    if (a.goodput_curve && !a.find_peak) || (a.config.is_some() && !a.server_pid.is_empty()) {
+        bail!("--goodput-curve needs --find-peak; --config and --server-pid exclude each other");
+    }
     let cpus = cpu::cpu_count();
     if a.server_cpu >= cpus || a.load_cpu >= cpus {
         bail!("--server-cpu and --load-cpu must be below {cpus} (the CPUs online)");
@@ -567,7 +601,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             Some(p) => std::path::absolute(p)?,
             None => {
                 let p = dir.path().join("sipsec.toml");
-                let overload = a.overload == sipsec_load::cli::OnOff::On;
+                let overload = a.overload.is_on();
                 std::fs::write(
                     &p,
                     default_config(
@@ -606,69 +640,53 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     };
     cpu::pin_current_thread(a.load_cpu)?;
 
-    let scenario = match a.scenario {
-        BenchScenario::Call => "call",
-        BenchScenario::Register => "register",
-        BenchScenario::Redirect => "redirect",
-        BenchScenario::Options => "options",
-    };
-    let mut words: Vec<String> = [
-        target.as_str(),
-        "--scenario",
-        scenario,
-        "--local",
-        UAC_IP,
-        "--quiet",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let scenario = a.scenario.load();
     let domain = match (&a.domain, a.scenario) {
-        (Some(d), _) => Some(d.as_str()),
+        (Some(d), _) => Some(d.clone()),
         (None, BenchScenario::Call | BenchScenario::Redirect) => None,
-        (None, _) => Some("bench.test"),
+        (None, _) => Some("bench.test".to_string()),
     };
-    if let Some(d) = domain {
-        words.extend(["--domain", d].map(String::from));
-    }
+    let mut base = LoadArgs {
+        target: Some(target.clone()),
+        scenario,
+        local: Some(UAC_IP.parse().expect("the bench's UAC address")),
+        quiet: true,
+        domain,
+        redirect: RedirectArg::Stop,
+        users: a.users.clone(),
+        auth_reuse: a.auth_reuse,
+        oc: a.oc,
+        proxychain: a.proxychain_realm.is_some(),
+        proxychain_realm: a.proxychain_realm.clone(),
+        ..LoadArgs::default()
+    };
     if a.scenario == BenchScenario::Call {
-        let uas = match s.transport {
+        base.role = LoadRole::Both;
+        base.uas = Some(match s.transport {
             Transport::Udp => a.uas.clone(),
             t => format!("{t}:{}", a.uas),
-        };
-        words.extend([
-            "--role".to_string(),
-            "both".to_string(),
-            "--uas".to_string(),
-            uas,
-        ]);
+        });
     }
-    if a.scenario == BenchScenario::Redirect {
-        words.extend(["--redirect", "stop"].map(String::from));
-    }
-    words.extend(s.load_words(&tls_dir));
+    s.configure_load(&mut base, &tls_dir);
     if noop.tls() {
-        words.extend(["--lab-noop".to_string(), noop.to_arg()]);
+        base.lab_noop = noop.to_arg();
     }
-    if let Some(u) = &a.users {
-        words.extend(["--users".to_string(), u.display().to_string()]);
-    }
-    if a.auth_reuse {
-        words.push("--auth-reuse".to_string());
-    }
-    if a.oc {
-        words.push("--oc".to_string());
-    }
-    if let Some(realm) = &a.proxychain_realm {
-        words.extend(["--proxychain", "--proxychain-realm", realm].map(String::from));
-    }
-    let with = |extra: &[String]| -> Result<load::Plan> {
-        load::Plan::new(load_args(&[&words[..], extra].concat())?)
-    };
-    let rate = a.rate.to_string();
+    let scenario = clap::ValueEnum::to_possible_value(&a.scenario)
+        .expect("every scenario has a name")
+        .get_name()
+        .to_string();
+    let rate = a.rate;
     let warmup = a.warmup_calls.unwrap_or((a.rate * 2.0) as u64).max(1);
-    let warm_plan = with(&["--rate", &rate, "--calls", &warmup.to_string()].map(String::from))?;
-    let plan = with(&["--rate", &rate, "--calls", &a.calls.to_string()].map(String::from))?;
+    let warm_plan = load::Plan::new(LoadArgs {
+        rate,
+        calls: Some(warmup),
+        ..base.clone()
+    })?;
+    let plan = load::Plan::new(LoadArgs {
+        rate,
+        calls: Some(a.calls),
+        ..base.clone()
+    })?;
     let mut bound = load::bind(&plan)?;
 
     if !a.quiet {
@@ -708,7 +726,14 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         .iter()
         .flat_map(|&p| cpu::process_tree(p))
         .collect::<Vec<_>>();
-    let counters0 = started.as_ref().and_then(Started::counters);
+    let counters0 = started
+        .as_ref()
+        .map(Started::counters)
+        .transpose()?
+        .flatten();
+    if let Some(s) = &started {
+        s.cut(1);
+    }
     let wakeups0 = cpu::wakeups_of(&pids);
     let (server0, own0, peers0) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
     let began = std::time::Instant::now();
@@ -716,7 +741,14 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let measured_s = began.elapsed().as_secs_f64();
     let (server1, own1, peers1) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
     let wakeups = cpu::wakeups_of(&pids).saturating_sub(wakeups0);
-    let counters1 = started.as_ref().and_then(Started::counters);
+    if let Some(s) = &started {
+        s.cut(2);
+    }
+    let counters1 = started
+        .as_ref()
+        .map(Started::counters)
+        .transpose()?
+        .flatten();
     let server_counters = match (counters1, counters0) {
         (Some(after), Some(before)) => counters_since(&after, &before),
         _ => Counters::new(),
@@ -727,9 +759,12 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let per_op = |s: f64| if ops == 0 { 0.0 } else { s * 1e6 / ops as f64 };
 
     let peak_search = if a.find_peak {
-        let step = a.step_s.to_string();
-        let peak_plan =
-            with(&["--rate", &rate, "--find-peak", "--step-s", &step].map(String::from))?;
+        let peak_plan = load::Plan::new(LoadArgs {
+            rate,
+            find_peak: true,
+            step_s: a.step_s,
+            ..base.clone()
+        })?;
         Some(load::execute(&peak_plan, &mut bound, stop)?)
     } else {
         None
@@ -741,15 +776,11 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             .filter(|&&m| a.goodput_curve && m <= a.curve_to + 1e-9)
         {
             let r = (peak * m).round().max(1.0);
-            let trial = with(
-                &[
-                    "--rate",
-                    &r.to_string(),
-                    "--duration",
-                    &a.step_s.to_string(),
-                ]
-                .map(String::from),
-            )?;
+            let trial = load::Plan::new(LoadArgs {
+                rate: r,
+                duration: Some(a.step_s),
+                ..base.clone()
+            })?;
             let s = load::execute(&trial, &mut bound, stop)?;
             goodput_curve.push(CurvePoint {
                 rate: r,
@@ -760,19 +791,22 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             std::thread::sleep(std::time::Duration::from_secs(1));
         }
     }
-    let cpu_throttled_s = quota.as_ref().map(|q| q.throttled().1);
-    drop(quota);
+    // What the quota did; the quota itself is lifted (dropped) here, before the server stops.
+    let quota = quota.zip(a.cpu_quota).map(|(q, share)| QuotaHeld {
+        cpu_quota: share,
+        cpu_throttled_s: q.throttled().1,
+    });
     let instructions = match started {
         Some(s) => s.stop()?,
         None => None,
     };
     let report = Report {
         server,
-        scenario: scenario.into(),
+        scenario,
         transport: s.transport.to_string(),
         mode: format!("{:?}", s.mode).to_lowercase(),
         mutual_tls: s.mutual,
-        tls_resumption: s.tls_resumption == "on",
+        tls_resumption: s.tls_resumption.is_on(),
         tls_backend: format!("{:?}", s.tls_backend).to_lowercase(),
         tls_cipher_suite: s.tls_cipher_suite.clone(),
         idle_connections: s.idle_connections,
@@ -799,8 +833,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         server_instructions_per_op: instructions
             .filter(|_| ops > 0)
             .map(|n| n as f64 / ops as f64),
-        cpu_quota: a.cpu_quota,
-        cpu_throttled_s,
+        quota,
     };
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")

@@ -4,8 +4,10 @@
 //! command sets up one mode.
 
 use anyhow::{Context, Result};
+use sipsec_load::cli::{ConnectionArg, LoadArgs, OnOff};
 use sipsec_server::config::OutboundConnections;
 use sipsec_transport::net::transport::Transport;
+use sipsec_transport::tls::{certs, ClientAuth};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 
@@ -48,8 +50,8 @@ pub struct StreamArgs {
     #[arg(long)]
     pub mutual: bool,
     /// TLS session resumption (tickets and session IDs) on every side.
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    pub tls_resumption: String,
+    #[arg(long, value_enum, default_value = "on")]
+    pub tls_resumption: OnOff,
     /// TLS key-exchange group on every side (seed 000 and the crypto floor: P-256).
     #[arg(long, default_value = "secp256r1")]
     pub tls_key_exchange: String,
@@ -67,7 +69,7 @@ pub struct StreamArgs {
     pub(crate) tls_version: Option<String>,
     /// Key type of the certificates made for the run.
     #[arg(long, value_enum, default_value = "ecdsa-p256")]
-    pub(crate) tls_cert_type: sipsec_transport::tls::certs::KeyKind,
+    pub(crate) tls_cert_type: certs::KeyKind,
     /// Certificates made by `sipsec certs` (server.pem valid for 127.0.0.1 to 127.0.0.3);
     /// default: made here for the run.
     #[arg(long)]
@@ -78,8 +80,8 @@ pub struct StreamArgs {
 }
 
 /// Makes certificates for the bench topology (server, caller and UAS addresses) in `dir`.
-pub fn make_certs(dir: &Path, key: sipsec_transport::tls::certs::KeyKind) -> Result<()> {
-    sipsec_transport::tls::certs::run(&sipsec_transport::tls::certs::CertsArgs {
+pub fn make_certs(dir: &Path, key: certs::KeyKind) -> Result<()> {
+    certs::run(&certs::CertsArgs {
         out: dir.to_path_buf(),
         key,
         names: ["localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3"]
@@ -114,11 +116,11 @@ impl StreamArgs {
             text += &format!(
                 "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nclient_auth = \"{}\"\n\
                  session_resumption = {}\nkey_exchange = [\"{}\"]\n",
-                p(sipsec_transport::tls::certs::SERVER),
-                p(sipsec_transport::tls::certs::SERVER_KEY),
-                p(sipsec_transport::tls::certs::CA),
+                p(certs::SERVER),
+                p(certs::SERVER_KEY),
+                p(certs::CA),
                 if self.mutual { "required" } else { "none" },
-                self.tls_resumption == "on",
+                self.tls_resumption.is_on(),
                 self.tls_key_exchange
             );
             let backend = format!("{:?}", self.tls_backend).to_lowercase();
@@ -133,45 +135,30 @@ impl StreamArgs {
         text
     }
 
-    /// Load generator options for this transport and mode.
-    pub(crate) fn load_words(&self, tls_dir: &Path) -> Vec<String> {
-        let mut w = vec!["--transport".to_string(), self.transport.to_string()];
+    /// Sets the load generator's options for this transport and mode.
+    pub(crate) fn configure_load(&self, load: &mut LoadArgs, tls_dir: &Path) {
+        load.transport = Some(self.transport);
         if self.transport == Transport::Udp {
-            return w;
+            return;
         }
-        let connection = if self.mode.caller_per_call() {
-            "per-call"
+        load.connection = if self.mode.caller_per_call() {
+            ConnectionArg::PerCall
         } else {
-            "persistent"
+            ConnectionArg::Persistent
         };
-        w.extend(["--connection".to_string(), connection.to_string()]);
         if self.transport == Transport::Tls {
-            let p = |f: &str| tls_dir.join(f).display().to_string();
-            w.extend([
-                "--tls-ca".to_string(),
-                p(sipsec_transport::tls::certs::CA),
-                "--tls-cert".to_string(),
-                p(sipsec_transport::tls::certs::SERVER),
-                "--tls-key".to_string(),
-                p(sipsec_transport::tls::certs::SERVER_KEY),
-                "--tls-resumption".to_string(),
-                self.tls_resumption.clone(),
-                "--tls-key-exchange".to_string(),
-                self.tls_key_exchange.clone(),
-            ]);
+            load.tls_ca = Some(tls_dir.join(certs::CA));
+            load.tls_cert = Some(tls_dir.join(certs::SERVER));
+            load.tls_key = Some(tls_dir.join(certs::SERVER_KEY));
+            load.tls_resumption = self.tls_resumption;
+            load.tls_key_exchange = vec![self.tls_key_exchange.clone()];
             if self.mutual {
-                w.extend(["--tls-client-auth".to_string(), "required".to_string()]);
+                load.tls_client_auth = ClientAuth::Required;
             }
-            let backend = format!("{:?}", self.tls_backend).to_lowercase();
-            w.extend(["--tls-backend".to_string(), backend]);
-            if let Some(suite) = &self.tls_cipher_suite {
-                w.extend(["--tls-cipher-suite".to_string(), suite.clone()]);
-            }
-            if let Some(version) = &self.tls_version {
-                w.extend(["--tls-version".to_string(), version.clone()]);
-            }
+            load.tls_backend = self.tls_backend;
+            load.tls_cipher_suites = self.tls_cipher_suite.iter().cloned().collect();
+            load.tls_versions = self.tls_version.iter().cloned().collect();
         }
-        w
     }
 }
 

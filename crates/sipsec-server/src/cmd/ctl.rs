@@ -31,7 +31,7 @@ pub struct CtlArgs {
     pub socket: Option<PathBuf>,
     /// How long to wait for the answer, in seconds.
     #[arg(long, default_value_t = 30)]
-    pub(crate) timeout_s: u64,
+    pub timeout_s: u64,
 }
 
 fn parse_command(s: &str) -> std::result::Result<Command, String> {

@@ -666,7 +666,7 @@ pub struct Config {
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// The Unix socket `sipsec ctl` talks to (`[control] socket`), if any.
-    pub(crate) control_socket: Option<PathBuf>,
+    pub control_socket: Option<PathBuf>,
 }
 
 impl Default for Config {

@@ -515,7 +515,7 @@ impl Engine {
     }
 
     /// Runs the timers due at `now`.
-    // Never inlined: one call per wake-up, and a fixed boundary for bench/callgrind.sh to
+    // Never inlined: one call per wake-up, and a fixed boundary for scripts/callgrind.sh to
     // count the engine's instructions at, whatever the optimiser inlines inside it.
     #[inline(never)]
     pub fn handle_timeout(&mut self, now: Millis, fx: &mut Effects) {

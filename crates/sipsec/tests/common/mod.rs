@@ -37,21 +37,21 @@ pub(crate) fn closed_by_peer(c: &std::net::TcpStream, wait: Duration) -> bool {
     }
 }
 
-/// The repository's root: `testdata/` (RFC 4475's messages), `bench/sipp/` (SIPp scenarios
-/// through a record-routing proxy), `bench/kamailio/` (the reference Kamailio configuration).
+/// The repository's root: `testdata/` (RFC 4475's messages), `peers/sipp/` (SIPp scenarios
+/// through a record-routing proxy), `peers/kamailio/` (the reference Kamailio configuration).
 pub(crate) fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// A SIPp scenario of `bench/sipp/` (`uac.xml`, `uas.xml`: a call through a record-routing
+/// A SIPp scenario of `peers/sipp/` (`uac.xml`, `uas.xml`: a call through a record-routing
 /// proxy).
 pub(crate) fn bench_sipp(name: &str) -> PathBuf {
-    repo_dir().join("bench/sipp").join(name)
+    repo_dir().join("peers/sipp").join(name)
 }
 
-/// The reference Kamailio configuration, `bench/kamailio/proxy.cfg`.
+/// The reference Kamailio configuration, `peers/kamailio/proxy.cfg`.
 pub(crate) fn kamailio_proxy_cfg() -> PathBuf {
-    repo_dir().join("bench/kamailio/proxy.cfg")
+    repo_dir().join("peers/kamailio/proxy.cfg")
 }
 
 pub(crate) fn scenario(name: &str) -> PathBuf {

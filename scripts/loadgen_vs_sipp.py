@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Load generator efficiency: the highest call rate one core sustains, sipsec load vs SIPp.
 
-    python3 bench/loadgen_vs_sipp.py [--sipsec target/release/sipsec] [--cpu 1] [--seconds 5]
+    python3 scripts/loadgen_vs_sipp.py [--sipsec target/release/sipsec] [--cpu 1] [--seconds 5]
 
 Both tools run caller and callee on the same core (`taskset -c CPU`), UDP, no proxy between:
 SIPp as two processes (`-sn uac` against `-sn uas`), sipsec as one (`--role both`). A rate is
@@ -11,7 +11,9 @@ each tool the rate doubles from --start until a run fails, then the interval is 
 The tools alternate trial by trial, so machine noise hits both alike. Needs Debian's
 `sip-tester`.
 """
-import argparse, json, os, signal, subprocess, tempfile, time
+import json, os, signal, subprocess, tempfile, time
+
+from kit import parser
 
 WORK = tempfile.mkdtemp(prefix="loadgen-")
 UAS = ("127.0.0.3", 36080)
@@ -72,11 +74,8 @@ def sustained(ok, elapsed, rate, calls):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sipsec", default="target/release/sipsec")
-    ap.add_argument("--cpu", type=int, default=1)
+    ap = parser(__doc__, cpu=1, start=1000)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--start", type=int, default=1000)
     a = ap.parse_args()
     binary = os.path.abspath(a.sipsec)
     tools = {"sipp": lambda r, n: sipp_run(a.cpu, r, n),

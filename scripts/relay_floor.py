@@ -4,20 +4,19 @@ datagram unchanged and parses nothing (`--relay`: the `relay-floor` program of t
 kit, which this repository does not carry) and of sipsec stateless and stateful with
 record-route, under the same load, alternated round by round.
 
-The server runs pinned to CPU 0, the load on CPU 1: SIPp (`bench/sipp/uac.xml` and
+The server runs pinned to CPU 0, the load on CPU 1: SIPp (`peers/sipp/uac.xml` and
 `uas.xml`), or `sipsec load --role both`. Each row warms up with WARMUP calls,
 then measures CALLS. CPU per call is the server's threads' on-CPU time (`schedstat`) over the
 measured run; wake-ups are their voluntary context switches.
 
     cargo build --release     # and build relay-floor into /tmp/relay-target (or pass --relay)
-    python3 bench/relay_floor.py [--rounds 3] [--rate 1000] [--load sipp|sipsec]
-    python3 bench/relay_floor.py --sipsec /tmp/before --sipsec target/release/sipsec   # A/B
-    python3 bench/relay_floor.py --no-relay --config-extra 'max_batch_delay_us = 0'
+    python3 scripts/relay_floor.py [--rounds 3] [--rate 1000] [--load sipp|sipsec]
+    python3 scripts/relay_floor.py --sipsec /tmp/before --sipsec target/release/sipsec   # A/B
+    python3 scripts/relay_floor.py --no-relay --config-extra 'max_batch_delay_us = 0'
 """
 import argparse, os, shutil, statistics, subprocess, sys, tempfile, time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-KIT = os.path.join(HERE, "sipp")
+from kit import SIPP as KIT
 
 
 def threads(pid):

@@ -10,7 +10,7 @@ unauthenticated, the callers with nonce reuse, as phones do). Reported: the legi
 goodput (calls completed within 500 ms, per second of the run) per case, per binary, binaries alternated
 case by case in every round.
 
-    python3 bench/overload_markers.py --binary before=/tmp/sipsec-main --binary after=target/release/sipsec \
+    python3 scripts/overload_markers.py --binary before=/tmp/sipsec-main --binary after=target/release/sipsec \
         [--rate 2700] [--flood 6000] [--seconds 10] [--rounds 5] [--quota 0.25] \
         [--auth none,digest] [--cases plain,resource-priority,to-tag,oc]
 

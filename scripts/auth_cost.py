@@ -5,7 +5,7 @@ authentication, each as a ratio to the same scenario without authentication, mea
 side in rounds; beside Kamailio 5.6 with auth_db on SQLite holding the same million users.
 
     cargo build --release
-    python3 bench/auth_cost.py [--users 1000000] [--rate 500] [--calls 4000] [--rounds 3] [--kamailio]
+    python3 scripts/auth_cost.py [--users 1000000] [--rate 500] [--calls 4000] [--rounds 3] [--kamailio]
 
 Rows: "challenged" is SIPp's way — every INVITE is answered 407 and sent again with
 credentials (three more messages through the proxy); "nonce reused" is a phone's way — the
@@ -15,10 +15,9 @@ go without a challenge. The script also reports the time
 `sipsec users import` takes for the million and the server's resident memory with them
 loaded. Kamailio needs Debian's kamailio and kamailio-sqlite-modules.
 """
-import argparse, hashlib, json, os, shutil, sqlite3, statistics, subprocess, sys, tempfile, time
+import hashlib, json, os, shutil, sqlite3, statistics, subprocess, sys, tempfile, time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-KIT = os.path.join(HERE, "kamailio")
+from kit import KAMAILIO as KIT, parser
 REALM = "bench.test"
 
 
@@ -77,7 +76,7 @@ def kamailio_db(path, n):
 
 def kamailio(work, auth, db, registrar=False):
     cfg = os.path.join(work, "kamailio.cfg")
-    source = (os.path.join(HERE, "kamailio_registrar.cfg") if registrar
+    source = (os.path.join(KIT, "registrar.cfg") if registrar
               else os.path.join(KIT, "proxy.cfg"))
     shutil.copy(source, cfg)
     cmd = ["taskset", "-c", "0", "kamailio", "-DD", "-E", "-f", cfg, "-m", "512", "-M", "32",
@@ -91,12 +90,7 @@ def kamailio(work, auth, db, registrar=False):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sipsec", default="target/release/sipsec")
-    ap.add_argument("--users", type=int, default=1_000_000)
-    ap.add_argument("--rate", type=int, default=500)
-    ap.add_argument("--calls", type=int, default=4000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = parser(__doc__, users=1_000_000, rate=500, calls=4000, rounds=3)
     ap.add_argument("--kamailio", action="store_true")
     a = ap.parse_args()
     binary = os.path.abspath(a.sipsec)

@@ -4,35 +4,20 @@
 # 20 s spells at half the peak: does memory stay flat under overload, and how soon after the
 # overload ends are calls as fast as before it?
 #
-#   bench/overload_soak.sh [PEAK_PER_S] [QUOTA]      # e.g. bench/overload_soak.sh 2400 0.25
+#   scripts/overload_soak.sh [PEAK_PER_S] [QUOTA]      # e.g. scripts/overload_soak.sh 2400 0.25
 #
 # PEAK_PER_S is the server's peak at that quota (`sipsec bench --cpu-quota 0.25 --find-peak`).
 # OVERLOAD=off runs the same with overload control off. Results in OUT (default a temp dir):
 # rss.txt, the load's per-second progress lines (load.log) and its summaries.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/kit.sh"
 PEAK=${1:-2400}
 QUOTA=${2:-0.25}
-BIN=$(realpath "${SIPSEC:-target/release/sipsec}")
-OUT=${OUT:-$(mktemp -d /tmp/sipsec-overload.XXXXXX)}
 PORT=${PORT:-15160}
 OVERLOAD=${OVERLOAD:-on}
-mkdir -p "$OUT"
-echo "results in $OUT"
-cd "$OUT"
+work_in overload
 enabled=$([ "$OVERLOAD" = on ] && echo true || echo false)
-cat >server.toml <<TOML
-[server]
-listen = ["udp:127.0.0.1:$PORT"]
-domains = ["example.test"]
-workers = 1
-[routing]
-default_route = "sip:127.0.0.3:$((PORT + 20))"
-[database]
-url = "sqlite://overload.db"
-[overload]
-enabled = $enabled
-TOML
+{ server_toml overload.db; printf '[overload]\nenabled = %s\n' "$enabled"; } >server.toml
 pids=()
 cg=/sys/fs/cgroup/cpu/sipsec-overload-$$
 cleanup() {

@@ -2,22 +2,21 @@
 """Does `sipsec bench` measure what the SIPp-driven kit measures? Server CPU per call of
 Kamailio 5.6 and of sipsec, each measured by both harnesses, alternated in one run.
 
-    python3 bench/harness_check.py [--sipsec target/release/sipsec] [--rate 1000] \
+    python3 scripts/harness_check.py [--sipsec target/release/sipsec] [--rate 1000] \
         [--calls 18000] [--rounds 2]
 
-- "SIPp": `bench/kamailio/compare.py`'s own functions (its Kamailio and sipsec
+- "SIPp": `scripts/kamailio_compare.py`'s own functions (its Kamailio and sipsec
   starters, SIPp caller and callee on CPU 1, CPU read from /proc);
 - "bench": `sipsec bench`, sipsec's load generator (UAC+UAS) pinned to CPU 1, measuring
-  Kamailio by `--server-pid` and sipsec by starting it with the same config compare.py uses.
+  Kamailio by `--server-pid` and sipsec by starting it with the same config kamailio_compare.py uses.
 
 Prints each figure, the bench/SIPp agreement per server, and sipsec/Kamailio per harness.
 Needs Debian's `kamailio` and `sip-tester`.
 """
-import argparse, json, os, statistics, subprocess, sys
+import json, os, statistics, subprocess, sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "kamailio"))
-import compare as C  # noqa: E402  (the Kamailio kit, used as a library)
+import kamailio_compare as C  # the Kamailio kit, used as a library
+from kit import parser
 
 
 def sipp_measure(starter, rate, calls, answers_options):
@@ -59,11 +58,7 @@ def bench_measure(binary, rate, calls, kamailio):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sipsec", default="target/release/sipsec")
-    ap.add_argument("--rate", type=int, default=1000)
-    ap.add_argument("--calls", type=int, default=18000)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = parser(__doc__, rate=1000, calls=18000, rounds=2)
     a = ap.parse_args()
     binary = os.path.abspath(a.sipsec)
     res = {k: [] for k in ("kam_sipp", "kam_bench", "sec_sipp", "sec_bench")}

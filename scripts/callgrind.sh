@@ -6,7 +6,7 @@
 # Engine::handle_message and Engine::handle_timeout, so the drivers' own message building is
 # excluded.
 #
-#   bench/callgrind.sh [N=3000]
+#   scripts/callgrind.sh [N=3000]
 set -euo pipefail
 N=${1:-3000}
 cd "$(dirname "$0")/.."

@@ -6,7 +6,7 @@ REGISTER rate.
 Rows (SQLite for sipsec's database; Kamailio's usrloc in memory only, `db_mode` 0, which
 loses every registration on a restart):
 
-- `kamailio`: `bench/kamailio_registrar.cfg`.
+- `kamailio`: `peers/kamailio/registrar.cfg`.
 - `sipsec write-behind`: the default: answered at once, written to a SQLite file within
   about 10 ms (survives a restart, not a SIGKILL in that window).
 - `sipsec durable`: `[registrar] durable = true`: answered once committed (survives SIGKILL).
@@ -17,47 +17,29 @@ loses every registration on a restart):
   the kernel and wake-up cost every UDP registrar or redirect server pays. "above floor" is a row's cost minus the floor's in the same round.
 
 Two loads, on CPU 1, the server pinned to CPU 0 with one worker: SIPp's
-`bench/sipp/register.xml` (1,000 users refreshing, each REGISTER a new Call-ID, Expires 3600),
+`peers/sipp/register.xml` (1,000 users refreshing, each REGISTER a new Call-ID, Expires 3600),
 which sends in bursts of a few REGISTERs per millisecond tick, so a server wakes once per
 several; and `sipsec load --scenario register`, which sends each REGISTER when it falls due, as
 independent phones do, so a server at 2,000/s wakes for almost every one. Each row warms up
 with WARMUP registrations and then measures CALLS; CPU is the on-CPU time (`schedstat`) of
 every thread of the server's process tree over the measured run, wake-ups their voluntary
-context switches. The redirect rows register the users, then measure `bench/sipp/redirect.xml`
+context switches. The redirect rows register the users, then measure `peers/sipp/redirect.xml`
 (INVITE answered 302 from the location service, ACK) against sipsec's `mode = "redirect"` and
 the same Kamailio config (whose 302 is stateless, `sl_send_reply`; sipsec's with and without
 a transaction, `stateful = false`). `--peak` adds `sipsec bench --find-peak --scenario register` for
 each server: the highest rate with ≥ 99% of registrations answered within 500 ms.
 
     cargo build --release --bin sipsec --example register_floor
-    python3 bench/registrar.py [--rates 2000,10000] [--loads sipp,sipsec] [--rounds 3]
+    python3 scripts/registrar.py [--rates 2000,10000] [--loads sipp,sipsec] [--rounds 3]
                                [--calls 20000] [--peak] [--only TEXT]
 
 Needs SIPp and Debian's kamailio.
 """
 import argparse, os, shutil, statistics, subprocess, sys, tempfile, time, json
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SIPP = os.path.join(HERE, "sipp")
+from kit import KAMAILIO, SIPP, tree
 USERS = 1000
 
-
-def tree(pid):
-    """The pids of `pid` and its descendants."""
-    children = {}
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(p))
-            except OSError:
-                pass
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
 
 
 def cpu(pids):
@@ -135,7 +117,7 @@ def floor(binary):
 
 def kamailio(work):
     cfg = os.path.join(work, "kamailio.cfg")
-    shutil.copy(os.path.join(HERE, "kamailio_registrar.cfg"), cfg)
+    shutil.copy(os.path.join(KAMAILIO, "registrar.cfg"), cfg)
 
     def start():
         log = open(os.path.join(work, "kamailio.log"), "w")

@@ -4,37 +4,21 @@
 # registrations mixed, while the server's resident memory is sampled every 10 s (rss.txt).
 # The load generators' summaries go to soak-calls.json and soak-register.json.
 #
-#   bench/soak.sh [DURATION_S] [FRACTION]       # e.g. bench/soak.sh 1800 0.8
+#   scripts/soak.sh [DURATION_S] [FRACTION]       # e.g. scripts/soak.sh 1800 0.8
 #
 # The server runs pinned to CPU 0 with one worker; the load generators and the callee share
 # CPU 1. Needs only the sipsec binary (SIPSEC, default target/release/sipsec).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/kit.sh"
 DURATION=${1:-1800}
 FRACTION=${2:-0.8}
-BIN=$(realpath "${SIPSEC:-target/release/sipsec}")
-OUT=${OUT:-$(mktemp -d /tmp/sipsec-soak.XXXXXX)}
 PORT=${PORT:-15060}
-mkdir -p "$OUT"
-echo "results in $OUT"
-cd "$OUT"
+work_in soak
 
 # 2,000 users: calls go from user n to user n+1 in another domain (routed to the callee),
 # registrations refresh user n's binding in ours. Both are challenged (digest, MD5).
 for i in $(seq 0 1999); do echo "user$i,pw$i"; done >users.csv
-cat >soak.toml <<EOF
-[server]
-listen = ["udp:127.0.0.1:$PORT"]
-domains = ["example.test"]
-workers = 1
-[routing]
-default_route = "sip:127.0.0.3:$((PORT + 20))"
-[database]
-url = "sqlite://soak.db"
-[auth]
-scheme = "digest"
-methods = ["INVITE", "REGISTER"]
-EOF
+{ server_toml soak.db; printf '[auth]\nscheme = "digest"\nmethods = ["INVITE", "REGISTER"]\n'; } >soak.toml
 "$BIN" users --config soak.toml import users.csv >/dev/null
 
 pids=()

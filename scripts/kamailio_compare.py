@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Server CPU per call of sipsec and of the reference Kamailio (proxy.cfg here), under the same
-SIPp load (bench/sipp/uac.xml and uas.xml: a call through a record-routing proxy), alternated
+"""Server CPU per call of sipsec and of the reference Kamailio (peers/kamailio/proxy.cfg), under the same
+SIPp load (peers/sipp/uac.xml and uas.xml: a call through a record-routing proxy), alternated
 round by round in one run; prints each round and the median ratio.
 
-    python3 bench/kamailio/compare.py --sipsec target/release/sipsec \
+    python3 scripts/kamailio_compare.py --sipsec target/release/sipsec \
         [--scenario stateful|stateless] [--rate 1500] [--calls 18000] [--rounds 3]
 
 The server under test is pinned to CPU 0 with one worker; SIPp (caller and callee) runs on
@@ -12,7 +12,7 @@ CPU 1. CPU per call is the user+system time, from /proc, of the server's whole p
 Each measurement is preceded by a warm-up of two seconds of calls. Compare at one rate only:
 on these VMs wake-ups dominate at low rates. Needs `kamailio` and `sip-tester` (Debian).
 
-Also a library: bench/harness_check.py and bench/harness_isolate.py import it.
+Also a library: scripts/harness_check.py and scripts/harness_isolate.py import it.
 """
 import argparse
 import os
@@ -26,8 +26,7 @@ import tempfile
 import time
 import uuid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SIPP = os.path.join(HERE, "..", "sipp")
+from kit import KAMAILIO, SIPP, tree  # noqa: F401  (tree: used by the scripts importing this one)
 TICKS = os.sysconf("SC_CLK_TCK")
 WORK = tempfile.mkdtemp(prefix="sipsec-compare-")
 # The server, the SIPp caller and the SIPp callee, each on its own loopback address.
@@ -106,23 +105,6 @@ def wait_ready(p):
     sys.exit("the server never answered OPTIONS")
 
 
-def tree(pid):
-    """`pid` and every process descended from it."""
-    children = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
 
 def cpu(pids):
     """User+system seconds of `pids` (those that have exited count nothing)."""
@@ -159,7 +141,7 @@ def sipp_uas():
 
 def kamailio(stateless):
     """The reference Kamailio on CPU 0, listening on PROXY, relaying to UAS."""
-    cmd = ["kamailio", "-DD", "-E", "-f", os.path.join(HERE, "proxy.cfg"), "-m", "512", "-M", "32",
+    cmd = ["kamailio", "-DD", "-E", "-f", os.path.join(KAMAILIO, "proxy.cfg"), "-m", "512", "-M", "32",
            "-Y", WORK, "-w", WORK, "-A", f"LISTEN=udp:{PROXY[0]}:{PROXY[1]}",
            "-A", f'NEXT_HOP="sip:{UAS[0]}:{UAS[1]};transport=udp"']
     return start(cmd + (["-A", "STATELESS"] if stateless else []), 0)

@@ -3,11 +3,11 @@
 # on CPU 1, 1,500 calls/s (INVITE..BYE through a record-routing proxy), alternated ROUNDS
 # times. Prints user/sys/total server CPU microseconds per successful call.
 #
-#   bench/batch_delay_ab.sh [ROUNDS=3] [STATEFUL=true] [DELAYS="0 500"]
+#   scripts/batch_delay_ab.sh [ROUNDS=3] [STATEFUL=true] [DELAYS="0 500"]
 set -euo pipefail
 ROUNDS=${1:-3}; STATEFUL=${2:-true}; DELAYS=${3:-"0 500"}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-KIT="$HERE/bench/sipp"
+KIT="$HERE/peers/sipp"
 BIN="$HERE/target/release/sipsec"
 WORK=$(mktemp -d)
 TCK=$(getconf CLK_TCK)

@@ -1,28 +1,23 @@
 #!/usr/bin/env python3
 """Which half of the load makes Kamailio's CPU per call differ between harnesses? Kamailio 5.6
-(stateful UDP proxy, bench/kamailio/proxy.cfg) measured under every pairing of caller and
+(stateful UDP proxy, peers/kamailio/proxy.cfg) measured under every pairing of caller and
 callee — SIPp or `sipsec load` — and under our caller with `--rport`, alternated in one run.
 
-    python3 bench/harness_isolate.py [--sipsec target/release/sipsec] [--rounds 2] \
+    python3 scripts/harness_isolate.py [--sipsec target/release/sipsec] [--rounds 2] \
         [--rate 1000] [--calls 12000]
 
-CPU per call is measured as the Kamailio kit measures it (`bench/kamailio/compare.py`:
+CPU per call is measured as the Kamailio kit measures it (`scripts/kamailio_compare.py`:
 Kamailio on CPU 0, the load on CPU 1, user+sys from /proc over the successful calls).
 Needs Debian's `kamailio` and `sip-tester`.
 """
-import argparse, json, os, statistics, subprocess, sys, time
+import json, os, statistics, subprocess, sys, time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "kamailio"))
-import compare as C  # noqa: E402  (the Kamailio kit, used as a library)
+import kamailio_compare as C  # the Kamailio kit, used as a library
+from kit import parser
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sipsec", default="target/release/sipsec")
-    ap.add_argument("--rate", type=int, default=1000)
-    ap.add_argument("--calls", type=int, default=12000)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = parser(__doc__, rate=1000, calls=12000, rounds=2)
     a = ap.parse_args()
     binary = os.path.abspath(a.sipsec)
 

@@ -10,7 +10,7 @@
 # 7 sent per call).
 #
 #   cargo build --release
-#   bench/callgrind_paths.sh [FEW=200] [MANY=1000] [RATE=50]
+#   scripts/callgrind_paths.sh [FEW=200] [MANY=1000] [RATE=50]
 set -euo pipefail
 FEW=${1:-200}
 MANY=${2:-1000}

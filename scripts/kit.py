@@ -1,0 +1,38 @@
+"""What the scripts here share: where the peers' files are (`peers/sipp`, `peers/kamailio`),
+a process and its descendants from /proc, and the command line every script starts from.
+"""
+
+import argparse
+import os
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+SIPP = os.path.join(ROOT, "peers", "sipp")
+KAMAILIO = os.path.join(ROOT, "peers", "kamailio")
+
+
+def tree(pid):
+    """`pid` and every process descended from it."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def parser(doc, **ints):
+    """A command line described by `doc`, with `--sipsec` (the binary) and an integer option
+    for each of `ints` (`rate=1000` is `--rate`, default 1000)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sipsec", default=os.path.join(ROOT, "target", "release", "sipsec"))
+    for name, default in ints.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=int, default=default)
+    return ap
