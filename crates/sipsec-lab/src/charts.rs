@@ -104,11 +104,13 @@ fn row_span(i: usize, n: usize) -> (f64, f64) {
 
 /// One configuration's bar in a stacked cost chart.
 pub struct CostBar {
+    /// The configuration's name, written beside its bar.
     pub label: String,
     /// (block index into `blocks`, µs) in stacking order.
     pub parts: Vec<(usize, f64)>,
     /// The measured value (a black tick) and its 95% interval (a whisker).
     pub measured: f64,
+    /// The (low, high) ends of the measured value's 95% interval, in µs; none for a baseline.
     pub interval: Option<(f64, f64)>,
 }
 
@@ -165,7 +167,9 @@ pub fn cost(caption: &str, blocks: &[&str], bars: &[CostBar]) -> Result<String> 
 
 /// One configuration's value in a plain bar chart.
 pub struct Bar {
+    /// The configuration's name, written beside its bar.
     pub label: String,
+    /// The bar's length, in the unit the chart's x axis names.
     pub value: f64,
     /// A whisker, e.g. a 95% interval.
     pub interval: Option<(f64, f64)>,

@@ -20,15 +20,24 @@ pub enum Setup {
     /// Seed 001's digest: INVITEs checked against PostgreSQL a WAN round trip ([`WAN_RTT_MS`])
     /// away, through the delay relay; with sipsec's credential cache or a query per call as
     /// the paper's servers made. Needs `SIPSEC_TEST_POSTGRES` (skipped, saying so, without).
-    DigestWan { cache: bool },
+    DigestWan {
+        /// The proxy keeps credentials it fetched (sipsec's cache) rather than querying per call.
+        cache: bool,
+    },
     /// Seed 001's Proxychain: INVITEs checked against hash chains from `sipsec authd` a WAN
     /// round trip away (through the delay relay), fetched when a chain runs out or, with
     /// prefetching, before it does.
-    Proxychain { prefetch: bool },
+    Proxychain {
+        /// The proxy fetches the next chain before the current one runs out.
+        prefetch: bool,
+    },
     /// Two hops: the load goes to an upstream sipsec (beside the load, not held to a quota)
     /// that routes every call to the server under test; with `oc` the upstream speaks RFC
     /// 7339 (announces it, honours the feedback), without it the upstream is a plain proxy.
-    Upstream { oc: bool },
+    Upstream {
+        /// The upstream speaks RFC 7339 overload control.
+        oc: bool,
+    },
 }
 
 /// The round trip between the proxy and its authority or database in seed 001's rows, as
@@ -45,6 +54,7 @@ pub const USERS: usize = 1_000;
 /// Which server a row measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Server {
+    /// sipsec, started by the bench with the row's setup.
     Sipsec,
     /// Kamailio 5.6 with `peers/kamailio/proxy.cfg`, the reference row: run where
     /// Kamailio is installed, skipped with a note where it is not.
@@ -56,8 +66,11 @@ pub enum Server {
 pub struct Row {
     /// Short and stable: the key results are stored and resumed under.
     pub id: &'static str,
+    /// What the row measures, in words: its name in the report's tables and charts.
     pub label: &'static str,
+    /// The server the row measures.
     pub server: Server,
+    /// What the row needs set up before its bench runs.
     pub setup: Setup,
     /// `sipsec bench` options besides rate, calls, output and what the setup adds.
     pub bench: BenchArgs,
@@ -81,10 +94,13 @@ pub struct Row {
 /// One seed's experiment.
 #[derive(Debug, Clone)]
 pub struct Suite {
+    /// Short and stable (`seed000`): the key the suite's results are stored under.
     pub name: &'static str,
+    /// The heading of the suite's section in the report.
     pub title: &'static str,
     /// What the seed measured and what we compare.
     pub about: &'static str,
+    /// The experiment's configurations, one bench run each.
     pub rows: Vec<Row>,
     /// Runs only in a `lab-noop` build (seed 002's ablation); skipped, saying how to build
     /// one, elsewhere.
@@ -95,6 +111,7 @@ pub struct Suite {
 }
 
 impl Suite {
+    /// The row whose id is `id`, if the suite has one.
     pub fn row(&self, id: &str) -> Option<&Row> {
         self.rows.iter().find(|r| r.id == id)
     }

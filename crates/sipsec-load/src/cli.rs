@@ -9,6 +9,7 @@ use sipsec_transport::tls;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
+/// What each operation of a run is (`--scenario`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ScenarioArg {
     /// INVITE, 180, 200, ACK, (hold), BYE, 200.
@@ -21,6 +22,7 @@ pub enum ScenarioArg {
     Options,
 }
 
+/// Which side of the operations a run plays (`--role`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Role {
     /// The caller: sends requests to the target.
@@ -31,6 +33,7 @@ pub enum Role {
     Both,
 }
 
+/// How the caller uses TCP and TLS connections (`--connection`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ConnectionArg {
     /// One connection per target, reused by every call (the seeds' "persistent").
@@ -39,6 +42,7 @@ pub enum ConnectionArg {
     PerCall,
 }
 
+/// A switch given as `on` or `off` on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
     /// Enabled.
@@ -48,6 +52,7 @@ pub enum OnOff {
 }
 
 impl OnOff {
+    /// Whether the switch is `on`.
     pub fn is_on(self) -> bool {
         self == OnOff::On
     }
@@ -63,6 +68,7 @@ pub fn defaults<A: clap::Args + clap::FromArgMatches>() -> A {
     A::from_arg_matches(&matches).expect("the defaults parse")
 }
 
+/// What the caller does with a 3xx in the redirect scenario (`--redirect`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RedirectArg {
     /// Count the 3xx as the success.

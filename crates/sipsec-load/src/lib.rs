@@ -102,17 +102,24 @@ fn stream_tls(args: &LoadArgs, caller: bool, callee: bool) -> Result<connections
 
 /// A validated load run, ready to execute against its sockets.
 pub struct Plan {
+    /// The options the plan was made from, as given.
     pub args: LoadArgs,
     /// The transport, resolved from --transport or the addresses.
     pub transport: Transport,
     /// TLS configurations (built while planning, so a bad certificate is a usage error).
     pub tls: connections::StreamTls,
+    /// Where the caller sends its requests (`--uas` for `--role both` without a target); none
+    /// for a pure UAS.
     pub target: Option<SocketAddr>,
+    /// Where the UAS listens (roles uas and both).
     pub uas: Option<SocketAddr>,
+    /// The users and credentials from `--users` (none without it).
     pub users: Arc<Users>,
 }
 
 impl Plan {
+    /// Checks `args` and resolves what they leave open: the addresses, the transport, the TLS
+    /// configurations and the users. An error names the option at fault.
     pub fn new(args: LoadArgs) -> Result<Plan> {
         fn endpoint<'a>(
             s: &'a Option<String>,
@@ -239,8 +246,12 @@ impl Plan {
 
 /// The sockets of a run and the addresses the UA puts in its messages.
 pub struct Bound {
+    /// The sockets (UDP) or listener and connections (TCP, TLS) the run sends and receives on.
     pub links: Box<dyn Links>,
+    /// The caller's address for Via and Contact: its socket's (UDP), or its IP with port 5060
+    /// (TCP, TLS, where replies come back on the connection); none for a pure UAS.
     pub uac_local: Option<SocketAddr>,
+    /// The address the UAS is bound to (its port resolved if `--uas` gave 0).
     pub uas_local: Option<SocketAddr>,
 }
 

@@ -30,6 +30,8 @@ pub(crate) const LEGEND: &str = "progress, a line a second — \
 ramp (ok, failed, retransmissions, calls the UAS answered)";
 
 impl Progress {
+    /// A progress line that prints only when `enabled` (not `--quiet`), with the caller's
+    /// columns when this process `originate`s operations, else the UAS's.
     pub fn new(enabled: bool, originate: bool) -> Progress {
         Progress {
             enabled,
@@ -90,9 +92,13 @@ impl Progress {
 /// Latency percentiles in milliseconds.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Latency {
+    /// The median: half the answered operations took at most this long.
     pub p50: f64,
+    /// 90% of the answered operations took at most this long.
     pub p90: f64,
+    /// 99% of the answered operations took at most this long.
     pub p99: f64,
+    /// The slowest answered operation (0 when none was).
     pub max: f64,
 }
 
@@ -104,9 +110,13 @@ pub(crate) const ON_TIME_US: u64 = 500_000;
 /// One rate tried by `--find-peak` or one step of `--ramp`, measured on its own.
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
+    /// The rate this step was scheduled at, in operations started per second.
     pub rate: f64,
+    /// Operations the step started.
     pub attempted: u64,
+    /// Operations that got the response that counts, late ones included.
     pub succeeded: u64,
+    /// Operations that ended any other way (see `failures_by_reason`).
     pub failed: u64,
     /// This step's failures (the summary's `failures_by_reason` adds up every step's).
     pub failures_by_reason: BTreeMap<String, u64>,
@@ -119,36 +129,55 @@ pub struct Step {
     pub offered_per_s: f64,
     /// Operations per second that succeeded within 500 ms, over the same span.
     pub goodput_per_s: f64,
+    /// Latency of the step's answered operations, first request to the response that counts.
     pub latency_ms: Latency,
 }
 
 /// The end-of-run report (`--json` writes it).
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// What each operation was: `call`, `register`, `redirect` or `options`.
     pub scenario: String,
+    /// The side this run played: `uac`, `uas` or `both`.
     pub role: String,
+    /// The transport used: `udp`, `tcp` or `tls`.
     pub transport: String,
     /// Offered rate (the starting rate of a ramp).
     pub rate: f64,
+    /// Seconds from the first operation's start to the end of the last one (or to the stop).
     pub elapsed_s: f64,
+    /// Operations started (every trial or step together in a search or a ramp).
     pub attempted: u64,
+    /// Operations that got the response that counts (INVITE→200, REGISTER→200, INVITE→302,
+    /// OPTIONS→200), late ones included.
     pub succeeded: u64,
     /// Of those, the ones that succeeded within T1 (500 ms): goodput, as seed 004 counts it.
     pub on_time: u64,
+    /// Operations that ended any other way (`failures_by_reason` says how).
     pub failed: u64,
+    /// The failed operations counted by the reason each ended with.
     pub failures_by_reason: BTreeMap<String, u64>,
+    /// Messages sent again: requests and responses the timers retransmitted, and the ACKs and
+    /// responses repeated for a retransmission that arrived.
     pub retransmissions: u64,
+    /// Successful operations per second over `elapsed_s`.
     pub throughput_per_s: f64,
+    /// Latency of the answered operations, first request to the response that counts.
     pub latency_ms: Latency,
     /// The latency distribution as `[quantile, ms]` points, for CDF plots.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub latency_cdf_ms: Vec<[f64; 2]>,
+    /// Calls the UAS side answered and saw end.
     pub uas_answered: u64,
+    /// Of the UAS side's calls, those that ended with a BYE it knew.
     pub uas_completed: u64,
+    /// Messages received that matched no transaction or dialog, or could not be parsed.
     pub stray_messages: u64,
     /// Dialogs beyond the first that a forked call set up (each ACKed and ended with BYE).
     pub(crate) extra_dialogs: u64,
+    /// Transmissions the sockets could neither send nor queue.
     pub send_failures: u64,
+    /// Whether SIGINT or SIGTERM ended the run early (nothing started after it).
     pub interrupted: bool,
     /// Connections and TLS handshakes (stream transports only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -162,6 +191,7 @@ pub struct Summary {
 }
 
 impl Latency {
+    /// The percentiles of the latencies `t` recorded, in ms.
     pub fn of(t: &Tally) -> Latency {
         Latency {
             p50: t.latency_ms(0.5),

@@ -38,6 +38,7 @@ impl CpuTime {
         (user, self.total_s() - user)
     }
 
+    /// The CPU time spent between `earlier`, a reading of the same processes, and this one.
     pub fn since(&self, earlier: CpuTime) -> CpuTime {
         CpuTime {
             user_s: self.user_s - earlier.user_s,

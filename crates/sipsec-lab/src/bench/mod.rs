@@ -33,6 +33,7 @@ const SERVER_TLS: &str = "127.0.0.1:35061";
 const UAC_IP: &str = "127.0.0.2";
 const UAS: &str = "127.0.0.3:35080";
 
+/// What each measured operation is (`--scenario`), and so what the started server does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchScenario {
     /// Calls through a proxy to the load generator's own UAS.
@@ -163,6 +164,7 @@ pub struct BenchArgs {
     /// help of production builds.
     #[arg(long, default_value = "", hide = !cfg!(feature = "lab-noop"))]
     pub lab_noop: String,
+    /// The transport and, for TCP and TLS, the connection and TLS options of every side.
     #[command(flatten)]
     pub streams: modes::StreamArgs,
 }
@@ -177,19 +179,28 @@ impl Default for BenchArgs {
 /// The bench report (`--json`).
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// The server measured: `sipsec` when the bench started it, `external` for `--server-pid`.
     pub server: String,
+    /// The operation measured: `call`, `register`, `redirect` or `options`.
     pub scenario: String,
+    /// The transport of the calls: `udp`, `tcp` or `tls`.
     pub transport: String,
     /// Seed 000's connection mode (TCP and TLS).
     pub mode: String,
     pub(crate) mutual_tls: bool,
+    /// Whether every side offered TLS session resumption.
     pub tls_resumption: bool,
+    /// The TLS library every side used: `rustls` or `openssl`.
     pub tls_backend: String,
     /// The cipher suite every side was limited to, if one was.
     pub(crate) tls_cipher_suite: Option<String>,
     pub(crate) idle_connections: usize,
+    /// The offered rate of the measured run, in operations started per second.
     pub rate: f64,
+    /// Operations that succeeded in the measured run: what the per-operation figures divide by.
     pub ops: u64,
+    /// The server's CPU time (user plus system, all its processes and threads) per successful
+    /// operation, in µs.
     pub server_cpu_us_per_op: f64,
     pub(crate) server_user_us_per_op: f64,
     pub(crate) server_sys_us_per_op: f64,
@@ -205,13 +216,19 @@ pub struct Report {
     pub(crate) peer_cpu_us_per_op: f64,
     /// Wall-clock seconds of the measured run (to subtract a peer's idle CPU rate).
     pub(crate) measured_s: f64,
+    /// The server's processes whose CPU was measured (the started or given PIDs and their
+    /// descendants).
     pub server_pids: Vec<u32>,
     /// The `--peer-pid` processes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) peer_pids: Vec<u32>,
+    /// `--find-peak`: the highest rate, in operations per second, at which 99% of operations
+    /// succeeded within 500 ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_per_s: Option<f64>,
+    /// The load generator's summary of the measured run.
     pub load: Summary,
+    /// `--find-peak`: the load generator's summary of the search, its trials included.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) peak_search: Option<Summary>,
     /// `--goodput-curve`: goodput at multiples of the peak.
@@ -364,7 +381,9 @@ impl Drop for Started {
 /// What the started server does with calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// Proxies them statefully: a transaction per request, record-routed.
     StatefulProxy,
+    /// Proxies them statelessly (`--stateless`).
     StatelessProxy,
     /// Answers 302 to the default route.
     Redirect,

@@ -29,6 +29,7 @@ impl SeedMode {
         matches!(self, SeedMode::Outbound | SeedMode::Local)
     }
 
+    /// The started proxy's policy for its connections onwards in this mode.
     pub fn outbound(self) -> OutboundConnections {
         match self {
             SeedMode::Inbound | SeedMode::Local => OutboundConnections::PerCall,

@@ -10,6 +10,7 @@ use sqlx::Row;
 
 /// What the server loads at start.
 pub struct Loaded {
+    /// The live bindings, each with its AOR, latest to expire first.
     pub bindings: Vec<(String, Binding)>,
     pub(crate) known_aors: Vec<String>,
 }
