@@ -331,7 +331,7 @@ fn a_wrong_password_is_logged_with_user_and_source() {
         .find(|l| l.contains("authentication failed"))
         .unwrap_or_else(|| panic!("no failure logged:\n{log}"));
     assert!(
-        line.contains("WARN sipsec_server::auth: authentication failed: Failed (401 Unauthorized) source_ip=127.0.0.1 source=udp:127.0.0.1:"),
+        line.contains("WARN sipsec::auth: authentication failed: Failed (401 Unauthorized) source_ip=127.0.0.1 source=udp:127.0.0.1:"),
         "{line}"
     );
     assert!(line.ends_with(" user=\"alice\""), "{line}");
@@ -347,7 +347,7 @@ fn a_wrong_password_is_logged_with_user_and_source() {
         .all(|v| v.is_object() && v["level"].is_string()));
     let failed = lines
         .iter()
-        .find(|v| v["target"] == "sipsec_server::auth")
+        .find(|v| v["target"] == "sipsec::auth")
         .unwrap_or_else(|| panic!("no failure logged:\n{log}"));
     assert_eq!(failed["user"], "alice", "{failed}");
     assert_eq!(failed["source_ip"], "127.0.0.1", "{failed}");
