@@ -17,7 +17,7 @@ pub enum Setup {
     /// Digest authentication of every INVITE and REGISTER against a SQLite user database of
     /// [`USERS`] users, which the load's callers answer (seed 000's "SIP proxy auth").
     Digest,
-    /// Seed 001's digest: INVITEs checked against PostgreSQL a WAN round trip ([`WAN_RTT_MS`])
+    /// Seed 001's digest: INVITEs checked against PostgreSQL a WAN round trip (`WAN_RTT_MS`)
     /// away, through the delay relay; with sipsec's credential cache or a query per call as
     /// the paper's servers made. Needs `SIPSEC_TEST_POSTGRES` (skipped, saying so, without).
     DigestWan {

@@ -15,7 +15,7 @@ pub struct Progress {
     enabled: bool,
     /// Whether this process starts operations (a pure UAS only answers).
     originate: bool,
-    /// Print [`LEGEND`] before the first line.
+    /// Print `LEGEND` before the first line.
     pub legend: bool,
     interval_s: f64,
     next_s: f64,

@@ -4,12 +4,12 @@
 //!
 //! The endpoint has no authentication (bind it to a management address), so neither a flood
 //! of connections nor a scraper in a tight loop may cost the server much:
-//! - at most [`MAX_CONNECTIONS`] connections at once, and [`MAX_PER_ADDRESS`] from one IP
+//! - at most [`MAX_CONNECTIONS`] connections at once, and `MAX_PER_ADDRESS` from one IP
 //!   address (so one host's idle sockets cannot lock everyone else out); more are closed as
 //!   they come, and a connection is closed after [`HEADER_TIMEOUT`] without a request;
-//! - the exposition is rendered at most once per [`RENDER_EVERY`] and the cached bytes served
+//! - the exposition is rendered at most once per `RENDER_EVERY` and the cached bytes served
 //!   in between;
-//! - answers are paced, one per [`ANSWER_EVERY`] for all connections together, in the order
+//! - answers are paced, one per `ANSWER_EVERY` for all connections together, in the order
 //!   their requests came (a fair queue: a scraper waits behind at most one request per
 //!   other connection).
 //!

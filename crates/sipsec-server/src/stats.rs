@@ -128,7 +128,7 @@ pub(crate) const LATENCY_BUCKETS_US: [u64; 18] = [
 /// adds them up, and their total is the count) and the sum.
 #[derive(Debug, Default)]
 pub struct Histogram {
-    /// Per bucket of [`LATENCY_BUCKETS_US`], and one past the last.
+    /// Per bucket of `LATENCY_BUCKETS_US`, and one past the last.
     pub buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     pub(crate) sum_us: AtomicU64,
 }

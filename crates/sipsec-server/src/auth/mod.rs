@@ -2,7 +2,7 @@
 //! stateless nonces [`nonce`], credential cache [`credentials`] and failure throttle)
 //! and Proxychain ([`proxychain`], with its chain cache [`chains`] and the authority's wire
 //! and backup formats). This module holds what both share: the `[auth]` settings, what is
-//! challenged ([`Scope`]), and the [`Verdict`] either gives the engine.
+//! challenged (`Scope`), and the `Verdict` either gives the engine.
 //!
 //! CANCEL and ACK are never challenged (RFC 3261 §22.1): a CANCEL matches a request that was
 //! authenticated, and the ACK of a non-2xx response is absorbed by its transaction.

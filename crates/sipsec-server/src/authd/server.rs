@@ -5,8 +5,8 @@
 //! refused and cut off.
 //!
 //! Anyone may connect before the handshake says who they are, so what a connection that is
-//! not yet a proxy can hold is bounded: [`HANDSHAKE_TIMEOUT`] to finish its handshake, at most
-//! [`MAX_HANDSHAKES_PER_IP`] of them from one address and [`MAX_HANDSHAKES`] in all; an
+//! not yet a proxy can hold is bounded: `HANDSHAKE_TIMEOUT` to finish its handshake, at most
+//! `MAX_HANDSHAKES_PER_IP` of them from one address and `MAX_HANDSHAKES` in all; an
 //! accept that fails (out of descriptors) is logged and retried, never the end of the
 //! authority.
 

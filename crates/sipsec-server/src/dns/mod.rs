@@ -3,7 +3,7 @@
 //!
 //! Split the way the rest of the server is: [`Query`], [`Resolution`] and [`Resolution::order`]
 //! are plain data and arithmetic the engine uses on its message path (a cached answer costs a
-//! hash lookup and a few comparisons), and [`resolver`] is the asynchronous half that asks DNS
+//! hash lookup and a few comparisons), and `resolver` is the asynchronous half that asks DNS
 //! (with `hickory-resolver`, whose cache honours TTLs) off the workers' threads.
 //!
 //! The RFC 3263 rules, by what the URI says ([`Query`]):

@@ -13,14 +13,14 @@
 //! or plain queries.
 //!
 //! Setup, before the first input: [`Engine::new`], then [`Engine::enable_auth`] or
-//! [`Engine::enable_proxychain`] as configured, and [`Engine::preload`] /
-//! [`Engine::know_aor`] with what the store holds.
+//! [`Engine::enable_proxychain`] as configured, and `Engine::preload` /
+//! `Engine::know_aor` with what the store holds.
 //!
 //! Inputs, each given the time and an [`Effects`] to fill:
 //! - [`Engine::handle_message`]: a message arrived — a datagram, or one framed on a
 //!   connection (the [`Peer`] says which, and names the connection); before it,
-//!   [`Engine::set_clock_us`] with the same clock reading in microseconds;
-//! - [`Engine::handle_oversize`]: the start of a stream message over `max_message_size`;
+//!   `Engine::set_clock_us` with the same clock reading in microseconds;
+//! - `Engine::handle_oversize`: the start of a stream message over `max_message_size`;
 //! - [`Engine::handle_mail`]: [`Mail`] from another worker (a handed-off message, a binding
 //!   change, a route's destination found down or up), from the store (commits), from a
 //!   credential fetcher or from DNS (an answer is in);
@@ -28,10 +28,10 @@
 //!   driver that has it without mail;
 //! - [`Engine::handle_transport_error`]: a request the driver could not deliver;
 //! - [`Engine::handle_timeout`]: when [`Engine::poll_timeout`] has passed;
-//! - [`Engine::handle_load`]: every [`Engine::overload_interval_ms`], the share of it the
+//! - `Engine::handle_load`: every `Engine::overload_interval_ms`, the share of it the
 //!   worker was busy (no effects);
-//! - [`Engine::handle_reload`]: a new configuration (SIGHUP), already checked by
-//!   [`Config::restart_only_changes`] to differ only where it may (no effects).
+//! - `Engine::handle_reload`: a new configuration (SIGHUP), already checked by
+//!   `Config::restart_only_changes` to differ only where it may (no effects).
 //!
 //! Outputs, all in [`Effects`], which the driver carries out after each input (or after a
 //! batch of them) and then clears: messages to send, mail for other workers, binding changes
@@ -52,8 +52,8 @@
 //! This module holds the state, the public methods above, and the request path that joins
 //! the rest (`handle_request`, `route_request`, `drain_outputs`). Every other file's part of
 //! `impl Engine` is named after it — `gate_check` is in `gate`, `proxy_forward` in `proxy` —
-//! and the state a concern owns is its own type there ([`gate::Gate`], [`durable::Durable`],
-//! [`locate::Locator`], [`overload::Overload`], [`probe::Prober`]):
+//! and the state a concern owns is its own type there (`gate::Gate`, `durable::Durable`,
+//! `locate::Locator`, `overload::Overload`, `probe::Prober`):
 //! - `gate`: the auth gate (digest or Proxychain, and requests parked for credentials);
 //! - `relay`: who may be forwarded where (and the dialog tokens in our Record-Route);
 //! - `routing`: what a request needs (answer, register, redirect, forward), and the Route walk;
@@ -63,7 +63,7 @@
 //!   branch moved to the next destination; `probe`: the configured routes pinged;
 //! - `registrar`: REGISTER against the [`location`](crate::location) service (a pure
 //!   function); `durable`: its 200s held until the store commits;
-//! - `reply`: the answers made here ([`reply::Answer`], where they go: [`reply::ReplyTo`]);
+//! - `reply`: the answers made here (`reply::Answer`, where they go: `reply::ReplyTo`);
 //!   `reject`: answers to what the parser refused;
 //! - `overload`: what to admit under load, and what to tell neighbours;
 //! - `branch`: our Via branches (free functions).

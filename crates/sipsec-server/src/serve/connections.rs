@@ -9,7 +9,7 @@
 //! fires it either closes the connection or moves it to its real deadline — so a tick touches
 //! only the connections whose time is up.
 //!
-//! Like a UDP batch, the table hands what it read back to the worker: [`Connections::on_event`]
+//! Like a UDP batch, the table hands what it read back to the worker: `Connections::on_event`
 //! reads and frames, [`Connections::received`] lists the framed messages (still in their
 //! connections' buffers, not copied), the worker gives them to the engine, and
 //! [`Connections::release`] then consumes them. A connection that ends (the peer closed, or

@@ -5,11 +5,11 @@
 //! One command a connection: the client writes one line (`reload`, `counters`); the server
 //! answers `ok` or `error` on the first line, then text, and closes. Only the user the server
 //! runs as and root may connect: the socket is made 0600 and each peer's uid is checked too.
-//! At most [`MAX_CLIENTS`] connections are served at once (more are told so and closed), and
-//! one that sends no command within [`READ_TIMEOUT`], or does not take its answer within as
+//! At most `MAX_CLIENTS` connections are served at once (more are told so and closed), and
+//! one that sends no command within `READ_TIMEOUT`, or does not take its answer within as
 //! long, is closed.
 //! The listener runs on the server's runtime; the commands themselves are carried out by the
-//! server's main thread, the one that handles signals ([`Control::next`]), so reloads by
+//! server's main thread, the one that handles signals (`Control::next`), so reloads by
 //! either way happen one at a time.
 
 use anyhow::{bail, Context, Result};

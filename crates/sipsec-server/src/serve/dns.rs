@@ -1,5 +1,5 @@
 //! DNS off the workers' threads: the workers' lookups (`Effects::lookups`) go to one task on
-//! the server's runtime, which asks [`crate::dns::resolver`] once per name however many
+//! the server's runtime, which asks `crate::dns::resolver` once per name however many
 //! workers want it, and mails every worker the answer (`Mail::Resolved`), so the others have
 //! it before they need it.
 

@@ -1,6 +1,6 @@
 //! Fetching credentials off the workers' threads: the channel a worker's engine asks through
 //! (`Effects::fetches`), and the fetcher that answers from the user database when digest runs
-//! without its cache ([`spawn_user_fetcher`]; the Proxychain authority's is
+//! without its cache (`spawn_user_fetcher`; the Proxychain authority's is
 //! [`super::authority`]). Either tells every worker when an answer is in, so the requests
 //! parked for it run.
 

@@ -7,7 +7,7 @@
 //!   message, UDP or stream);
 //! - [`connections`]: a worker's TCP and TLS listeners and connections;
 //! - [`mailbox`]: how other threads reach a worker; [`token`]: its epoll tokens;
-//! - [`coalesce`]: letting datagrams accumulate briefly under load; [`busy`]: the busy
+//! - `coalesce`: letting datagrams accumulate briefly under load; [`busy`]: the busy
 //!   fraction overload control steers by;
 //! - [`fetch`]: credential fetches off the workers' threads, and the user-database fetcher;
 //!   [`authority`]: the Proxychain authority's channel; [`dns`]: DNS lookups (RFC 3263);

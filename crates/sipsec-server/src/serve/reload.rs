@@ -1,6 +1,6 @@
 //! Reloading the configuration without a restart (SIGHUP). The file is read and validated
 //! again; a file that does not load, or that changes what only a restart can change
-//! ([`Config::restart_only_changes`]), leaves the running configuration untouched and says why.
+//! (`Config::restart_only_changes`), leaves the running configuration untouched and says why.
 //! Otherwise every worker gets the new configuration with the TLS made from it — a rotated
 //! certificate serves the next handshake, connections already up keep theirs — and DNS its
 //! new name servers and hosts.

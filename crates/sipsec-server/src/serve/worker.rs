@@ -9,7 +9,7 @@
 //!    call, [`Engine::handle_message`], after the mail that arrived meanwhile;
 //! 3. the engine's and the connections' due timers;
 //! 4. every `[overload] interval_ms`, the share of it the worker was busy
-//!    ([`Engine::handle_load`]);
+//!    (`Engine::handle_load`);
 //! 5. everything the engine asked for ([`Effects`]): binding changes posted to the other
 //!    workers (without waking them: step 2 takes them first) and the store before any answer
 //!    leaves, datagrams with one `sendmmsg` per
@@ -17,7 +17,7 @@
 //!
 //! A busy worker does not sleep between passes, and no pass makes a system call that can
 //! only answer "nothing". Under load it also lets datagrams accumulate briefly after waking
-//! ([`Coalescer`]), as long as that is measured to cost less CPU than waking for each.
+//! (`Coalescer`), as long as that is measured to cost less CPU than waking for each.
 
 use super::busy::BusyMeter;
 use super::coalesce::Coalescer;
