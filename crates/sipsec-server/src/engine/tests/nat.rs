@@ -391,3 +391,47 @@ fn crlf_pings_keep_the_mapping_without_dropping_anyone() {
     }
     assert_eq!(e.keepalive.len(), 1);
 }
+
+#[test]
+fn as_an_edge_proxy_a_forwarded_register_gets_a_path_that_finds_the_flow_again() {
+    let mut e = engine("[routing]\ndefault_route = \"sip:203.0.113.50:5060\"\n");
+    let phone = Peer::udp_via(addr(NAT), 0);
+    let reg = register_as(
+        "jo",
+        "UDP 10.0.0.9:5060;rport",
+        "<sip:jo@10.0.0.9:5060>",
+        "",
+    )
+    .replace("example.test", "other.test");
+    let out = deliver_from(&mut e, 0, phone, &reg);
+    let (to, fwd) = &out[0];
+    assert_eq!(to.addr, addr("203.0.113.50:5060"), "{fwd}");
+    let path = fwd
+        .lines()
+        .find(|l| l.starts_with("Path:"))
+        .expect("a Path of ours");
+    assert!(path.contains(";ob;fl="), "{path}");
+    let path = path.trim_start_matches("Path: ");
+
+    // The registrar calls the phone along the Path: we pop our entry and use the flow.
+    let invite = format!(
+        "INVITE sip:jo@10.0.0.9:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 203.0.113.50;branch=z9hG4bKreg1\r\n\
+Route: {path}\r\nMax-Forwards: 70\r\nFrom: <sip:kim@other.test>;tag=k1\r\nTo: <sip:jo@other.test>\r\n\
+Call-ID: edge1\r\nCSeq: 1 INVITE\r\nContact: <sip:kim@203.0.113.50>\r\nContent-Length: 0\r\n\r\n"
+    );
+    let out = deliver_from(
+        &mut e,
+        10,
+        Peer::udp_via(addr("203.0.113.50:5060"), 0),
+        &invite,
+    );
+    let fwd = out
+        .iter()
+        .find(|(_, t)| t.starts_with("INVITE"))
+        .expect("forwarded");
+    assert_eq!(fwd.0.addr, addr(NAT), "{}", fwd.1);
+    assert!(
+        !fwd.1.lines().any(|l| l.starts_with("Route:")),
+        "our Path entry was consumed"
+    );
+}
