@@ -833,6 +833,10 @@ impl Engine {
                 }
                 self.durable.note_sent(outcome.changes.len());
                 for change in outcome.changes {
+                    if matches!(&change, BindingChange::Upsert { binding, .. } if binding.target.flow)
+                    {
+                        inc(&self.stats.nat_bindings);
+                    }
                     self.location.apply(&change);
                     self.keepalive_note(now, &change);
                     fx.changes.push(Arc::new(change));
