@@ -123,9 +123,15 @@ impl Flood {
             // One request is within any limit that is on.
             return Verdict::Pass;
         };
-        if let Some((until, _)) = source.ban {
-            inc(&stats.flood_refused);
-            return Verdict::Refused { until };
+        if let Some((until, timer)) = source.ban {
+            if now < until {
+                inc(&stats.flood_refused);
+                return Verdict::Refused { until };
+            }
+            // Over, but the worker has not called `on_tick` yet: lifted here, then counted.
+            self.unbans.cancel(timer);
+            self.lift(key, now, stats);
+            return self.check(now, ip, stats);
         }
         if !over_limit(&self.cfg, source, now) {
             return Verdict::Pass;
@@ -186,23 +192,26 @@ impl Flood {
     pub(crate) fn on_tick(&mut self, now: Millis, stats: &Stats) {
         let mut expired = std::mem::take(&mut self.expired);
         self.unbans.advance(now, &mut expired);
-        let lifted = expired.len();
         for key in expired.drain(..) {
-            // Not a refresh: lifting a ban is not the source being seen.
-            if let Some(source) = self.sources.peek_mut(&key) {
-                if source.ban.take().is_some() {
-                    source.current = 0;
-                    source.previous = 0;
-                    self.banned -= 1;
-                    if self.log.allow(now) {
-                        tracing::info!(target: "sipsec::flood", "flood: {key} no longer refused");
-                    }
-                }
-            }
+            self.lift(key, now, stats);
         }
         self.expired = expired;
-        if lifted > 0 {
+    }
+
+    /// Ends the ban of `key`, if it has one (its timer fired or is cancelled).
+    fn lift(&mut self, key: IpAddr, now: Millis, stats: &Stats) {
+        // Not a refresh: lifting a ban is not the source being seen.
+        let Some(source) = self.sources.peek_mut(&key) else {
+            return;
+        };
+        if source.ban.take().is_some() {
+            source.current = 0;
+            source.previous = 0;
+            self.banned -= 1;
             self.publish(stats);
+            if self.log.allow(now) {
+                tracing::info!(target: "sipsec::flood", "flood: {key} no longer refused");
+            }
         }
     }
 
@@ -302,6 +311,20 @@ mod tests {
         assert_eq!(load(&stats.traffic.flood_banned), 0);
         assert_eq!(f.next_deadline(), None);
         assert_eq!(f.check(30_101, a, &stats), Verdict::Pass);
+    }
+
+    #[test]
+    fn a_ban_that_ran_out_is_lifted_by_the_next_request_if_the_tick_is_late() {
+        let (mut f, stats) = flood("rate = 1\nban_s = 5");
+        let a = ip("192.0.2.1");
+        f.check(0, a, &stats);
+        assert!(matches!(
+            f.check(0, a, &stats),
+            Verdict::Refused { until: 5_000 }
+        ));
+        assert_eq!(f.check(5_000, a, &stats), Verdict::Pass);
+        assert_eq!(load(&stats.traffic.flood_banned), 0);
+        assert_eq!(f.next_deadline(), None, "its timer is cancelled");
     }
 
     #[test]
