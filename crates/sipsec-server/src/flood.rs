@@ -12,7 +12,7 @@
 //!   /64, which one host usually owns, so walking the addresses of one prefix does not evade the
 //!   limit (or flush the table) for free.
 //! - **No scan.** A ban puts its end on the timing wheel (`sip_core::timer::TimerWheel`); the
-//!   worker calls [`Flood::on_tick`] at [`Flood::next_deadline`], and only bans that end are
+//!   worker calls `Flood::on_tick` at `Flood::next_deadline`, and only bans that end are
 //!   touched.
 //! - **Per worker.** Each worker keeps its own table. SO_REUSEPORT sends one source port to one
 //!   worker, so a phone or a one-socket flood meets one table; a flood from many ports of one
@@ -183,7 +183,7 @@ impl Flood {
         Some(out)
     }
 
-    /// When [`Flood::on_tick`] next has a ban to lift (a lower bound), if any is in force.
+    /// When `Flood::on_tick` next has a ban to lift (a lower bound), if any is in force.
     pub(crate) fn next_deadline(&self) -> Option<Millis> {
         self.unbans.next_deadline()
     }

@@ -1,7 +1,7 @@
 //! STUN on the UDP SIP ports (RFC 5626 §4.4.1 and §8, RFC 5389): a client using SIP outbound
 //! keeps its NAT binding open, and learns the address the server sees it at, by sending STUN
-//! Binding requests to the port it sends SIP to. Sans-IO: the worker asks [`is_stun`] of each
-//! datagram before the SIP parser sees it, and sends what [`answer`] writes back from the
+//! Binding requests to the port it sends SIP to. Sans-IO: the worker asks `is_stun` of each
+//! datagram before the SIP parser sees it, and sends what `answer` writes back from the
 //! socket the request came in on.
 //!
 //! A STUN message starts with two zero bits and carries the magic cookie 0x2112A442 at bytes 4
@@ -35,12 +35,12 @@ const HEADER: usize = 20;
 pub(crate) const MAX_ANSWER: usize = HEADER + 24 + 8;
 
 /// Whether a datagram is STUN-shaped (two zero bits, then the magic cookie at bytes 4..8):
-/// it goes to [`answer`], never to the SIP parser.
+/// it goes to `answer`, never to the SIP parser.
 pub(crate) fn is_stun(data: &[u8]) -> bool {
     data.len() >= HEADER && data[0] & 0xC0 == 0 && data[4..8] == MAGIC_COOKIE
 }
 
-/// Writes the Binding success response to `request` (a datagram [`is_stun`] accepted, from
+/// Writes the Binding success response to `request` (a datagram `is_stun` accepted, from
 /// `source`) into `out`; its length, or None if `request` is not a valid Binding request.
 pub(crate) fn answer(
     request: &[u8],
