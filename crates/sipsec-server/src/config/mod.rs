@@ -799,9 +799,9 @@ impl Config {
     /// The keys that differ between this (running) configuration and `new` but cannot change
     /// without a restart: what the server bound, spawned or connected to at start, and state
     /// that outlives a request (transactions, nonces, the credential cache). Everything else
-    /// — routes, registrar limits, overload control, which methods are challenged and who is
-    /// trusted, the digest algorithms, domains, the server's own answers, TLS certificates —
-    /// a reload applies.
+    /// — routes, registrar limits, overload control, flood limits, which methods are
+    /// challenged and who is trusted, the digest algorithms, domains, the server's own
+    /// answers, TLS certificates — a reload applies.
     pub(crate) fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
         let (a, b) = (self, new);
         let (x, y) = (&a.auth, &b.auth);
