@@ -225,3 +225,66 @@ fn refusals_can_be_answered_503_at_a_bounded_rate() {
         "{refused} refused: {lines:?}"
     );
 }
+
+#[test]
+fn requests_on_a_stream_are_limited_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ports(42000);
+    let sip = base;
+    let mut cfg = config(
+        dir.path(),
+        sip,
+        base + 1,
+        base + 2,
+        "rate = 100\nban_s = 60\naction = \"403\"\n",
+    );
+    cfg = cfg.replace(
+        &format!("listen = [\"udp:{CALLER}:{sip}\"]"),
+        &format!("listen = [\"udp:{CALLER}:{sip}\", \"tcp:{CALLER}:{sip}\"]"),
+    );
+    let _server = Server::start(dir.path(), &cfg);
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(
+        &format!("{FLOODER}:0")
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    s.connect(
+        &format!("{CALLER}:{sip}")
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    let mut c: TcpStream = s.into();
+    let from = c.local_addr().unwrap();
+    let mut all = Vec::new();
+    for n in 0..150 {
+        // OPTIONS only (n * 3 + 1), over TCP.
+        let request = flood_request(n * 3 + 1, &format!("{CALLER}:{sip}"), &from)
+            .replace("SIP/2.0/UDP", "SIP/2.0/TCP");
+        all.extend_from_slice(request.as_bytes());
+    }
+    c.write_all(&all).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(1000)))
+        .unwrap();
+    let mut text = Vec::new();
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = c.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&text);
+    let statuses: Vec<&str> = text.lines().filter(|l| l.starts_with("SIP/2.0 ")).collect();
+    let forbidden = statuses
+        .iter()
+        .filter(|l| l.starts_with("SIP/2.0 403"))
+        .count();
+    // A window's worth (100) handled, the other 50 refused 403 on the same connection.
+    assert_eq!(statuses.len(), 150, "{statuses:?}");
+    assert_eq!(forbidden, 50, "{statuses:?}");
+}
