@@ -639,9 +639,7 @@ Expires: 600\r\nContent-Length: 0\r\n\r\n"
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let listed = text(&out.stdout);
     assert!(
-        listed.contains(&format!(
-            "carol@localhost <sip:carol@192.168.1.20:5060> expires="
-        )),
+        listed.contains("carol@localhost <sip:carol@192.168.1.20:5060> expires="),
         "{listed}"
     );
     assert!(
