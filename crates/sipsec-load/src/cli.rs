@@ -228,7 +228,7 @@ pub struct LoadArgs {
     /// The realm Proxychain keys are derived in (default: the run's domain).
     #[arg(long)]
     pub proxychain_realm: Option<String>,
-    /// The callee (--role uas) registers each user of --users with the target (a registrar,
+    /// The callee (--role uas or both) registers each user of --users with the target (a registrar,
     /// or a proxy in front of one) over a flow of its own — a UDP socket, or a TCP/TLS
     /// connection — answering digest challenges, refreshing at half the granted time and
     /// unregistering at the end, and takes its calls on that flow. Over TCP and TLS it listens

@@ -74,6 +74,8 @@ pub(crate) struct StreamLinks {
     counters: LinkCounters,
     /// The first TLS failure was logged (later ones are only counted).
     tls_failure_logged: bool,
+    /// Where a registering callee's flows connect from (default: `local_ip`).
+    flow_ip: Option<std::net::IpAddr>,
     /// Flows that closed and are not yet reported to the UA (their slots are reused only
     /// once it knows).
     closed_flows: Vec<usize>,
@@ -99,6 +101,15 @@ impl StreamLinks {
             counters: LinkCounters::default(),
             tls_failure_logged: false,
             closed_flows: Vec::new(),
+            flow_ip: None,
+        }
+    }
+
+    /// The same links, a registering callee's flows connecting from `ip`.
+    pub(crate) fn with_flows_from(self, ip: std::net::IpAddr) -> StreamLinks {
+        StreamLinks {
+            flow_ip: Some(ip),
+            ..self
         }
     }
 
@@ -138,12 +149,18 @@ impl StreamLinks {
         }
     }
 
-    /// Starts a non-blocking connection to `remote`.
-    fn connect(&mut self, remote: SocketAddr, call: Option<u64>) -> io::Result<usize> {
+    /// Starts a non-blocking connection to `remote` from `local_ip` (the kernel's choice
+    /// when none).
+    fn connect(
+        &mut self,
+        remote: SocketAddr,
+        call: Option<u64>,
+        local_ip: Option<std::net::IpAddr>,
+    ) -> io::Result<usize> {
         let socket = Socket::new(Domain::for_address(remote), Type::STREAM, None)?;
         socket.set_nonblocking(true)?;
         socket.set_nodelay(true)?;
-        if let Some(ip) = self.local_ip {
+        if let Some(ip) = local_ip {
             socket.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?;
         }
         match socket.connect(&SockAddr::from(remote)) {
@@ -183,7 +200,7 @@ impl StreamLinks {
         if let Some(i) = existing {
             return Some(i);
         }
-        match self.connect(peer.addr, call) {
+        match self.connect(peer.addr, call, self.local_ip) {
             Ok(i) => {
                 match call {
                     Some(n) => self.by_call.insert(n, i),
@@ -409,7 +426,7 @@ impl Links for StreamLinks {
     }
 
     fn open_flow(&mut self, remote: SocketAddr) -> io::Result<(u32, SocketAddr)> {
-        let i = self.connect(remote, None)?;
+        let i = self.connect(remote, None, self.flow_ip.or(self.local_ip))?;
         let c = self.conns[i].as_mut().expect("just inserted");
         c.flow = true;
         match c.io.stream.local_addr() {

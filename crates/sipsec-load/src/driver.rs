@@ -119,12 +119,12 @@ impl UdpLinks {
         }
     }
 
-    /// No sockets yet: a registering callee's, each flow binding one at `bind` (the first at
-    /// its port, the others at ports the kernel picks).
-    pub(crate) fn for_flows(bind: SocketAddr) -> UdpLinks {
+    /// The same sockets, and a registering callee's flows, each binding one of its own at
+    /// `bind` (the first at its port, the others at ports the kernel picks).
+    pub(crate) fn with_flows_at(self, bind: SocketAddr) -> UdpLinks {
         UdpLinks {
             flow_bind: Some(bind),
-            ..UdpLinks::new(Vec::new())
+            ..self
         }
     }
 }

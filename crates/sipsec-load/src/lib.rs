@@ -162,8 +162,8 @@ impl Plan {
             bail!("--tls-cert and --tls-key go together");
         }
         if args.register {
-            if args.role != Role::Uas {
-                bail!("--register is for the callee: --role uas");
+            if args.role == Role::Uac {
+                bail!("--register is for the callee: --role uas, or both");
             }
             if target_ep.is_none() {
                 bail!("--register needs the registrar as the target: sipsec load --role uas --register [udp:|tcp:|tls:]ip:port");
@@ -180,7 +180,7 @@ impl Plan {
         }
         let uas = match (uas_ep.map(|(_, _, a)| a), args.role) {
             // A registering callee listens nowhere: --uas only says where its flows bind.
-            (_, Role::Uas) if args.register => None,
+            (_, Role::Uas | Role::Both) if args.register => None,
             (Some(a), Role::Uas | Role::Both) => Some(a),
             (None, Role::Uas | Role::Both) => bail!("--role uas|both needs --uas ip:port"),
             (Some(_), Role::Uac) => bail!("--uas is for --role uas or both"),
@@ -309,20 +309,34 @@ fn flow_bind(plan: &Plan) -> Result<SocketAddr> {
 /// Binds the run's sockets.
 pub fn bind(plan: &Plan) -> Result<Bound> {
     if plan.args.register {
-        // No socket yet: each flow opens its own.
+        // The caller's socket, if any; each flow opens its own.
         let at = flow_bind(plan)?;
-        let links: Box<dyn Links> = match plan.transport {
-            Transport::Udp => Box::new(UdpLinks::for_flows(at)),
-            _ => Box::new(connections::StreamLinks::new(
-                None,
-                false,
-                Some(at.ip()),
-                plan.tls.clone(),
-            )),
+        let caller = uac_ip(plan)?;
+        let (links, uac_local): (Box<dyn Links>, _) = match plan.transport {
+            Transport::Udp => {
+                let mut sockets = Vec::new();
+                let mut uac_local = None;
+                if let Some(ip) = caller {
+                    let s = sipsec_transport::net::udp::bind_reuseport(SocketAddr::new(ip, 0))
+                        .with_context(|| format!("cannot bind a UDP socket on {ip}"))?;
+                    uac_local = s.local_addr()?.as_socket();
+                    sockets.push(s);
+                }
+                (
+                    Box::new(UdpLinks::new(sockets).with_flows_at(at)),
+                    uac_local,
+                )
+            }
+            _ => {
+                let per_call = plan.args.connection == ConnectionArg::PerCall;
+                let links = connections::StreamLinks::new(None, per_call, caller, plan.tls.clone())
+                    .with_flows_from(at.ip());
+                (Box::new(links), caller.map(|ip| SocketAddr::new(ip, 5060)))
+            }
         };
         return Ok(Bound {
             links,
-            uac_local: None,
+            uac_local,
             uas_local: None,
         });
     }

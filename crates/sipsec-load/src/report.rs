@@ -369,9 +369,6 @@ impl Summary {
                 self.uas_answered, self.uas_completed, self.failed, self.elapsed_s
             ));
             self.push_failures(&mut s);
-            if let Some(r) = &self.registrations {
-                s.push_str(&r.text());
-            }
         } else {
             if self.steps.is_empty() {
                 s.push_str(&format!("{what} at {}/s offered: ", self.rate));
@@ -440,6 +437,9 @@ impl Summary {
                     self.uas_answered, self.uas_completed
                 ));
             }
+        }
+        if let Some(r) = &self.registrations {
+            s.push_str(&r.text());
         }
         if self.stray_messages > 0 || self.send_failures > 0 {
             s.push_str(&format!(

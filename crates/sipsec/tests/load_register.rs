@@ -213,6 +213,50 @@ fn a_udp_callee_registers_takes_calls_through_the_proxy_and_unregisters() {
     calls_over_registered_flows("udp", &[], 200);
 }
 
+/// `--role both`: the caller calls the users its own callee registered, in one process (the
+/// lab's way), through the proxy.
+#[test]
+fn one_process_registers_its_callees_and_calls_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(43000);
+    let server = server(dir.path(), port);
+    let target = format!("udp:127.0.0.1:{port}");
+    let run = load_printing(
+        dir.path(),
+        &[
+            &target,
+            "--role",
+            "both",
+            "--register",
+            "--users",
+            "users.csv",
+            "--domain",
+            "example.test",
+            "--calls",
+            "200",
+            "--rate",
+            "100",
+            "--quiet",
+        ],
+    );
+    let v = &run.summary;
+    assert!(
+        run.code == 0 && n(v, "succeeded") >= 198 && n(v, "uas_answered") >= 198,
+        "{}\n{v}\n{}",
+        run.stderr,
+        server.log()
+    );
+    assert!(
+        run.stderr.contains("5 of 5 flows registered"),
+        "{}",
+        run.stderr
+    );
+    let r = registrations(v);
+    assert!(n(r, "made") >= 5 && n(r, "refused") == 0, "{v}");
+    assert_eq!(n(r, "unregistered"), 5, "{v}");
+    assert!(run.stdout.contains("registrations: "), "{}", run.stdout);
+}
+
 /// The calls come over the TCP connection the callee registered on.
 #[test]
 #[ignore = "needs the server's flow routing (issue 34, lead)"]
