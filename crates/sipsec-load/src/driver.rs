@@ -479,6 +479,8 @@ pub fn run(
             ua.unregistrations_pending() == 0
         });
         ua.abandon_unregistrations();
+        // The flows' links close (a run after this one opens its own).
+        serve_flow_ops(ua, links, now_us(origin), &mut out);
     }
     RunTimes {
         elapsed_s,

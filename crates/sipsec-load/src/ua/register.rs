@@ -325,8 +325,7 @@ impl Ua {
             return;
         }
         if state == FlowState::Unregistering {
-            self.flows[flow as usize].state = FlowState::Done;
-            self.flows[flow as usize].tx = None;
+            self.retire(flow);
             if (200..300).contains(&code) {
                 self.stats.registrations.unregistered += 1;
             } else {
@@ -392,7 +391,7 @@ impl Ua {
             .map(|f| f.state);
         match state {
             Some(FlowState::Unregistering) => {
-                self.flows[flow as usize].state = FlowState::Done;
+                self.retire(flow);
                 self.stats
                     .registrations
                     .unregister_failures
@@ -600,17 +599,15 @@ impl Ua {
             f.generation = f.generation.wrapping_add(1);
             let handles = [f.timer.take(), f.keepalive.take(), f.awaiting.take()];
             let registered = f.state == FlowState::Registered && f.link.is_some();
-            f.state = if registered {
-                FlowState::Unregistering
-            } else {
-                FlowState::Done
-            };
+            f.state = FlowState::Unregistering;
             f.auth_tries = 0;
             for t in handles.into_iter().flatten() {
                 self.wheel.cancel(t);
             }
             if registered {
                 self.send_register(now_us, flow, None);
+            } else {
+                self.retire(flow);
             }
         }
         self.drain(out);
@@ -633,14 +630,26 @@ impl Ua {
 
     /// Abandons the unregistrations still out (the run's end cannot wait longer).
     pub fn abandon_unregistrations(&mut self) {
-        for f in &mut self.flows {
-            if f.state == FlowState::Unregistering {
-                f.state = FlowState::Done;
+        for flow in 0..self.flows.len() as u32 {
+            if self.flows[flow as usize].state == FlowState::Unregistering {
+                self.retire(flow);
                 self.stats
                     .registrations
                     .unregister_failures
                     .push("no answer".into());
             }
+        }
+    }
+
+    /// Flow `flow` is done with (unregistered, or given up at the end): its link closes, as a
+    /// phone's would when it goes away, and its socket is not left to a later run.
+    fn retire(&mut self, flow: u32) {
+        let f = &mut self.flows[flow as usize];
+        f.state = FlowState::Done;
+        f.tx = None;
+        if let Some(l) = f.link.take() {
+            self.flow_by_link.remove(&l.link);
+            self.flow_ops.push(FlowOp::Close(l.link));
         }
     }
 

@@ -205,6 +205,8 @@ fn a_udp_registration_answers_the_challenge_refreshes_at_half_and_unregisters() 
     answer(&mut ua, 70_100_000, 3, &bye, 200, "");
     assert_eq!(ua.unregistrations_pending(), 0);
     assert_eq!(ua.stats.registrations.unregistered, 1);
+    // Its socket closes with it.
+    assert_eq!(ua.flow_ops, [FlowOp::Close(3)]);
     // Nothing is left to fire.
     assert!(tick(&mut ua, 70_100, 200_000).is_empty());
 }
