@@ -13,7 +13,7 @@ use super::ua::{Endpoint, FlowOp, Transmit, Ua};
 use sipsec_transport::net::udp::{self, RecvBatch, SendBatch};
 use socket2::Socket;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -106,6 +106,10 @@ pub(crate) struct UdpLinks {
     queue: Vec<(SocketAddr, bytes::Bytes)>,
     /// Where the next flow's socket binds (its port is the first flow's only).
     flow_bind: Option<SocketAddr>,
+    /// With a registering callee's flows, an epoll set of all the sockets, so that waiting and
+    /// reading cost what the ready sockets do, not what all of them would (hundreds of flows).
+    epoll: Option<std::os::fd::OwnedFd>,
+    events: Vec<libc::epoll_event>,
 }
 
 impl UdpLinks {
@@ -116,16 +120,30 @@ impl UdpLinks {
             sender: SendBatch::default(),
             queue: Vec::new(),
             flow_bind: None,
+            epoll: None,
+            events: Vec::new(),
         }
     }
 
     /// The same sockets, and a registering callee's flows, each binding one of its own at
     /// `bind` (the first at its port, the others at ports the kernel picks).
-    pub(crate) fn with_flows_at(self, bind: SocketAddr) -> UdpLinks {
-        UdpLinks {
-            flow_bind: Some(bind),
-            ..self
+    pub(crate) fn with_flows_at(self, bind: SocketAddr) -> std::io::Result<UdpLinks> {
+        // SAFETY: epoll_create1 takes no pointers; its result is checked before use.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        // SAFETY: fd is a new descriptor nothing else owns.
+        let epoll = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let links = UdpLinks {
+            flow_bind: Some(bind),
+            epoll: Some(epoll),
+            ..self
+        };
+        for link in 0..links.sockets.len() {
+            links.watch(link)?;
+        }
+        Ok(links)
     }
 }
 
@@ -142,44 +160,119 @@ pub(crate) fn pollfd(fd: RawFd, write: bool) -> libc::pollfd {
     }
 }
 
+impl UdpLinks {
+    /// Adds socket `link` to the flows' epoll set.
+    fn watch(&self, link: usize) -> std::io::Result<()> {
+        let (Some(epoll), Some(Some(socket))) = (&self.epoll, self.sockets.get(link)) else {
+            return Ok(());
+        };
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: link as u64,
+        };
+        // SAFETY: both descriptors are open; event is a live epoll_event.
+        let r = unsafe {
+            libc::epoll_ctl(
+                epoll.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                udp::fd(socket),
+                &mut event,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    /// The links with something to read, from the flows' epoll set: the ready ones only,
+    /// however many flows there are.
+    fn ready_links(&mut self) -> Vec<usize> {
+        let Some(epoll) = &self.epoll else {
+            return Vec::new();
+        };
+        self.events
+            .resize(256, libc::epoll_event { events: 0, u64: 0 });
+        // SAFETY: events is a live array of the declared length.
+        let n = unsafe {
+            libc::epoll_wait(
+                epoll.as_raw_fd(),
+                self.events.as_mut_ptr(),
+                self.events.len() as libc::c_int,
+                0,
+            )
+        };
+        self.events[..n.max(0) as usize]
+            .iter()
+            .map(|e| e.u64 as usize)
+            .collect()
+    }
+}
+
+/// Reads what waits on `socket` (link `link`) and hands it to the UA; how many arrived.
+fn receive_on(
+    batch: &mut RecvBatch,
+    socket: &Socket,
+    link: usize,
+    ua: &mut Ua,
+    now_us: u64,
+    out: &mut Vec<Transmit>,
+) -> usize {
+    let mut total = 0;
+    // Bounded, so a flood on one socket cannot starve the schedule or the other.
+    for _ in 0..4 {
+        let n = match batch.recv(udp::fd(socket)) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!("receive failed: {e}");
+                0
+            }
+        };
+        for i in 0..n {
+            if let Some((addr, data)) = batch.get(i) {
+                let from = Endpoint {
+                    link: link as u32,
+                    addr,
+                };
+                ua.on_message(now_us, from, data, out);
+            }
+        }
+        total += n;
+        if n < udp::BATCH {
+            break;
+        }
+    }
+    total
+}
+
 impl Links for UdpLinks {
     fn poll_set(&self, out: &mut Vec<libc::pollfd>) {
-        out.extend(
-            self.sockets
-                .iter()
-                .flatten()
-                .map(|s| pollfd(udp::fd(s), false)),
-        );
+        match &self.epoll {
+            // Readable when any of its sockets is.
+            Some(epoll) => out.push(pollfd(epoll.as_raw_fd(), false)),
+            None => out.extend(
+                self.sockets
+                    .iter()
+                    .flatten()
+                    .map(|s| pollfd(udp::fd(s), false)),
+            ),
+        }
     }
 
     fn receive(&mut self, ua: &mut Ua, now_us: u64, out: &mut Vec<Transmit>) -> usize {
         let mut total = 0;
+        if self.epoll.is_some() {
+            for link in self.ready_links() {
+                if let Some(Some(socket)) = self.sockets.get(link) {
+                    total += receive_on(&mut self.batch, socket, link, ua, now_us, out);
+                }
+            }
+            return total;
+        }
         for (link, socket) in self.sockets.iter().enumerate() {
-            let Some(socket) = socket else {
-                continue;
-            };
-            // Bounded, so a flood on one socket cannot starve the schedule or the other.
-            for _ in 0..4 {
-                let n = match self.batch.recv(udp::fd(socket)) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        tracing::debug!("receive failed: {e}");
-                        0
-                    }
-                };
-                for i in 0..n {
-                    if let Some((addr, data)) = self.batch.get(i) {
-                        let from = Endpoint {
-                            link: link as u32,
-                            addr,
-                        };
-                        ua.on_message(now_us, from, data, out);
-                    }
-                }
-                total += n;
-                if n < udp::BATCH {
-                    break;
-                }
+            if let Some(socket) = socket {
+                total += receive_on(&mut self.batch, socket, link, ua, now_us, out);
             }
         }
         total
@@ -187,8 +280,20 @@ impl Links for UdpLinks {
 
     fn send(&mut self, out: &mut Vec<Transmit>) -> usize {
         let (mut failed, mut sent) = (0, 0);
-        for (link, socket) in self.sockets.iter().enumerate() {
-            let Some(socket) = socket else {
+        let mut links: Vec<usize> = Vec::new();
+        if self.epoll.is_some() {
+            // Many flows: visit only the sockets something is for.
+            links.extend(out.iter().map(|(p, _)| p.link as usize));
+            links.sort_unstable();
+            links.dedup();
+        }
+        let all = 0..if self.epoll.is_some() {
+            0
+        } else {
+            self.sockets.len()
+        };
+        for link in all.chain(links) {
+            let Some(Some(socket)) = self.sockets.get(link) else {
                 continue;
             };
             self.queue.clear();
@@ -221,7 +326,12 @@ impl Links for UdpLinks {
             .ok_or_else(|| std::io::Error::other("a UDP socket without an address"))?;
         self.flow_bind = Some(SocketAddr::new(bind.ip(), 0));
         self.sockets.push(Some(socket));
-        Ok(((self.sockets.len() - 1) as u32, local))
+        let link = self.sockets.len() - 1;
+        if let Err(e) = self.watch(link) {
+            self.sockets[link] = None;
+            return Err(e);
+        }
+        Ok((link as u32, local))
     }
 
     fn close_flow(&mut self, link: u32) {

@@ -322,10 +322,10 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
                     uac_local = s.local_addr()?.as_socket();
                     sockets.push(s);
                 }
-                (
-                    Box::new(UdpLinks::new(sockets).with_flows_at(at)),
-                    uac_local,
-                )
+                let links = UdpLinks::new(sockets)
+                    .with_flows_at(at)
+                    .context("cannot make an epoll set for the flows' sockets")?;
+                (Box::new(links), uac_local)
             }
             _ => {
                 let per_call = plan.args.connection == ConnectionArg::PerCall;
