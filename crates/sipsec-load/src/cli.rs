@@ -234,7 +234,8 @@ pub struct LoadArgs {
     /// unregistering at the end, and takes its calls on that flow. Over TCP and TLS it listens
     /// nowhere: its Contact is `USER@<random>.invalid`, reachable only over the connection
     /// (RFC 7118's way); over UDP it is the socket's address (--uas, else --local or the
-    /// route's IP, port chosen by the kernel). Calls are counted once the registrations are in.
+    /// route's IP, port chosen by the kernel). A connection that closes is registered again
+    /// over a new one. Calls are counted once the registrations are in.
     #[arg(long)]
     pub register: bool,
     /// With --register: register as an RFC 5626 client — `+sip.instance` (one per user for
