@@ -340,9 +340,17 @@ impl Links for StreamLinks {
                 if framed.ping {
                     c.io.queue(b"\r\n");
                 }
-                // Keep-alive bytes that were not a ping: the pong to a flow's own ping.
+                // Keep-alive bytes that were not a ping: the pong to a flow's own ping. A lone
+                // CRLF at the end is one too, though the framer waits to see whether it starts
+                // a ping: on a flow the server answers pings, it does not send them (RFC 5626
+                // §4.4.1).
                 let framed_len: usize = framed.messages.iter().map(|&(_, len)| len).sum();
-                if c.flow && !framed.ping && framed.consumed > framed_len {
+                let mut pong = c.flow && !framed.ping && framed.consumed > framed_len;
+                if c.flow && c.io.inbuf[framed.consumed..] == *b"\r\n" {
+                    framed.consumed += 2;
+                    pong = true;
+                }
+                if pong {
                     ua.keepalive_answered(i as u32 + 1);
                 }
                 let from = Endpoint {
