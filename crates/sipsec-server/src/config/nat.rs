@@ -85,8 +85,8 @@ impl RawNat {
                  nat.ping_interval_ms, so one lost ping does not drop a binding"
             );
         }
-        if !(10..=3_600).contains(&self.flow_timer_s) {
-            bail!("nat.flow_timer_s must be between 10 and 3600");
+        if !(1..=3_600).contains(&self.flow_timer_s) {
+            bail!("nat.flow_timer_s must be between 1 and 3600");
         }
         Ok(NatConfig {
             mode: self.mode,
