@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::netns::{baresip_phone, have_netns, Nat};
+use common::netns::{baresip_phone, have_netns, load_phone, Nat};
 use common::*;
 use std::time::{Duration, Instant};
 
@@ -208,6 +208,48 @@ fn a_tcp_phone_is_called_over_its_registering_connection() {
     let invites = phone.received("INVITE ");
     assert!(invites.len() >= 5, "{}", phone.messages());
     assert!(invites.iter().all(|m| m.contains("TCP message received")));
+}
+
+/// Streams behind the NAT: RFC 5626 clients (`sipsec load --register --outbound`) over TCP
+/// and TLS keep their connections' mappings open with CRLF keep-alives at the Flow-Timer the
+/// server gives (2 s against a conntrack timeout of 4 s), and are called over those
+/// connections after three conntrack timeouts; a TCP phone that sends nothing (SIPp), with
+/// the server's pings off, has lost its mapping by then and is not reached.
+#[test]
+#[ignore = "needs streams behind NAT, Flow-Timer and sipsec load --register on main (issue 34)"]
+fn stream_keepalives_hold_mappings_past_three_conntrack_timeouts_and_silence_does_not() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let nat = Nat::new(4);
+    let config = nat.config(dir.path(), "[nat]\nping = \"off\"\nflow_timer_s = 2\n");
+    let server = nat.serve(dir.path(), &config);
+    let tcp = load_phone(&nat, dir.path(), "tcpphone", "tcp", &["--outbound"]);
+    let tls = load_phone(&nat, dir.path(), "tlsphone", "tls", &["--outbound"]);
+    let silent = nat.sipp_phone(dir.path(), "quiet", "t1", 5070, &[]);
+    tcp.registered(Duration::from_secs(10));
+    tls.registered(Duration::from_secs(10));
+    silent.registered(Duration::from_secs(5));
+    assert_all(
+        &calls(&nat, dir.path(), "quiet", 1, 10),
+        1,
+        "the silent phone, right after registering",
+        &server,
+    );
+    nat.idle_past_three_timeouts();
+    for user in ["tcpphone", "tlsphone"] {
+        assert_all(
+            &calls(&nat, dir.path(), user, 3, 10),
+            3,
+            &format!("{user} after three conntrack timeouts"),
+            &server,
+        );
+    }
+    let before = silent.received("INVITE ").len();
+    let lost = calls(&nat, dir.path(), "quiet", 1, 10);
+    assert_eq!(succeeded(&lost), 0, "{}", lost.summary);
+    assert_eq!(silent.received("INVITE ").len(), before);
 }
 
 /// baresip, behind the NAT, registers over TLS (checking the server's certificate) and is

@@ -451,6 +451,77 @@ impl Drop for Baresip {
     }
 }
 
+/// `sipsec load --role uas --register` in the home network: registers `user` from
+/// `home_ip(2)` over `transport` (`udp`, `tcp`, `tls`, checking the server's certificate
+/// against `dir/ca.pem`) and takes its calls on that flow; `extra` options (`--outbound`).
+/// Runs up to five minutes; its stderr goes to `dir/load-phone-user.err`.
+pub(crate) fn load_phone(
+    nat: &Nat,
+    dir: &Path,
+    user: &str,
+    transport: &str,
+    extra: &[&str],
+) -> LoadPhone {
+    let users = dir.join(format!("{user}.csv"));
+    std::fs::write(&users, format!("{user},unused,example.test\n")).unwrap();
+    let port = if transport == "tls" { 5061 } else { 5060 };
+    let err = dir.join(format!("load-phone-{user}.err"));
+    let child = nat
+        .home
+        .command(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["load", "--role", "uas", "--register"])
+        .arg(format!("{transport}:{}:{port}", nat.server_ip()))
+        .arg("--users")
+        .arg(&users)
+        .args(["--domain", "example.test", "--local", &nat.home_ip(2)])
+        .arg("--tls-ca")
+        .arg(dir.join("ca.pem"))
+        .args(["--duration", "300", "--quiet"])
+        .args(extra)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("start sipsec load as a registering callee in the home namespace");
+    LoadPhone { child, err }
+}
+
+/// A registering `sipsec load` callee behind the NAT, killed on drop.
+pub(crate) struct LoadPhone {
+    pub child: Child,
+    pub err: PathBuf,
+}
+
+impl LoadPhone {
+    /// Waits up to `within` for the callee's report that all its flows registered; panics
+    /// with what it printed if they did not.
+    pub(crate) fn registered(&self, within: Duration) {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            let text = std::fs::read_to_string(&self.err).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| l.contains("flows registered")) {
+                let mut words = line.split_whitespace().skip(2);
+                let (ok, of, all) = (words.next(), words.next(), words.next());
+                assert!(of == Some("of") && ok == all && ok != Some("0"), "{text}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "the load phone did not register: {}",
+            std::fs::read_to_string(&self.err).unwrap_or_default()
+        );
+    }
+}
+
+impl Drop for LoadPhone {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A SIPp phone behind the NAT, killed on drop; its messages traced to a file.
 pub(crate) struct SippPhone {
     pub child: Child,
