@@ -19,7 +19,9 @@ use std::sync::Arc;
 pub struct Binding {
     /// The contact URI as registered.
     pub contact: Arc<str>,
-    /// Where requests for this contact are sent.
+    /// Where requests for this contact are sent: the Contact's address, or (a phone behind a
+    /// NAT, an RFC 5626 flow) where the REGISTER came from; a [`Peer::flow`] goes over the
+    /// registering connection only.
     pub target: Peer,
     /// Expiry, in Unix milliseconds.
     pub(crate) expires_at: u64,
@@ -30,9 +32,43 @@ pub struct Binding {
     pub call_id: Arc<str>,
     /// That REGISTER's CSeq number.
     pub cseq: u32,
-    /// The address the REGISTER came from, for the per-source limit; `None` for a binding
-    /// loaded from the database, which does not keep it (a refresh attributes it again).
-    pub source: Option<IpAddr>,
+    /// Where the REGISTER came from: transport, address and port as seen (after any NAT),
+    /// and the listener socket or connection it arrived on. For the per-source limit, and
+    /// what the NAT keep-alives are sent to. `None` for a binding stored before this was
+    /// kept.
+    pub received: Option<Peer>,
+    /// RFC 5626: the instance (`+sip.instance`) and `reg-id` of an outbound registration;
+    /// bindings of one instance are its flows, tried one at a time.
+    pub outbound: Option<Outbound>,
+    /// RFC 3327: the Path the REGISTER brought (the header values as written, comma
+    /// separated), the route set requests to this binding are sent along.
+    pub path: Option<Arc<str>>,
+}
+
+/// The RFC 5626 identity of an outbound registration: one flow of one user agent instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outbound {
+    /// The `+sip.instance` Contact parameter as written (with its quotes and angle brackets).
+    pub instance: Arc<str>,
+    /// The `reg-id` Contact parameter.
+    pub reg_id: u32,
+}
+
+impl Binding {
+    /// The source address the binding counts against, for the per-source limit.
+    fn source(&self) -> Option<IpAddr> {
+        self.received.map(|p| p.addr.ip())
+    }
+
+    /// Whether this is the binding a registration of `contact` (with the RFC 5626 identity
+    /// `outbound`, if any) refreshes or replaces: an outbound flow is one instance's reg-id
+    /// (§6: two flows may register the same Contact URI), any other binding its Contact.
+    pub fn is(&self, contact: &str, outbound: Option<&Outbound>) -> bool {
+        match (&self.outbound, outbound) {
+            (Some(mine), Some(theirs)) => mine == theirs,
+            _ => *self.contact == *contact,
+        }
+    }
 }
 
 /// A change to the location service, applied by every replica and by the store.
@@ -45,7 +81,8 @@ pub enum BindingChange {
         /// The binding as it now stands.
         binding: Binding,
     },
-    /// Removes `contact` from `aor` (expired, or registered with `expires=0`).
+    /// Removes `contact` from `aor` (expired, or registered with `expires=0`): every
+    /// binding with that Contact, outbound flows of it included.
     Remove {
         /// The address-of-record.
         aor: Arc<str>,
@@ -60,6 +97,16 @@ pub enum BindingChange {
 }
 
 impl BindingChange {
+    /// Whether the change is about the binding of `contact` with identity `outbound` (see
+    /// [`Binding::is`]).
+    pub(crate) fn is_about(&self, contact: &str, outbound: Option<&Outbound>) -> bool {
+        match self {
+            BindingChange::Upsert { binding, .. } => binding.is(contact, outbound),
+            BindingChange::Remove { contact: c, .. } => **c == *contact,
+            BindingChange::RemoveAll { .. } => false,
+        }
+    }
+
     /// The contact an Upsert or Remove is about (none for RemoveAll).
     pub fn contact(&self) -> Option<&str> {
         match self {
@@ -143,18 +190,18 @@ impl Location {
                     Some(list) => list,
                     None => self.aors.entry(aor.clone()).or_default(),
                 };
-                count(&mut self.per_source, binding.source, true);
+                count(&mut self.per_source, binding.source(), true);
                 let bound = Bound {
                     binding: binding.clone(),
                     timer,
                 };
                 match list
                     .iter_mut()
-                    .find(|b| b.binding.contact == binding.contact)
+                    .find(|b| b.binding.is(&binding.contact, binding.outbound.as_ref()))
                 {
                     Some(old) => {
                         self.expiry.cancel(old.timer);
-                        count(&mut self.per_source, old.binding.source, false);
+                        count(&mut self.per_source, old.binding.source(), false);
                         *old = bound;
                     }
                     None => list.push(bound),
@@ -167,7 +214,7 @@ impl Location {
                         let keep = &b.binding.contact != contact;
                         if !keep {
                             expiry.cancel(b.timer);
-                            count(per_source, b.binding.source, false);
+                            count(per_source, b.binding.source(), false);
                         }
                         keep
                     });
@@ -177,7 +224,7 @@ impl Location {
                 if let Some(list) = self.aors.get_mut(aor) {
                     for b in list.drain(..) {
                         self.expiry.cancel(b.timer);
-                        count(&mut self.per_source, b.binding.source, false);
+                        count(&mut self.per_source, b.binding.source(), false);
                     }
                 }
             }
@@ -218,7 +265,7 @@ impl Location {
                 list.retain(|b| {
                     let gone = b.binding.contact == contact && b.binding.expires_at <= now_unix_ms;
                     if gone {
-                        count(per_source, b.binding.source, false);
+                        count(per_source, b.binding.source(), false);
                     }
                     !gone
                 });
@@ -279,7 +326,9 @@ mod tests {
             q: q.map(Into::into),
             call_id: "c".into(),
             cseq: 1,
-            source: None,
+            received: None,
+            outbound: None,
+            path: None,
         }
     }
 

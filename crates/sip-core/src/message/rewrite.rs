@@ -253,6 +253,15 @@ impl<'m, 'a> Rewriter<'m, 'a> {
         });
     }
 
+    /// Adds a Route line above any existing ones, its values (`<uri>, <uri>`) as given: a
+    /// pre-loaded route set, such as a registration's Path (RFC 3327).
+    pub fn push_route(&mut self, values: &[u8]) {
+        let at = self.first_line_of(HeaderName::Route);
+        self.splice.replace_with(at, at, |t| {
+            push_all(t, &[b"Route: ", values, b"\r\n"]);
+        });
+    }
+
     /// Replaces the Request-URI.
     pub fn set_request_uri(&mut self, uri: &[u8]) {
         if let Some((s, e)) = self.msg.request_uri_range() {

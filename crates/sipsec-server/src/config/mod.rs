@@ -4,8 +4,11 @@
 //! The keys documented in README.md are public; unknown keys are rejected so a typo fails at
 //! start instead of being silently ignored.
 
+mod nat;
 mod routing;
 
+use nat::RawNat;
+pub use nat::{NatConfig, NatMode, NatPing};
 use routing::RawRouting;
 pub use routing::{Next, Route, RoutingConfig};
 
@@ -591,6 +594,7 @@ struct RawConfig {
     registrar: RawRegistrar,
     auth: RawAuth,
     overload: RawOverload,
+    nat: RawNat,
 }
 
 /// Registrar limits (`[registrar]`).
@@ -663,6 +667,8 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// Local admission control and RFC 7339 feedback (`[overload]`).
     pub overload: OverloadConfig,
+    /// Phones behind NATs and RFC 5626 flows (`[nat]`).
+    pub nat: NatConfig,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// The Unix socket `sipsec ctl` talks to (`[control] socket`), if any.
@@ -835,6 +841,7 @@ impl Config {
             n => n,
         };
         let routing = raw.routing.validate(&listen)?;
+        let nat = raw.nat.validate()?;
         let metrics_listen =
             match raw.metrics.listen {
                 None => None,
@@ -952,6 +959,7 @@ impl Config {
             tls,
             auth,
             overload,
+            nat,
         })
     }
 }

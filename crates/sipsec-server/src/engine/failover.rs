@@ -1,5 +1,6 @@
 //! Failover (RFC 3263 §4.3): when a branch's destination fails — a transport error, no
-//! response at all within `[routing] failover_timeout_ms`, or a 503 — the same request goes to
+//! response at all within `[routing] failover_timeout_ms`, or a 503; for a flow (RFC 5626
+//! §5.3: the next flow of the same instance), a 430 or 480 — the same request goes to
 //! the next destination of its ordered list in a new client transaction of the same server
 //! transaction, and the one that failed is held down (skipped) for a while: for a 503's
 //! Retry-After, else `[routing] hold_down_s`, as Kamailio's blacklist does.
@@ -21,9 +22,19 @@ pub(super) struct Failover {
 }
 
 impl Engine {
-    /// Branch `cid` failed with a 503 (a real one, or our own for a transport error): tries
-    /// the next destination. True when a new branch went out in its place.
-    pub(super) fn failover_on_503(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) -> bool {
+    /// Branch `cid` failed with a 503 (a real one, or our own for a transport error), or a
+    /// flow it went over failed (430, 480): tries the next destination. True when a new
+    /// branch went out in its place.
+    pub(super) fn failover_on_failure(
+        &mut self,
+        now: Millis,
+        cid: TxId,
+        msg: &Message<'_>,
+    ) -> bool {
+        let code = msg.status().unwrap_or(0);
+        if code != 503 && !self.tx.dest(cid).is_some_and(|d| d.flow) {
+            return false;
+        }
         let Some(Link::Branch {
             server,
             failover,
@@ -83,7 +94,10 @@ impl Engine {
         hold_ms: u64,
         mut f: Box<Failover>,
     ) -> bool {
-        self.locate_hold_down(now, failed, hold_ms);
+        // A flow is a connection, not a destination others share: nothing to hold down.
+        if !failed.flow {
+            self.locate_hold_down(now, failed, hold_ms);
+        }
         match self.tx.user(server) {
             Some(Link::Proxied(ctx)) if !ctx.cancelled && !ctx.final_sent => {}
             _ => return false,

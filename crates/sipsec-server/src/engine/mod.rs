@@ -66,11 +66,14 @@
 //! - `reply`: the answers made here (`reply::Answer`, where they go: `reply::ReplyTo`);
 //!   `reject`: answers to what the parser refused;
 //! - `overload`: what to admit under load, and what to tell neighbours;
+//! - `flow`: flow tokens (RFC 5626) in our Record-Route, for dialogs with phones behind NATs;
+//!   `keepalive`: the pings that keep those phones' NAT mappings open (`keepalive::KeepAlive`);
 //! - `branch`: our Via branches (free functions).
 
 mod branch;
 mod durable;
 mod failover;
+mod flow;
 mod gate;
 mod locate;
 mod overload;
@@ -264,6 +267,8 @@ impl ProxyContext {
 struct Target {
     /// A new Request-URI (retargeting to a registered contact), if any.
     request_uri: Option<Arc<str>>,
+    /// Routes to put on top (a binding's RFC 3327 Path), if any: `dests` is their first hop.
+    route_set: Option<Arc<str>>,
     /// Where to send it, in the order to try: the first that can be used gets the request,
     /// the others are its failover (RFC 3263 §4.3).
     dests: SmallVec<[Peer; 2]>,
@@ -319,7 +324,13 @@ impl Side {
     /// Via.
     fn send_to(&self, peer: Peer) -> Peer {
         match self.udp_socket {
-            Some(socket) => Peer::udp_via(peer.addr, socket),
+            // A flow leaves from the socket its registration came in on: the NAT's mapping
+            // is for that address.
+            Some(_) if peer.flow && peer.udp_socket().is_some() => peer,
+            Some(socket) => Peer {
+                flow: peer.flow,
+                ..Peer::udp_via(peer.addr, socket)
+            },
             None => peer,
         }
     }
@@ -586,23 +597,29 @@ impl Engine {
             return;
         }
         inc(&self.stats.transport_errors);
+        // A flow that is gone is answered as RFC 5626 §5.3 says an edge proxy does (430,
+        // for a user agent that speaks outbound: its Contact has `ob`), or 480; either way at
+        // once, and never by a new connection the phone would refuse.
+        let (code, reason) = if dest.flow {
+            inc(&self.stats.flows_gone);
+            let ob = req.request_uri().is_some_and(|u| u.param(b"ob").is_some());
+            if ob {
+                (430, "Flow Failed")
+            } else {
+                (480, "Temporarily Unavailable")
+            }
+        } else {
+            (503, "Service Unavailable")
+        };
         if self.log.allow(now) {
             tracing::warn!(
-                "cannot deliver {} to {dest}: the branch fails with 503",
+                "cannot deliver {} to {dest}: the branch fails with {code}",
                 String::from_utf8_lossy(req.method_raw())
             );
         }
         let mut resp = Vec::new();
         let server = self.cfg.server_line.as_bytes();
-        build::response(
-            &req,
-            503,
-            "Service Unavailable",
-            None,
-            server,
-            b"",
-            &mut resp,
-        );
+        build::response(&req, code, reason, None, server, b"", &mut resp);
         // As a response from `dest`: it reaches the worker owning the branch, and a stateless
         // proxy forwards it upstream by Via.
         self.handle_message(now, Peer::new(dest.transport, dest.addr), &resp, fx);
@@ -658,7 +675,7 @@ impl Engine {
             }
             let code = msg.status().unwrap_or(0);
             self.stats.traffic.response(msg.method(), code);
-            self.proxy_response(now, &msg, fx);
+            self.proxy_response(now, source, &msg, fx);
         }
         self.drain_outputs(now, fx);
     }
@@ -741,7 +758,7 @@ impl Engine {
     ) {
         let method = msg.method();
         let in_dialog = facts.to_tag.is_some();
-        let decision = self.routing_decide(now, msg, (in_dialog, vouched), facts.hash);
+        let decision = self.routing_decide(now, source, msg, (in_dialog, vouched), facts.hash);
         let existing = resumed.and_then(|r| r.server);
         // Where an answer made here goes: the server transaction it waited for DNS in, if any.
         let reply_to = existing.map_or(ReplyTo::Sender(source), ReplyTo::Transaction);
@@ -780,7 +797,7 @@ impl Engine {
             }
             Decision::Register { aor } => {
                 let outcome = registrar::register(
-                    &self.cfg.registrar,
+                    (&self.cfg.registrar, &self.cfg.nat),
                     // Our listeners (a loop) and our management ports (no relay there).
                     |peer| {
                         self.routing_is_own_listener(peer)

@@ -4,9 +4,9 @@
 //! by Via.
 
 use super::failover::Failover;
-use super::relay;
 use super::reply::{local_tag, Answer, ReplyTo};
 use super::{branch, response_peer, Effects, Engine, Forward, Link, ProxyContext, Side, Target};
+use super::{flow, relay};
 use crate::stats::{add, inc};
 use bytes::Bytes;
 use sip_core::message::rewrite::Rewriter;
@@ -37,6 +37,11 @@ pub(super) struct BranchPlan {
     pub(crate) record_route: bool,
     /// The dialog token our Record-Route carries (see `relay`), with authentication on.
     pub(crate) dialog_token: Option<relay::Token>,
+    /// Routes put on top (the target's RFC 3327 Path).
+    pub(crate) route_set: Option<Arc<str>>,
+    /// The flow token of the caller our Record-Route carries (see `flow`): a caller behind
+    /// a NAT, or on a connection, is reached over it by in-dialog requests from the callee.
+    pub(crate) flow_back: Option<Arc<str>>,
 }
 
 /// One target of a request being forwarded: the destination chosen, our side that reaches
@@ -207,6 +212,9 @@ impl Engine {
         let dialog_token = (record_route && self.relay_restricted())
             .then(|| relay::hop_back(msg).map(|hop| relay::token(&hop)))
             .flatten();
+        let flow_back = record_route
+            .then(|| self.flow_of_caller(source, msg))
+            .flatten();
         for (i, c) in chosen.into_iter().enumerate() {
             let Chosen {
                 target,
@@ -224,6 +232,8 @@ impl Engine {
                 pop_route: pop_route.iter().copied().collect(),
                 record_route,
                 dialog_token,
+                route_set: target.route_set.clone(),
+                flow_back: flow_back.clone(),
             };
             let failover = (!rest.is_empty()).then(|| {
                 Box::new(Failover {
@@ -283,11 +293,18 @@ impl Engine {
             for (field, end) in &plan.pop_route {
                 rw.remove_first_value(field, *end);
             }
+            if let Some(routes) = &plan.route_set {
+                rw.push_route(routes.as_bytes());
+            }
             if plan.record_route {
-                let token: &[&[u8]] = match &plan.dialog_token {
-                    Some(t) => &[b";", relay::TOKEN_PARAM, b"=", t],
-                    None => &[],
-                };
+                let mut token: SmallVec<[&[u8]; 8]> = SmallVec::new();
+                if let Some(t) = &plan.dialog_token {
+                    token.extend([b";", relay::TOKEN_PARAM, b"=", &t[..]]);
+                }
+                if let Some(f) = &plan.flow_back {
+                    token.extend([b";", flow::PARAM, b"=", f.as_bytes()]);
+                }
+                let token = &token[..];
                 // Inserted in this order, the downstream side's entry ends up on top.
                 rw.push_record_route(rr_out, token);
                 if let Some(i) = in_side {
@@ -408,10 +425,16 @@ impl Engine {
         );
     }
 
-    pub(super) fn proxy_response(&mut self, now: Millis, msg: &Message<'_>, fx: &mut Effects) {
+    pub(super) fn proxy_response(
+        &mut self,
+        now: Millis,
+        source: Peer,
+        msg: &Message<'_>,
+        fx: &mut Effects,
+    ) {
         // A stateless proxy's only client transactions are its probes.
         if !self.cfg.stateful && self.tx.is_empty() {
-            self.proxy_forward_by_via(now, msg, fx);
+            self.proxy_forward_by_via(now, source, msg, fx);
             return;
         }
         match self.tx.recv_response(now, msg, &mut self.outputs) {
@@ -421,14 +444,14 @@ impl Engine {
                     self.probe_result(now, dest, code != 503);
                 }
             }
-            _ if !self.cfg.stateful => self.proxy_forward_by_via(now, msg, fx),
-            ResponseMatch::Deliver(cid) => self.proxy_branch_response(now, cid, msg),
+            _ if !self.cfg.stateful => self.proxy_forward_by_via(now, source, msg, fx),
+            ResponseMatch::Deliver(cid) => self.proxy_branch_response(now, cid, source, msg),
             ResponseMatch::Absorbed => inc(&self.stats.retransmissions_absorbed),
             ResponseMatch::Unmatched => {
                 // A 2xx retransmission after the transaction ended still goes upstream (§16.7).
                 let code = msg.status().unwrap_or(0);
                 if (200..300).contains(&code) && msg.method() == Method::Invite {
-                    self.proxy_forward_by_via(now, msg, fx);
+                    self.proxy_forward_by_via(now, source, msg, fx);
                 } else {
                     inc(&self.stats.stray_responses);
                 }
@@ -440,6 +463,7 @@ impl Engine {
     pub(super) fn proxy_forward_by_via(
         &mut self,
         now: Millis,
+        source: Peer,
         msg: &Message<'_>,
         fx: &mut Effects,
     ) {
@@ -459,18 +483,24 @@ impl Engine {
             inc(&self.stats.stray_responses);
             return;
         };
-        let data = self.proxy_relayed_response(now, msg);
+        let data = self.proxy_relayed_response(now, source, msg);
         fx.transmits.push((dest, data));
     }
 
-    pub(super) fn proxy_branch_response(&mut self, now: Millis, cid: TxId, msg: &Message<'_>) {
+    pub(super) fn proxy_branch_response(
+        &mut self,
+        now: Millis,
+        cid: TxId,
+        source: Peer,
+        msg: &Message<'_>,
+    ) {
         let code = msg.status().unwrap_or(0);
         if self.cfg.overload.announce {
             if let Some(dest) = self.tx.dest(cid) {
                 self.overload_hop_feedback(now, dest.addr, msg);
             }
         }
-        if code == 503 && self.failover_on_503(now, cid, msg) {
+        if matches!(code, 503 | 430 | 480) && self.failover_on_failure(now, cid, msg) {
             return;
         }
         let server = match self.tx.user_mut(cid) {
@@ -498,7 +528,7 @@ impl Engine {
                 return;
             }
         }
-        let data = self.proxy_relayed_response(now, msg);
+        let data = self.proxy_relayed_response(now, source, msg);
         match code {
             100..=199 => {
                 if let Some(Link::Proxied(ctx)) = self.tx.user_mut(server) {
@@ -532,9 +562,11 @@ impl Engine {
         }
     }
 
-    /// A response as it goes upstream: our Via popped, feedback in the
-    /// next one when that neighbour asked for it, and our Record-Route's tokens restamped.
-    fn proxy_relayed_response(&mut self, now: Millis, msg: &Message<'_>) -> Bytes {
+    /// A response as it goes upstream: our Via popped, feedback in the next one when that
+    /// neighbour asked for it, and our Record-Route's tokens restamped — the dialog token
+    /// for the hop on to the callee, and the callee's flow (`source`, where the response
+    /// came from) when it must be reached over it.
+    fn proxy_relayed_response(&mut self, now: Millis, source: Peer, msg: &Message<'_>) -> Bytes {
         let mut out = Vec::with_capacity(msg.as_bytes().len());
         let feedback = self.overload_response_feedback(now, msg);
         let mut splice = std::mem::take(&mut self.splice);
@@ -544,6 +576,7 @@ impl Engine {
             rw.set_overload_feedback(via, fb);
         }
         self.relay_restamp_record_route(&mut rw);
+        self.flow_restamp_record_route(&mut rw, source);
         rw.finish(&mut out);
         self.splice = splice;
         inc(&self.stats.forwarded_responses);

@@ -61,6 +61,11 @@ static SECRET: LazyLock<[u8; 32]> = LazyLock::new(|| {
     secret
 });
 
+/// The per-process secret dialog and flow tokens are made under.
+pub(super) fn secret() -> &'static [u8; 32] {
+    &SECRET
+}
+
 /// Who vouches for a request the gate let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Vouched {
@@ -116,7 +121,8 @@ pub(super) fn hop_back<'a>(msg: &Message<'a>) -> Option<Uri<'a>> {
     first.or_else(|| first_contact(msg))
 }
 
-fn first_contact<'a>(msg: &Message<'a>) -> Option<Uri<'a>> {
+/// The first Contact's URI.
+pub(super) fn first_contact<'a>(msg: &Message<'a>) -> Option<Uri<'a>> {
     let mut contact = None;
     let _ = msg.name_addrs(HeaderName::Contact, |_, na| {
         contact.get_or_insert(na.uri);

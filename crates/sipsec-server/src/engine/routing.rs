@@ -2,19 +2,20 @@
 //! §16.3–16.5): answer it here (errors, OPTIONS, REGISTER, 405/501), redirect it, or forward it
 //! to registered contacts, the next Route, the default route or its Request-URI.
 
+use super::flow;
 use super::relay::{self, Vouched};
 use super::reply::Answer;
 use super::{branch, Decision, Engine, Forward, Target, ALLOW};
 use crate::config::Mode;
 use crate::dns::{Failure, Hop};
 use crate::engine::locate::Located;
-use crate::location::Lookup;
+use crate::location::{Binding, Lookup};
 use crate::stats::inc;
 use sip_core::message::{
     HeaderField, HeaderName, Message, Method, NameAddr, ParseError, Scheme, Uri,
 };
 use sip_core::timer::Millis;
-use sipsec_transport::net::transport::Peer;
+use sipsec_transport::net::transport::{uri_peer, Peer};
 use smallvec::SmallVec;
 use std::fmt::Write as _;
 
@@ -70,6 +71,7 @@ impl Engine {
     pub(super) fn routing_decide(
         &mut self,
         now: Millis,
+        source: Peer,
         msg: &Message<'_>,
         (in_dialog, vouched): (bool, Vouched),
         hash: u32,
@@ -118,8 +120,9 @@ impl Engine {
         let mut next_route: Option<Hop<'_>> = None;
         let mut next_route_uri = None;
         let mut route_error = false;
-        // The dialog tokens in our Routes (see `relay`).
+        // The dialog tokens in our Routes (see `relay`), and the flow one names (`flow`).
         let mut tokens: SmallVec<[&[u8]; 2]> = SmallVec::new();
+        let mut flow_token: Option<&[u8]> = None;
         let routes = self.routing_walk_routes(msg, |field, na, ours| {
             if ours {
                 match pop_route.last_mut() {
@@ -127,6 +130,7 @@ impl Engine {
                     _ => pop_route.push((*field, na.end)),
                 }
                 tokens.extend(na.uri.param(relay::TOKEN_PARAM).flatten());
+                flow_token = na.uri.param(flow::PARAM).flatten().or(flow_token);
             } else if next_route.is_none() {
                 next_route = crate::dns::hop(&na.uri);
                 next_route_uri = Some(na.uri);
@@ -153,6 +157,24 @@ impl Engine {
         if route_error {
             inc(&self.stats.unroutable);
             return Answer::new(404, "Not Found (unresolvable Route)").into();
+        }
+        // Our Route named a flow and nothing follows it: the phone behind it is reached
+        // over it (unless this request came from it: then it goes the other way).
+        if let Some(to) = flow_token.filter(|_| next_route.is_none() && !route_error) {
+            if let Some(flow) = flow::parse(to) {
+                if (flow.transport, flow.addr) != (source.transport, source.addr) {
+                    inc(&self.stats.flow_routed);
+                    return Decision::Forward(Forward {
+                        targets: smallvec::smallvec![Target {
+                            request_uri: None,
+                            route_set: None,
+                            dests: smallvec::smallvec![flow],
+                        }],
+                        pop_route,
+                        record_route,
+                    });
+                }
+            }
         }
         if let Some(hop) = next_route {
             if restricted {
@@ -186,13 +208,13 @@ impl Engine {
                             now_unix,
                         );
                     }
-                    let targets = bindings
-                        .iter()
-                        .map(|b| Target {
-                            request_uri: Some(b.contact.clone()),
-                            dests: smallvec::smallvec![b.target],
-                        })
-                        .collect();
+                    let targets = match binding_targets(&bindings) {
+                        Ok(targets) => targets,
+                        Err(gone) => {
+                            inc(&self.stats.flows_gone);
+                            return gone.into();
+                        }
+                    };
                     return Decision::Forward(Forward {
                         targets,
                         pop_route,
@@ -346,6 +368,7 @@ fn forward_located(
         Located::Peers { peers, .. } => Decision::Forward(Forward {
             targets: smallvec::smallvec![Target {
                 request_uri: None,
+                route_set: None,
                 dests: peers
             }],
             pop_route,
@@ -354,11 +377,93 @@ fn forward_located(
     }
 }
 
-/// 420 for a request requiring extensions (Require to a UAS, Proxy-Require to a proxy): sipsec
-/// supports none yet, so every option listed is unsupported.
+/// The targets a user's live bindings (best `q` first) make: one per binding, but one per
+/// RFC 5626 instance, whose flows are tried one at a time, the most recently registered
+/// first (§5.3: never two flows of one instance at once). A binding with a Path is reached
+/// along it (its first hop must be an address). A stream flow whose connection is gone (it
+/// died with a restart) is left out; when nothing is left, the answer: 430 Flow Failed for
+/// an outbound user agent, else 480.
+fn binding_targets(bindings: &[&Binding]) -> Result<SmallVec<[Target; 1]>, Answer> {
+    let mut targets: SmallVec<[Target; 1]> = SmallVec::new();
+    // Per target, its instance and its flows' registration times (to order them).
+    type Flows<'b> = (Option<&'b str>, SmallVec<[u64; 2]>);
+    let mut flows: SmallVec<[Flows<'_>; 1]> = SmallVec::new();
+    let mut outbound_lost = false;
+    for b in bindings {
+        if b.target.flow_lost() {
+            outbound_lost |= b.outbound.is_some();
+            continue;
+        }
+        let dest = match &b.path {
+            Some(path) => match first_path_hop(path) {
+                Some(hop) => hop,
+                None => continue,
+            },
+            None => b.target,
+        };
+        let instance = b.outbound.as_ref().map(|o| &*o.instance);
+        if let Some(i) = flows
+            .iter()
+            .position(|(inst, _)| inst.is_some() && *inst == instance)
+        {
+            // Another flow of an instance already targeted: its failover, newest first.
+            let at = flows[i]
+                .1
+                .iter()
+                .take_while(|t| **t >= b.expires_at)
+                .count();
+            flows[i].1.insert(at, b.expires_at);
+            targets[i].dests.insert(at, dest);
+            continue;
+        }
+        flows.push((instance, smallvec::smallvec![b.expires_at]));
+        targets.push(Target {
+            request_uri: Some(b.contact.clone()),
+            route_set: b.path.clone(),
+            dests: smallvec::smallvec![dest],
+        });
+    }
+    if targets.is_empty() {
+        return Err(if outbound_lost {
+            Answer::new(430, "Flow Failed")
+        } else {
+            Answer::new(480, "Temporarily Unavailable")
+        });
+    }
+    Ok(targets)
+}
+
+/// Where a Path (RFC 3327) is sent first: its first URI, which must name an address.
+fn first_path_hop(path: &str) -> Option<Peer> {
+    let first = path.split(',').next()?.trim();
+    let uri = first.strip_prefix('<')?.split('>').next()?;
+    uri_peer(&Uri::parse(uri.as_bytes()).ok()?)
+}
+
+/// The option tags sipsec supports (RFC 5626 outbound, RFC 3327 path).
+const SUPPORTED: &[&[u8]] = &[b"outbound", b"path"];
+
+/// 420 for a request requiring extensions (Require to a UAS, Proxy-Require to a proxy) that
+/// sipsec does not support, listing those in Unsupported.
 pub(super) fn bad_extension(msg: &Message<'_>, header: HeaderName) -> Option<Decision> {
-    let options = msg.header(header).map(|h| msg.value(h))?;
-    let unsupported = format!("Unsupported: {}\r\n", String::from_utf8_lossy(options));
+    let mut unsupported = String::new();
+    for h in msg.headers_named(header) {
+        for tag in msg.value(h).split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+            if tag.is_empty() || SUPPORTED.iter().any(|s| s.eq_ignore_ascii_case(tag)) {
+                continue;
+            }
+            unsupported.push_str(if unsupported.is_empty() {
+                "Unsupported: "
+            } else {
+                ", "
+            });
+            unsupported.push_str(&String::from_utf8_lossy(tag));
+        }
+    }
+    if unsupported.is_empty() {
+        return None;
+    }
+    unsupported.push_str("\r\n");
     Some(Decision::Respond(
         Answer::new(420, "Bad Extension").with_headers(unsupported),
     ))

@@ -19,7 +19,9 @@
 //! Connection ids ([`ConnId`]) carry the owning worker, so a message for another worker's
 //! connection is mailed to it. Outbound connections are found by remote address and reused
 //! (`outbound_connections = "persistent"`), or opened per call and closed when the engine says the
-//! call is over (`"per-call"`, keyed by Call-ID).
+//! call is over (`"per-call"`, keyed by Call-ID). A flow ([`Peer::flow`]: a phone that
+//! registered over a connection and accepts no other) is never reopened: a request for it
+//! goes over the connection named or fails at once.
 //!
 //! Hostile peers: a connection past `max_connections`, or past `max_connections_per_ip` from
 //! one address, is refused at accept; a handshake or a
@@ -521,6 +523,7 @@ impl Connections {
             transport: c.transport,
             addr: c.io.remote,
             conn: conn_id(self.worker, f.slot),
+            flow: false,
         };
         let data = c.io.inbuf.get(f.start..f.start + f.len)?;
         Some(if f.oversize {
@@ -644,11 +647,20 @@ impl Connections {
                 .get(slot)
                 .and_then(Option::as_ref)
                 .is_some_and(|c| {
-                    c.io.remote == to.addr && c.transport == to.transport && !c.closing
+                    c.io.remote == to.addr
+                        && c.transport == to.transport
+                        && !c.closing
+                        && !(to.flow && c.drain.is_some())
                 });
             if same {
                 return Ok(slot);
             }
+        }
+        if to.flow {
+            // The phone's connection is gone, and it accepts no other: the request fails
+            // now (the engine answers 430 or 480) rather than after a connect that cannot
+            // succeed.
+            return Err(None);
         }
         let call = match self.cfg.outbound {
             OutboundConnections::PerCall if !data.starts_with(b"SIP/2.0 ") => call_hash(data),

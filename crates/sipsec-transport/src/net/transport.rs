@@ -105,6 +105,10 @@ pub struct Peer {
     /// in on, so its responses leave from the address it was sent to (RFC 3581 §4). See
     /// [`ConnId`].
     pub conn: ConnId,
+    /// A flow (RFC 5626; a phone behind a NAT, or one that accepts no connections): requests
+    /// go over `conn` only, and fail at once when it is gone, instead of a new connection
+    /// being opened to `addr` (which the phone's NAT or firewall refuses).
+    pub flow: bool,
 }
 
 impl Peer {
@@ -114,6 +118,7 @@ impl Peer {
             transport: Transport::Udp,
             addr,
             conn: socket as ConnId + 1,
+            flow: false,
         }
     }
 
@@ -133,6 +138,7 @@ impl Peer {
             transport: Transport::Udp,
             addr,
             conn: 0,
+            flow: false,
         }
     }
 
@@ -142,7 +148,19 @@ impl Peer {
             transport,
             addr,
             conn: 0,
+            flow: false,
         }
+    }
+
+    /// `self` as a flow: requests to it go over its connection only (see [`Peer::flow`]).
+    pub fn as_flow(self) -> Peer {
+        Peer { flow: true, ..self }
+    }
+
+    /// Whether this is a stream flow whose connection is not known (a binding loaded from
+    /// the database after a restart: the phone's connection died with the process).
+    pub fn flow_lost(&self) -> bool {
+        self.flow && self.transport.reliable() && self.conn == 0
     }
 
     /// `transport:ip:port`, the form stored in the database; a bare `ip:port` is UDP.

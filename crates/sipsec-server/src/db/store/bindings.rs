@@ -3,8 +3,9 @@
 //! bindings in multi-row upserts; a change the database refuses is isolated from the rest.
 
 use super::{Dialect, Store};
-use crate::location::{Binding, BindingChange, SharedChange};
+use crate::location::{Binding, BindingChange, Outbound, SharedChange};
 use anyhow::Result;
+use sipsec_transport::net::transport::Peer;
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
@@ -29,7 +30,8 @@ impl Store {
         .await?;
         let limit = max_bindings.min(i64::MAX as usize);
         let rows: Vec<AnyRow> = sqlx::query(&format!(
-            "SELECT aor, contact, target, expires_at, q, call_id, cseq FROM location_bindings \
+            "SELECT aor, contact, target, expires_at, q, call_id, cseq, received, flow, \
+             instance, reg_id, path FROM location_bindings \
              ORDER BY expires_at DESC LIMIT {limit}"
         ))
         .fetch_all(&self.pool)
@@ -37,9 +39,25 @@ impl Store {
         let mut bindings = Vec::with_capacity(rows.len());
         for r in rows {
             let target: String = r.try_get(2)?;
-            let Some(target) = sipsec_transport::net::transport::Peer::parse(&target) else {
+            let Some(mut target) = Peer::parse(&target) else {
                 continue;
             };
+            if r.try_get::<i64, _>(8)? != 0 {
+                // Its connection died with the process that held it: a stream flow answers
+                // 430/480 until the phone registers again.
+                target = target.as_flow();
+            }
+            let received: Option<String> = r.try_get(7)?;
+            let instance: Option<String> = r.try_get(9)?;
+            let reg_id: Option<i64> = r.try_get(10)?;
+            let outbound = match (instance, reg_id) {
+                (Some(instance), Some(reg_id)) => Some(Outbound {
+                    instance: instance.into(),
+                    reg_id: u32::try_from(reg_id).unwrap_or(0),
+                }),
+                _ => None,
+            };
+            let path: Option<String> = r.try_get(11)?;
             let q: Option<String> = r.try_get(4)?;
             bindings.push((
                 r.try_get::<String, _>(0)?,
@@ -50,7 +68,9 @@ impl Store {
                     q: q.map(Into::into),
                     call_id: r.try_get::<String, _>(5)?.into(),
                     cseq: r.try_get::<i64, _>(6)? as u32,
-                    source: None,
+                    received: received.as_deref().and_then(Peer::parse),
+                    outbound,
+                    path: path.map(Into::into),
                 },
             ));
         }
@@ -141,7 +161,9 @@ enum Arg<'c> {
     Text(&'c str),
     Owned(String),
     MaybeText(Option<&'c str>),
+    MaybeOwned(Option<String>),
     Int(i64),
+    MaybeInt(Option<i64>),
 }
 
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
@@ -152,14 +174,18 @@ impl<'c> Arg<'c> {
             Arg::Text(t) => query.bind(*t),
             Arg::Owned(t) => query.bind(t.as_str()),
             Arg::MaybeText(t) => query.bind(*t),
+            Arg::MaybeOwned(t) => query.bind(t.as_deref()),
             Arg::Int(n) => query.bind(*n),
+            Arg::MaybeInt(n) => query.bind(*n),
         }
     }
 }
 
-/// Bindings per upsert statement: 7 values each stays far below every database's limit on
-/// bound values (SQLite's is 32,766, PostgreSQL's and MySQL's 65,535).
+/// Bindings per upsert statement: `COLUMNS` values each stays far below every database's
+/// limit on bound values (SQLite's is 32,766, PostgreSQL's and MySQL's 65,535).
 const ROWS_PER_STATEMENT: usize = 500;
+/// Values per binding row.
+const COLUMNS: usize = 12;
 
 /// `(?, ?), (?, ?)`: `rows` rows of `columns` placeholders.
 pub(super) fn placeholders(rows: usize, columns: usize) -> String {
@@ -234,12 +260,16 @@ impl<'c> Plan<'c> {
             Dialect::MySql => {
                 " ON DUPLICATE KEY UPDATE target = VALUES(target), \
                  expires_at = VALUES(expires_at), q = VALUES(q), \
-                 call_id = VALUES(call_id), cseq = VALUES(cseq)"
+                 call_id = VALUES(call_id), cseq = VALUES(cseq), received = VALUES(received), \
+                 flow = VALUES(flow), instance = VALUES(instance), reg_id = VALUES(reg_id), \
+                 path = VALUES(path)"
             }
             Dialect::Sqlite | Dialect::Postgres => {
                 " ON CONFLICT (aor, contact) DO UPDATE SET target = excluded.target, \
                  expires_at = excluded.expires_at, q = excluded.q, \
-                 call_id = excluded.call_id, cseq = excluded.cseq"
+                 call_id = excluded.call_id, cseq = excluded.cseq, \
+                 received = excluded.received, flow = excluded.flow, \
+                 instance = excluded.instance, reg_id = excluded.reg_id, path = excluded.path"
             }
         };
         for rows in self.upserts.chunks(ROWS_PER_STATEMENT) {
@@ -253,8 +283,9 @@ impl<'c> Plan<'c> {
                 )),
                 args: aors.into_iter().map(Arg::Text).collect(),
             });
-            let mut args = Vec::with_capacity(rows.len() * 7);
+            let mut args = Vec::with_capacity(rows.len() * COLUMNS);
             for (aor, binding) in rows {
+                let ob = binding.outbound.as_ref();
                 args.extend([
                     Arg::Text(aor),
                     Arg::Text(&binding.contact),
@@ -263,13 +294,19 @@ impl<'c> Plan<'c> {
                     Arg::MaybeText(binding.q.as_deref()),
                     Arg::Text(&binding.call_id),
                     Arg::Int(i64::from(binding.cseq)),
+                    Arg::MaybeOwned(binding.received.map(|p| p.to_string())),
+                    Arg::Int(i64::from(binding.target.flow)),
+                    Arg::MaybeText(ob.map(|o| &*o.instance)),
+                    Arg::MaybeInt(ob.map(|o| i64::from(o.reg_id))),
+                    Arg::MaybeText(binding.path.as_deref()),
                 ]);
             }
             out.push(Statement {
                 sql: d.sql(&format!(
-                    "INSERT INTO location_bindings (aor, contact, target, expires_at, q, call_id, cseq) \
+                    "INSERT INTO location_bindings (aor, contact, target, expires_at, q, \
+                     call_id, cseq, received, flow, instance, reg_id, path) \
                      VALUES {}{update}",
-                    placeholders(rows.len(), 7)
+                    placeholders(rows.len(), COLUMNS)
                 )),
                 args,
             });

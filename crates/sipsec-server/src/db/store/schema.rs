@@ -8,7 +8,8 @@ use sqlx::Row;
 use std::time::Duration;
 
 /// The schema, change by change: a database is at version N once the first N are applied.
-/// 1: registrations; 2: users (`userdb`); 3: Proxychain keys and revoked proxies.
+/// 1: registrations; 2: users (`userdb`); 3: Proxychain keys and revoked proxies; 4: where a
+/// binding's REGISTER came from, its flow, outbound identity and Path.
 const MIGRATIONS: &[&[&str]] = &[
     &[
         "CREATE TABLE IF NOT EXISTS location_aors (aor VARCHAR(255) NOT NULL PRIMARY KEY)",
@@ -35,6 +36,15 @@ const MIGRATIONS: &[&[&str]] = &[
         "ALTER TABLE sipsec_users ADD COLUMN pc_key VARCHAR(64) NOT NULL DEFAULT ''",
         "CREATE TABLE IF NOT EXISTS sipsec_revoked_proxies (\
          name VARCHAR(255) NOT NULL PRIMARY KEY, revoked_at BIGINT NOT NULL)",
+    ],
+    &[
+        // NAT traversal and RFC 5626/3327 (issue 34): where the REGISTER came from, whether
+        // the binding is reached over that flow, its outbound instance and reg-id, its Path.
+        "ALTER TABLE location_bindings ADD COLUMN received VARCHAR(64)",
+        "ALTER TABLE location_bindings ADD COLUMN flow BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE location_bindings ADD COLUMN instance VARCHAR(255)",
+        "ALTER TABLE location_bindings ADD COLUMN reg_id BIGINT",
+        "ALTER TABLE location_bindings ADD COLUMN path VARCHAR(1024)",
     ],
 ];
 

@@ -55,7 +55,9 @@ fn binding(contact: &str, expires_at: u64) -> Binding {
         q: Some("0.7".into()),
         call_id: "call".into(),
         cseq: 3,
-        source: None,
+        received: None,
+        outbound: None,
+        path: None,
     }
 }
 

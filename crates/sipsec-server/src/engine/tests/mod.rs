@@ -5,6 +5,7 @@ use super::*;
 use crate::config::Config;
 use sipsec_transport::net::transport::{Peer, Transport};
 
+mod nat;
 mod overload;
 mod registrar;
 mod relay;
@@ -919,6 +920,7 @@ fn between_transports_the_proxy_record_routes_twice_and_pops_both_routes() {
         transport: Transport::Tcp,
         addr: addr(BOB1),
         conn: 7,
+        flow: false,
     };
     e.handle_message(10, from, bye.as_bytes(), &mut fx);
     let out: Vec<_> = fx.transmits.drain(..).collect();
@@ -1064,7 +1066,9 @@ fn contacts_pointing_at_the_server_itself_are_refused_and_never_followed() {
             q: None,
             call_id: "old".into(),
             cseq: 1,
-            source: None,
+            received: None,
+            outbound: None,
+            path: None,
         },
     });
     let (sent, _) = deliver(

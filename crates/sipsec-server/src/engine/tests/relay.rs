@@ -51,7 +51,9 @@ fn with_bob(e: &mut Engine) {
             q: None,
             call_id: "reg".into(),
             cseq: 1,
-            source: None,
+            received: None,
+            outbound: None,
+            path: None,
         },
     });
 }

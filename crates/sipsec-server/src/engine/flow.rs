@@ -1,0 +1,204 @@
+//! Flow tokens (RFC 5626 §5.2): a flow — the transport, the address as seen after any NAT,
+//! and the listener socket or connection a phone's messages came on — written into a URI we
+//! hand out, under a MAC, so a request that brings the URI back is sent over that flow.
+//!
+//! A dialog with a phone behind a NAT (or one that accepts no connections) cannot be reached
+//! at the Contact it wrote; as the outbound RFC's edge proxy does, this server puts the flow
+//! in its own Record-Route, directionally (RFC 3261 §16.7 step 4 lets it rewrite its entry in
+//! responses, as the dialog tokens in `relay` are): the request that opens the dialog carries
+//! the caller's flow, which the callee keeps in its route set; the 1xx/2xx answers carry the
+//! callee's, which the caller keeps. A request arriving with one of our Routes naming a flow,
+//! and no further Route, goes over that flow (`fl=` URI parameter). The MAC (HMAC-SHA256
+//! under the per-process secret the dialog tokens use, first 8 bytes) keeps anyone from
+//! writing a flow of their own choosing: a token opens only the flow it was made for.
+
+use super::{relay, Engine};
+use crate::config::NatMode;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use sip_core::message::rewrite::Rewriter;
+use sip_core::message::{HeaderName, Message, Uri};
+use sipsec_transport::net::transport::{uri_peer, ConnId, Peer, Transport};
+use smallvec::SmallVec;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// The URI parameter that carries a flow token.
+pub(super) const PARAM: &[u8] = b"fl";
+/// Bytes of MAC kept in a token.
+const MAC_BYTES: usize = 8;
+
+fn mac(body: &[u8]) -> [u8; MAC_BYTES] {
+    let mut m = Hmac::<Sha256>::new_from_slice(relay::secret()).expect("any key length works");
+    m.update(b"flow/");
+    m.update(body);
+    let full = m.finalize().into_bytes();
+    let mut out = [0u8; MAC_BYTES];
+    out.copy_from_slice(&full[..MAC_BYTES]);
+    out
+}
+
+fn transport_byte(t: Transport) -> u8 {
+    match t {
+        Transport::Udp => b'u',
+        Transport::Tcp => b't',
+        Transport::Tls => b's',
+    }
+}
+
+/// The token for `flow`, as written in a URI (lower-case hex).
+pub(super) fn token(flow: Peer) -> String {
+    let mut body = Vec::with_capacity(23 + MAC_BYTES);
+    body.push(transport_byte(flow.transport));
+    body.extend_from_slice(&flow.conn.to_be_bytes());
+    body.extend_from_slice(&flow.addr.port().to_be_bytes());
+    match flow.addr.ip() {
+        IpAddr::V4(ip) => body.extend_from_slice(&ip.octets()),
+        IpAddr::V6(ip) => body.extend_from_slice(&ip.octets()),
+    }
+    let tag = mac(&body);
+    body.extend_from_slice(&tag);
+    hex::encode(body)
+}
+
+/// The flow a token names, if it is one of ours (its MAC checks out): a [`Peer::flow`].
+pub(super) fn parse(written: &[u8]) -> Option<Peer> {
+    let bytes = hex::decode(written).ok()?;
+    let (body, tag) = bytes.split_at_checked(bytes.len().checked_sub(MAC_BYTES)?)?;
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(tag, &mac(body)[..])) {
+        return None;
+    }
+    let transport = match body.first()? {
+        b'u' => Transport::Udp,
+        b't' => Transport::Tcp,
+        b's' => Transport::Tls,
+        _ => return None,
+    };
+    let conn = ConnId::from_be_bytes(body.get(1..5)?.try_into().ok()?);
+    let port = u16::from_be_bytes(body.get(5..7)?.try_into().ok()?);
+    let ip = match body.len() - 7 {
+        4 => IpAddr::from(<[u8; 4]>::try_from(&body[7..]).ok()?),
+        16 => IpAddr::from(<[u8; 16]>::try_from(&body[7..]).ok()?),
+        _ => return None,
+    };
+    Some(Peer {
+        transport,
+        addr: SocketAddr::new(ip, port),
+        conn,
+        flow: true,
+    })
+}
+
+impl Engine {
+    /// Whether the user agent at `source`, whose Contact is `contact`, must be reached over
+    /// the flow it came on: it came on a connection (it may accept no other), or from
+    /// somewhere other than its Contact (a NAT), or `[nat] mode` says always.
+    fn flow_needed(&self, source: Peer, contact: Option<&Uri<'_>>) -> bool {
+        match self.cfg.nat.mode {
+            NatMode::Never => false,
+            NatMode::Always => true,
+            NatMode::Auto => {
+                source.transport.reliable()
+                    || contact
+                        .and_then(uri_peer)
+                        .is_none_or(|written| written.addr != source.addr)
+            }
+        }
+    }
+
+    /// The flow token for the sender of a dialog-forming request, for our Record-Route:
+    /// when it is the user agent itself (no Record-Route above ours) and must be reached
+    /// over its flow.
+    pub(super) fn flow_of_caller(&self, source: Peer, msg: &Message<'_>) -> Option<Arc<str>> {
+        if msg.header(HeaderName::RecordRoute).is_some() {
+            return None;
+        }
+        let contact = relay::hop_back(msg);
+        self.flow_needed(source, contact.as_ref())
+            .then(|| token(source.as_flow()).into())
+    }
+
+    /// Sets the flow token in our Record-Route entries of a response that may form a dialog
+    /// (1xx with a tag, 2xx) to the callee's flow — `source`, where the response came from —
+    /// when the callee is the next hop (no entry above ours) and must be reached over it;
+    /// else removes the caller's token the entries carried, which the caller has no use for.
+    pub(super) fn flow_restamp_record_route(&self, rw: &mut Rewriter<'_, '_>, source: Peer) {
+        let msg = rw.msg;
+        if !(101..300).contains(&msg.status().unwrap_or(0)) {
+            return;
+        }
+        let base = msg.as_bytes().as_ptr() as usize;
+        let offset = |b: &[u8]| b.as_ptr() as usize - base;
+        // Our leading run of entries: each one's URI end, and its flow value's range.
+        let mut ours: SmallVec<[(usize, Option<Range<usize>>); 2]> = SmallVec::new();
+        let (mut above, mut done) = (0, false);
+        let _ = msg.name_addrs(HeaderName::RecordRoute, |_, na| {
+            if done {
+                return;
+            }
+            if !self.routing_is_local_host(&na.uri) {
+                if ours.is_empty() {
+                    above += 1;
+                } else {
+                    done = true;
+                }
+                return;
+            }
+            let value = na.uri.param(PARAM).flatten().map(|v| {
+                let start = offset(v);
+                // `;fl=` precedes the value.
+                start - PARAM.len() - 2..start + v.len()
+            });
+            ours.push((offset(na.uri.raw) + na.uri.raw.len(), value));
+        });
+        if ours.is_empty() {
+            return;
+        }
+        let fresh = (above == 0)
+            .then(|| {
+                let contact = relay::first_contact(msg);
+                self.flow_needed(source, contact.as_ref())
+                    .then(|| format!(";fl={}", token(source.as_flow())))
+            })
+            .flatten();
+        for (uri_end, value) in ours {
+            match (value, &fresh) {
+                (Some(r), Some(t)) => rw.splice.replace(r.start, r.end, t.as_bytes()),
+                (Some(r), None) => rw.splice.remove(r.start, r.end),
+                (None, Some(t)) => rw.splice.insert(uri_end, t.as_bytes()),
+                (None, None) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_names_its_flow_and_nothing_else() {
+        for flow in [
+            Peer {
+                transport: Transport::Tcp,
+                addr: "198.51.100.7:40123".parse().unwrap(),
+                conn: (1 << 24) | 17,
+                flow: true,
+            },
+            Peer::udp_via("[2001:db8::1]:5060".parse().unwrap(), 0).as_flow(),
+        ] {
+            let t = token(flow);
+            assert_eq!(parse(t.as_bytes()), Some(flow));
+            // One changed digit anywhere is refused.
+            for i in 0..t.len() {
+                let mut bad = t.clone().into_bytes();
+                bad[i] = if bad[i] == b'0' { b'1' } else { b'0' };
+                assert_eq!(parse(&bad), None, "digit {i}");
+            }
+        }
+        assert_eq!(parse(b""), None);
+        assert_eq!(parse(b"zz"), None);
+        assert_eq!(parse(b"0011"), None);
+    }
+}

@@ -1,0 +1,314 @@
+//! Phones behind NATs and RFC 5626 flows, in simulated time: where a binding is reached,
+//! in-dialog requests through the flow token in our Record-Route, flows that are gone
+//! (430/480 at once), failover between an instance's flows, 439, and Path.
+
+use super::*;
+use std::sync::atomic::Ordering;
+
+/// The NAT's public side, as the server sees a phone behind it.
+const NAT: &str = "198.51.100.7:40001";
+
+fn deliver_from(e: &mut Engine, now: Millis, from: Peer, text: &str) -> Vec<(Peer, String)> {
+    let mut fx = Effects::default();
+    e.handle_message(now, from, text.as_bytes(), &mut fx);
+    fx.transmits
+        .drain(..)
+        .map(|(to, d)| (to, String::from_utf8(d.to_vec()).unwrap()))
+        .collect()
+}
+
+/// A REGISTER; `via` is the top Via's `TRANSPORT sent-by;params` (each REGISTER of a test
+/// gets its own, which makes its branch and Call-ID its own).
+fn register_as(user: &str, via: &str, contact: &str, extra: &str) -> String {
+    let id = branch::fnv1a(&[via.as_bytes(), contact.as_bytes()]);
+    format!(
+        "REGISTER sip:example.test SIP/2.0\r\nVia: SIP/2.0/{via};branch=z9hG4bKr{id:x}\r\n\
+Max-Forwards: 70\r\nFrom: <sip:{user}@example.test>;tag=r1\r\nTo: <sip:{user}@example.test>\r\n\
+Call-ID: reg-{id:x}\r\nCSeq: 1 REGISTER\r\nContact: {contact}\r\n{extra}Expires: 600\r\n\
+Content-Length: 0\r\n\r\n"
+    )
+}
+
+/// An engine listening on UDP and TCP.
+fn engine_with_tcp() -> Engine {
+    let cfg = Config::from_toml(&format!(
+        "[server]\nlisten = [\"udp:{PROXY}\", \"tcp:{PROXY}\"]\ndomains = [\"example.test\"]\nworkers = 2\n"
+    ))
+    .unwrap();
+    Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()))
+}
+
+fn invite(user: &str, branch: &str) -> String {
+    request("INVITE", &format!("sip:{user}@example.test"), branch, "")
+}
+
+fn status(text: &str) -> Option<u16> {
+    Message::parse(text.as_bytes()).unwrap().status()
+}
+
+#[test]
+fn a_udp_phone_behind_a_nat_is_called_where_its_register_came_from() {
+    let mut e = engine("");
+    let phone = Peer::udp_via(addr(NAT), 0);
+    let reg = register_as(
+        "carol",
+        "UDP 192.168.1.20:5060;rport",
+        "<sip:carol@192.168.1.20:5060>",
+        "",
+    );
+    let out = deliver_from(&mut e, 0, phone, &reg);
+    assert_eq!(status(&out[0].1), Some(200));
+    assert_eq!(
+        out[0].0.addr,
+        addr(NAT),
+        "the 200 goes back through the NAT"
+    );
+
+    let out = deliver_from(
+        &mut e,
+        10,
+        Peer::udp_via(addr(ALICE), 0),
+        &invite("carol", "z9hG4bKn1"),
+    );
+    let (to, fwd) = &out[1];
+    assert_eq!(
+        to.addr,
+        addr(NAT),
+        "sent to the NAT's mapping, not the Contact"
+    );
+    assert_eq!(
+        to.udp_socket(),
+        Some(0),
+        "from the socket the REGISTER came in on"
+    );
+    let m = Message::parse(fwd.as_bytes()).unwrap();
+    assert_eq!(
+        m.request_uri().unwrap().raw,
+        b"sip:carol@192.168.1.20:5060",
+        "the Request-URI is the Contact as registered"
+    );
+
+    // Carol answers from behind the NAT; the 200 carries her flow in our Record-Route.
+    let sent = Sent {
+        to: to.addr,
+        transport: to.transport,
+        text: fwd.clone(),
+    };
+    // As a UAS does, the 200 copies the Record-Route of the INVITE.
+    let rr = fwd
+        .lines()
+        .find(|l| l.starts_with("Record-Route:"))
+        .expect("we record-route");
+    assert!(
+        !rr.contains(";fl="),
+        "Alice is reachable at her Contact: {rr}"
+    );
+    let ok = answer(&sent, 200, "c1").replace(
+        "Content-Length",
+        &format!("{rr}\r\nContact: <sip:carol@192.168.1.20:5060>\r\nContent-Length"),
+    );
+    let out = deliver_from(&mut e, 20, phone, &ok);
+    let up = &out[0].1;
+    assert_eq!(status(up), Some(200));
+    let rr_line = up
+        .lines()
+        .find(|l| l.starts_with("Record-Route:"))
+        .expect("our Record-Route");
+    assert!(rr_line.contains(";fl="), "{rr_line}");
+    let rr = rr_line
+        .trim_start_matches("Record-Route: <")
+        .trim_end_matches('>');
+
+    // Alice's BYE follows the route set to Carol's Contact, which nobody can reach: it goes
+    // over the flow the token names.
+    let bye = format!(
+        "BYE sip:carol@192.168.1.20:5060 SIP/2.0\r\nVia: SIP/2.0/UDP {ALICE};branch=z9hG4bKbye1\r\n\
+Route: <{rr}>\r\nMax-Forwards: 70\r\nFrom: <sip:alice@example.test>;tag=a1\r\n\
+To: <sip:carol@example.test>;tag=c1\r\nCall-ID: call-z9hG4bKn1\r\nCSeq: 2 BYE\r\n\
+Content-Length: 0\r\n\r\n"
+    );
+    let out = deliver_from(&mut e, 30, Peer::udp_via(addr(ALICE), 0), &bye);
+    assert_eq!(out[0].0.addr, addr(NAT), "{}", out[0].1);
+    assert_eq!(e.stats.flow_routed.load(Ordering::Relaxed), 1);
+
+    // A token someone else wrote opens nothing: the BYE goes to the Request-URI.
+    let forged = bye.replace(";fl=", ";fl=00").replace("bye1", "bye2");
+    let out = deliver_from(&mut e, 40, Peer::udp_via(addr(ALICE), 0), &forged);
+    assert_eq!(out[0].0.addr, addr("192.168.1.20:5060"));
+}
+
+#[test]
+fn with_nat_mode_never_the_contact_is_used_as_written() {
+    let mut e = engine("[nat]\nmode = \"never\"\n");
+    let phone = Peer::udp_via(addr(NAT), 0);
+    let reg = register_as(
+        "carol",
+        "UDP 192.168.1.20:5060;rport",
+        "<sip:carol@192.168.1.20>",
+        "",
+    );
+    deliver_from(&mut e, 0, phone, &reg);
+    let out = deliver_from(
+        &mut e,
+        10,
+        Peer::udp(addr(ALICE)),
+        &invite("carol", "z9hG4bKn2"),
+    );
+    assert_eq!(out[1].0.addr, addr("192.168.1.20:5060"));
+}
+
+#[test]
+fn a_phone_on_a_connection_is_called_over_it_and_a_gone_one_fails_at_once() {
+    let mut e = engine_with_tcp();
+    let conn = Peer {
+        transport: Transport::Tcp,
+        addr: addr(NAT),
+        conn: 5,
+        flow: false,
+    };
+    let reg = register_as(
+        "dave",
+        "TCP x7.invalid;rport",
+        "<sip:dave@x7.invalid;transport=tcp>",
+        "",
+    );
+    assert_eq!(status(&deliver_from(&mut e, 0, conn, &reg)[0].1), Some(200));
+    let out = deliver_from(
+        &mut e,
+        10,
+        Peer::udp(addr(ALICE)),
+        &invite("dave", "z9hG4bKt1"),
+    );
+    let (to, fwd) = out[1].clone();
+    assert_eq!((to.conn, to.flow), (5, true), "over its connection only");
+
+    // The connection is gone: the driver hands the request back, and the caller hears 480
+    // now, not after 32 seconds.
+    let mut fx = Effects::default();
+    e.handle_transport_error(20, to, fwd.as_bytes(), &mut fx);
+    let up = sent(&mut fx);
+    assert_eq!(up.last().and_then(Sent::status), Some(480));
+    assert_eq!(up.last().unwrap().to, addr(ALICE));
+}
+
+fn outbound_contact(reg_id: u32) -> String {
+    format!(
+        "<sip:erin@x9.invalid;transport=tcp;ob>;+sip.instance=\"<urn:uuid:00000000-0000-1000-8000-AABBCCDDEEFF>\";reg-id={reg_id}"
+    )
+}
+
+#[test]
+fn an_outbound_instance_is_called_over_one_flow_at_a_time_and_fails_over() {
+    let mut e = engine_with_tcp();
+    for (n, conn) in [(1, 5), (2, 6)] {
+        let flow = Peer {
+            transport: Transport::Tcp,
+            addr: addr(&format!("198.51.100.7:4000{n}")),
+            conn,
+            flow: false,
+        };
+        let reg = register_as(
+            "erin",
+            &format!("TCP x9.invalid;rport;n={n}"),
+            &outbound_contact(n),
+            "Supported: outbound, path\r\n",
+        );
+        let out = deliver_from(&mut e, n.into(), flow, &reg);
+        assert_eq!(status(&out[0].1), Some(200), "{}", out[0].1);
+        assert!(out[0].1.contains("Require: outbound\r\n"));
+        assert!(out[0].1.contains("Flow-Timer: 25\r\n"));
+    }
+    // Registering reg-id 1 again (a new connection) replaces its flow, not adds one.
+    let again = Peer {
+        transport: Transport::Tcp,
+        addr: addr("198.51.100.7:40003"),
+        conn: 7,
+        flow: false,
+    };
+    let reg = register_as("erin", "TCP x9.invalid;rport;n=3", &outbound_contact(1), "");
+    let out = deliver_from(&mut e, 5, again, &reg);
+    assert_eq!(out[0].1.matches("Contact:").count(), 2, "{}", out[0].1);
+
+    let out = deliver_from(
+        &mut e,
+        10,
+        Peer::udp(addr(ALICE)),
+        &invite("erin", "z9hG4bKo1"),
+    );
+    assert_eq!(
+        out.len(),
+        2,
+        "one flow of the instance at a time: 100 and one INVITE"
+    );
+    let (first, fwd) = out[1].clone();
+    assert_eq!(first.conn, 7, "the most recently registered flow first");
+
+    let mut fx = Effects::default();
+    e.handle_transport_error(20, first, fwd.as_bytes(), &mut fx);
+    // The failed branch's ACK (the transaction's, to the dead flow) and the INVITE on the
+    // other flow; nothing upstream yet.
+    let next: Vec<Sent> = sent(&mut fx)
+        .into_iter()
+        .filter(|s| s.method() != Method::Ack)
+        .collect();
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].method(), Method::Invite);
+    assert_eq!(next[0].to, addr("198.51.100.7:40002"));
+    let mut fx = Effects::default();
+    let second = Peer {
+        transport: Transport::Tcp,
+        addr: next[0].to,
+        conn: 6,
+        flow: true,
+    };
+    e.handle_transport_error(30, second, next[0].text.as_bytes(), &mut fx);
+    let up = sent(&mut fx);
+    assert_eq!(
+        up.last().and_then(Sent::status),
+        Some(430),
+        "the last flow is gone"
+    );
+}
+
+#[test]
+fn outbound_through_a_proxy_without_outbound_is_refused_439() {
+    let mut e = engine("");
+    let reg = register_as(
+        "erin",
+        "UDP 203.0.113.5;branch=z9hG4bKe\r\nVia: SIP/2.0/UDP 192.0.2.9",
+        &outbound_contact(1),
+        "",
+    );
+    let out = deliver_from(&mut e, 0, Peer::udp(addr("203.0.113.5:5060")), &reg);
+    assert_eq!(status(&out[0].1), Some(439));
+}
+
+#[test]
+fn a_binding_with_a_path_is_reached_along_it() {
+    let mut e = engine("");
+    let edge = Peer::udp_via(addr("203.0.113.5:5060"), 0);
+    let reg = register_as(
+        "finn",
+        "UDP 203.0.113.5;branch=z9hG4bKp\r\nVia: SIP/2.0/UDP 192.0.2.9",
+        &outbound_contact(1).replace("erin", "finn"),
+        "Path: <sip:fl-abc@203.0.113.5:5060;lr;ob>\r\nSupported: path, outbound\r\n",
+    );
+    let out = deliver_from(&mut e, 0, edge, &reg);
+    assert_eq!(status(&out[0].1), Some(200), "{}", out[0].1);
+    assert!(out[0]
+        .1
+        .contains("Path: <sip:fl-abc@203.0.113.5:5060;lr;ob>\r\n"));
+
+    let out = deliver_from(
+        &mut e,
+        10,
+        Peer::udp(addr(ALICE)),
+        &invite("finn", "z9hG4bKp1"),
+    );
+    let (to, fwd) = &out[1];
+    assert_eq!(to.addr, addr("203.0.113.5:5060"), "to the edge proxy");
+    assert!(
+        fwd.contains("Route: <sip:fl-abc@203.0.113.5:5060;lr;ob>\r\n"),
+        "{fwd}"
+    );
+}
