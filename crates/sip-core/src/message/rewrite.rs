@@ -242,12 +242,22 @@ impl<'m, 'a> Rewriter<'m, 'a> {
     /// Adds a Record-Route above any existing ones: `uri`, then the pieces of `params`
     /// (`;name=value` text) written after it.
     pub fn push_record_route(&mut self, uri: &str, params: &[&[u8]]) {
+        self.push_uri_header(HeaderName::RecordRoute, uri, params);
+    }
+
+    /// Adds a Path (RFC 3327) above any existing ones, as [`Rewriter::push_record_route`]
+    /// adds a Record-Route.
+    pub fn push_path(&mut self, uri: &str, params: &[&[u8]]) {
+        self.push_uri_header(HeaderName::Path, uri, params);
+    }
+
+    fn push_uri_header(&mut self, name: HeaderName, uri: &str, params: &[&[u8]]) {
         let at = self
             .msg
-            .header(HeaderName::RecordRoute)
+            .header(name)
             .map_or(self.msg.headers_end(), |h| h.line_start as usize);
         self.splice.replace_with(at, at, |t| {
-            push_all(t, &[b"Record-Route: <", uri.as_bytes()]);
+            push_all(t, &[name.as_str().as_bytes(), b": <", uri.as_bytes()]);
             push_all(t, params);
             t.extend_from_slice(b">\r\n");
         });

@@ -52,6 +52,23 @@ pub(super) fn stateless(worker: usize, loop_hash: u32, msg: &Message<'_>) -> Str
     format!("z9hG4bKsS{}{loop_hash:08x}-{h:016x}", worker_digit(worker))
 }
 
+/// The branch of a NAT keep-alive ping: the worker, the binding's slot among its pings, and
+/// which ping of that slot it is (`keepalive`).
+pub(super) fn keepalive(worker: usize, slot: u32, generation: u32) -> String {
+    format!("z9hG4bKsS{}ka{slot:x}.{generation:x}", worker_digit(worker))
+}
+
+/// The slot and generation a keep-alive branch of ours names.
+pub(super) fn keepalive_slot(branch: &[u8]) -> Option<(u32, u32)> {
+    let rest = branch.strip_prefix(MAGIC)?.get(1..)?.strip_prefix(b"ka")?;
+    let rest = std::str::from_utf8(rest).ok()?;
+    let (slot, generation) = rest.split_once('.')?;
+    Some((
+        u32::from_str_radix(slot, 16).ok()?,
+        u32::from_str_radix(generation, 16).ok()?,
+    ))
+}
+
 /// Which worker issued a branch, if we did.
 pub(super) fn owner(branch: &[u8]) -> Option<usize> {
     let digit = *branch.strip_prefix(MAGIC)?.first()?;
@@ -75,5 +92,9 @@ mod tests {
         assert_eq!(owner(b.as_bytes()), Some(11));
         assert_eq!(carried_loop_hash(b.as_bytes()), Some(0xdead_beef));
         assert_eq!(owner(b"z9hG4bKother"), None);
+        let k = keepalive(3, 0x1f, 7);
+        assert_eq!(owner(k.as_bytes()), Some(3));
+        assert_eq!(keepalive_slot(k.as_bytes()), Some((0x1f, 7)));
+        assert_eq!(keepalive_slot(b.as_bytes()), None);
     }
 }

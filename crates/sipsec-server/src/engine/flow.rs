@@ -8,7 +8,9 @@
 //! responses, as the dialog tokens in `relay` are): the request that opens the dialog carries
 //! the caller's flow, which the callee keeps in its route set; the 1xx/2xx answers carry the
 //! callee's, which the caller keeps. A request arriving with one of our Routes naming a flow,
-//! and no further Route, goes over that flow (`fl=` URI parameter). The MAC (HMAC-SHA256
+//! and no further Route, goes over that flow (`fl=` URI parameter). As an edge proxy in
+//! front of a registrar elsewhere, the same token goes in the Path (RFC 3327) we add to the
+//! phone's REGISTER, so the registrar's requests for the phone come back along it. The MAC (HMAC-SHA256
 //! under the per-process secret the dialog tokens use, first 8 bytes) keeps anyone from
 //! writing a flow of their own choosing: a token opens only the flow it was made for.
 
@@ -116,6 +118,25 @@ impl Engine {
         }
         let contact = relay::hop_back(msg);
         self.flow_needed(source, contact.as_ref())
+            .then(|| token(source.as_flow()).into())
+    }
+
+    /// The flow token for a REGISTER we forward to a registrar elsewhere, for the Path we
+    /// add: when it comes from the user agent itself (one Via) and it must be reached over
+    /// its flow, or it asks for outbound (`Supported: outbound`, a `reg-id`).
+    pub(super) fn flow_of_registrant(&self, source: Peer, msg: &Message<'_>) -> Option<Arc<str>> {
+        let mut vias = 0;
+        let _ = msg.vias(|_| vias += 1);
+        if vias != 1 {
+            return None;
+        }
+        let mut contact = None;
+        let mut outbound = false;
+        let _ = msg.name_addrs(HeaderName::Contact, |_, na| {
+            outbound |= na.params.get(b"reg-id").is_some();
+            contact.get_or_insert(na.uri);
+        });
+        (outbound || self.flow_needed(source, contact.as_ref()))
             .then(|| token(source.as_flow()).into())
     }
 

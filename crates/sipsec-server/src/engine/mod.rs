@@ -75,6 +75,7 @@ mod durable;
 mod failover;
 mod flow;
 mod gate;
+mod keepalive;
 mod locate;
 mod overload;
 mod probe;
@@ -363,6 +364,8 @@ pub struct Engine {
     locator: locate::Locator,
     /// OPTIONS probes of the configured routes (`probe_due`, worker 0).
     prober: probe::Prober,
+    /// Pings to the UDP bindings behind NATs this worker keeps open (`keepalive`).
+    keepalive: keepalive::KeepAlive,
     /// The driver's clock in microseconds, for the latency histograms.
     clock: FineClock,
 }
@@ -445,6 +448,7 @@ impl Engine {
             overload: overload::Overload::new(),
             locator: locate::Locator::default(),
             prober: probe::Prober::default(),
+            keepalive: keepalive::KeepAlive::default(),
             clock: FineClock::default(),
             cfg,
         };
@@ -467,6 +471,7 @@ impl Engine {
     /// Loads a binding or known AOR from the store at start.
     pub(crate) fn preload(&mut self, change: &BindingChange) {
         self.location.apply(change);
+        self.keepalive_note(0, change);
     }
 
     pub(crate) fn know_aor(&mut self, aor: &str) {
@@ -502,6 +507,7 @@ impl Engine {
             loc,
             self.durable.next_deadline(),
             self.probe_next(),
+            self.keepalive.next_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -534,6 +540,7 @@ impl Engine {
         self.location.expire(self.unix_ms(now));
         self.durable_expire(now, fx);
         self.probe_due(now, fx);
+        self.keepalive_due(now, fx);
         self.drain_outputs(now, fx);
     }
 
@@ -541,7 +548,10 @@ impl Engine {
     pub fn handle_mail(&mut self, now: Millis, mail: Mail, fx: &mut Effects) {
         match mail {
             Mail::Message { source, data } => self.handle_message(now, source, &data, fx),
-            Mail::Binding(change) => self.location.apply(&change),
+            Mail::Binding(change) => {
+                self.location.apply(&change);
+                self.keepalive_note(now, &change);
+            }
             Mail::Credential { user } => self.gate_credential(now, &user, fx),
             Mail::Saved { count } => self.handle_saved(now, count, fx),
             Mail::HoldDown { peer, until } => self.locator.hold_until(peer, until, false),
@@ -672,6 +682,9 @@ impl Engine {
                     ));
                     return;
                 }
+            }
+            if self.keepalive_answered(now, &msg) {
+                return;
             }
             let code = msg.status().unwrap_or(0);
             self.stats.traffic.response(msg.method(), code);
@@ -820,7 +833,12 @@ impl Engine {
                 }
                 self.durable.note_sent(outcome.changes.len());
                 for change in outcome.changes {
+                    if matches!(&change, BindingChange::Upsert { binding, .. } if binding.target.flow)
+                    {
+                        inc(&self.stats.nat_bindings);
+                    }
                     self.location.apply(&change);
+                    self.keepalive_note(now, &change);
                     fx.changes.push(Arc::new(change));
                 }
                 if answer.code == 200 && self.cfg.registrar.durable {

@@ -42,6 +42,8 @@ pub(super) struct BranchPlan {
     /// The flow token of the caller our Record-Route carries (see `flow`): a caller behind
     /// a NAT, or on a connection, is reached over it by in-dialog requests from the callee.
     pub(crate) flow_back: Option<Arc<str>>,
+    /// A forwarded REGISTER's flow token, for the Path we add (see `flow`).
+    pub(crate) path: Option<Arc<str>>,
 }
 
 /// One target of a request being forwarded: the destination chosen, our side that reaches
@@ -215,6 +217,11 @@ impl Engine {
         let flow_back = record_route
             .then(|| self.flow_of_caller(source, msg))
             .flatten();
+        // A REGISTER for a registrar elsewhere: as an edge proxy, we hold the phone's flow
+        // and say so in a Path (RFC 3327, RFC 5626 §5.1).
+        let path = (method == Method::Register)
+            .then(|| self.flow_of_registrant(source, msg))
+            .flatten();
         for (i, c) in chosen.into_iter().enumerate() {
             let Chosen {
                 target,
@@ -234,6 +241,7 @@ impl Engine {
                 dialog_token,
                 route_set: target.route_set.clone(),
                 flow_back: flow_back.clone(),
+                path: path.clone(),
             };
             let failover = (!rest.is_empty()).then(|| {
                 Box::new(Failover {
@@ -295,6 +303,10 @@ impl Engine {
             }
             if let Some(routes) = &plan.route_set {
                 rw.push_route(routes.as_bytes());
+            }
+            if let Some(token) = &plan.path {
+                let params: [&[u8]; 4] = [b";ob;", flow::PARAM, b"=", token.as_bytes()];
+                rw.push_path(&self.sides[out_side].record_route, &params);
             }
             if plan.record_route {
                 let mut token: SmallVec<[&[u8]; 8]> = SmallVec::new();

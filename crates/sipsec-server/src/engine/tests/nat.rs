@@ -312,3 +312,126 @@ fn a_binding_with_a_path_is_reached_along_it() {
         "{fwd}"
     );
 }
+
+/// One worker (so it pings every binding), pinging every second, dropping after three.
+fn engine_pinging(ping: &str) -> Engine {
+    let cfg = Config::from_toml(&format!(
+        "[server]\nlisten = [\"udp:{PROXY}\"]\ndomains = [\"example.test\"]\nworkers = 1\n\
+         [nat]\nping = \"{ping}\"\nping_interval_ms = 1000\nping_timeout_ms = 3000\n"
+    ))
+    .unwrap();
+    Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()))
+}
+
+#[test]
+fn nated_udp_bindings_are_pinged_and_dropped_when_silent() {
+    let mut e = engine_pinging("options");
+    let phone = Peer::udp_via(addr(NAT), 0);
+    let reg = register_as(
+        "gus",
+        "UDP 10.0.0.9:5060;rport",
+        "<sip:gus@10.0.0.9:5060>",
+        "",
+    );
+    deliver_from(&mut e, 0, phone, &reg);
+    // A directly reachable phone is not pinged.
+    let direct = register_as(
+        "hal",
+        &format!("UDP {BOB1}"),
+        &format!("<sip:hal@{BOB1}>"),
+        "",
+    );
+    deliver_from(&mut e, 0, Peer::udp_via(addr(BOB1), 0), &direct);
+    assert_eq!(e.keepalive.len(), 1);
+
+    let deadline = e.poll_timeout().expect("a ping is due");
+    assert!(deadline <= 1001, "within one interval: {deadline}");
+    let pings = tick(&mut e, 1001);
+    assert_eq!(pings.len(), 1);
+    assert_eq!(pings[0].to, addr(NAT));
+    assert_eq!(pings[0].method(), Method::Options);
+    // The phone answers (through the NAT): it stays.
+    let (_, _) = deliver(&mut e, 1100, NAT, &answer(&pings[0], 200, "g1"));
+    assert_eq!(tick(&mut e, 2001).len(), 1);
+    assert_eq!(tick(&mut e, 3001).len(), 1);
+    // Unanswered since 1100: at 4001 it has been silent over 3 s and is dropped everywhere.
+    let mut fx = Effects::default();
+    e.handle_timeout(4101, &mut fx);
+    assert!(fx.transmits.is_empty());
+    assert_eq!(
+        fx.changes.len(),
+        1,
+        "the removal goes to the other workers and the store"
+    );
+    assert_eq!(e.stats.nat_ping_drops.load(Ordering::Relaxed), 1);
+    let out = deliver_from(
+        &mut e,
+        4200,
+        Peer::udp(addr(ALICE)),
+        &invite("gus", "z9hG4bKg1"),
+    );
+    assert_eq!(status(&out[0].1), Some(404));
+    assert_eq!(e.keepalive.len(), 0);
+}
+
+#[test]
+fn crlf_pings_keep_the_mapping_without_dropping_anyone() {
+    let mut e = engine_pinging("crlf");
+    let reg = register_as(
+        "ida",
+        "UDP 10.0.0.9:5060;rport",
+        "<sip:ida@10.0.0.9:5060>",
+        "",
+    );
+    deliver_from(&mut e, 0, Peer::udp_via(addr(NAT), 0), &reg);
+    for t in 1..=6 {
+        let pings = tick(&mut e, t * 1000 + 1);
+        assert_eq!(pings.len(), 1);
+        assert_eq!(pings[0].text, "\r\n\r\n");
+    }
+    assert_eq!(e.keepalive.len(), 1);
+}
+
+#[test]
+fn as_an_edge_proxy_a_forwarded_register_gets_a_path_that_finds_the_flow_again() {
+    let mut e = engine("[routing]\ndefault_route = \"sip:203.0.113.50:5060\"\n");
+    let phone = Peer::udp_via(addr(NAT), 0);
+    let reg = register_as(
+        "jo",
+        "UDP 10.0.0.9:5060;rport",
+        "<sip:jo@10.0.0.9:5060>",
+        "",
+    )
+    .replace("example.test", "other.test");
+    let out = deliver_from(&mut e, 0, phone, &reg);
+    let (to, fwd) = &out[0];
+    assert_eq!(to.addr, addr("203.0.113.50:5060"), "{fwd}");
+    let path = fwd
+        .lines()
+        .find(|l| l.starts_with("Path:"))
+        .expect("a Path of ours");
+    assert!(path.contains(";ob;fl="), "{path}");
+    let path = path.trim_start_matches("Path: ");
+
+    // The registrar calls the phone along the Path: we pop our entry and use the flow.
+    let invite = format!(
+        "INVITE sip:jo@10.0.0.9:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 203.0.113.50;branch=z9hG4bKreg1\r\n\
+Route: {path}\r\nMax-Forwards: 70\r\nFrom: <sip:kim@other.test>;tag=k1\r\nTo: <sip:jo@other.test>\r\n\
+Call-ID: edge1\r\nCSeq: 1 INVITE\r\nContact: <sip:kim@203.0.113.50>\r\nContent-Length: 0\r\n\r\n"
+    );
+    let out = deliver_from(
+        &mut e,
+        10,
+        Peer::udp_via(addr("203.0.113.50:5060"), 0),
+        &invite,
+    );
+    let fwd = out
+        .iter()
+        .find(|(_, t)| t.starts_with("INVITE"))
+        .expect("forwarded");
+    assert_eq!(fwd.0.addr, addr(NAT), "{}", fwd.1);
+    assert!(
+        !fwd.1.lines().any(|l| l.starts_with("Route:")),
+        "our Path entry was consumed"
+    );
+}

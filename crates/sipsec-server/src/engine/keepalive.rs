@@ -1,0 +1,219 @@
+//! NAT keep-alives: pings that keep open the NAT mappings of UDP phones reached where their
+//! REGISTER came from (nathelper's `natping_interval`), and drop the bindings that stop
+//! answering.
+//!
+//! Each such binding is pinged by one worker (by a hash of its AOR and Contact: every worker
+//! holds every binding, one pings it) every `[nat] ping_interval_ms`, at a phase of its own
+//! (the same hash) so a hundred thousand bindings make an even trickle, not a burst. Pings
+//! sit on a timing wheel: a tick touches only the bindings due, never the table. A ping is
+//! an OPTIONS request sent without a transaction (no retransmissions: the next ping is the
+//! retry) whose branch names the binding's slot here, so its answer — any response — is
+//! matched in O(1); or, with `ping = "crlf"`, a CRLF datagram nobody answers. A binding
+//! none of whose pings nor REGISTERs was answered for `ping_timeout_ms` is removed like an
+//! expired one, everywhere, and counted. Bindings removed otherwise leave lazily: their
+//! entry goes when its next ping finds them gone.
+
+use super::{branch, Effects, Engine};
+use crate::config::NatPing;
+use crate::location::{Binding, BindingChange};
+use crate::stats::inc;
+use bytes::Bytes;
+use sip_core::message::Message;
+use sip_core::timer::{Millis, TimerHandle, TimerWheel};
+use sipsec_transport::net::transport::{Peer, Transport};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One binding this worker pings.
+struct Pinged {
+    aor: Arc<str>,
+    contact: Arc<str>,
+    to: Peer,
+    /// When a ping (or a REGISTER) was last answered.
+    answered: Millis,
+    timer: TimerHandle,
+    /// Which ping this is, so the answer to an old one still counts but a stale slot's does
+    /// not.
+    generation: u32,
+}
+
+/// The bindings this worker pings, and when.
+#[derive(Default)]
+pub(super) struct KeepAlive {
+    slots: Vec<Option<Pinged>>,
+    free: Vec<u32>,
+    by_binding: HashMap<(Arc<str>, Arc<str>), u32>,
+    wheel: Option<TimerWheel<u32>>,
+    fired: Vec<u32>,
+}
+
+impl KeepAlive {
+    /// How many bindings are pinged here.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.by_binding.len()
+    }
+
+    pub(super) fn next_deadline(&self) -> Option<Millis> {
+        self.wheel.as_ref()?.next_deadline()
+    }
+}
+
+/// Whether `b` is a binding whose NAT mapping the server keeps open: reached over UDP where
+/// its REGISTER came from, and not an RFC 5626 flow (whose client sends its own keep-alives).
+fn needs_pings(b: &Binding) -> bool {
+    b.target.flow && b.target.transport == Transport::Udp && b.outbound.is_none()
+}
+
+impl Engine {
+    /// A binding changed (here, in another worker, or loaded from the store): starts pinging
+    /// it if it needs pings and this worker is the one to.
+    pub(super) fn keepalive_note(&mut self, now: Millis, change: &BindingChange) {
+        let BindingChange::Upsert { aor, binding } = change else {
+            return;
+        };
+        let interval = self.cfg.nat.ping_interval_ms;
+        if self.cfg.nat.ping == NatPing::Off || !needs_pings(binding) {
+            return;
+        }
+        let hash = branch::fnv1a(&[aor.as_bytes(), binding.contact.as_bytes()]);
+        if hash as usize % self.cfg.workers != self.worker {
+            return;
+        }
+        let ka = &mut self.keepalive;
+        let wheel = ka.wheel.get_or_insert_with(|| TimerWheel::new(now));
+        let key = (aor.clone(), binding.contact.clone());
+        if let Some(&slot) = ka.by_binding.get(&key) {
+            // A refresh: it answered; it keeps its phase, and goes where it now is.
+            if let Some(p) = ka.slots[slot as usize].as_mut() {
+                p.answered = now;
+                p.to = binding.target;
+            }
+            return;
+        }
+        let phase = (hash >> 32) % interval;
+        let slot = ka.free.pop().unwrap_or_else(|| {
+            ka.slots.push(None);
+            (ka.slots.len() - 1) as u32
+        });
+        let timer = wheel.insert(now + 1 + phase, slot);
+        ka.slots[slot as usize] = Some(Pinged {
+            aor: key.0.clone(),
+            contact: key.1.clone(),
+            to: binding.target,
+            answered: now,
+            timer,
+            generation: 0,
+        });
+        ka.by_binding.insert(key, slot);
+    }
+
+    /// Sends the pings due, drops the bindings silent too long.
+    pub(super) fn keepalive_due(&mut self, now: Millis, fx: &mut Effects) {
+        let Some(wheel) = self.keepalive.wheel.as_mut() else {
+            return;
+        };
+        let mut fired = std::mem::take(&mut self.keepalive.fired);
+        wheel.advance(now, &mut fired);
+        let (interval, timeout) = (self.cfg.nat.ping_interval_ms, self.cfg.nat.ping_timeout_ms);
+        let unix = self.unix_ms(now);
+        for slot in fired.drain(..) {
+            let Some(p) = self.keepalive.slots[slot as usize].as_ref() else {
+                continue;
+            };
+            let current = self
+                .location
+                .bindings(&p.aor, unix)
+                .any(|b| *b.contact == *p.contact && needs_pings(b));
+            let silent = self.cfg.nat.ping == NatPing::Options
+                && timeout > 0
+                && now.saturating_sub(p.answered) >= timeout;
+            if !current || silent || self.cfg.nat.ping == NatPing::Off {
+                let p = self.keepalive_forget(slot);
+                if current && silent {
+                    inc(&self.stats.nat_ping_drops);
+                    if self.log.allow(now) {
+                        tracing::info!(
+                            "dropping {} -> {}: its NAT keep-alives went unanswered",
+                            p.aor,
+                            p.contact
+                        );
+                    }
+                    let change = BindingChange::Remove {
+                        aor: p.aor,
+                        contact: p.contact,
+                    };
+                    self.location.apply(&change);
+                    self.durable.note_sent(1);
+                    fx.changes.push(Arc::new(change));
+                }
+                continue;
+            }
+            let ping = self.keepalive_ping(slot);
+            let wheel = self
+                .keepalive
+                .wheel
+                .as_mut()
+                .expect("pings are on the wheel");
+            let timer = wheel.insert(now + interval, slot);
+            if let Some(p) = self.keepalive.slots[slot as usize].as_mut() {
+                p.timer = timer;
+                inc(&self.stats.nat_pings);
+                fx.transmits.push((p.to, ping));
+            }
+        }
+        self.keepalive.fired = fired;
+    }
+
+    /// The ping for `slot`: an OPTIONS whose branch names the slot, or a CRLF.
+    fn keepalive_ping(&mut self, slot: u32) -> Bytes {
+        if self.cfg.nat.ping == NatPing::Crlf {
+            return Bytes::from_static(b"\r\n\r\n");
+        }
+        let worker = self.worker;
+        let p = self.keepalive.slots[slot as usize]
+            .as_mut()
+            .expect("a live slot");
+        p.generation = p.generation.wrapping_add(1);
+        let via = self
+            .sides
+            .iter()
+            .find(|s| s.transport == Transport::Udp && s.v6 == p.to.addr.is_ipv6())
+            .map_or("invalid", |s| &s.via_host);
+        let branch = branch::keepalive(worker, slot, p.generation);
+        Bytes::from(format!(
+            "OPTIONS {contact} SIP/2.0\r\nVia: SIP/2.0/UDP {via};branch={branch}\r\n\
+             Max-Forwards: 70\r\nFrom: <sip:keepalive@{via}>;tag={branch}\r\n\
+             To: <{contact}>\r\nCall-ID: {branch}@{via}\r\nCSeq: {gen} OPTIONS\r\n\
+             Content-Length: 0\r\n\r\n",
+            contact = p.contact,
+            gen = p.generation,
+        ))
+    }
+
+    /// Whether `msg` (a response) answers one of our pings: if so, the binding is alive.
+    pub(super) fn keepalive_answered(&mut self, now: Millis, msg: &Message<'_>) -> bool {
+        let Some((slot, generation)) = msg.top_via().branch.and_then(branch::keepalive_slot) else {
+            return false;
+        };
+        if let Some(Some(p)) = self.keepalive.slots.get_mut(slot as usize) {
+            // This ping or the one before (an answer slower than the interval).
+            if generation == p.generation || generation.wrapping_add(1) == p.generation {
+                p.answered = now;
+            }
+        }
+        true
+    }
+
+    /// Stops pinging `slot`, returning what it pinged.
+    fn keepalive_forget(&mut self, slot: u32) -> Pinged {
+        let ka = &mut self.keepalive;
+        let p = ka.slots[slot as usize].take().expect("a live slot");
+        if let Some(wheel) = ka.wheel.as_mut() {
+            wheel.cancel(p.timer);
+        }
+        ka.by_binding.remove(&(p.aor.clone(), p.contact.clone()));
+        ka.free.push(slot);
+        p
+    }
+}
