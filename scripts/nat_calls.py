@@ -13,7 +13,7 @@ no route to the home network. The server pings its NATed UDP bindings (`[nat] pi
 Per transport one phone registers user `<transport>phone` and answers: `sipsec load --role uas
 --register` (with `--outbound`, so it keeps its flow alive as RFC 5626 says), or where that
 build has no --register, SIPp with peers/sipp/phone.xml (UDP and TCP only; Debian's SIPp has
-no TLS). Then --calls calls at --rate from the server's network (`sipsec load`, UDP to the
+no TLS, nor keep-alives); or baresip (`--phone baresip`, an outbound client too). Then --calls calls at --rate from the server's network (`sipsec load`, UDP to the
 server), an idle of three conntrack timeouts and a second, and --calls calls again.
 
     sudo scripts/nat_calls.py --calls 500 --rate 50 --conntrack-s 12
@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+import wave
 
 from kit import SIPP, parser
 
@@ -85,6 +87,30 @@ def teardown(names):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def baresip(work, home, user, t, n):
+    """baresip as an RFC 5626 client (`sipnat=outbound`: CRLF keep-alives at the Flow-Timer)
+    answering by itself, G.711 from a WAV file of silence at 8 kHz (the PCMU `sipsec load`
+    offers; the sine source makes 48 kHz only); its command line."""
+    d = f"{work}/{user}"
+    os.makedirs(d, exist_ok=True)
+    with wave.open(f"{d}/silence.wav", "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(bytes(2 * 8000 * 30))
+    with open(f"{d}/uuid", "w") as f:
+        f.write(str(uuid.uuid4()))
+    with open(f"{d}/config", "w") as f:
+        f.write(f"sip_listen {HOME}:{5070 + 2 * n}\nnet_interface {HOME}\nmodule_path /usr/lib/baresip/modules\n"
+                "module g711.so\nmodule aufile.so\nmodule uuid.so\nmodule_app account.so\n"
+                f"audio_source aufile,{d}/silence.wav\naudio_player aufile,/dev/null\naudio_alert aufile,/dev/null\n"
+                f"sip_cafile {work}/ca.pem\n")
+    with open(f"{d}/accounts", "w") as f:
+        f.write(f'<sip:{user}@example.test>;outbound="sip:{SERVER}:{PORTS[t]};transport={t}";'
+                "regint=600;answermode=auto;sipnat=outbound\n")
+    return ["ip", "netns", "exec", home, "baresip", "-f", d, "-t", "3600"]
+
+
 def has_register(sipsec):
     out = subprocess.run([sipsec, "load", "--help"], capture_output=True, text=True).stdout
     return "--register" in out
@@ -93,7 +119,7 @@ def has_register(sipsec):
 def main():
     ap = parser(__doc__, calls=500, rate=50, conntrack_s=12)
     ap.add_argument("--transports", default="udp,tcp,tls")
-    ap.add_argument("--phone", choices=["auto", "load", "sipp"], default="auto")
+    ap.add_argument("--phone", choices=["auto", "load", "sipp", "baresip"], default="auto")
     ap.add_argument("--no-nat-table", action="store_true",
                     help="no [nat] table in the config (a build from before it, or its defaults)")
     a = ap.parse_args()
@@ -131,11 +157,14 @@ def main():
                 cmd = ["ip", "netns", "exec", home, sipsec, "load", "--role", "uas", "--register", "--outbound",
                        f"{t}:{SERVER}:{PORTS[t]}", "--users", f"{work}/{user}.csv", "--domain", "example.test",
                        "--local", HOME, "--duration", "3600", "--quiet", "--tls-ca", f"{work}/ca.pem"]
+            elif phone == "baresip":
+                cmd = baresip(work, home, user, t, len(procs))
             else:
                 cmd = ["ip", "netns", "exec", home, "sipp", f"{SERVER}:5060", "-sf", f"{SIPP}/phone.xml",
                        "-oocsf", f"{SIPP}/phone_uas.xml", "-s", user, "-i", HOME, "-p", str(5070 + len(procs)),
                        "-t", "u1" if t == "udp" else "t1", "-m", "1", "-d", "3600000", "-nostdin"]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(f"{work}/{user}.err", "w"),
+            procs.append(subprocess.Popen(cmd, stdout=open(f"{work}/{user}.out", "w"),
+                                          stderr=open(f"{work}/{user}.err", "w"),
                                           cwd=work))
             time.sleep(2)
 
@@ -153,7 +182,7 @@ def main():
 
         # Each phone is called right after it registered (a stream's mapping would expire
         # while the others are called), then all again after three timeouts of silence.
-        if phone != "load" and "tls" in transports:
+        if phone == "sipp" and "tls" in transports:
             print("tls: skipped (Debian's SIPp has no TLS; needs sipsec load --register)")
             transports.remove("tls")
         for t in transports:
