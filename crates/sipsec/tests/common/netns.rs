@@ -346,16 +346,17 @@ impl Nat {
     }
 }
 
-/// baresip, a real softphone, in the home network at `home_ip(2)`: registers `user` through
-/// `outbound` (`sip:SERVER:PORT;transport=...`) with `params` added to the account
-/// (`;sipnat=outbound`), answers calls by itself, quits after `seconds`. G.711 from an 8 kHz
+/// baresip, a real softphone, in the home network at `home_ip(2)`:`port`: registers `user`
+/// through `outbound` (`sip:SERVER:PORT;transport=...`) with `params` added to the account
+/// (`;sipnat=outbound`: an RFC 5626 client, with an instance UUID of its own), answers calls
+/// by itself, quits after `seconds`. G.711 from an 8 kHz
 /// WAV file of silence (no sound card here, and the sine source makes 48 kHz only), so the
 /// PCMU that `sipsec load` offers is taken; `extra` config lines (TLS files). Its output,
 /// with a SIP trace, goes to `dir/user.log`.
 pub(crate) fn baresip_phone(
     nat: &Nat,
     dir: &Path,
-    user: &str,
+    (user, port): (&str, u16),
     (outbound, params): (&str, &str),
     extra: &str,
     seconds: u32,
@@ -366,10 +367,16 @@ pub(crate) fn baresip_phone(
     std::fs::write(&wav, silence_wav(8000, 30)).unwrap();
     let ip = nat.home_ip(2);
     std::fs::write(
+        home.join("uuid"),
+        format!("00000000-0000-4000-8000-{:012x}", super::rand_name()),
+    )
+    .unwrap();
+    std::fs::write(
         home.join("config"),
         format!(
-            "sip_listen {ip}:5060\nnet_interface {ip}\nmodule_path /usr/lib/baresip/modules\n\
-             module g711.so\nmodule aufile.so\nmodule_app account.so\nmodule_app menu.so\n\
+            "sip_listen {ip}:{port}\nnet_interface {ip}\nmodule_path /usr/lib/baresip/modules\n\
+             module g711.so\nmodule aufile.so\nmodule uuid.so\nmodule_app account.so\n\
+             module_app menu.so\n\
              audio_source aufile,{}\naudio_player aufile,/dev/null\n\
              audio_alert aufile,/dev/null\n{extra}",
             wav.display()
