@@ -11,6 +11,8 @@
 //! - [`auth`]: the checks of a request's credentials, digest and Proxychain side by side.
 //! - [`config`]: `sipsec.toml`, the configuration contract, validated at start.
 //! - [`stats`]: a worker's counters, written by its engine and its I/O driver alike.
+//! - [`flood`]: per-source flood limits, the requests a worker refuses before parsing them.
+//! - [`stun`]: STUN Binding requests on the UDP SIP ports, answered before the SIP parser.
 //! - [`metrics`]: the Prometheus endpoint (`/metrics`) both daemons serve.
 //! - [`location`]: the location service: a worker's replica of the registrar's bindings, and
 //!   the changes the workers and the store exchange.
@@ -31,8 +33,10 @@ pub mod config;
 pub mod db;
 pub mod dns;
 pub mod engine;
+pub mod flood;
 pub mod location;
 pub mod metrics;
 pub mod serve;
 pub mod signals;
 pub mod stats;
+pub mod stun;

@@ -99,6 +99,10 @@ counters! {
     auth_malformed: "credentials that could not be parsed (400)",
     auth_unavailable: "requests answered 503 because the user database or authority was not available",
     auth_waited: "requests that waited for a Proxychain chain from the authority",
+    flood_refused: "requests refused (dropped, or answered 503/403) because their source was over the [flood] rate",
+    flood_bans: "sources banned for going over the [flood] rate",
+    stun_answered: "STUN Binding requests answered on a UDP SIP port (RFC 5626 keep-alives)",
+    stun_dropped: "STUN-shaped datagrams on a UDP SIP port that were not a valid Binding request, dropped",
 }
 
 /// The methods requests are counted by, in [`sip_core::message::Method`]'s order (extension
@@ -173,6 +177,8 @@ pub struct Traffic {
     /// Contacts registered, as this worker's replica of the location service holds them.
     pub bindings: AtomicU64,
     pub(crate) busy_ppm: AtomicU64,
+    /// Sources this worker's flood limits refuse now.
+    pub(crate) flood_banned: AtomicU64,
 }
 
 impl Traffic {

@@ -570,6 +570,98 @@ impl RawOverload {
     }
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawFlood {
+    rate: u32,
+    window_ms: u64,
+    ban_s: u64,
+    action: String,
+    max_sources: usize,
+    exempt: Vec<String>,
+}
+
+impl Default for RawFlood {
+    fn default() -> Self {
+        RawFlood {
+            // Far above what a phone sends (a few requests a minute, a burst of tens when it
+            // starts), far below a flood (tens of thousands a second).
+            rate: 1_000,
+            window_ms: 1_000,
+            ban_s: 60,
+            action: "drop".into(),
+            max_sources: 50_000,
+            exempt: vec!["127.0.0.0/8".into(), "::1".into()],
+        }
+    }
+}
+
+/// What a worker does with a request from a source over the flood limit (`[flood] action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloodAction {
+    /// Nothing: the request is dropped unread (the default, and the cheapest).
+    Drop,
+    /// A response with this code (503 or 403), at most `flood::ANSWERS_PER_SECOND` a second per
+    /// worker; requests beyond that, and ACKs, are dropped.
+    Answer(u16),
+}
+
+/// Per-source flood limits (`[flood]`, `flood`): a source IP address (an IPv6 /64) sending
+/// requests faster than `rate` over `window_ms` is refused for `ban_ms`. Each worker keeps its
+/// own table, so the limit holds per worker.
+#[derive(Debug, Clone)]
+pub struct FloodConfig {
+    /// Requests one source may send within one window (`rate` × `window_ms`); 0: no limit.
+    pub(crate) limit: u32,
+    /// The window the rate is measured over (a two-bucket sliding window).
+    pub(crate) window_ms: u64,
+    /// How long a source over the limit is refused.
+    pub(crate) ban_ms: u64,
+    /// Drop or answer what a refused source sends.
+    pub action: FloodAction,
+    /// Sources each worker tracks; past it the least recently seen is forgotten.
+    pub(crate) max_sources: usize,
+    /// Networks never limited: `[flood] exempt` and `[auth] trusted`.
+    pub(crate) exempt: Vec<crate::auth::Network>,
+}
+
+impl RawFlood {
+    fn validate(self, trusted: &[crate::auth::Network]) -> Result<FloodConfig> {
+        if self.rate > 10_000_000 {
+            bail!("flood.rate: at most 10000000 requests a second (0 switches the limit off)");
+        }
+        if !(100..=60_000).contains(&self.window_ms) {
+            bail!("flood.window_ms: between 100 and 60000");
+        }
+        let limit = u64::from(self.rate) * self.window_ms / 1000;
+        if self.rate > 0 && limit == 0 {
+            bail!("flood.rate: less than one request per flood.window_ms; lengthen the window");
+        }
+        if !(1..=86_400).contains(&self.ban_s) {
+            bail!("flood.ban_s: between 1 and 86400 seconds");
+        }
+        if !(1..=10_000_000).contains(&self.max_sources) {
+            bail!("flood.max_sources: between 1 and 10000000");
+        }
+        let action = match self.action.trim().to_ascii_lowercase().as_str() {
+            "drop" => FloodAction::Drop,
+            "503" => FloodAction::Answer(503),
+            "403" => FloodAction::Answer(403),
+            other => bail!("flood.action: {other:?} is not \"drop\", \"503\" or \"403\""),
+        };
+        let mut exempt = network_list("flood.exempt", &self.exempt)?;
+        exempt.extend(trusted.iter().copied());
+        Ok(FloodConfig {
+            limit: limit.min(u64::from(u32::MAX)) as u32,
+            window_ms: self.window_ms,
+            ban_ms: self.ban_s * 1000,
+            action,
+            max_sources: self.max_sources,
+            exempt,
+        })
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawMetrics {
@@ -595,6 +687,7 @@ struct RawConfig {
     auth: RawAuth,
     overload: RawOverload,
     nat: RawNat,
+    flood: RawFlood,
 }
 
 /// Registrar limits (`[registrar]`).
@@ -669,6 +762,8 @@ pub struct Config {
     pub overload: OverloadConfig,
     /// Phones behind NATs and RFC 5626 flows (`[nat]`).
     pub nat: NatConfig,
+    /// Per-source flood limits (`[flood]`).
+    pub flood: FloodConfig,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// The Unix socket `sipsec ctl` talks to (`[control] socket`), if any.
@@ -710,9 +805,9 @@ impl Config {
     /// The keys that differ between this (running) configuration and `new` but cannot change
     /// without a restart: what the server bound, spawned or connected to at start, and state
     /// that outlives a request (transactions, nonces, the credential cache). Everything else
-    /// — routes, registrar limits, overload control, which methods are challenged and who is
-    /// trusted, the digest algorithms, domains, the server's own answers, TLS certificates —
-    /// a reload applies.
+    /// — routes, registrar limits, overload control, flood limits, which methods are
+    /// challenged and who is trusted, the digest algorithms, domains, the server's own
+    /// answers, TLS certificates — a reload applies.
     pub(crate) fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
         let (a, b) = (self, new);
         let (x, y) = (&a.auth, &b.auth);
@@ -870,6 +965,7 @@ impl Config {
             .collect();
         let auth = raw.auth.validate(&domains, &listen)?;
         let overload = raw.overload.validate()?;
+        let flood = raw.flood.validate(&auth.scope.trusted)?;
         let reg = raw.registrar;
         if reg.min_expires > reg.max_expires {
             bail!("registrar.min_expires: must not exceed registrar.max_expires");
@@ -960,6 +1056,7 @@ impl Config {
             auth,
             overload,
             nat,
+            flood,
         })
     }
 }
@@ -1104,6 +1201,7 @@ mod tests {
         assert!(changes("[routing]\ndefault_route = \"sip:gw.example\"\n").is_empty());
         assert!(changes("[registrar]\nmax_contacts = 2\n[overload]\ntarget = 0.97\n").is_empty());
         assert!(changes("[auth]\nmethods = [\"INVITE\"]\ntrusted = [\"10.0.0.0/8\"]\n").is_empty());
+        assert!(changes("[flood]\nrate = 10\nmax_sources = 5\naction = \"403\"\n").is_empty());
         let new = Config::from_toml("[server]\nlisten = [\"udp:127.0.0.1:5070\"]\nworkers = 3\n")
             .unwrap();
         assert_eq!(
@@ -1169,6 +1267,32 @@ mod tests {
         assert!(err("[server]\nmessage_timeout_ms = 5").contains("server.message_timeout_ms"));
         assert!(err("[tls]\nclient_auth = \"always\"").contains("client_auth"));
         assert!(err("[tls]\nbackend = \"gnutls\"").contains("backend"));
+    }
+
+    #[test]
+    fn flood_limits_are_on_by_default_and_validated() {
+        let c = Config::default().flood;
+        assert_eq!((c.limit, c.window_ms, c.ban_ms), (1_000, 1_000, 60_000));
+        assert_eq!(c.action, FloodAction::Drop);
+        assert_eq!(c.exempt.len(), 2, "loopback, IPv4 and IPv6");
+        let c = Config::from_toml(
+            "[flood]\nrate = 50\nwindow_ms = 2000\naction = \"503\"\nexempt = []\n\
+             [auth]\ntrusted = [\"10.0.0.0/8\"]",
+        )
+        .unwrap()
+        .flood;
+        assert_eq!((c.limit, c.action), (100, FloodAction::Answer(503)));
+        assert!(
+            c.exempt[0].contains("10.1.2.3".parse().unwrap()),
+            "trusted is exempt"
+        );
+        assert!(err("[flood]\naction = \"reject\"").contains("flood.action"));
+        assert!(err("[flood]\nwindow_ms = 10").contains("flood.window_ms"));
+        assert!(err("[flood]\nrate = 1\nwindow_ms = 500").contains("flood.rate"));
+        assert!(err("[flood]\nban_s = 0").contains("flood.ban_s"));
+        assert!(err("[flood]\nmax_sources = 0").contains("flood.max_sources"));
+        assert!(err("[flood]\nexempt = [\"10.0.0.0/40\"]").contains("flood.exempt"));
+        assert!(err("[flood]\nburst = 3").contains("burst"));
     }
 
     #[test]

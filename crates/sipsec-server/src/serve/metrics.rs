@@ -202,6 +202,12 @@ impl Collector for ServeMetrics {
                 .first()
                 .map_or(0, |s| s.traffic.bindings.load(Relaxed)) as f64,
         )?;
+        w.gauge(
+            "sipsec_flood_banned_sources",
+            "Sources the [flood] limits refuse now, summed over the workers (each keeps its own \
+             table, so a source flooding two workers counts twice)",
+            self.traffic(|t| &t.flood_banned) as f64,
+        )?;
         w.gauges(
             "sipsec_worker_busy_ratio",
             "Share of the last overload interval each worker was busy",

@@ -417,6 +417,7 @@ impl Common<'_> {
             fetcher: self.fetcher.clone(),
             resolver: Some(self.resolver.clone()),
             coalescer: coalesce::Coalescer::new(Duration::from_micros(cfg.max_batch_delay_us)),
+            flood: crate::flood::Flood::new(&cfg.flood, 0),
             shutdown: self.shutdown.clone(),
             started: self.started,
         })

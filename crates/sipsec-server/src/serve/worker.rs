@@ -6,8 +6,10 @@
 //! 2. mail first (bindings other workers made must be in place before any message that may
 //!    depend on them), then a `recvmmsg` batch per readable UDP socket and the bytes of each
 //!    readable connection ([`Connections`]), every message handed to the engine by the same
-//!    call, [`Engine::handle_message`], after the mail that arrived meanwhile;
-//! 3. the engine's and the connections' due timers;
+//!    call, [`Engine::handle_message`], after the mail that arrived meanwhile — except
+//!    requests from a source over its flood limit (`Flood`, counted before they are parsed)
+//!    and STUN Binding requests on UDP, answered here (`crate::stun`);
+//! 3. the engine's, the connections' and the flood limits' due timers;
 //! 4. every `[overload] interval_ms`, the share of it the worker was busy
 //!    (`Engine::handle_load`);
 //! 5. everything the engine asked for ([`Effects`]): binding changes posted to the other
@@ -27,6 +29,8 @@ use super::mailbox::{Letter, Mailbox, MailboxSender};
 use super::token::Token;
 use crate::db::store::StoreHandle;
 use crate::engine::{Effects, Engine, Mail};
+use crate::flood::{Flood, Verdict};
+use crate::stats::Stats;
 use bytes::Bytes;
 use sipsec_transport::net::epoll::{self, Epoll};
 use sipsec_transport::net::transport::{Peer, Transport};
@@ -56,6 +60,8 @@ pub(crate) struct Parts {
     /// Where names to locate by DNS go.
     pub(crate) resolver: Option<super::dns::LookupHandle>,
     pub(crate) coalescer: Coalescer,
+    /// The worker's own flood limits.
+    pub(crate) flood: Flood,
     pub shutdown: Arc<AtomicBool>,
     /// Monotonic time 0 of every worker's clock.
     pub started: Instant,
@@ -76,6 +82,7 @@ pub(crate) struct Worker {
     fetcher: Option<FetchHandle>,
     resolver: Option<super::dns::LookupHandle>,
     coalescer: Coalescer,
+    flood: Flood,
     shutdown: Arc<AtomicBool>,
     started: Instant,
 }
@@ -108,6 +115,7 @@ impl Worker {
             fetcher: p.fetcher,
             resolver: p.resolver,
             coalescer: p.coalescer,
+            flood: p.flood,
             shutdown: p.shutdown,
             started: p.started,
         })
@@ -151,11 +159,15 @@ impl Worker {
             // time overload control measures.
             let wait_start = Instant::now();
             let now = self.millis(wait_start);
-            let timeout = [self.engine.poll_timeout(), self.connections.next_deadline()]
-                .into_iter()
-                .flatten()
-                .min()
-                .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
+            let timeout = [
+                self.engine.poll_timeout(),
+                self.connections.next_deadline(),
+                self.flood.next_deadline(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
             let n = self.epoll.wait(&mut events, timeout);
             let woke = Instant::now();
             busy.idle(woke.saturating_duration_since(wait_start));
@@ -198,6 +210,9 @@ impl Worker {
             if self.connections.next_deadline().is_some_and(|d| d <= now) {
                 self.connections.on_tick(now);
             }
+            if self.flood.next_deadline().is_some_and(|d| d <= now) {
+                self.flood.on_tick(now, self.engine.stats());
+            }
             if let Some(load) = busy.take(woke) {
                 self.engine
                     .handle_load(now, load.busy, load.queue_delay.as_millis() as u64);
@@ -239,6 +254,7 @@ impl Worker {
                 }
                 Letter::Transmit { to, data } => fx.transmits.push((to, data)),
                 Letter::Reload(r) => {
+                    self.flood.reconfigure(&r.cfg.flood, self.engine.stats());
                     self.engine.handle_reload(r.cfg.clone());
                     self.connections
                         .set_tls(r.tls_server.clone(), r.tls_client.clone());
@@ -261,6 +277,13 @@ impl Worker {
                 for i in 0..n {
                     if let Some((source, data)) = batch.get(i) {
                         let source = Peer::udp_via(source, socket);
+                        if !admit(&mut self.flood, self.engine.stats(), now, source, data, fx) {
+                            continue;
+                        }
+                        if crate::stun::is_stun(data) {
+                            self.answer_stun(source, data, fx);
+                            continue;
+                        }
                         self.engine.handle_message(now, source, data, fx);
                     }
                 }
@@ -286,16 +309,34 @@ impl Worker {
         }
         for i in 0..count {
             match self.connections.received(i) {
-                Some(Received::Message(source, data)) => {
+                Some(Received::Message(source, data))
+                    if admit(&mut self.flood, self.engine.stats(), now, source, data, fx) =>
+                {
                     self.engine.handle_message(now, source, data, fx);
                 }
                 Some(Received::Oversize(source, head)) => {
                     self.engine.handle_oversize(now, source, head, fx);
                 }
-                None => {}
+                // Refused by the flood limits (`admit` counted it), or nothing.
+                _ => {}
             }
         }
         self.connections.release(now);
+    }
+
+    /// Answers a STUN-shaped datagram from `source` (a Binding request gets its mapped
+    /// address back from the socket it came in on), or drops and counts it.
+    fn answer_stun(&mut self, source: Peer, data: &[u8], fx: &mut Effects) {
+        let mut out = [0; crate::stun::MAX_ANSWER];
+        let stats = self.engine.stats();
+        match crate::stun::answer(data, source.addr, &mut out) {
+            Some(n) => {
+                crate::stats::inc(&stats.stun_answered);
+                fx.transmits
+                    .push((source, Bytes::copy_from_slice(&out[..n])));
+            }
+            None => crate::stats::inc(&stats.stun_dropped),
+        }
     }
 
     /// Sends datagrams from the socket each names (`Peer::udp_socket`), or else the first of
@@ -396,6 +437,32 @@ impl Worker {
             if let Some(resolver) = &self.resolver {
                 resolver.lookup(query, self.index);
             }
+        }
+    }
+}
+
+/// Whether a message from `source` goes on, by its source's flood limit: responses always
+/// do, and every request (anything not starting with `SIP/2.0 `: a request line, a
+/// keep-alive, STUN) is counted first, unparsed. A refused one is dropped, or answered as
+/// `[flood] action` says.
+fn admit(
+    flood: &mut Flood,
+    stats: &Stats,
+    now: u64,
+    source: Peer,
+    data: &[u8],
+    fx: &mut Effects,
+) -> bool {
+    if data.starts_with(b"SIP/2.0 ") {
+        return true;
+    }
+    match flood.check(now, source.addr.ip(), stats) {
+        Verdict::Pass => true,
+        Verdict::Refused { until } => {
+            if let Some(answer) = flood.answer(now, until, data) {
+                fx.transmits.push((source, Bytes::from(answer)));
+            }
+            false
         }
     }
 }
