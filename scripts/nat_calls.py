@@ -156,7 +156,8 @@ def main():
                     f.write(f"{user},x,example.test\n")
                 cmd = ["ip", "netns", "exec", home, sipsec, "load", "--role", "uas", "--register", "--outbound",
                        f"{t}:{SERVER}:{PORTS[t]}", "--users", f"{work}/{user}.csv", "--domain", "example.test",
-                       "--local", HOME, "--duration", "3600", "--quiet", "--tls-ca", f"{work}/ca.pem"]
+                       "--local", HOME, "--duration", "3600", "--quiet"]
+                cmd += ["--tls-ca", f"{work}/ca.pem"] if t == "tls" else []
             elif phone == "baresip":
                 cmd = baresip(work, home, user, t, len(procs))
             else:

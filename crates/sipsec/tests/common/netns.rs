@@ -473,16 +473,17 @@ pub(crate) fn load_phone(
     std::fs::write(&users, format!("{user},unused,example.test\n")).unwrap();
     let port = if transport == "tls" { 5061 } else { 5060 };
     let err = dir.join(format!("load-phone-{user}.err"));
-    let child = nat
-        .home
-        .command(env!("CARGO_BIN_EXE_sipsec"))
+    let mut command = nat.home.command(env!("CARGO_BIN_EXE_sipsec"));
+    command
         .args(["load", "--role", "uas", "--register"])
         .arg(format!("{transport}:{}:{port}", nat.server_ip()))
         .arg("--users")
         .arg(&users)
-        .args(["--domain", "example.test", "--local", &nat.home_ip(2)])
-        .arg("--tls-ca")
-        .arg(dir.join("ca.pem"))
+        .args(["--domain", "example.test", "--local", &nat.home_ip(2)]);
+    if transport == "tls" {
+        command.arg("--tls-ca").arg(dir.join("ca.pem"));
+    }
+    let child = command
         .args(["--duration", "300", "--quiet"])
         .args(extra)
         .current_dir(dir)
