@@ -156,7 +156,8 @@ def main():
         half = T95.get(n - 1, 2.0) * statistics.stdev(shares) / n ** 0.5 if n > 1 else float("nan")
         print(f"\n{a.bindings} bindings, {a.ping} every {a.interval_ms} ms: "
               f"{statistics.mean(rates):.0f} pings/s; their cost {mean * 100:.2f}% of one core "
-              f"(95% t-interval {(mean - half) * 100:.2f}..{(mean + half) * 100:.2f}%, n={n})")
+              f"(95% t-interval {(mean - half) * 100:.2f}..{(mean + half) * 100:.2f}%, n={n}); "
+              f"{mean / statistics.mean(rates) * 1e6:.2f} us of CPU per ping")
     finally:
         for p in procs.values():
             p.terminate()

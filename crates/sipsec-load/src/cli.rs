@@ -143,7 +143,8 @@ pub struct LoadArgs {
     /// (repeatable; default rustls's set).
     #[arg(long = "tls-key-exchange", value_delimiter = ',')]
     pub tls_key_exchange: Vec<String>,
-    /// Local IP for the UAC (default: the one the kernel routes to the target from).
+    /// Local IP for the UAC, and for the callee's flows with --register (default: the one the
+    /// kernel routes to the target from).
     #[arg(long)]
     pub local: Option<IpAddr>,
     /// Operations started per second.
@@ -227,6 +228,30 @@ pub struct LoadArgs {
     /// The realm Proxychain keys are derived in (default: the run's domain).
     #[arg(long)]
     pub proxychain_realm: Option<String>,
+    /// The callee (--role uas or both) registers each user of --users with the target (a registrar,
+    /// or a proxy in front of one) over a flow of its own — a UDP socket, or a TCP/TLS
+    /// connection — answering digest challenges, refreshing at half the granted time and
+    /// unregistering at the end, and takes its calls on that flow. Over TCP and TLS it listens
+    /// nowhere: its Contact is `USER@<random>.invalid`, reachable only over the connection
+    /// (RFC 7118's way); over UDP it is the socket's address (--uas, else --local or the
+    /// route's IP, port chosen by the kernel). A connection that closes is registered again
+    /// over a new one. Calls are counted once the registrations are in.
+    #[arg(long)]
+    pub register: bool,
+    /// With --register: register as an RFC 5626 client — `+sip.instance` (one per user for
+    /// the run), `reg-id`, `;ob`, `Supported: outbound, path` — and keep each flow alive
+    /// (double-CRLF ping on TCP/TLS, STUN Binding request on UDP) at the 200 OK's Flow-Timer,
+    /// else --keepalive-s, each at 80-100% of it; a flow whose connection closes, or whose
+    /// keep-alive goes unanswered where the registrar confirmed outbound, is registered again
+    /// over a new flow.
+    #[arg(long, requires = "register")]
+    pub outbound: bool,
+    /// With --outbound: flows per user, each its own socket or connection (reg-id 1 to N).
+    #[arg(long, default_value_t = 1, requires = "outbound")]
+    pub flows: u32,
+    /// With --outbound: seconds between keep-alives when the 200 OK has no Flow-Timer.
+    #[arg(long, default_value_t = 25.0)]
+    pub keepalive_s: f64,
     /// Write the summary as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,

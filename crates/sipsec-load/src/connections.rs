@@ -33,6 +33,8 @@ struct Conn {
     call: Option<u64>,
     /// The call ended with bytes still queued: close once they are written.
     closing: bool,
+    /// A registering callee's flow: its closing is reported to the UA.
+    flow: bool,
 }
 
 impl Conn {
@@ -42,6 +44,7 @@ impl Conn {
             established: false,
             call: None,
             closing: false,
+            flow: false,
         }
     }
 }
@@ -71,6 +74,11 @@ pub(crate) struct StreamLinks {
     counters: LinkCounters,
     /// The first TLS failure was logged (later ones are only counted).
     tls_failure_logged: bool,
+    /// Where a registering callee's flows connect from (default: `local_ip`).
+    flow_ip: Option<std::net::IpAddr>,
+    /// Flows that closed and are not yet reported to the UA (their slots are reused only
+    /// once it knows).
+    closed_flows: Vec<usize>,
 }
 
 impl StreamLinks {
@@ -92,6 +100,16 @@ impl StreamLinks {
             scratch: vec![0; 64 * 1024],
             counters: LinkCounters::default(),
             tls_failure_logged: false,
+            closed_flows: Vec::new(),
+            flow_ip: None,
+        }
+    }
+
+    /// The same links, a registering callee's flows connecting from `ip`.
+    pub(crate) fn with_flows_from(self, ip: std::net::IpAddr) -> StreamLinks {
+        StreamLinks {
+            flow_ip: Some(ip),
+            ..self
         }
     }
 
@@ -123,16 +141,26 @@ impl StreamLinks {
             if let Some(call) = c.call {
                 self.by_call.remove(&call);
             }
-            self.free.push(i);
+            if c.flow {
+                self.closed_flows.push(i);
+            } else {
+                self.free.push(i);
+            }
         }
     }
 
-    /// Starts a non-blocking connection to `remote`.
-    fn connect(&mut self, remote: SocketAddr, call: Option<u64>) -> io::Result<usize> {
+    /// Starts a non-blocking connection to `remote` from `local_ip` (the kernel's choice
+    /// when none).
+    fn connect(
+        &mut self,
+        remote: SocketAddr,
+        call: Option<u64>,
+        local_ip: Option<std::net::IpAddr>,
+    ) -> io::Result<usize> {
         let socket = Socket::new(Domain::for_address(remote), Type::STREAM, None)?;
         socket.set_nonblocking(true)?;
         socket.set_nodelay(true)?;
-        if let Some(ip) = self.local_ip {
+        if let Some(ip) = local_ip {
             socket.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?;
         }
         match socket.connect(&SockAddr::from(remote)) {
@@ -172,7 +200,7 @@ impl StreamLinks {
         if let Some(i) = existing {
             return Some(i);
         }
-        match self.connect(peer.addr, call) {
+        match self.connect(peer.addr, call, self.local_ip) {
             Ok(i) => {
                 match call {
                     Some(n) => self.by_call.insert(n, i),
@@ -279,6 +307,10 @@ impl Links for StreamLinks {
     }
 
     fn receive(&mut self, ua: &mut Ua, now_us: u64, out: &mut Vec<Transmit>) -> usize {
+        for i in std::mem::take(&mut self.closed_flows) {
+            ua.link_closed(now_us, i as u32 + 1, out);
+            self.free.push(i);
+        }
         self.accept_all();
         let mut messages = 0;
         let mut framed = Framed::default();
@@ -307,6 +339,19 @@ impl Links for StreamLinks {
                 }
                 if framed.ping {
                     c.io.queue(b"\r\n");
+                }
+                // Keep-alive bytes that were not a ping: the pong to a flow's own ping. A lone
+                // CRLF at the end is one too, though the framer waits to see whether it starts
+                // a ping: on a flow the server answers pings, it does not send them (RFC 5626
+                // §4.4.1).
+                let framed_len: usize = framed.messages.iter().map(|&(_, len)| len).sum();
+                let mut pong = c.flow && !framed.ping && framed.consumed > framed_len;
+                if c.flow && c.io.inbuf[framed.consumed..] == *b"\r\n" {
+                    framed.consumed += 2;
+                    pong = true;
+                }
+                if pong {
+                    ua.keepalive_answered(i as u32 + 1);
                 }
                 let from = Endpoint {
                     link: i as u32 + 1,
@@ -383,8 +428,35 @@ impl Links for StreamLinks {
 
     fn counters(&self) -> LinkCounters {
         LinkCounters {
-            open: (self.conns.len() - self.free.len()) as u64,
+            open: (self.conns.len() - self.free.len() - self.closed_flows.len()) as u64,
             ..self.counters
+        }
+    }
+
+    fn open_flow(&mut self, remote: SocketAddr) -> io::Result<(u32, SocketAddr)> {
+        let i = self.connect(remote, None, self.flow_ip.or(self.local_ip))?;
+        let c = self.conns[i].as_mut().expect("just inserted");
+        c.flow = true;
+        match c.io.stream.local_addr() {
+            Ok(local) => Ok((i as u32 + 1, local)),
+            Err(e) => {
+                c.flow = false;
+                self.close(i);
+                Err(e)
+            }
+        }
+    }
+
+    fn close_flow(&mut self, link: u32) {
+        let Some(i) = (link as usize).checked_sub(1) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(i).and_then(Option::as_mut) {
+            // Closed at the UA's request: nothing to report back.
+            c.flow = false;
+            c.io.close_notify();
+            let _ = c.io.flush();
+            self.close(i);
         }
     }
 }

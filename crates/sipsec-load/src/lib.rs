@@ -8,7 +8,8 @@
 //! - [`driver`]: the single-threaded I/O loop and UDP; [`connections`]: TCP and TLS;
 //! - [`peak`]: the `--find-peak` search;
 //! - [`stats`] and [`report`]: counting, the live line, the summary and its JSON;
-//! - [`users`]: the CSV of users and credentials.
+//! - [`users`]: the CSV of users and credentials;
+//! - [`stun`]: the STUN keep-alive of a registered callee over UDP (RFC 5626 §4.4.1).
 
 pub mod cli;
 pub mod connections;
@@ -17,6 +18,7 @@ pub mod peak;
 pub mod report;
 pub mod schedule;
 pub mod stats;
+pub mod stun;
 pub mod ua;
 pub mod users;
 
@@ -159,7 +161,26 @@ impl Plan {
         if args.tls_cert.is_some() != args.tls_key.is_some() {
             bail!("--tls-cert and --tls-key go together");
         }
+        if args.register {
+            if args.role == Role::Uac {
+                bail!("--register is for the callee: --role uas, or both");
+            }
+            if target_ep.is_none() {
+                bail!("--register needs the registrar as the target: sipsec load --role uas --register [udp:|tcp:|tls:]ip:port");
+            }
+            if args.users.is_none() {
+                bail!("--register needs --users: the users to register, with their passwords");
+            }
+            if args.flows == 0 {
+                bail!("--flows must be at least 1");
+            }
+            if !(args.keepalive_s > 0.0 && args.keepalive_s.is_finite()) {
+                bail!("--keepalive-s must be a positive number of seconds");
+            }
+        }
         let uas = match (uas_ep.map(|(_, _, a)| a), args.role) {
+            // A registering callee listens nowhere: --uas only says where its flows bind.
+            (_, Role::Uas | Role::Both) if args.register => None,
             (Some(a), Role::Uas | Role::Both) => Some(a),
             (None, Role::Uas | Role::Both) => bail!("--role uas|both needs --uas ip:port"),
             (Some(_), Role::Uac) => bail!("--uas is for --role uas or both"),
@@ -173,7 +194,8 @@ impl Plan {
         };
         let originate = args.role != Role::Uas;
         let tls = if transport == Transport::Tls {
-            stream_tls(&args, originate, uas.is_some())?
+            // A registering callee is a TLS client of the registrar.
+            stream_tls(&args, originate || args.register, uas.is_some())?
         } else {
             connections::StreamTls::default()
         };
@@ -270,8 +292,54 @@ fn uac_ip(plan: &Plan) -> Result<Option<IpAddr>> {
     }
 }
 
+/// Where a registering callee's flows bind: `--uas`, else `--local` or the IP the kernel
+/// routes to the registrar from, with a port the kernel picks.
+fn flow_bind(plan: &Plan) -> Result<SocketAddr> {
+    if let Some(uas) = &plan.args.uas {
+        return Ok(parse_endpoint(uas)?.1);
+    }
+    let target = plan.target.context("--register needs a target")?;
+    let ip = match plan.args.local {
+        Some(ip) => ip,
+        None => route_source(target)?,
+    };
+    Ok(SocketAddr::new(ip, 0))
+}
+
 /// Binds the run's sockets.
 pub fn bind(plan: &Plan) -> Result<Bound> {
+    if plan.args.register {
+        // The caller's socket, if any; each flow opens its own.
+        let at = flow_bind(plan)?;
+        let caller = uac_ip(plan)?;
+        let (links, uac_local): (Box<dyn Links>, _) = match plan.transport {
+            Transport::Udp => {
+                let mut sockets = Vec::new();
+                let mut uac_local = None;
+                if let Some(ip) = caller {
+                    let s = sipsec_transport::net::udp::bind_reuseport(SocketAddr::new(ip, 0))
+                        .with_context(|| format!("cannot bind a UDP socket on {ip}"))?;
+                    uac_local = s.local_addr()?.as_socket();
+                    sockets.push(s);
+                }
+                let links = UdpLinks::new(sockets)
+                    .with_flows_at(at)
+                    .context("cannot make an epoll set for the flows' sockets")?;
+                (Box::new(links), uac_local)
+            }
+            _ => {
+                let per_call = plan.args.connection == ConnectionArg::PerCall;
+                let links = connections::StreamLinks::new(None, per_call, caller, plan.tls.clone())
+                    .with_flows_from(at.ip());
+                (Box::new(links), caller.map(|ip| SocketAddr::new(ip, 5060)))
+            }
+        };
+        return Ok(Bound {
+            links,
+            uac_local,
+            uas_local: None,
+        });
+    }
     if plan.transport != Transport::Udp {
         return bind_stream(plan);
     }
@@ -363,6 +431,11 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
                 .or_else(|| plan.args.domain.clone())
                 .unwrap_or_else(|| target.ip().to_string())
         }),
+        register: plan.args.register.then(|| ua::Registering {
+            flows: plan.args.flows,
+            outbound: plan.args.outbound,
+            keepalive_ms: (plan.args.keepalive_s * 1000.0).max(1.0) as u64,
+        }),
     }
 }
 
@@ -401,6 +474,7 @@ fn run_once(
         originate,
         drain_s: spec.drain_s,
         uas_duration_s: plan.args.duration,
+        register: plan.args.register,
     };
     let times = driver::run(
         &mut ua,
@@ -446,6 +520,10 @@ fn summarize(plan: &Plan, stats: &RunTally, times: &driver::RunTimes) -> Summary
         send_failures: times.send_failures,
         interrupted: times.interrupted,
         connections: (plan.transport != Transport::Udp).then_some(times.links),
+        registrations: plan
+            .args
+            .register
+            .then(|| report::Registrations::of(&stats.registrations)),
         peak_per_s: None,
         steps: Vec::new(),
     }
@@ -589,12 +667,28 @@ pub fn run(args: LoadArgs) -> Result<Summary> {
             );
         }
     }
+    if plan.args.register {
+        let a = &plan.args;
+        eprintln!(
+            "sipsec load: registering {} users{} with {transport}:{}",
+            plan.users.len(),
+            if a.outbound {
+                format!(" as RFC 5626 clients, {} flows each", a.flows)
+            } else {
+                String::new()
+            },
+            plan.target.map_or_else(String::new, |t| t.to_string())
+        );
+    }
     let summary = execute(&plan, &mut bound, &stop)?;
     print!("{}", summary.text());
     if let Some(path) = &plan.args.json {
         let text = serde_json::to_string_pretty(&summary)?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if summary.registrations.as_ref().is_some_and(|r| r.made == 0) {
+        bail!("no registration succeeded (see the failures above)");
     }
     Ok(summary)
 }

@@ -182,12 +182,102 @@ pub struct Summary {
     /// Connections and TLS handshakes (stream transports only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections: Option<LinkCounters>,
+    /// The callee's own registrations (`--register` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registrations: Option<Registrations>,
     /// `--find-peak`: the highest rate found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_per_s: Option<f64>,
     /// `--ramp` and `--find-peak`: each rate's own figures.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<Step>,
+}
+
+/// What a registering callee's registrations did (`--register`), in the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct Registrations {
+    /// REGISTERs that bound a Contact: first registrations, refreshes, and registrations over
+    /// a new flow.
+    pub made: u64,
+    /// Of those, refreshes of a live binding (at half the granted time).
+    pub refreshes: u64,
+    /// REGISTERs refused or unanswered.
+    pub refused: u64,
+    /// The refused ones by reason.
+    pub refused_by_reason: BTreeMap<String, u64>,
+    /// From the first REGISTER to its 2xx, challenge included.
+    pub latency_ms: Latency,
+    /// Bindings removed at the end (Expires 0 answered with a 2xx).
+    pub unregistered: u64,
+    /// Unregistrations refused or unanswered, by reason.
+    pub unregister_failures: BTreeMap<String, u64>,
+    /// Keep-alives sent (`--outbound`): CRLF pings, STUN Binding requests.
+    pub keepalives_sent: u64,
+    /// Keep-alives answered.
+    pub keepalives_answered: u64,
+    /// Keep-alives with no answer in time.
+    pub keepalives_unanswered: u64,
+    /// Working flows that failed, by reason (connection closed, keep-alive unanswered).
+    pub flows_failed: BTreeMap<String, u64>,
+    /// New flows opened for a registration whose flow failed or was refused.
+    pub flows_reopened: u64,
+}
+
+impl Registrations {
+    /// The summary of what `r` counted.
+    pub fn of(r: &crate::stats::RegistrationTally) -> Registrations {
+        let mut unregister_failures = BTreeMap::new();
+        for why in &r.unregister_failures {
+            *unregister_failures.entry(why.clone()).or_default() += 1;
+        }
+        Registrations {
+            made: r.tally.succeeded,
+            refreshes: r.refreshes,
+            refused: r.tally.failed,
+            refused_by_reason: r.tally.failures_by_reason.clone(),
+            latency_ms: Latency::of(&r.tally),
+            unregistered: r.unregistered,
+            unregister_failures,
+            keepalives_sent: r.keepalives_sent,
+            keepalives_answered: r.keepalives_answered,
+            keepalives_unanswered: r.keepalives_unanswered,
+            flows_failed: r.flow_failures.clone(),
+            flows_reopened: r.flows_reopened,
+        }
+    }
+
+    /// The summary's lines for them.
+    fn text(&self) -> String {
+        let mut s = format!(
+            "registrations: {} made ({} refreshes), {} refused, {} unregistered; latency p50 \
+             {:.2} ms, p99 {:.2} ms\n",
+            self.made,
+            self.refreshes,
+            self.refused,
+            self.unregistered,
+            self.latency_ms.p50,
+            self.latency_ms.p99
+        );
+        for (reason, n) in &self.refused_by_reason {
+            s.push_str(&format!("  refused: {n} × {reason}\n"));
+        }
+        for (reason, n) in &self.unregister_failures {
+            s.push_str(&format!("  not unregistered: {n} × {reason}\n"));
+        }
+        if self.keepalives_sent > 0 || !self.flows_failed.is_empty() {
+            s.push_str(&format!(
+                "keep-alives: {} sent, {} answered, {} unanswered; {} new flows\n",
+                self.keepalives_sent,
+                self.keepalives_answered,
+                self.keepalives_unanswered,
+                self.flows_reopened
+            ));
+        }
+        for (reason, n) in &self.flows_failed {
+            s.push_str(&format!("  flow failed: {n} × {reason}\n"));
+        }
+        s
+    }
 }
 
 impl Latency {
@@ -347,6 +437,9 @@ impl Summary {
                     self.uas_answered, self.uas_completed
                 ));
             }
+        }
+        if let Some(r) = &self.registrations {
+            s.push_str(&r.text());
         }
         if self.stray_messages > 0 || self.send_failures > 0 {
             s.push_str(&format!(

@@ -90,6 +90,55 @@ pub struct RunTally {
     pub stray: u64,
     /// Dialogs a forked INVITE set up beyond the first, ACKed and ended with BYE.
     pub(crate) extra_dialogs: u64,
+    /// The callee's own registrations (`--register`).
+    pub registrations: RegistrationTally,
+}
+
+/// What the callee's registrations did (`--register`): kept apart from the calls, which they
+/// are not.
+#[derive(Clone, Default)]
+pub struct RegistrationTally {
+    /// REGISTERs that bound a Contact (first registrations, refreshes, registrations over a
+    /// new flow) as `succeeded`, those refused or unanswered as `failed` by reason, and the
+    /// latency of the bound ones from the first request to the 2xx, challenges included.
+    pub tally: Tally,
+    /// Of the successes, the refreshes of a live binding.
+    pub refreshes: u64,
+    /// Bindings removed at the end of the run (Expires 0, answered 2xx).
+    pub unregistered: u64,
+    /// Unregistrations refused or unanswered, each with its reason.
+    pub unregister_failures: Vec<String>,
+    /// Keep-alives sent (CRLF pings, STUN Binding requests).
+    pub keepalives_sent: u64,
+    /// Keep-alives answered (a CRLF pong, a STUN response).
+    pub keepalives_answered: u64,
+    /// Keep-alives that had no answer in time.
+    pub keepalives_unanswered: u64,
+    /// Working flows that failed (connection closed, keep-alive unanswered), by reason.
+    pub flow_failures: BTreeMap<String, u64>,
+    /// How many working flows failed in all.
+    pub flows_failed: u64,
+    /// New flows opened for a registration whose flow failed or was refused (RFC 5626 §4.5).
+    pub flows_reopened: u64,
+}
+
+impl RegistrationTally {
+    /// Adds another run's counts.
+    pub(crate) fn merge(&mut self, other: &RegistrationTally) {
+        self.tally.merge(&other.tally);
+        self.refreshes += other.refreshes;
+        self.unregistered += other.unregistered;
+        self.unregister_failures
+            .extend(other.unregister_failures.iter().cloned());
+        self.keepalives_sent += other.keepalives_sent;
+        self.keepalives_answered += other.keepalives_answered;
+        self.keepalives_unanswered += other.keepalives_unanswered;
+        for (k, v) in &other.flow_failures {
+            *self.flow_failures.entry(k.clone()).or_default() += v;
+        }
+        self.flows_failed += other.flows_failed;
+        self.flows_reopened += other.flows_reopened;
+    }
 }
 
 impl RunTally {
@@ -138,6 +187,7 @@ impl RunTally {
         self.uas_completed += other.uas_completed;
         self.stray += other.stray;
         self.extra_dialogs += other.extra_dialogs;
+        self.registrations.merge(&other.registrations);
     }
 
     /// Hands back the window and starts a new one.

@@ -284,6 +284,46 @@ impl Location {
         self.per_source.get(&source).copied().unwrap_or(0)
     }
 
+    /// The live bindings, at most `limit`, one a line: AOR, Contact, `expires=` seconds
+    /// left, `target=` where requests go (`flow` when only over where it registered from),
+    /// `received=` where it registered from, and the outbound identity and Path if any.
+    pub(crate) fn report(&self, now_unix_ms: u64, limit: usize) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let mut listed = 0;
+        let mut aors: Vec<&Arc<str>> = self.aors.keys().collect();
+        aors.sort_unstable();
+        for aor in aors {
+            for b in live(self.aors.get(aor), now_unix_ms) {
+                if listed == limit {
+                    let _ = writeln!(out, "# first {limit} bindings of {} listed", self.len());
+                    return out;
+                }
+                listed += 1;
+                let left = b.expires_at.saturating_sub(now_unix_ms).div_ceil(1000);
+                let _ = write!(
+                    out,
+                    "{aor} <{}> expires={left} target={}",
+                    b.contact, b.target
+                );
+                if b.target.flow {
+                    out.push_str(";flow");
+                }
+                if let Some(r) = b.received {
+                    let _ = write!(out, " received={r}");
+                }
+                if let Some(ob) = &b.outbound {
+                    let _ = write!(out, " instance={} reg-id={}", ob.instance, ob.reg_id);
+                }
+                if let Some(path) = &b.path {
+                    let _ = write!(out, " path={path}");
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     /// When `expire` next has work.
     pub(crate) fn next_expiry(&self) -> Option<Millis> {
         self.expiry.next_deadline()

@@ -608,3 +608,43 @@ fn the_systemd_units_verify() {
     );
     assert!(said.contains("control /run/sipsec/ctl.sock\n"), "{said}");
 }
+
+/// `sipsec ctl bindings` lists what the registrar holds, with where each binding is reached:
+/// a phone behind a NAT (a private Contact, registered with `rport`) is reached where its
+/// REGISTER came from, and says so.
+#[test]
+fn ctl_lists_the_bindings_with_where_they_are_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let port = ports(31300);
+    let server = Server::start(d, &with_control(port));
+    let phone = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    phone
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let local = phone.local_addr().unwrap();
+    let register = format!(
+        "REGISTER sip:127.0.0.1:{port} SIP/2.0\r\nVia: SIP/2.0/UDP 192.168.1.20:5060;rport;branch=z9hG4bKctl1\r\n\
+Max-Forwards: 70\r\nFrom: <sip:carol@localhost>;tag=c1\r\nTo: <sip:carol@localhost>\r\n\
+Call-ID: ctl-bindings\r\nCSeq: 1 REGISTER\r\nContact: <sip:carol@192.168.1.20:5060>\r\n\
+Expires: 600\r\nContent-Length: 0\r\n\r\n"
+    );
+    phone
+        .send_to(register.as_bytes(), ("127.0.0.1", port))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = phone.recv(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"SIP/2.0 200"), "{}", text(&buf[..n]));
+    let out = sipsec(d, &["ctl", "bindings", "--socket", "ctl.sock"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    assert!(
+        listed.contains("carol@localhost <sip:carol@192.168.1.20:5060> expires="),
+        "{listed}"
+    );
+    assert!(
+        listed.contains(&format!("target=udp:{local};flow received=udp:{local}")),
+        "{listed}"
+    );
+    assert!(server.stop().success());
+}

@@ -109,6 +109,7 @@ fn ua_config(scenario: Scenario, local: &str, users: &[&str], auth: Auth) -> UaC
         report_ended: false,
         auth_reuse: false,
         proxychain: (auth == Auth::Proxychain).then(|| REALM.to_string()),
+        register: None,
     }
 }
 

@@ -101,12 +101,21 @@ impl Ua {
             extra.extend_from_slice(msg.value(h));
             extra.extend_from_slice(b"\r\n");
         }
-        let contact = self.cfg.uas_local.unwrap_or(source.addr);
-        let _ = write!(
-            extra,
-            "Contact: <sip:uas@{contact}{}>\r\nContent-Type: application/sdp\r\n",
-            self.cfg.transport.uri_param()
-        );
+        match self.flow_contact(source.link) {
+            // A registered callee is reached the way it registered.
+            Some(registered) => {
+                let _ = write!(extra, "Contact: <{registered}>\r\n");
+            }
+            None => {
+                let contact = self.cfg.uas_local.unwrap_or(source.addr);
+                let _ = write!(
+                    extra,
+                    "Contact: <sip:uas@{contact}{}>\r\n",
+                    self.cfg.transport.uri_param()
+                );
+            }
+        }
+        extra.extend_from_slice(b"Content-Type: application/sdp\r\n");
         let ok = self.respond(now, id, msg, 200, Some(&tag), &extra, SDP);
         let t1 = self.cfg.timers.t1;
         let reliable = self.cfg.transport.reliable();

@@ -200,8 +200,13 @@ impl Ua {
                 return;
             }
         };
-        let Some(&TxUser::Uac(number)) = self.txs.user(id) else {
-            return;
+        let number = match self.txs.user(id) {
+            Some(&TxUser::Uac(number)) => number,
+            Some(&TxUser::Register(flow)) => {
+                self.on_register_response(now_us, flow, id, msg);
+                return;
+            }
+            _ => return,
         };
         let code = msg.status().unwrap_or(0);
         let Some(call) = self.calls.get_mut(&number) else {

@@ -195,39 +195,60 @@ impl Ua {
                 return;
             }
         }
-        let challenge = msg.header_value(header).map(Challenge::parse);
-        let reason = match (challenge, self.cfg.users.get(call.caller)) {
-            (None, _) => Some(format!("{code} without a challenge")),
-            (Some(Err(e)), _) => Some(format!("{code} with a bad challenge: {e}")),
-            (Some(Ok(_)), None) => Some(format!("{code} (no credentials: give --users)")),
-            (Some(Ok(c)), Some(_)) if call.auth_tries >= 1 && !(c.stale && call.auth_tries < 2) => {
-                Some(format!(
-                    "{code} {} (credentials refused)",
-                    build::reason_phrase(code)
-                ))
-            }
-            (Some(Ok(c)), Some(user)) => {
-                call.auth_tries += 1;
-                call.cseq += 1;
-                let cnonce = format!("{:x}{number:x}{}", self.cfg.epoch, call.auth_tries);
-                let value = c.authorization(
-                    &user.username,
-                    &user.password,
-                    call.stage.method(),
-                    call.current_uri(),
-                    1,
-                    &cnonce,
-                );
-                let name = digest::credentials_header(code).as_str();
+        let (caller, tries, cseq) = (call.caller, call.auth_tries, call.cseq);
+        let cnonce = format!("{:x}{number:x}{}", self.cfg.epoch, tries + 1);
+        let method = call.stage.method();
+        let uri = call.current_uri().to_string();
+        match self.digest_answer(code, msg, caller, tries, method, &uri, &cnonce) {
+            Ok((name, value, c)) => {
+                if let Some(call) = self.calls.get_mut(&number) {
+                    call.auth_tries = tries + 1;
+                    call.cseq = cseq + 1;
+                }
                 if self.cfg.auth_reuse {
-                    self.nonces.insert((call.caller, code == 401), (c, 1));
+                    self.nonces.insert((caller, code == 401), (c, 1));
                 }
                 self.send_request(now_us, number, Some((name, value)));
-                None
             }
+            Err(reason) => self.finish(number, Some(&reason)),
+        }
+    }
+
+    /// The digest credentials (header name and value, and the challenge they answer) for a
+    /// 401 or 407 to `user`'s `method` request for `uri`, after `tries` answers already
+    /// refused; or why there are none.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the request's fields, which the caller and the registrations keep differently"
+    )]
+    pub(super) fn digest_answer(
+        &self,
+        code: u16,
+        msg: &Message<'_>,
+        user: usize,
+        tries: u8,
+        method: &str,
+        uri: &str,
+        cnonce: &str,
+    ) -> Result<(&'static str, String, Challenge), String> {
+        let header = if code == 401 {
+            HeaderName::WwwAuthenticate
+        } else {
+            HeaderName::ProxyAuthenticate
         };
-        if let Some(reason) = reason {
-            self.finish(number, Some(&reason));
+        let challenge = msg.header_value(header).map(Challenge::parse);
+        match (challenge, self.cfg.users.get(user)) {
+            (None, _) => Err(format!("{code} without a challenge")),
+            (Some(Err(e)), _) => Err(format!("{code} with a bad challenge: {e}")),
+            (Some(Ok(_)), None) => Err(format!("{code} (no credentials: give --users)")),
+            (Some(Ok(c)), Some(_)) if tries >= 1 && !(c.stale && tries < 2) => Err(format!(
+                "{code} {} (credentials refused)",
+                build::reason_phrase(code)
+            )),
+            (Some(Ok(c)), Some(u)) => {
+                let value = c.authorization(&u.username, &u.password, method, uri, 1, cnonce);
+                Ok((digest::credentials_header(code).as_str(), value, c))
+            }
         }
     }
 }

@@ -20,6 +20,9 @@
 mod callee;
 mod caller;
 mod challenge;
+mod register;
+
+pub use register::{FlowOp, Registering, RegistrationReport};
 
 use super::stats::RunTally;
 use super::users::Users;
@@ -107,12 +110,16 @@ pub struct UaConfig {
     /// Proxychain: the realm users' keys are derived in (`docs/proxychain.md`); every request
     /// carries the user's nonce, and challenges must prove the network.
     pub proxychain: Option<String>,
+    /// The callee registers each user with the target and takes calls over those flows.
+    pub register: Option<Registering>,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum TxUser {
     Uac(u64),
     Uas,
+    /// A REGISTER of the callee's flow.
+    Register(u32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +214,14 @@ enum Event {
     HangUp(u64),
     /// Retransmit the UAS's 2xx (or give up waiting for its ACK).
     Resend2xx { slot: u32, generation: u32 },
+    /// Refresh a flow's registration.
+    Refresh { flow: u32, generation: u32 },
+    /// Send a flow's keep-alive.
+    KeepAlive { flow: u32, generation: u32 },
+    /// A flow's keep-alive had no answer in time.
+    KeepAliveLost { flow: u32, generation: u32 },
+    /// Open a new flow for a registration whose flow failed.
+    Reopen { flow: u32, generation: u32 },
 }
 
 /// `PC` challenges a call answers before giving up: the first response, then up to a few
@@ -255,6 +270,14 @@ pub struct Ua {
     throttle: sip_core::overload::Throttle,
     /// No new operation starts before then (`UaConfig::honour_retry_after`).
     held_off_until_us: u64,
+    /// The callee's registration flows (`UaConfig::register`), by number.
+    flows: Vec<register::Flow>,
+    /// The flow on each of the driver's links.
+    flow_by_link: HashMap<u32, u32>,
+    /// Each user's `+sip.instance` URN.
+    instances: Vec<String>,
+    /// What the registrations ask of the driver's links; the driver drains it.
+    pub flow_ops: Vec<FlowOp>,
 }
 
 fn ms(us: u64) -> u64 {
@@ -291,6 +314,10 @@ impl Ua {
             pc_counter: 0,
             throttle: sip_core::overload::Throttle::new(),
             held_off_until_us: 0,
+            flows: Vec::new(),
+            flow_by_link: HashMap::new(),
+            instances: Vec::new(),
+            flow_ops: Vec::new(),
         }
     }
 
@@ -356,6 +383,10 @@ impl Ua {
         data: &[u8],
         out: &mut Vec<Transmit>,
     ) {
+        if !self.flows.is_empty() && crate::stun::is_stun(data) {
+            self.on_stun(from, data);
+            return;
+        }
         let Ok(msg) = Message::parse(data) else {
             self.stats.stray += 1;
             return;
@@ -393,6 +424,10 @@ impl Ua {
             match event {
                 Event::HangUp(number) => self.hang_up(now_us, number),
                 Event::Resend2xx { slot, generation } => self.resend_2xx(now, slot, generation),
+                Event::Refresh { .. }
+                | Event::KeepAlive { .. }
+                | Event::KeepAliveLost { .. }
+                | Event::Reopen { .. } => self.on_register_event(now_us, event),
             }
         }
         self.fired = fired;
@@ -421,6 +456,11 @@ impl Ua {
                         self.finish(number, Some(reason));
                     }
                 }
+                Output::Timeout {
+                    id,
+                    user: TxUser::Register(flow),
+                    ..
+                } => self.register_timed_out(flow, id),
                 Output::Timeout { .. } | Output::Terminated { .. } => {}
             }
         }

@@ -9,7 +9,7 @@ use sip_core::digest::Algorithm;
 const UAC: &str = "127.0.0.1:5061";
 const UAS: &str = "127.0.0.1:5070";
 
-fn config(scenario: Scenario, users: Users) -> UaConfig {
+pub(super) fn config(scenario: Scenario, users: Users) -> UaConfig {
     UaConfig {
         scenario,
         target: Endpoint {
@@ -33,6 +33,7 @@ fn config(scenario: Scenario, users: Users) -> UaConfig {
         report_ended: false,
         auth_reuse: false,
         proxychain: None,
+        register: None,
     }
 }
 

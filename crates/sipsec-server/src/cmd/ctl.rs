@@ -20,7 +20,8 @@ use std::time::Duration;
 /// `sipsec ctl`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct CtlArgs {
-    /// What to ask: `reload` (read the config file again) or `counters` (every counter).
+    /// What to ask: `reload` (read the config file again), `counters` (every counter) or
+    /// `bindings` (the registrations held, with where each is reached).
     #[arg(value_parser = parse_command)]
     pub command: Command,
     /// The server's config file, whose `[control] socket` says where to ask.

@@ -304,6 +304,9 @@ struct Forward {
     record_route: bool,
 }
 
+/// The most bindings `sipsec ctl bindings` lists.
+const BINDINGS_REPORTED: usize = 100_000;
+
 const ALLOW: &str = "Allow: INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER\r\n";
 
 /// Where we send from on one transport and address family: its first listen address, as we
@@ -471,7 +474,7 @@ impl Engine {
     /// Loads a binding or known AOR from the store at start.
     pub(crate) fn preload(&mut self, change: &BindingChange) {
         self.location.apply(change);
-        self.keepalive_note(0, change);
+        self.keepalive_note(0, change, keepalive::By::Store);
     }
 
     pub(crate) fn know_aor(&mut self, aor: &str) {
@@ -479,6 +482,11 @@ impl Engine {
     }
 
     // Queries.
+
+    /// The bindings this worker's replica holds, one a line (`sipsec ctl bindings`).
+    pub fn bindings_report(&self, now: Millis) -> String {
+        self.location.report(self.unix_ms(now), BINDINGS_REPORTED)
+    }
 
     /// The counters this engine writes (shared with its driver and the metrics endpoint).
     pub fn stats(&self) -> &Arc<Stats> {
@@ -550,7 +558,7 @@ impl Engine {
             Mail::Message { source, data } => self.handle_message(now, source, &data, fx),
             Mail::Binding(change) => {
                 self.location.apply(&change);
-                self.keepalive_note(now, &change);
+                self.keepalive_note(now, &change, keepalive::By::Elsewhere);
             }
             Mail::Credential { user } => self.gate_credential(now, &user, fx),
             Mail::Saved { count } => self.handle_saved(now, count, fx),
@@ -838,7 +846,7 @@ impl Engine {
                         inc(&self.stats.nat_bindings);
                     }
                     self.location.apply(&change);
-                    self.keepalive_note(now, &change);
+                    self.keepalive_note(now, &change, keepalive::By::Here);
                     fx.changes.push(Arc::new(change));
                 }
                 if answer.code == 200 && self.cfg.registrar.durable {

@@ -35,17 +35,22 @@ pub enum Command {
     Reload,
     /// Every counter, `name value` a line (what SIGUSR1 logs, zeros included).
     Counters,
+    /// The registrations held, one a line: AOR, Contact, where it is reached and from where
+    /// it registered, its outbound identity and Path (the first worker's replica, which holds
+    /// them all).
+    Bindings,
 }
 
 impl Command {
     /// Every command, in the order `sipsec ctl` lists them.
-    pub const ALL: [Command; 2] = [Command::Reload, Command::Counters];
+    pub const ALL: [Command; 3] = [Command::Reload, Command::Counters, Command::Bindings];
 
     /// The word on the wire.
     pub fn name(self) -> &'static str {
         match self {
             Command::Reload => "reload",
             Command::Counters => "counters",
+            Command::Bindings => "bindings",
         }
     }
 
@@ -79,6 +84,7 @@ pub fn decode(wire: &str) -> Reply {
 }
 
 /// A command waiting for the main thread, and where its answer goes.
+#[derive(Debug)]
 pub struct Request {
     /// What was asked.
     pub command: Command,

@@ -24,6 +24,8 @@ pub enum Letter {
     },
     /// A reloaded configuration and the TLS made from it (SIGHUP, `sipsec ctl reload`).
     Reload(Arc<super::reload::Reloaded>),
+    /// `sipsec ctl bindings`: the worker answers with its replica's bindings.
+    Bindings(super::control::Request),
 }
 
 impl From<Mail> for Letter {

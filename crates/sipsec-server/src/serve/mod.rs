@@ -296,6 +296,11 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
                     .into_iter()
                     .map(|(k, v)| format!("{k} {v}\n"))
                     .collect()),
+                control::Command::Bindings => {
+                    // The first worker answers from its replica, which holds every binding.
+                    senders[0].send(mailbox::Letter::Bindings(request));
+                    continue;
+                }
             };
             request.answer(reply);
         }

@@ -253,6 +253,10 @@ impl Worker {
                     self.engine.handle_mail(now, mail, fx);
                 }
                 Letter::Transmit { to, data } => fx.transmits.push((to, data)),
+                Letter::Bindings(request) => {
+                    let now = self.now();
+                    request.answer(Ok(self.engine.bindings_report(now)));
+                }
                 Letter::Reload(r) => {
                     self.flood.reconfigure(&r.cfg.flood, self.engine.stats());
                     self.engine.handle_reload(r.cfg.clone());
