@@ -290,7 +290,10 @@ fn stream_keepalives_hold_mappings_past_three_conntrack_timeouts_and_silence_doe
 /// three conntrack timeouts (its own keep-alives at the 10 s Flow-Timer holding the streams'
 /// mappings, the server's pings the UDP one's).
 #[test]
-#[ignore = "needs sipsec load --register (helper load's branch) on main (issue 34)"]
+#[cfg_attr(
+    sipsec_skip_netns,
+    ignore = "needs root with ip and nft (apt-get install nftables)"
+)]
 fn the_load_generators_registering_callee_takes_calls_behind_the_nat() {
     if !have_netns() {
         return;
