@@ -8,6 +8,7 @@
 //! `sipsec_skip_fail2ban` (no `fail2ban-regex`), `sipsec_skip_systemd` (no `systemd-analyze`),
 //! `sipsec_skip_prometheus_client` (no Python `prometheus_client`, the strict parser of
 //! `/metrics`: `pip install prometheus-client`),
+//! `sipsec_skip_netns` (not root, or no `ip` or `nft`: the NAT tests' network namespaces),
 //! `sipsec_skip_kamailio` (no Kamailio with its
 //! TLS module), `sipsec_skip_postgres` and `sipsec_skip_mariadb` (no SIPSEC_TEST_POSTGRES or
 //! SIPSEC_TEST_MARIADB).
@@ -31,6 +32,17 @@ fn python_has(module: &str) -> bool {
         .is_ok_and(|out| out.status.success())
 }
 
+/// Whether this build runs as root, which making network namespaces needs (the tests run as
+/// the same user as their build, as `cargo test` does).
+fn root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
+}
+
 fn main() {
     for var in ["CI", "PATH", "SIPSEC_TEST_POSTGRES", "SIPSEC_TEST_MARIADB"] {
         println!("cargo::rerun-if-env-changed={var}");
@@ -47,6 +59,10 @@ fn main() {
         ("sipsec_skip_chromium", !on_path("chromium")),
         ("sipsec_skip_valgrind", !on_path("valgrind")),
         ("sipsec_skip_curl", !on_path("curl")),
+        (
+            "sipsec_skip_netns",
+            !root() || !on_path("ip") || !on_path("nft"),
+        ),
         ("sipsec_skip_fail2ban", !on_path("fail2ban-regex")),
         ("sipsec_skip_systemd", !on_path("systemd-analyze")),
         (

@@ -48,8 +48,14 @@ pub(crate) struct LoadRun {
 
 /// Runs `sipsec load ARGS --json FILE` to completion, keeping what it printed.
 pub(crate) fn load_printing(dir: &Path, args: &[&str]) -> LoadRun {
+    load_run(Command::new(env!("CARGO_BIN_EXE_sipsec")), dir, args)
+}
+
+/// Runs `sipsec load ARGS --json FILE` as `sipsec` (the binary, or a command that execs it,
+/// such as `ip netns exec NS sipsec`), keeping what it printed.
+pub(crate) fn load_run(mut sipsec: Command, dir: &Path, args: &[&str]) -> LoadRun {
     let json = dir.join(format!("load-{}.json", rand_name()));
-    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+    let out = sipsec
         .arg("load")
         .args(args)
         .args(["--json", json.to_str().unwrap()])

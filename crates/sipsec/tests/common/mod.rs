@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 pub(crate) mod load;
+pub(crate) mod netns;
 #[allow(unused_imports, reason = "only the load tests use them")]
 pub(crate) use load::*;
 
@@ -146,7 +147,7 @@ impl Server {
                 });
             }
         }
-        let mut child = command
+        let child = command
             .args(args)
             .current_dir(dir)
             .env("SIPSEC_LOG", level)
@@ -154,6 +155,12 @@ impl Server {
             .stderr(stderr)
             .spawn()
             .expect("start sipsec");
+        Self::started(child, dir)
+    }
+
+    /// A server just spawned with its stdout piped, once it printed its banner (its log, if
+    /// it fails, from `dir/serve.log`).
+    pub(crate) fn started(mut child: Child, dir: &Path) -> Server {
         let mut banner = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut banner)
