@@ -2,6 +2,7 @@
 //! final response (RFC 3261 §17.1.1.3). Header values are copied verbatim from the request, so
 //! building costs one output buffer.
 
+use super::rewrite::push_ip;
 use super::{HeaderName, Message};
 
 /// Appends the decimal form of `n`. Messages are built on every forward, and this costs a
@@ -71,10 +72,35 @@ pub fn response(
     body: &[u8],
     out: &mut Vec<u8>,
 ) {
+    response_from(req, None, code, reason, to_tag, extra, body, out);
+}
+
+/// [`response`] to a request that came from `source`, when known: its top Via says where the
+/// request came from (RFC 3261 §18.2.1 `received`, RFC 3581 `rport` filled in), as a proxy
+/// stamps it on the way through, so a phone behind a NAT learns its public address and port
+/// from the answer to its REGISTER.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "response's arguments and the source"
+)]
+pub fn response_from(
+    req: &Message<'_>,
+    source: Option<std::net::SocketAddr>,
+    code: u16,
+    reason: &str,
+    to_tag: Option<&str>,
+    extra: &[u8],
+    body: &[u8],
+    out: &mut Vec<u8>,
+) {
     status_line(out, code, reason);
+    let mut first = true;
     for h in req.headers_named(HeaderName::Via) {
         out.extend_from_slice(b"Via: ");
-        out.extend_from_slice(req.value(h));
+        match source.filter(|_| std::mem::take(&mut first)) {
+            Some(source) => stamped_top_via(req, h, source, out),
+            None => out.extend_from_slice(req.value(h)),
+        }
         out.extend_from_slice(b"\r\n");
     }
     copy_header(req, HeaderName::From, "From", out);
@@ -94,6 +120,48 @@ pub fn response(
     push_int(out, body.len());
     out.extend_from_slice(b"\r\n\r\n");
     out.extend_from_slice(body);
+}
+
+/// The value of the first Via line `h`, its first value (the top Via) stamped with where the
+/// request came from: `;received=` when the sent-by host is not the source address or
+/// `rport` was asked, and a bare `rport` filled in.
+fn stamped_top_via(
+    req: &Message<'_>,
+    h: &super::HeaderField,
+    source: std::net::SocketAddr,
+    out: &mut Vec<u8>,
+) {
+    let src = req.as_bytes();
+    let via = req.top_via();
+    let (start, end) = (h.value_start as usize, h.value_end as usize);
+    let sent_by_ip = std::str::from_utf8(via.host_unbracketed())
+        .ok()
+        .and_then(|h| h.parse::<std::net::IpAddr>().ok());
+    let rport = via.rport();
+    let needs_received =
+        via.received().is_none() && (sent_by_ip != Some(source.ip()) || rport.is_some());
+    // The bare `rport`, if any, as an offset in the message.
+    let bare = (rport == Some(None))
+        .then(|| {
+            let params = via.params.0;
+            let base = params.as_ptr() as usize - src.as_ptr() as usize;
+            super::rewrite::find_param(src, params, b"rport").map(|pos| base + pos)
+        })
+        .flatten()
+        .filter(|at| (start..via.end).contains(at));
+    let mut at = start;
+    if let Some(r) = bare {
+        out.extend_from_slice(&src[at..r]);
+        out.extend_from_slice(b"rport=");
+        push_int(out, source.port());
+        at = r + b"rport".len();
+    }
+    out.extend_from_slice(&src[at..via.end.max(at)]);
+    if needs_received {
+        out.extend_from_slice(b";received=");
+        push_ip(out, source.ip());
+    }
+    out.extend_from_slice(&src[via.end.max(at)..end]);
 }
 
 fn copy_header(req: &Message<'_>, name: HeaderName, label: &str, out: &mut Vec<u8>) {

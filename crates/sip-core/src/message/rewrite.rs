@@ -307,7 +307,7 @@ impl<'m, 'a> Rewriter<'m, 'a> {
 
 /// Appends an IP address as text: IPv4 (nearly every address here) without the formatting
 /// machinery.
-fn push_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
+pub(super) fn push_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
     match ip {
         std::net::IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -324,7 +324,7 @@ fn push_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
 }
 
 /// Finds the offset of parameter `name` (its name's first byte) within a `;a;b=c` string.
-fn find_param(_src: &[u8], params: &[u8], name: &[u8]) -> Option<usize> {
+pub(super) fn find_param(_src: &[u8], params: &[u8], name: &[u8]) -> Option<usize> {
     let mut i = 0;
     while i < params.len() {
         if params[i] == b';' {

@@ -89,7 +89,11 @@ impl Engine {
         msg: &Message<'_>,
         answer: &Answer,
     ) -> Reply {
-        let data = self.reply_bytes(now, msg, answer);
+        let source = match to {
+            ReplyTo::Sender(source) => Some(source.addr),
+            _ => None,
+        };
+        let data = self.reply_bytes(now, msg, answer, source);
         let to = match to {
             ReplyTo::Sender(source) => {
                 let dest = response_peer(msg.top_via(), source);
@@ -142,9 +146,16 @@ impl Engine {
             && to_tag == Some(local_tag(msg).as_bytes())
     }
 
-    /// `answer` to `msg` as sent: its header lines plus our Server header, our To tag, and
-    /// feedback for a neighbour that asked; counted.
-    fn reply_bytes(&mut self, now: Millis, msg: &Message<'_>, answer: &Answer) -> Bytes {
+    /// `answer` to `msg` as sent: its header lines (the top Via stamped with `source`, where
+    /// the request came from, when known) plus our Server header, our To tag, and feedback
+    /// for a neighbour that asked; counted.
+    fn reply_bytes(
+        &mut self,
+        now: Millis,
+        msg: &Message<'_>,
+        answer: &Answer,
+        source: Option<std::net::SocketAddr>,
+    ) -> Bytes {
         self.stats.traffic.local_response(answer.code);
         inc(&self.stats.local_responses);
         let server = &self.cfg.server_line;
@@ -153,8 +164,9 @@ impl Engine {
         extra.push_str(server);
         let tag = local_tag(msg);
         let mut out = Vec::with_capacity(msg.as_bytes().len() / 2 + extra.len() + 64);
-        build::response(
+        build::response_from(
             msg,
+            source,
             answer.code,
             answer.reason,
             Some(&tag),

@@ -63,6 +63,14 @@ fn a_udp_phone_behind_a_nat_is_called_where_its_register_came_from() {
         addr(NAT),
         "the 200 goes back through the NAT"
     );
+    assert!(
+        out[0]
+            .1
+            .contains("Via: SIP/2.0/UDP 192.168.1.20:5060;rport=40001;branch=")
+            && out[0].1.contains(";received=198.51.100.7\r\n"),
+        "RFC 3581: the phone learns its public address: {}",
+        out[0].1
+    );
 
     let out = deliver_from(
         &mut e,
