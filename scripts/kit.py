@@ -28,6 +28,22 @@ def tree(pid):
     return out
 
 
+def cpu_ns(pid):
+    """On-CPU nanoseconds (schedstat) of every thread of `pid` and its descendants."""
+    ns = 0
+    for p in tree(pid):
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                ns += int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
+            except OSError:
+                pass
+    return ns
+
+
 def parser(doc, **ints):
     """A command line described by `doc`, with `--sipsec` (the binary) and an integer option
     for each of `ints` (`rate=1000` is `--rate`, default 1000)."""

@@ -17,23 +17,9 @@ the windows (n = ROUNDS; t for n - 1 degrees of freedom).
 """
 import os, select, socket, statistics, subprocess, sys, tempfile, time
 
-from kit import parser, tree
+from kit import cpu_ns, parser
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def cpu_ns(pid):
-    ns = 0
-    for p in tree(pid):
-        try:
-            for t in os.listdir(f"/proc/{p}/task"):
-                try:
-                    ns += int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
-                except OSError:
-                    pass
-        except OSError:
-            pass
-    return ns
 
 
 def start(sipsec, port, ping, interval, bindings, tmp):

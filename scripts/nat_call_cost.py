@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""What a call to a phone behind a NAT costs the server beside a call to a directly reachable
+one: server CPU per stateful call at the same rate and offered load, rows alternated round by
+round, the ratio per round with a Student t 95% interval over the rounds.
+
+Rows (one `sipsec load --role both` process: its callee and its callers; a fresh server per
+run, two workers, record-routing, no authentication):
+
+- `udp direct`: the callee registers its socket's address (`--register`) and the server,
+  with `[nat] mode = "never"`, sends to the Contact as written.
+- `udp nat`: the same, with `mode = "always"`: every binding is a flow reached where its
+  REGISTER came from, and every dialog carries flow tokens in our Record-Route both ways
+  (in-dialog requests routed by them): all the NAT machinery of a NATed phone, on loopback.
+- `tls direct`: the callee listens for TLS (`--uas`) and the server reaches it by its
+  default route over a persistent connection it opened: a directly reachable TLS phone.
+- `tls nat`: the callee registers over TLS connections and listens nowhere (its Contact is
+  `*.invalid`): every call goes over the phone's registering connection (default
+  `mode = "auto"`), with flow tokens in the Record-Route.
+
+CPU is the on-CPU time (schedstat) of the server's threads over the run, divided by the calls
+that succeeded; a row with under 99% success is flagged.
+
+    cargo build --release --bin sipsec
+    python3 scripts/nat_call_cost.py [--rate 2000] [--duration 10] [--rounds 5]
+"""
+import json, os, socket, statistics, subprocess, tempfile, time
+
+from kit import cpu_ns, parser
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+USERS = 50
+
+
+def wait_port(port, proto):
+    for _ in range(100):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.connect(("127.0.0.1", port))
+            s.close()
+            return
+        except OSError:
+            time.sleep(0.05)
+        finally:
+            s.close()
+
+
+def run(a, tmp, row, port):
+    transport = row.split()[0]
+    mode = {"udp direct": "never", "udp nat": "always"}.get(row, "auto")
+    callee = port + 10
+    route = (f"[routing]\ndefault_route = \"sip:127.0.0.1:{callee};transport=tls\"\n"
+             if row == "tls direct" else "")
+    cfg = os.path.join(tmp, "s.toml")
+    with open(cfg, "w") as f:
+        f.write(f"""[server]
+listen = ["udp:127.0.0.1:{port}", "tcp:127.0.0.1:{port}", "tls:127.0.0.1:{port + 1}"]
+domains = ["nat.test"]
+workers = 2
+record_route = true
+[tls]
+cert = "{tmp}/c/server.pem"
+key = "{tmp}/c/server-key.pem"
+ca = "{tmp}/c/ca.pem"
+[database]
+url = "sqlite::memory:"
+[flood]
+rate = 0
+{route}[nat]
+mode = "{mode}"
+""")
+    server = subprocess.Popen([a.sipsec, "serve", "--config", cfg], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, "tcp")
+        target = (f"udp:127.0.0.1:{port}" if transport == "udp"
+                  else f"tls:127.0.0.1:{port + 1}")
+        out = os.path.join(tmp, "load.json")
+        cmd = [a.sipsec, "load", target, "--role", "both", "--users",
+               os.path.join(tmp, "users.csv"), "--domain", "nat.test", "--rate", str(a.rate),
+               "--duration", str(a.duration), "--quiet", "--json", out]
+        if transport == "tls":
+            cmd += ["--tls-ca", f"{tmp}/c/ca.pem", "--tls-cert", f"{tmp}/c/server.pem",
+                    "--tls-key", f"{tmp}/c/server-key.pem"]
+        if row == "tls direct":
+            cmd += ["--uas", f"tls:127.0.0.1:{callee}"]
+        else:
+            cmd += ["--register"]
+        # Registrations (and the callee's listener) settle before the calls are counted;
+        # the server's CPU is read around the whole run, so it includes them: a few
+        # hundred messages against 2,000 calls a second.
+        c0 = cpu_ns(server.pid)
+        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        c1 = cpu_ns(server.pid)
+        if p.returncode != 0:
+            print(f"  {row}: load failed: {p.stderr.strip()[-300:]}")
+            return None
+        r = json.load(open(out))
+        ok = r["succeeded"]
+        share = ok / max(r["attempted"], 1)
+        return (c1 - c0) / 1e3 / max(ok, 1), share
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def main():
+    ap = parser(__doc__, rate=2000, duration=10, rounds=5, port=47060)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="sipsec-natcall-")
+    subprocess.run([a.sipsec, "certs", "--out", f"{tmp}/c"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(tmp, "users.csv"), "w") as f:
+        f.writelines(f"u{i},pw{i}\n" for i in range(USERS))
+    rows = ["udp direct", "udp nat", "tls direct", "tls nat"]
+    cost = {r: [] for r in rows}
+    for k in range(a.rounds):
+        order = rows if k % 2 == 0 else rows[::-1]
+        for i, row in enumerate(order):
+            got = run(a, tmp, row, a.port + 20 * i)
+            if got is None:
+                continue
+            us, share = got
+            cost[row].append(us)
+            flag = "" if share >= 0.99 else f"  (only {share * 100:.1f}% succeeded)"
+            print(f"round {k + 1} {row:10}: {us:6.1f} us of server CPU per call{flag}",
+                  flush=True)
+    print()
+    for t in ("udp", "tls"):
+        d, n = cost[f"{t} direct"], cost[f"{t} nat"]
+        ratios = [x / y for x, y in zip(n, d)]
+        if len(ratios) < 2:
+            print(f"{t}: too few rounds")
+            continue
+        m = statistics.mean(ratios)
+        half = T95.get(len(ratios) - 1, 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5
+        print(f"{t}: direct {statistics.median(d):.1f} us, nat {statistics.median(n):.1f} us per call "
+              f"(medians); nat/direct {m:.3f} (95% t-interval {m - half:.3f}..{m + half:.3f}, "
+              f"n={len(ratios)} rounds) at {a.rate} calls/s")
+
+
+if __name__ == "__main__":
+    main()
