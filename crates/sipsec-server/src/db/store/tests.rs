@@ -378,3 +378,70 @@ fn bindings_survive_reopening_the_database() {
         assert_eq!(known, vec!["a@x", "b@x"], "expired b@x is still known");
     });
 }
+
+/// A binding of a phone behind a NAT, on an outbound flow with a Path, as it comes back from
+/// the database after a restart: where it registered from, its instance and reg-id and its
+/// Path kept; its target still a flow, whose connection died with the process (so it is
+/// answered 430/480 until the phone registers again).
+async fn a_flows_fields_survive_reopening(url: String) {
+    use crate::location::Outbound;
+    use sipsec_transport::net::transport::{Peer, Transport};
+    let received = Peer {
+        transport: Transport::Tcp,
+        addr: "198.51.100.7:40001".parse().unwrap(),
+        conn: 5,
+        flow: false,
+    };
+    let mut b = binding("sip:f@x7.invalid;transport=tcp;ob", 10_000);
+    b.target = received.as_flow();
+    b.received = Some(received);
+    b.outbound = Some(Outbound {
+        instance: "\"<urn:uuid:00000000-0000-1000-8000-AABBCCDDEEFF>\"".into(),
+        reg_id: 2,
+    });
+    b.path = Some("<sip:203.0.113.5;lr;ob;fl=ab>".into());
+    let store = Store::connect(&url).await.unwrap();
+    let change = BindingChange::Upsert {
+        aor: "flow@x".into(),
+        binding: b.clone(),
+    };
+    store.write(&[Arc::new(change)]).await.unwrap();
+    drop(store);
+    let store = Store::connect(&url).await.unwrap();
+    let loaded = store.load(1_000, usize::MAX).await.unwrap();
+    let mut want = b;
+    // The connection is gone; where it came from is still known.
+    want.target = Peer::new(Transport::Tcp, received.addr).as_flow();
+    want.received = Some(Peer::new(Transport::Tcp, received.addr));
+    assert_eq!(loaded.bindings, vec![("flow@x".to_string(), want)]);
+    assert!(loaded.bindings[0].1.target.flow_lost());
+}
+
+#[test]
+fn a_flows_fields_survive_reopening_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/flow.db", dir.path().display());
+    multi_thread().block_on(a_flows_fields_survive_reopening(url));
+}
+
+#[test]
+#[cfg_attr(sipsec_skip_postgres, ignore = "SIPSEC_TEST_POSTGRES is not set")]
+fn a_flows_fields_survive_reopening_postgres() {
+    in_fresh(
+        "SIPSEC_TEST_POSTGRES",
+        "flow",
+        postgres_schema,
+        a_flows_fields_survive_reopening,
+    );
+}
+
+#[test]
+#[cfg_attr(sipsec_skip_mariadb, ignore = "SIPSEC_TEST_MARIADB is not set")]
+fn a_flows_fields_survive_reopening_mariadb() {
+    in_fresh(
+        "SIPSEC_TEST_MARIADB",
+        "flow",
+        mariadb_database,
+        a_flows_fields_survive_reopening,
+    );
+}
