@@ -146,7 +146,16 @@ impl Engine {
     /// else removes the caller's token the entries carried, which the caller has no use for.
     pub(super) fn flow_restamp_record_route(&self, rw: &mut Rewriter<'_, '_>, source: Peer) {
         let msg = rw.msg;
-        if !(101..300).contains(&msg.status().unwrap_or(0)) {
+        if !(101..300).contains(&msg.status().unwrap_or(0))
+            || msg.header(HeaderName::RecordRoute).is_none()
+        {
+            return;
+        }
+        // Most answers come from phones reached at their Contact, through Record-Routes
+        // carrying no flow: nothing to do, and no Record-Route to parse.
+        let contact = relay::first_contact(msg);
+        let needed = self.flow_needed(source, contact.as_ref());
+        if !needed && memchr::memmem::find(msg.as_bytes(), b";fl=").is_none() {
             return;
         }
         let base = msg.as_bytes().as_ptr() as usize;
@@ -176,13 +185,7 @@ impl Engine {
         if ours.is_empty() {
             return;
         }
-        let fresh = (above == 0)
-            .then(|| {
-                let contact = relay::first_contact(msg);
-                self.flow_needed(source, contact.as_ref())
-                    .then(|| format!(";fl={}", token(source.as_flow())))
-            })
-            .flatten();
+        let fresh = (above == 0 && needed).then(|| format!(";fl={}", token(source.as_flow())));
         for (uri_end, value) in ours {
             match (value, &fresh) {
                 (Some(r), Some(t)) => rw.splice.replace(r.start, r.end, t.as_bytes()),

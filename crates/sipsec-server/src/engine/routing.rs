@@ -446,6 +446,7 @@ const SUPPORTED: &[&[u8]] = &[b"outbound", b"path"];
 /// 420 for a request requiring extensions (Require to a UAS, Proxy-Require to a proxy) that
 /// sipsec does not support, listing those in Unsupported.
 pub(super) fn bad_extension(msg: &Message<'_>, header: HeaderName) -> Option<Decision> {
+    msg.header(header)?;
     let mut unsupported = String::new();
     for h in msg.headers_named(header) {
         for tag in msg.value(h).split(|b| *b == b',').map(<[u8]>::trim_ascii) {
