@@ -102,7 +102,7 @@ fn metrics(port: u16) -> HashMap<String, f64> {
 #[test]
 fn a_flooding_address_is_banned_while_calls_from_others_go_on() {
     let dir = tempfile::tempdir().unwrap();
-    let base = ports(42000);
+    let base = ports(20000);
     let (sip, uas_port, metrics_port) = (base, base + 1, base + 2);
     let to = format!("{CALLER}:{sip}");
     let ban_s = 3;
@@ -196,7 +196,7 @@ fn a_flooding_address_is_banned_while_calls_from_others_go_on() {
 #[test]
 fn refusals_can_be_answered_503_at_a_bounded_rate() {
     let dir = tempfile::tempdir().unwrap();
-    let base = ports(42000);
+    let base = ports(20000);
     let (sip, metrics_port) = (base, base + 2);
     let to = format!("{CALLER}:{sip}");
     let _server = Server::start(
@@ -229,7 +229,7 @@ fn refusals_can_be_answered_503_at_a_bounded_rate() {
 #[test]
 fn requests_on_a_stream_are_limited_too() {
     let dir = tempfile::tempdir().unwrap();
-    let base = ports(42000);
+    let base = ports(20000);
     let sip = base;
     let mut cfg = config(
         dir.path(),

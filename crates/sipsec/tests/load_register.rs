@@ -163,7 +163,7 @@ fn registrations(v: &Value) -> &Value {
 /// checks what both sides counted; returns the callee's summary.
 fn calls_over_registered_flows(transport: &str, extra: &[&str], calls: u64) -> Value {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(43000);
+    let port = ports(20600);
     let server = server(dir.path(), port);
     let target = match transport {
         "tls" => format!("tls:127.0.0.1:{}", port + 1),
@@ -219,7 +219,7 @@ fn a_udp_callee_registers_takes_calls_through_the_proxy_and_unregisters() {
 #[test]
 fn one_process_registers_its_callees_and_calls_them() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(43000);
+    let port = ports(20600);
     let server = server(dir.path(), port);
     let target = format!("udp:127.0.0.1:{port}");
     let run = load_printing(
@@ -297,7 +297,7 @@ fn assert_keepalives_answered(r: &Value, least: u64, v: &Value) {
 #[test]
 fn an_outbound_tcp_callee_keeps_its_flows_alive_with_crlf_pings() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(43000);
+    let port = ports(20600);
     let server = server(dir.path(), port);
     let run = load_printing(
         dir.path(),
@@ -360,7 +360,7 @@ fn an_outbound_udp_callee_sends_stun_keepalives_and_takes_calls() {
 #[test]
 fn refused_registrations_are_named_and_a_run_with_none_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let port = ports(43000);
+    let port = ports(20600);
     let server = server(dir.path(), port);
     std::fs::write(dir.path().join("some.csv"), "u0,pw0\nu1,wrong\n").unwrap();
     std::fs::write(dir.path().join("none.csv"), "u2,wrong\n").unwrap();
