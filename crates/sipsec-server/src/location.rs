@@ -107,15 +107,6 @@ impl BindingChange {
         }
     }
 
-    /// The contact an Upsert or Remove is about (none for RemoveAll).
-    pub fn contact(&self) -> Option<&str> {
-        match self {
-            BindingChange::Upsert { binding, .. } => Some(&binding.contact),
-            BindingChange::Remove { contact, .. } => Some(contact),
-            BindingChange::RemoveAll { .. } => None,
-        }
-    }
-
     /// What the change is about, for a log line: the AOR and contact, cut to 80 bytes each.
     pub(crate) fn describe(&self) -> String {
         let cut = |s: &str| match s.char_indices().nth(80) {

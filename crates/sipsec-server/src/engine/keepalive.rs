@@ -208,15 +208,17 @@ impl Engine {
             return Bytes::from_static(b"\r\n\r\n");
         }
         let worker = self.worker;
+        let to = self.keepalive.slots[slot as usize]
+            .as_ref()
+            .expect("a live slot")
+            .to;
+        // Our Via as the proxy writes it toward that peer: the side of its transport and family.
+        let side = self.proxy_side(to);
         let p = self.keepalive.slots[slot as usize]
             .as_mut()
             .expect("a live slot");
         p.generation = p.generation.wrapping_add(1);
-        let via = self
-            .sides
-            .iter()
-            .find(|s| s.transport == Transport::Udp && s.v6 == p.to.addr.is_ipv6())
-            .map_or("invalid", |s| &s.via_host);
+        let via = side.map_or("invalid", |i| &self.sides[i].via_host);
         let branch = branch::keepalive(worker, slot, p.generation);
         Bytes::from(format!(
             "OPTIONS {contact} SIP/2.0\r\nVia: SIP/2.0/UDP {via};branch={branch}\r\n\
