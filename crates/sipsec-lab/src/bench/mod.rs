@@ -795,6 +795,10 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             .filter(|&&m| a.goodput_curve && m <= a.curve_to + 1e-9)
         {
             let r = (peak * m).round().max(1.0);
+            // Let the server recover from what came before (the peak search ends past the
+            // peak, and its overload control is still shedding) so each point is measured
+            // from a settled server, the first one too.
+            std::thread::sleep(std::time::Duration::from_secs(2));
             let trial = load::Plan::new(LoadArgs {
                 rate: r,
                 duration: Some(a.step_s),
@@ -806,8 +810,6 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
                 offered_per_s: s.attempted as f64 / a.step_s,
                 goodput_per_s: s.on_time as f64 / a.step_s,
             });
-            // Let the server recover before the next point.
-            std::thread::sleep(std::time::Duration::from_secs(1));
         }
     }
     // What the quota did; the quota itself is lifted (dropped) here, before the server stops.
