@@ -12,10 +12,13 @@
 //! - [`stats`]: the statistics that decide when one row may be called cheaper than another.
 //! - [`model`]: per-call cost decomposed into building blocks, validated held out.
 //! - [`report`]: the HTML report and the markdown export.
+//! - [`docs`]: the generated tables in README.md and BENCHMARKS.md, kept equal to the
+//!   checked-in results (`results/lab/`).
 //! - [`charts`]: the report's SVG charts, from labelled numbers.
 
 pub mod bench;
 pub mod charts;
+pub mod docs;
 pub mod model;
 pub mod report;
 pub mod results;
@@ -31,11 +34,23 @@ pub enum LabCommand {
     /// Run suites (default: all), append each row's result to DIR/results.jsonl, and write
     /// the report of everything DIR holds.
     Run(run::RunArgs),
-    /// Write DIR/report.html (and DIR/report.md) from DIR/results.jsonl.
+    /// Write DIR/report.html (and DIR/report.md) from DIR/results.jsonl; with --update or
+    /// --check, also the tables README.md and BENCHMARKS.md quote.
     Report {
         /// The directory `lab run --out` wrote.
         #[arg(default_value = "lab-results")]
         dir: PathBuf,
+        /// Rewrite the generated blocks (`<!-- lab-table: NAME -->`) of these documents from
+        /// the results.
+        #[arg(long, num_args = 1.., value_name = "FILE")]
+        update: Vec<PathBuf>,
+        /// Fail if the generated blocks of these documents differ from the results (writes
+        /// nothing, not even the report).
+        #[arg(long, num_args = 1.., value_name = "FILE", conflicts_with = "update")]
+        check: Vec<PathBuf>,
+        /// Keep the ratios of rows below 99% success (they stay marked).
+        #[arg(long)]
+        with_failures: bool,
     },
     /// Fit the component cost model to DIR's results and print its blocks, its predictions
     /// and its held-out error per row.
@@ -50,7 +65,20 @@ pub enum LabCommand {
 pub fn main(command: LabCommand) -> anyhow::Result<()> {
     match command {
         LabCommand::Run(a) => run::run(a),
-        LabCommand::Report { dir } => report::write(&dir),
+        LabCommand::Report {
+            dir,
+            update,
+            check,
+            with_failures,
+        } => {
+            let opts = report::Options { with_failures };
+            if !check.is_empty() {
+                // A check writes nothing: it is what the test of README runs on the tree.
+                return docs::apply(&check, &report::build(&dir, opts)?.blocks, true);
+            }
+            let r = report::write(&dir, opts)?;
+            docs::apply(&update, &r.blocks, false)
+        }
         LabCommand::Model { dir } => {
             let records = results::load(&dir)?;
             print!("{}", model::text(&model::fit_all(&records)));

@@ -25,7 +25,13 @@ pub(crate) struct RowSummary {
     pub label: &'static str,
     pub baseline: &'static str,
     pub rounds: usize,
+    /// The median offered rate of its rounds, operations per second.
+    pub rate: Option<f64>,
+    /// The share of its rounds' operations that succeeded.
+    pub success: Option<f64>,
     pub cpu_us: Option<f64>,
+    /// Against the baseline, paired by round; `None` where either row failed (below
+    /// [`results::MIN_SUCCESS`]) unless the report was asked to keep failures.
     pub ratio: Option<Ratio>,
     pub seed: Option<&'static str>,
     pub(crate) seed_ratio: Option<f64>,
@@ -46,18 +52,40 @@ impl RowSummary {
     /// What the intervals allow us to say of this row against its baseline.
     pub(crate) fn verdict(&self) -> &'static str {
         match self.ratio {
+            _ if self.failed() => "failures",
             _ if self.id == self.baseline => "baseline",
-            Some(r) if r.high < 1.0 => "cheaper",
-            Some(r) if r.low > 1.0 => "dearer",
+            Some(r) if r.interval.is_none() => "not ranked (n < 5)",
+            Some(r) if r.below_one() => "cheaper",
+            Some(r) if r.above_one() => "dearer",
             Some(_) => "not separable",
             None => "—",
         }
+    }
+
+    /// Whether fewer than [`results::MIN_SUCCESS`] of its operations succeeded.
+    pub(crate) fn failed(&self) -> bool {
+        self.success.is_some_and(|s| s < results::MIN_SUCCESS)
     }
 }
 
 const COUNT_NAMES: [&str; 5] = ["msgs", "conns", "full hs", "resumed hs", "auth"];
 
-fn summarise(s: &Suite, records: &[Record]) -> Vec<RowSummary> {
+/// What a report keeps that it would otherwise leave out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Rows below [`results::MIN_SUCCESS`] keep their ratios (still marked).
+    pub with_failures: bool,
+}
+
+/// The share of `rounds`' operations that succeeded.
+fn success_of(rounds: &[&Record]) -> Option<f64> {
+    let (ok, all) = rounds.iter().fold((0, 0), |(ok, all), r| {
+        (ok + r.succeeded, all + r.succeeded + r.failed)
+    });
+    (all > 0).then(|| ok as f64 / all as f64)
+}
+
+fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
     let of = |id: &str| -> Vec<&Record> {
         records
             .iter()
@@ -77,11 +105,15 @@ fn summarise(s: &Suite, records: &[Record]) -> Vec<RowSummary> {
                 stats::median(&measured.iter().map(|r| f(r)).collect::<Vec<_>>())
             };
             // The ratio pairs each round with the baseline's same round.
-            let base: BTreeMap<u32, f64> = of(row.baseline)
-                .iter()
+            let base_rounds: Vec<&Record> = of(row.baseline)
+                .into_iter()
                 .filter(|r| r.skipped.is_none())
-                .map(|r| (r.round, r.cpu_us))
                 .collect();
+            let base: BTreeMap<u32, f64> =
+                base_rounds.iter().map(|r| (r.round, r.cpu_us)).collect();
+            let success = success_of(&measured);
+            let ok = |share: Option<f64>| share.is_none_or(|s| s >= results::MIN_SUCCESS);
+            let comparable = opts.with_failures || (ok(success) && ok(success_of(&base_rounds)));
             let (mut mine, mut theirs) = (Vec::new(), Vec::new());
             for r in &measured {
                 if let Some(b) = base.get(&r.round) {
@@ -96,8 +128,10 @@ fn summarise(s: &Suite, records: &[Record]) -> Vec<RowSummary> {
                 label: row.label,
                 baseline: row.baseline,
                 rounds: measured.len(),
+                rate: med(&|r| r.rate),
+                success,
                 cpu_us: med(&|r| r.cpu_us),
-                ratio: stats::ratio(&mine, &theirs),
+                ratio: stats::ratio(&mine, &theirs).filter(|_| comparable),
                 seed: row.seed,
                 seed_ratio: row.seed_ratio,
                 wakeups: med(&|r| r.wakeups),
@@ -175,9 +209,9 @@ pub(crate) fn orderings(rows: &[RowSummary]) -> Orderings {
             }
             // The seed has a dearer than b.
             let pair = (a.label.to_string(), b.label.to_string());
-            if ra.low > rb.high {
+            if rb.cheaper_than(&ra) {
                 o.reproduced.push(pair);
-            } else if ra.high < rb.low {
+            } else if ra.cheaper_than(&rb) {
                 o.reversed.push(pair);
             } else {
                 o.not_separable.push(pair);
@@ -192,22 +226,71 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 fn ratio_text(r: Option<Ratio>) -> String {
-    r.map_or("—".into(), |r| {
-        format!("{:.2} [{:.2}, {:.2}]", r.median, r.low, r.high)
-    })
+    match r {
+        None => "—".into(),
+        Some(Ratio {
+            mean,
+            interval: Some((low, high)),
+            ..
+        }) => format!("{mean:.2} [{low:.2}, {high:.2}]"),
+        Some(r) => format!("{:.2} (n = {})", r.mean, r.n),
+    }
+}
+
+fn success_text(r: &RowSummary) -> String {
+    match r.success {
+        Some(s) if s < results::MIN_SUCCESS => format!("**{:.1}%**", s * 100.0),
+        Some(s) => format!("{:.1}%", s * 100.0),
+        None => "—".into(),
+    }
+}
+
+/// What a reader must know to read the table: rows whose ratio is against a baseline run
+/// at another rate (with both rows' wake-ups per operation, the cost that depends on the
+/// rate), and rows left out for their failures.
+pub(crate) fn notes(rows: &[RowSummary]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rows {
+        if r.failed() {
+            out.push(format!(
+                "{}: {} of operations succeeded (below {:.0}%): marked, and left out of ratios \
+                 and of the model's fit.",
+                r.label,
+                success_text(r).replace("**", ""),
+                results::MIN_SUCCESS * 100.0
+            ));
+        }
+        let Some(base) = rows.iter().find(|b| b.id == r.baseline && b.id != r.id) else {
+            continue;
+        };
+        if let (Some(mine), Some(theirs)) = (r.rate, base.rate) {
+            if (mine - theirs).abs() > 0.01 * theirs {
+                out.push(format!(
+                    "{} runs at {mine:.0}/s, its baseline ({}) at {theirs:.0}/s: the row cannot \
+                     hold the suite's rate. Wake-ups per operation, which fall as the rate \
+                     rises, are {} against {}; the ratio includes that difference.",
+                    r.label,
+                    base.label,
+                    opt(r.wakeups, 2),
+                    opt(base.wakeups, 2)
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The markdown table of one suite.
 pub(crate) fn markdown_table(rows: &[RowSummary]) -> String {
     let mut t = String::from(
-        "| configuration | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | auth | peak/s | instr/op |\n\
-         |---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| configuration | rate/s | success | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | auth | peak/s | instr/op |\n\
+         |---|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         if let Some(why) = &r.skipped {
             writeln!(
                 t,
-                "| {} | unavailable: {why} | | | {} | {} | | | | | | | | |",
+                "| {} | | | unavailable: {why} | | | {} | {} | | | | | | | | |",
                 r.label,
                 r.seed.unwrap_or(""),
                 opt(r.seed_ratio, 2)
@@ -217,8 +300,10 @@ pub(crate) fn markdown_table(rows: &[RowSummary]) -> String {
         }
         writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
+            opt(r.rate, 0),
+            success_text(r),
             opt(r.cpu_us, 1),
             ratio_text(r.ratio),
             r.verdict(),
@@ -247,8 +332,9 @@ fn escape(s: &str) -> String {
 /// The HTML table of one suite.
 fn html_table(rows: &[RowSummary]) -> String {
     let mut t = String::from(
-        "<table><tr><th>configuration</th><th>µs/op</th><th>× baseline [95% CI]</th>\
-         <th>verdict</th><th>seed</th><th>seed ×</th><th>wake-ups/op</th>",
+        "<table><tr><th>configuration</th><th>rate/s</th><th>success</th><th>µs/op</th>\
+         <th>× baseline [95% CI]</th><th>verdict</th><th>seed</th><th>seed ×</th>\
+         <th>wake-ups/op</th>",
     );
     for c in COUNT_NAMES {
         write!(t, "<th>{c}/op</th>").unwrap();
@@ -258,7 +344,7 @@ fn html_table(rows: &[RowSummary]) -> String {
         if let Some(why) = &r.skipped {
             writeln!(
                 t,
-                "<tr class=skip><td>{}</td><td colspan=3>unavailable: {}</td><td>{}</td><td>{}</td>\
+                "<tr class=skip><td>{}</td><td colspan=5>unavailable: {}</td><td>{}</td><td>{}</td>\
                  <td colspan=9></td></tr>",
                 escape(r.label),
                 escape(why),
@@ -270,8 +356,10 @@ fn html_table(rows: &[RowSummary]) -> String {
         }
         write!(
             t,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td>",
             escape(r.label),
+            opt(r.rate, 0),
+            success_text(r).replace("**", ""),
             opt(r.cpu_us, 1),
             ratio_text(r.ratio),
             r.verdict().replace(' ', "-"),
@@ -319,9 +407,9 @@ fn cost_chart(rows: &[RowSummary], m: &Model, suite: &str) -> Result<String> {
                         .collect()
                 })
                 .unwrap_or_default();
-            let interval = r.ratio.filter(|_| r.id != r.baseline).map(|x| {
-                let scale = cpu / x.median;
-                (x.low * scale, x.high * scale)
+            let interval = r.ratio.filter(|_| r.id != r.baseline).and_then(|x| {
+                let scale = cpu / x.mean;
+                x.interval.map(|(low, high)| (low * scale, high * scale))
             });
             Some(charts::CostBar {
                 label: r.label.to_string(),
@@ -370,18 +458,21 @@ fn ablation(s: &Suite, rows: &[RowSummary]) -> (String, String) {
     let mut any = false;
     for (base, r, saving, q) in savings(s, rows) {
         any = true;
-        let share = format!(
-            "{:.0}% [{:.0}%, {:.0}%]",
-            (1.0 - q.median) * 100.0,
-            (1.0 - q.high) * 100.0,
-            (1.0 - q.low) * 100.0
-        );
-        let bound = format!(
-            "{:.2}× [{:.2}, {:.2}]",
-            1.0 / q.median,
-            1.0 / q.high,
-            1.0 / q.low
-        );
+        let (share, bound) = match q.interval {
+            Some((low, high)) => (
+                format!(
+                    "{:.0}% [{:.0}%, {:.0}%]",
+                    (1.0 - q.mean) * 100.0,
+                    (1.0 - high) * 100.0,
+                    (1.0 - low) * 100.0
+                ),
+                format!("{:.2}× [{:.2}, {:.2}]", 1.0 / q.mean, 1.0 / high, 1.0 / low),
+            ),
+            None => (
+                format!("{:.0}% (n = {})", (1.0 - q.mean) * 100.0, q.n),
+                format!("{:.2}× (n = {})", 1.0 / q.mean, q.n),
+            ),
+        };
         let (b, a) = (base.cpu_us.unwrap_or(0.0), r.cpu_us.unwrap_or(0.0));
         let _ = writeln!(
             html,
@@ -408,8 +499,8 @@ fn amdahl_chart(s: &Suite, rows: &[RowSummary]) -> Result<Option<String>> {
     let values: Vec<charts::Bar> = savings(s, rows)
         .map(|(_, r, _, q)| charts::Bar {
             label: r.label.to_string(),
-            value: 1.0 / q.median,
-            interval: Some((1.0 / q.high, 1.0 / q.low)),
+            value: 1.0 / q.mean,
+            interval: q.interval.map(|(low, high)| (1.0 / high, 1.0 / low)),
         })
         .collect();
     if values.is_empty() {
@@ -441,50 +532,67 @@ fn goodput_chart(rows: &[RowSummary]) -> Result<Option<String>> {
     )
 }
 
-/// The goodput a row keeps at `multiple` times its own peak, from its curve (the point whose
-/// asked rate was nearest): `(offered/s, goodput/s)`.
-pub(crate) fn goodput_at(r: &RowSummary, multiple: f64) -> Option<(f64, f64)> {
-    let peak = r.peak_per_s?;
-    r.goodput_curve
-        .iter()
-        .min_by(|a, b| {
-            let d = |p: &[f64; 2]| (p[0] / peak - multiple).abs();
-            d(a).total_cmp(&d(b))
-        })
-        .filter(|p| (p[0] / peak - multiple).abs() < 0.2 * multiple)
-        .map(|p| (p[0], p[1]))
+/// The suite's reference capacity (the median of its reference records: normally one, run
+/// once per run), operations per second.
+pub(crate) fn reference_capacity(suite: &str, records: &[Record]) -> Option<f64> {
+    stats::median(
+        &records
+            .iter()
+            .filter(|r| r.suite == suite && r.row == suite::REFERENCE && r.skipped.is_none())
+            .filter_map(|r| r.peak_per_s)
+            .collect::<Vec<_>>(),
+    )
 }
 
-/// Each row's searched peak, the best goodput any point of its curve reached, and the
-/// goodput it keeps at twice and three times its peak, each as a share of the uncontrolled
-/// server's best goodput (the first row's): the peak to hold. The searched peak overstates
-/// what a server that collapses can sustain (a short trial fits in its buffers), so the
-/// shares are of sustained goodput.
-fn goodput_table(rows: &[RowSummary]) -> (String, String) {
-    let best = |r: &RowSummary| r.goodput_curve.iter().map(|p| p[1]).reduce(f64::max);
-    let reference = rows.first().and_then(best);
-    let mut html = String::from(
-        "<table><tr><th>row</th><th>searched peak /s</th><th>best goodput /s</th>\
-         <th>goodput at 2× /s</th><th>÷ uncontrolled best</th><th>goodput at 3× /s</th>\
-         <th>÷ uncontrolled best</th></tr>",
+/// Goodput past the peak, like for like: every row was offered the same absolute rates
+/// (multiples of the one reference capacity, [`suite::GRID`]), and each cell is the goodput
+/// it kept there as a share of that same reference, the mean over rounds with its interval.
+/// Rows whose rounds were measured on another grid are left out, saying so.
+fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(String, String)> {
+    let reference = reference_capacity(s.name, records)?;
+    let grid: Vec<f64> = suite::GRID
+        .iter()
+        .map(|m| (reference * m).round())
+        .collect();
+    let mut head = vec!["row".to_string()];
+    head.extend(
+        suite::GRID
+            .iter()
+            .zip(&grid)
+            .map(|(m, r)| format!("{m}× ({r:.0}/s)")),
     );
-    let mut md = String::from(
-        "| row | searched peak /s | best goodput /s | goodput at 2× /s | ÷ uncontrolled best | goodput at 3× /s | ÷ uncontrolled best |\n\
-         |---|---:|---:|---:|---:|---:|---:|\n",
+    let mut md = format!(
+        "Goodput ÷ the reference capacity ({reference:.0} calls/s, the uncontrolled server's \
+         peak searched once), at the same offered rates for every row; {}.\n\n| {} |\n|---|{}\n",
+        stats::describe_means(rows.iter().map(|r| r.rounds).min().unwrap_or(0)),
+        head.join(" | "),
+        "---:|".repeat(grid.len())
     );
-    let f = |v: Option<f64>, digits: usize| v.map_or("—".into(), |v| format!("{v:.digits$}"));
-    for r in rows {
-        let two = goodput_at(r, 2.0).map(|p| p.1);
-        let three = goodput_at(r, 3.0).map(|p| p.1);
-        let share = |g: Option<f64>| g.zip(reference).map(|(g, p)| g / p);
-        let cells = [
-            f(r.peak_per_s, 0),
-            f(best(r), 0),
-            f(two, 0),
-            f(share(two), 2),
-            f(three, 0),
-            f(share(three), 2),
-        ];
+    let mut html = String::from("<table><tr>");
+    for h in &head {
+        write!(html, "<th>{}</th>", escape(h)).ok();
+    }
+    html += "</tr>";
+    for r in rows.iter().filter(|r| r.skipped.is_none()) {
+        let rounds: Vec<&Record> = records
+            .iter()
+            .filter(|x| x.suite == s.name && x.row == r.id && x.skipped.is_none())
+            .collect();
+        let cells: Vec<String> = grid
+            .iter()
+            .map(|&rate| {
+                let shares: Vec<f64> = rounds
+                    .iter()
+                    .filter_map(|x| {
+                        x.goodput_curve
+                            .iter()
+                            .find(|p| (p[0] - rate).abs() <= 0.05 * rate)
+                            .map(|p| p[1] / reference)
+                    })
+                    .collect();
+                stats::mean_interval(&shares).map_or("—".into(), |m| m.text(2))
+            })
+            .collect();
         write!(html, "<tr><td>{}</td>", escape(r.label)).ok();
         for c in &cells {
             write!(html, "<td class=num>{c}</td>").ok();
@@ -493,7 +601,7 @@ fn goodput_table(rows: &[RowSummary]) -> (String, String) {
         writeln!(md, "| {} | {} |", r.label, cells.join(" | ")).ok();
     }
     html += "</table>";
-    (html, md)
+    Some((html, md))
 }
 
 /// Latency CDFs of every measured row (log time axis).
@@ -544,8 +652,8 @@ td:first-child,th:first-child{text-align:left}\
 tr.skip td{color:#888}.cheaper{background:#d9f2d9}.dearer{background:#f8dada}\
 .not-separable{background:#eee}p.about{max-width:900px}svg{display:block;margin:1em 0}";
 
-/// Writes `dir/report.html` and `dir/report.md` from `dir/results.jsonl`.
-pub fn write(dir: &Path) -> Result<()> {
+/// The report of `dir/results.jsonl`, written nowhere.
+pub fn build(dir: &Path, opts: Options) -> Result<Rendered> {
     let records = results::load(dir)?;
     if records.is_empty() {
         anyhow::bail!(
@@ -554,42 +662,121 @@ pub fn write(dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    let m = model::fit_all(&records);
-    let (html, md) = render(&records, &m)?;
-    let (h, k) = (dir.join("report.html"), dir.join("report.md"));
-    std::fs::write(&h, html).with_context(|| format!("cannot write {}", h.display()))?;
-    std::fs::write(&k, md).with_context(|| format!("cannot write {}", k.display()))?;
-    eprintln!("sipsec lab: wrote {} and {}", h.display(), k.display());
-    Ok(())
+    render(&records, &model::fit_all(&records), opts)
 }
 
-/// The HTML page and the markdown export.
-pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
+/// Writes `dir/report.html` and `dir/report.md` from `dir/results.jsonl`.
+pub fn write(dir: &Path, opts: Options) -> Result<Rendered> {
+    let rendered = build(dir, opts)?;
+    let (h, k) = (dir.join("report.html"), dir.join("report.md"));
+    std::fs::write(&h, &rendered.html).with_context(|| format!("cannot write {}", h.display()))?;
+    std::fs::write(&k, &rendered.markdown)
+        .with_context(|| format!("cannot write {}", k.display()))?;
+    eprintln!("sipsec lab: wrote {} and {}", h.display(), k.display());
+    Ok(rendered)
+}
+
+/// A report: the HTML page, the markdown export, and the blocks README and BENCHMARKS.md
+/// quote (see [`super::docs`]), by name.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    /// The self-contained page.
+    pub html: String,
+    /// Every table as markdown.
+    pub markdown: String,
+    /// Generated blocks by name: a suite's name for its table, `SUITE-ablation`,
+    /// `SUITE-goodput`, `model`.
+    pub blocks: BTreeMap<String, String>,
+}
+
+/// Where a suite's figures come from: the commits and dates its records were measured at,
+/// its rounds, and the command that measures them again.
+fn provenance(suite: &str, records: &[Record]) -> String {
+    let mine: Vec<&Record> = records.iter().filter(|r| r.suite == suite).collect();
+    let mut commits: Vec<&str> = mine
+        .iter()
+        .map(|r| {
+            if r.commit.is_empty() {
+                "unrecorded"
+            } else {
+                r.commit.as_str()
+            }
+        })
+        .collect();
+    commits.sort_unstable();
+    commits.dedup();
+    let mut dates: Vec<&str> = mine
+        .iter()
+        .map(|r| r.date.as_str())
+        .filter(|d| !d.is_empty())
+        .collect();
+    dates.sort_unstable();
+    dates.dedup();
+    let when = match (dates.first(), dates.last()) {
+        (Some(a), Some(b)) if a != b => format!(" between {a} and {b}"),
+        (Some(a), _) => format!(" on {a}"),
+        _ => String::new(),
+    };
+    format!(
+        "Measured at commit {}{when}; `sipsec lab run {suite} --out DIR` measures it again.",
+        commits.join(", ")
+    )
+}
+
+/// The HTML page, the markdown export and the generated blocks.
+pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> {
     let mut html = format!(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>sipsec lab report</title>\
          <style>{STYLE}</style></head><body><h1>sipsec lab report</h1>\
          <p>{} results. Each row is server CPU per operation at a fixed rate (the \
-         scheduler's on-CPU time of every server thread over the operations that succeeded), the median over rounds; \
-         its ratio to the baseline is the median of per-round ratios with a bootstrap 95% \
-         interval, and a row is called cheaper or dearer only where that interval excludes \
-         1. Counts per operation come from the server's own counters.</p>\n",
-        records.len()
+         scheduler's on-CPU time of every server thread over the operations that succeeded), \
+         the median over rounds; its ratio to the baseline is the geometric mean of the \
+         per-round ratios (each round's row over the same round's baseline) with a {:.0}% \
+         interval (each table says its method and n), and a row is called cheaper or dearer \
+         only where that interval excludes 1; below {} rounds there are no intervals and no \
+         verdicts. A row where fewer than {:.0}% of operations succeeded is marked and left \
+         out of ratios and of the model. Counts per operation come from the server's own \
+         counters.</p>\n",
+        records.len(),
+        stats::LEVEL * 100.0,
+        stats::MIN_ROUNDS,
+        results::MIN_SUCCESS * 100.0,
     );
     let mut md = String::from("# sipsec lab report\n\n");
+    let mut blocks = BTreeMap::new();
     for s in suite::all() {
-        let rows = summarise(&s, records);
+        let rows = summarise(&s, records, opts);
         if rows.is_empty() {
             continue;
         }
+        let rounds = rows
+            .iter()
+            .filter(|r| r.ratio.is_some() && r.id != r.baseline)
+            .map(|r| r.ratio.map_or(0, |q| q.n))
+            .min()
+            .unwrap_or_else(|| rows.iter().map(|r| r.rounds).max().unwrap_or(0));
+        let method = format!("Intervals: {}.", stats::describe(rounds));
+        let source = provenance(s.name, records);
         write!(
             html,
-            "<h2>{}</h2><p class=about>{}</p>",
+            "<h2>{}</h2><p class=about>{}</p><p>{} {}</p>",
             escape(s.title),
-            escape(s.about)
+            escape(s.about),
+            escape(&method),
+            escape(&source)
         )?;
         html += &html_table(&rows);
-        write!(md, "## {}\n\n{}\n\n", s.title, s.about)?;
-        md += &markdown_table(&rows);
+        let mut block = format!("{method} {source}\n\n{}", markdown_table(&rows));
+        let notes = notes(&rows);
+        for n in &notes {
+            write!(html, "<p>{}</p>", escape(n))?;
+        }
+        if !notes.is_empty() {
+            block += "\n";
+            for n in &notes {
+                writeln!(block, "- {n}")?;
+            }
+        }
         let o = orderings(&rows);
         let n = o.reproduced.len() + o.reversed.len() + o.not_separable.len();
         if n > 0 {
@@ -608,8 +795,10 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
                 o.not_separable.len()
             );
             write!(html, "<p>{}</p>", escape(&line))?;
-            write!(md, "\n{line}\n\n")?;
+            write!(block, "\n{line}\n")?;
         }
+        write!(md, "## {}\n\n{}\n\n{block}\n", s.title, s.about)?;
+        blocks.insert(s.name.to_string(), block);
         if s.lab_build {
             let (table, text) = ablation(&s, &rows);
             if !text.is_empty() {
@@ -618,6 +807,10 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
                     "<h3>Ablation: the most making a stage free could buy</h3>{table}"
                 )?;
                 write!(md, "\n### Ablation\n\n{text}\n")?;
+                blocks.insert(
+                    format!("{}-ablation", s.name),
+                    format!("{method}\n\n{text}"),
+                );
                 if let Some(svg) = amdahl_chart(&s, &rows)? {
                     html += &svg;
                 }
@@ -631,9 +824,11 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
             html += &svg;
         }
         if s.curve {
-            let (table, text) = goodput_table(&rows);
-            write!(html, "<h3>Goodput past the peak</h3>{table}")?;
-            write!(md, "\n### Goodput past the peak\n\n{text}\n")?;
+            if let Some((table, text)) = goodput_table(&s, &rows, records) {
+                write!(html, "<h3>Goodput past the peak</h3>{table}")?;
+                write!(md, "\n### Goodput past the peak\n\n{text}\n")?;
+                blocks.insert(format!("{}-goodput", s.name), text);
+            }
         }
         if let Some(svg) = goodput_chart(&rows)? {
             html += &svg;
@@ -648,7 +843,12 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
         escape(&model_text)
     )?;
     write!(md, "## The component cost model\n\n```\n{model_text}```\n")?;
-    Ok((html, md))
+    blocks.insert("model".into(), format!("```\n{model_text}```\n"));
+    Ok(Rendered {
+        html,
+        markdown: md,
+        blocks,
+    })
 }
 
 #[cfg(test)]
@@ -686,10 +886,10 @@ mod tests {
             "3DES: none".into(),
         ));
         let s = suite::named("seed000").unwrap();
-        let rows = summarise(&s, &records);
+        let rows = summarise(&s, &records, Options::default());
         let tls = rows.iter().find(|r| r.id == "chain-tls").unwrap();
         assert_eq!(tls.verdict(), "dearer");
-        assert!((tls.ratio.unwrap().median - 1.5).abs() < 1e-9);
+        assert!((tls.ratio.unwrap().mean - 1.5).abs() < 1e-9);
         let tcp = rows.iter().find(|r| r.id == "chain-tcp").unwrap();
         assert_eq!(tcp.verdict(), "cheaper");
         let o = orderings(&rows);
@@ -699,11 +899,15 @@ mod tests {
             o.reversed,
             vec![("chain TCP".to_string(), "UDP".to_string())]
         );
-        let (html, md) = render(&records, &model::fit_all(&records)).unwrap();
+        let r = render(&records, &model::fit_all(&records), Options::default()).unwrap();
+        let (html, md) = (r.html, r.markdown);
         assert!(html.contains("<svg") && html.contains("chain TLS"));
         assert!(!html.contains("src="));
         assert!(!html.contains("<script") && !html.contains("<link"));
-        assert!(md.contains("| chain TLS 3DES | unavailable: 3DES: none |"));
+        assert!(
+            md.contains("| chain TLS 3DES | | | unavailable: 3DES: none |"),
+            "{md}"
+        );
         assert!(md.contains("1 reversed (chain TCP > UDP)"));
     }
 }
@@ -712,50 +916,98 @@ mod tests {
 mod goodput_tests {
     use super::*;
 
-    fn curve_rec(row: &str, peak: f64, curve: &[[f64; 2]]) -> Record {
-        let mut r = Record::skipped("overload", row, 1, String::new());
+    fn curve_rec(row: &str, round: u32, curve: &[[f64; 2]]) -> Record {
+        let mut r = Record::skipped("overload", row, round, String::new());
         r.skipped = None;
         r.cpu_us = 100.0;
         r.succeeded = 100;
         r.calls = 100;
-        r.peak_per_s = Some(peak);
         r.goodput_curve = curve.to_vec();
         r
     }
 
-    /// Shares are of the uncontrolled row's best goodput, not of its searched peak, and the
-    /// points at 2× and 3× are those nearest each row's own peak.
+    /// Every row is read at the grid's absolute rates, as a share of the one reference
+    /// capacity, with an interval over five rounds.
     #[test]
-    fn goodput_past_the_peak_is_a_share_of_the_uncontrolled_best() {
-        let records = vec![
-            curve_rec(
+    fn goodput_is_read_on_one_grid_as_a_share_of_one_reference() {
+        let mut reference = curve_rec(suite::REFERENCE, 0, &[]);
+        reference.peak_per_s = Some(4000.0);
+        let mut records = vec![reference];
+        for round in 1..=5 {
+            let wobble = 100.0 * (round as f64 - 3.0);
+            records.push(curve_rec(
                 "off",
-                7000.0,
+                round,
                 &[
-                    [3500.0, 3500.0],
-                    [5250.0, 5000.0],
-                    [14000.0, 900.0],
-                    [21000.0, 400.0],
+                    [2000.0, 2000.0],
+                    [4000.0, 3900.0],
+                    [6000.0, 2000.0 + wobble],
+                    [8000.0, 1000.0 + wobble],
+                    [12000.0, 400.0],
                 ],
-            ),
-            curve_rec(
+            ));
+            records.push(curve_rec(
                 "on",
-                5000.0,
-                &[[2500.0, 2500.0], [10000.0, 4500.0], [15000.0, 4000.0]],
-            ),
-        ];
+                round,
+                &[
+                    [2000.0, 2000.0],
+                    [4000.0, 3800.0],
+                    [6000.0, 3600.0],
+                    [8000.0, 3400.0 + wobble],
+                    [12000.0, 3000.0],
+                ],
+            ));
+        }
         let s = suite::named("overload").unwrap();
-        let rows = summarise(&s, &records);
-        let (_, md) = goodput_table(&rows);
-        assert!(
-            md.contains("| sipsec, overload control off | 7000 | 5000 | 900 | 0.18 | 400 | 0.08 |"),
-            "{md}"
+        let rows = summarise(&s, &records, Options::default());
+        let (_, md) = goodput_table(&s, &rows, &records).unwrap();
+        assert!(md.contains("| 2× (8000/s) |"), "{md}");
+        assert!(md.contains("n = 5 rounds"), "{md}");
+        let off = md
+            .lines()
+            .find(|l| l.starts_with("| sipsec, overload control off"))
+            .unwrap();
+        assert!(off.contains("| 0.25 [0.20, 0.30] |"), "{off}");
+        assert!(off.contains("| 0.10 [0.10, 0.10] |"), "{off}");
+        let on = md
+            .lines()
+            .find(|l| l.starts_with("| sipsec, local admission control"))
+            .unwrap();
+        assert!(on.contains("| 0.85 [0.80, 0.90] |"), "{on}");
+    }
+
+    /// A row below 99% success is marked, has no ratio and no verdict but "failures", and
+    /// the rows against it as a baseline have none either; asked to keep failures, they do.
+    #[test]
+    fn failed_rows_are_marked_and_left_out_of_ratios() {
+        let mut records = Vec::new();
+        for round in 1..=5 {
+            let mut udp = curve_rec("udp", round, &[]);
+            udp.suite = "seed000".into();
+            records.push(udp);
+            let mut tcp = curve_rec("chain-tcp", round, &[]);
+            tcp.suite = "seed000".into();
+            tcp.cpu_us = 150.0;
+            tcp.failed = 3;
+            tcp.rate = 500.0;
+            records.push(tcp);
+        }
+        let s = suite::named("seed000").unwrap();
+        let rows = summarise(&s, &records, Options::default());
+        let tcp = rows.iter().find(|r| r.id == "chain-tcp").unwrap();
+        assert!(tcp.failed() && tcp.ratio.is_none());
+        assert_eq!(tcp.verdict(), "failures");
+        let md = markdown_table(&rows);
+        assert!(md.contains("| chain TCP | 500 | **97.1%** |"), "{md}");
+        assert!(notes(&rows).iter().any(|n| n.contains("97.1%")));
+        let kept = summarise(
+            &s,
+            &records,
+            Options {
+                with_failures: true,
+            },
         );
-        assert!(
-            md.contains(
-                "| sipsec, local admission control | 5000 | 4500 | 4500 | 0.90 | 4000 | 0.80 |"
-            ),
-            "{md}"
-        );
+        let tcp = kept.iter().find(|r| r.id == "chain-tcp").unwrap();
+        assert!((tcp.ratio.unwrap().mean - 1.5).abs() < 1e-9);
     }
 }

@@ -66,9 +66,29 @@ pub struct Record {
     /// extra run (`lab run --instructions`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<f64>,
-    /// `[offered/s, goodput/s]` at multiples of the peak (`lab run --curve`).
+    /// `[offered/s, goodput/s]` at multiples of the peak (`lab run --curve`), or at the
+    /// overload suite's grid of absolute rates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub goodput_curve: Vec<[f64; 2]>,
+    /// The commit the measuring binary was built from (`git describe`, `-dirty` when the tree
+    /// had changes); empty in results from before it was recorded.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub commit: String,
+    /// The UTC date the row was measured on (`YYYY-MM-DD`); empty in older results.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub date: String,
+}
+
+/// The least share of a row's operations that must succeed for its figures to be a result:
+/// below it the row is marked in the report and left out of ratios and of the model's fit.
+pub const MIN_SUCCESS: f64 = 0.99;
+
+/// The commit this binary was built from (see `build.rs`).
+pub const COMMIT: &str = env!("SIPSEC_LAB_COMMIT");
+
+/// Today's UTC date, `YYYY-MM-DD`.
+pub fn today() -> String {
+    time::OffsetDateTime::now_utc().date().to_string()
 }
 
 impl Record {
@@ -94,6 +114,8 @@ impl Record {
             latency_cdf_ms: Vec::new(),
             instructions: None,
             goodput_curve: Vec::new(),
+            commit: COMMIT.to_string(),
+            date: today(),
         }
     }
 
@@ -120,6 +142,17 @@ impl Record {
                 .map(|p| [p.offered_per_s, p.goodput_per_s])
                 .collect(),
             ..Record::skipped(suite, row, round, String::new())
+        }
+    }
+
+    /// The share of the measured run's operations that succeeded (1 where none were
+    /// attempted: a skipped row has no failures, only no result).
+    pub fn success_share(&self) -> f64 {
+        let attempted = self.succeeded + self.failed;
+        if attempted == 0 {
+            1.0
+        } else {
+            self.succeeded as f64 / attempted as f64
         }
     }
 

@@ -24,12 +24,17 @@ pub struct RunArgs {
     /// Directory for results.jsonl (created if missing).
     #[arg(long, default_value = "lab-results")]
     pub out: PathBuf,
-    /// Rounds (default: 3, or 1 with --quick).
+    /// Rounds (default: 5, the fewest the report gives intervals for; 1 with --quick).
     #[arg(long)]
     pub rounds: Option<u32>,
-    /// Small runs, for CI and a first look: few operations per row, one round.
+    /// Small runs, for CI and a first look: few operations per row, one round. Not a
+    /// result: the report gives no intervals and ranks nothing below 5 rounds.
     #[arg(long)]
     pub quick: bool,
+    /// Exit non-zero when a row ran with fewer than 99% of its operations succeeding (CI's
+    /// quick run uses it); without it such rows are only marked in the report.
+    #[arg(long)]
+    pub strict: bool,
     /// Carry on with a results file that already has rows (an interrupted run): rows and
     /// rounds already recorded are not run again.
     #[arg(long)]
@@ -435,13 +440,16 @@ impl Drop for Process {
     }
 }
 
-/// Measures one row once.
+/// Measures one row once. In a suite with a goodput curve, `grid` is the absolute rates to
+/// measure it at; `None` there measures the suite's reference capacity instead (a peak
+/// search of the row, recorded as [`suite::REFERENCE`]).
 fn measure(
     ws: &mut Workspace,
     suite: &Suite,
     row: &Row,
     round: u32,
     a: &RunArgs,
+    grid: Option<&[f64]>,
     stop: &AtomicBool,
 ) -> Result<Option<Record>> {
     let skipped = |why: String| Ok(Some(Record::skipped(suite.name, row.id, round, why)));
@@ -517,15 +525,18 @@ fn measure(
     args.users = users.map(|u| ws.path(u));
     args.peer_pid = peer.into_iter().collect();
     let mut measured = args.clone();
-    if a.peak || a.curve || suite.curve {
-        measured.find_peak = true;
+    if suite.curve {
         // The overload suite's points are steady states of control loops that settle in a
         // second or so: each gets 5 s.
-        measured.step_s = if suite.curve { 5.0 } else { 2.0 };
-    }
-    measured.goodput_curve = a.curve || suite.curve;
-    if suite.curve {
-        measured.curve_to = 3.0;
+        measured.step_s = 5.0;
+        match grid {
+            Some(rates) => measured.curve_rates = rates.to_vec(),
+            None => measured.find_peak = true,
+        }
+    } else if a.peak || a.curve {
+        measured.find_peak = true;
+        measured.step_s = 2.0;
+        measured.goodput_curve = a.curve;
     }
     let mut record = match bench::run_until(measured, stop) {
         Ok(r) if r.load.interrupted || stop.load(Ordering::Relaxed) => return Ok(None),
@@ -586,7 +597,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?
     };
-    let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 3 });
+    let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 5 });
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
@@ -631,9 +642,35 @@ pub fn run(a: RunArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     let mut failed = Vec::new();
+    let mut below = Vec::new();
+    // The curve suite's reference capacity: measured once per run (kept across --resume).
+    let mut reference = existing
+        .iter()
+        .find(|r| r.row == suite::REFERENCE && r.skipped.is_none())
+        .and_then(|r| r.peak_per_s);
     for (s, row, round) in todo {
+        if s.curve && reference.is_none() {
+            let base = s.row(row.baseline).unwrap_or(row);
+            bar.set_message(format!("{} reference capacity ({})", s.name, base.id));
+            let Some(mut record) = measure(&mut ws, s, base, 0, &a, None, &stop)? else {
+                break;
+            };
+            record.row = suite::REFERENCE.to_string();
+            results::append(&a.out, &record)?;
+            reference = record.peak_per_s;
+            if reference.is_none() {
+                bail!(
+                    "{}: no reference capacity found ({}): the suite's grid needs one",
+                    s.name,
+                    record.skipped.as_deref().unwrap_or("no peak")
+                );
+            }
+        }
+        let grid: Option<Vec<f64>> = reference
+            .filter(|_| s.curve)
+            .map(|c| suite::GRID.iter().map(|m| (c * m).round()).collect());
         bar.set_message(format!("{} {} (round {round} of {rounds})", s.name, row.id));
-        let record = match measure(&mut ws, s, row, round, &a, &stop) {
+        let record = match measure(&mut ws, s, row, round, &a, grid.as_deref(), &stop) {
             Ok(Some(record)) => record,
             Ok(None) => break,
             // Its helpers would not start (a port taken, say): recorded as failed, and the
@@ -641,6 +678,16 @@ pub fn run(a: RunArgs) -> Result<()> {
             Err(e) => Record::skipped(s.name, row.id, round, format!("{FAILED}{e:#}")),
         };
         results::append(&a.out, &record)?;
+        if record.success_share() < results::MIN_SUCCESS {
+            let line = format!(
+                "{} {} (round {round}): {:.1}% of operations succeeded",
+                s.name,
+                row.id,
+                record.success_share() * 100.0
+            );
+            bar.println(format!("{line}: below 99%, marked in the report"));
+            below.push(line);
+        }
         if let Some(why) = &record.skipped {
             bar.println(format!("{} {}: skipped: {why}", s.name, row.id));
             if why.starts_with(FAILED) {
@@ -663,7 +710,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     } else {
         eprintln!("sipsec lab: results in {}", path.display());
         // The report from every result in the directory, this run's and earlier ones'.
-        super::report::write(&a.out)?;
+        super::report::write(&a.out, super::report::Options::default())?;
+    }
+    if a.strict && !below.is_empty() {
+        bail!(
+            "--strict: {} row runs fell below 99% success: {}",
+            below.len(),
+            below.join("; ")
+        );
     }
     if !failed.is_empty() {
         bail!(

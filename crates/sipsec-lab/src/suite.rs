@@ -761,6 +761,12 @@ fn seed004() -> Suite {
 /// The share of a core the overload suite holds the server under test to: one core of load
 /// generator then offers it several times its peak.
 pub(crate) const OVERLOAD_QUOTA: f64 = 0.25;
+/// The overload suite's grid: every row's goodput is measured at these multiples of one
+/// reference capacity (the uncontrolled server's peak, searched once per run), so every row
+/// is read at the same offered rates.
+pub const GRID: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 3.0];
+/// The row name the reference capacity is stored under in the results (round 0).
+pub const REFERENCE: &str = "reference";
 
 /// Overload control (seed 004's collapse past the peak, and RFC 7339/7415): goodput against
 /// offered load up to three times the peak, for sipsec with control off and on, with a load
@@ -821,10 +827,11 @@ fn overload() -> Suite {
         about: "Seed 004 saw servers collapse past their peak: retransmissions multiply the \
                 load and the server spends itself on calls that time out. Here the server \
                 is held to a quarter of a core (a cgroup CPU quota) so one core of load can \
-                offer it three times its peak; each row's peak is searched, then goodput \
-                (calls completed within 500 ms per second) is measured from half the peak \
-                to three times it. The CPU column is at a rate below the peak, where \
-                control must cost nothing.",
+                offer it three times its peak. The uncontrolled server's peak is searched \
+                once per run (the reference capacity); every row's goodput (calls completed \
+                within 500 ms per second) is then measured at the same offered rates, half \
+                to three times that reference, and read as a share of it. The CPU column is \
+                at a rate below the peak, where control must cost nothing.",
         rows,
         lab_build: false,
         curve: true,

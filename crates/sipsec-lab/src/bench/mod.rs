@@ -133,6 +133,11 @@ pub struct BenchArgs {
     /// 2.5, 3, 4 as far as it reaches).
     #[arg(long, default_value_t = 2.0)]
     pub(crate) curve_to: f64,
+    /// Offer each of these rates (operations per second, comma-separated) for a trial of
+    /// --step-s and record the goodput: one grid of absolute rates, so that several servers
+    /// or settings are compared at the same offered load (the lab's overload suite).
+    #[arg(long, value_delimiter = ',', conflicts_with = "goodput_curve")]
+    pub curve_rates: Vec<f64>,
     /// Hold the server to this fraction of one core (cgroup v1 CPU quota; root), so one core
     /// of load can overload it.
     #[arg(long)]
@@ -577,8 +582,16 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     if a.instructions && (!a.server_pid.is_empty() || a.find_peak) {
         bail!("--instructions counts a server started here, without --find-peak");
     }
-    if (a.goodput_curve && !a.find_peak) || (a.config.is_some() && !a.server_pid.is_empty()) {
-        bail!("--goodput-curve needs --find-peak; --config and --server-pid exclude each other");
+    if (a.goodput_curve && (!a.find_peak || !a.curve_rates.is_empty()))
+        || (a.config.is_some() && !a.server_pid.is_empty())
+    {
+        bail!(
+            "--goodput-curve needs --find-peak and excludes --curve-rates; --config and \
+             --server-pid exclude each other"
+        );
+    }
+    if a.curve_rates.iter().any(|r| !r.is_finite() || *r <= 0.0) {
+        bail!("--curve-rates must be positive rates");
     }
     let cpus = cpu::cpu_count();
     if a.server_cpu >= cpus || a.load_cpu >= cpus {
@@ -788,29 +801,33 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     } else {
         None
     };
-    let mut goodput_curve = Vec::new();
-    if let Some(peak) = peak_search.as_ref().and_then(|s| s.peak_per_s) {
-        for m in CURVE
+    // The rates the goodput is measured at: the grid asked for, or multiples of the peak.
+    let curve_rates: Vec<f64> = match peak_search.as_ref().and_then(|s| s.peak_per_s) {
+        _ if !a.curve_rates.is_empty() => a.curve_rates.clone(),
+        Some(peak) if a.goodput_curve => CURVE
             .iter()
-            .filter(|&&m| a.goodput_curve && m <= a.curve_to + 1e-9)
-        {
-            let r = (peak * m).round().max(1.0);
-            // Let the server recover from what came before (the peak search ends past the
-            // peak, and its overload control is still shedding) so each point is measured
-            // from a settled server, the first one too.
-            std::thread::sleep(std::time::Duration::from_secs(2));
-            let trial = load::Plan::new(LoadArgs {
-                rate: r,
-                duration: Some(a.step_s),
-                ..base.clone()
-            })?;
-            let s = load::execute(&trial, &mut bound, stop)?;
-            goodput_curve.push(CurvePoint {
-                rate: r,
-                offered_per_s: s.attempted as f64 / a.step_s,
-                goodput_per_s: s.on_time as f64 / a.step_s,
-            });
-        }
+            .filter(|&&m| m <= a.curve_to + 1e-9)
+            .map(|m| (peak * m).round().max(1.0))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut goodput_curve = Vec::new();
+    for r in curve_rates {
+        // Let the server recover from what came before (the peak search ends past the
+        // peak, and its overload control is still shedding) so each point is measured from
+        // a settled server, the first one too.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let trial = load::Plan::new(LoadArgs {
+            rate: r,
+            duration: Some(a.step_s),
+            ..base.clone()
+        })?;
+        let s = load::execute(&trial, &mut bound, stop)?;
+        goodput_curve.push(CurvePoint {
+            rate: r,
+            offered_per_s: s.attempted as f64 / a.step_s,
+            goodput_per_s: s.on_time as f64 / a.step_s,
+        });
     }
     // What the quota did; the quota itself is lifted (dropped) here, before the server stops.
     let quota = quota.zip(a.cpu_quota).map(|(q, share)| QuotaHeld {
