@@ -172,3 +172,30 @@ fn a_lab_run_resumes_and_its_report_renders_in_chromium() {
         "{why}"
     );
 }
+
+/// README's and BENCHMARKS.md's lab tables are what the checked-in results (`results/lab`,
+/// one full run) say: regenerated here, they must not differ. After a new run:
+/// `sipsec lab report results/lab --update README.md BENCHMARKS.md`.
+#[test]
+fn the_documents_lab_tables_are_the_checked_in_results() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let docs = [root.join("README.md"), root.join("BENCHMARKS.md")];
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        assert!(
+            text.contains("<!-- lab-table: "),
+            "{} quotes no generated lab table",
+            doc.display()
+        );
+    }
+    let results = root.join("results/lab");
+    let mut args = vec!["report".into(), results.display().to_string(), "--check".into()];
+    args.extend(docs.iter().map(|d| d.display().to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let check = lab(&args);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
