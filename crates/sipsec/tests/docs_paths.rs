@@ -3,9 +3,11 @@
 //! them nowhere. So every repository path they give (`scripts/…`, `crates/…`, `peers/…`,
 //! `bench/…`, `docs/…`, `.ci/…`, `fuzz/…`, `testdata/…`, `contrib/…`) must exist, unless the
 //! repository's `.gitignore` says it is made by running something (`fuzz/corpus/`); every
-//! script scripts/README.md lists by name must be in `scripts/`; and every `sipsec SUBCOMMAND …
-//! --flag` in their code (fenced blocks and inline code spans) must be a flag that `sipsec
-//! SUBCOMMAND --help` lists, asked of the binary built with this test.
+//! script scripts/README.md lists by name must be in `scripts/`; and in their code (fenced
+//! blocks and inline code spans) every `sipsec SUBCOMMAND … --flag` must be a flag that `sipsec
+//! SUBCOMMAND --help` lists (asked of the binary built with this test), every `scripts/NAME.py
+//! … --flag` one that the script's `--help` lists, and every `--example NAME` an example of one
+//! of the crates.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -148,24 +150,29 @@ fn code(text: &str) -> Vec<(usize, String)> {
     pieces
 }
 
-/// What `sipsec ARGS --help` lists: its subcommands and its long flags.
+/// What a command's `--help` lists: its subcommands and its long flags.
 #[derive(Default)]
 struct Help {
     subcommands: Vec<String>,
     flags: Vec<String>,
 }
 
-fn help(path: &[String]) -> Help {
-    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
-        .args(path)
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "sipsec {} --help failed",
-        path.join(" ")
-    );
+/// The help of a command: `["sipsec", SUBCOMMAND…]`, asked of the binary built with this test,
+/// or `["scripts/NAME.py"]`, asked of the script (argparse) with `python3`.
+fn help(command: &[String]) -> Help {
+    let out = if command[0] == "sipsec" {
+        Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(&command[1..])
+            .arg("--help")
+            .output()
+    } else {
+        Command::new("python3")
+            .arg(repo().join(&command[0]))
+            .arg("--help")
+            .output()
+    }
+    .unwrap();
+    assert!(out.status.success(), "{} --help failed", command.join(" "));
     let text = String::from_utf8(out.stdout).unwrap();
     let mut help = Help::default();
     let mut in_commands = false;
@@ -202,37 +209,69 @@ fn ends_command(word: &str) -> bool {
     word.starts_with('#') || word.contains(['&', '|', ';', '>', '<', ')']) || word == "--"
 }
 
-/// Every `sipsec SUBCOMMAND … --flag` of a piece of code whose flag the subcommand's help does
-/// not list: `sipsec` (or a path ending in `/sipsec`) followed by one of its subcommands, then
-/// words up to the end of that command; a flag is checked against the subcommand it follows.
+/// Every flag of a piece of code that its command's help does not list. The commands are
+/// `sipsec` (or a path ending in `/sipsec`) followed by one of its subcommands, and the
+/// repository's Python scripts (`scripts/NAME.py`); a command runs to the end of its words or a
+/// shell operator, and a flag is checked against the subcommand it follows.
 fn unknown_flags(piece: &str, helps: &mut HashMap<Vec<String>, Help>) -> Vec<String> {
     let words: Vec<&str> = piece.split_whitespace().collect();
     let mut bad = Vec::new();
     for (i, word) in words.iter().enumerate() {
-        if !(*word == "sipsec" || word.ends_with("/sipsec")) || word.starts_with('-') {
-            continue;
-        }
-        let mut path: Vec<String> = Vec::new();
+        let script = word
+            .find("scripts/")
+            .map(|at| &word[at..])
+            .filter(|s| s.ends_with(".py") && repo().join(s).is_file());
+        let mut command: Vec<String> = match script {
+            Some(script) => vec![script.to_string()],
+            None if (*word == "sipsec" || word.ends_with("/sipsec")) && !word.starts_with('-') => {
+                vec!["sipsec".to_string()]
+            }
+            None => continue,
+        };
         for next in &words[i + 1..] {
             if ends_command(next) {
                 break;
             }
-            let known = helps.entry(path.clone()).or_insert_with(|| help(&path));
+            let known = helps
+                .entry(command.clone())
+                .or_insert_with(|| help(&command));
+            // A script, or sipsec once a subcommand named it: its flags are checked.
+            let named = script.is_some() || command.len() > 1;
             let subcommand = known.subcommands.iter().any(|s| s == next) && *next != "help";
-            if let Some(flag) = next.strip_prefix("--").filter(|_| !path.is_empty()) {
+            if let Some(flag) = next.strip_prefix("--").filter(|_| named) {
                 let flag = format!("--{}", flag.split('=').next().unwrap());
                 if !known.flags.contains(&flag) {
-                    bad.push(format!("`sipsec {} {flag}`", path.join(" ")));
+                    bad.push(format!("`{} {flag}`", command.join(" ")));
                 }
             } else if subcommand {
-                path.push(next.to_string());
-            } else if path.is_empty() {
+                command.push(next.to_string());
+            } else if !named {
                 // `sipsec` as a word, not a command (`-p sipsec --features`, `--load sipsec`).
                 break;
             }
         }
     }
     bad
+}
+
+/// Every `--example NAME` of a piece of code that no crate's `examples/NAME.rs` is.
+fn missing_examples(piece: &str) -> Vec<String> {
+    let words: Vec<&str> = piece.split_whitespace().collect();
+    let crates: Vec<PathBuf> = std::fs::read_dir(repo().join("crates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    words
+        .windows(2)
+        .filter(|w| w[0] == "--example")
+        .map(|w| w[1])
+        .filter(|name| {
+            !crates
+                .iter()
+                .any(|c| c.join("examples").join(format!("{name}.rs")).is_file())
+        })
+        .map(|name| format!("`--example {name}`"))
+        .collect()
 }
 
 #[test]
@@ -259,6 +298,9 @@ fn the_documents_name_only_paths_scripts_and_flags_that_exist() {
             for flag in unknown_flags(&piece, &mut helps) {
                 problems.push(format!("{name}:{line}: {flag} is not in its --help"));
             }
+            for example in missing_examples(&piece) {
+                problems.push(format!("{name}:{line}: {example}: no crate has it"));
+            }
         }
     }
     assert!(
@@ -275,9 +317,13 @@ fn the_checks_find_what_they_look_for() {
     let text = "See `scripts/soak.sh`, crates/x.rs. and ../shared/bench/k.py.\n\
                 Run `sipsec lab run\n--out DIR --nope` then\n\n\
                 ```sh\nsipsec bench --rate 5 \\\n  --calls 3 --bogus # --also-bogus\n\
-                cargo build -p sipsec --features x\n```\n";
+                cargo build -p sipsec --features x --example nowhere\n\
+                python3 scripts/relay_floor.py --rounds 3 --nope --sipsec target/release/sipsec\n```\n";
     let paths: Vec<String> = named_paths(text).into_iter().map(|(_, p)| p).collect();
-    assert_eq!(paths, ["scripts/soak.sh", "crates/x.rs"]);
+    assert_eq!(
+        paths,
+        ["scripts/soak.sh", "crates/x.rs", "scripts/relay_floor.py"]
+    );
     let mut helps = HashMap::new();
     let mut bad = Vec::new();
     for (line, piece) in code(text) {
@@ -287,6 +333,16 @@ fn the_checks_find_what_they_look_for() {
     }
     assert_eq!(
         bad,
-        ["6: `sipsec bench --bogus`", "2: `sipsec lab run --nope`"]
+        [
+            "6: `sipsec bench --bogus`",
+            "9: `scripts/relay_floor.py --nope`",
+            "2: `sipsec lab run --nope`"
+        ]
     );
+    let missing: Vec<String> = code(text)
+        .iter()
+        .flat_map(|(_, piece)| missing_examples(piece))
+        .collect();
+    assert_eq!(missing, ["`--example nowhere`"]);
+    assert!(missing_examples("cargo run --example tls_floor 500").is_empty());
 }
