@@ -171,7 +171,7 @@ fn help(command: &[String]) -> Help {
             .arg("--help")
             .output()
     }
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{} --help did not run: {e}", command.join(" ")));
     assert!(out.status.success(), "{} --help failed", command.join(" "));
     let text = String::from_utf8(out.stdout).unwrap();
     let mut help = Help::default();
