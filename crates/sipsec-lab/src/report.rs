@@ -723,6 +723,19 @@ fn provenance(suite: &str, records: &[Record]) -> String {
     )
 }
 
+/// The names of the blocks a suite's section makes: its table, and its ablation or goodput
+/// table where it has one.
+fn block_names(s: &Suite) -> Vec<String> {
+    let mut names = vec![s.name.to_string()];
+    if s.lab_build {
+        names.push(format!("{}-ablation", s.name));
+    }
+    if s.curve {
+        names.push(format!("{}-goodput", s.name));
+    }
+    names
+}
+
 /// The HTML page, the markdown export and the generated blocks.
 pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> {
     let mut html = format!(
@@ -747,6 +760,15 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
     for s in suite::all() {
         let rows = summarise(&s, records, opts);
         if rows.is_empty() {
+            // The documents quote every suite: one these results lack says so and how to
+            // measure it, rather than keeping figures nobody can trace.
+            let missing = format!(
+                "Not in these results: `sipsec lab run {} --out DIR` measures it.\n",
+                s.name
+            );
+            for name in block_names(&s) {
+                blocks.insert(name, missing.clone());
+            }
             continue;
         }
         let rounds = rows
@@ -832,6 +854,18 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
         }
         if let Some(svg) = goodput_chart(&rows)? {
             html += &svg;
+        }
+    }
+    // A suite that ran without yielding a table (every row skipped, no reference capacity).
+    for s in suite::all() {
+        for name in block_names(&s) {
+            blocks.entry(name).or_insert_with(|| {
+                format!(
+                    "No figures in these results: the suite's rows were skipped (the report of \
+                     `sipsec lab run {} --out DIR` says why).\n",
+                    s.name
+                )
+            });
         }
     }
     let model_text = model::text(m);

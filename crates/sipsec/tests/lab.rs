@@ -189,7 +189,11 @@ fn the_documents_lab_tables_are_the_checked_in_results() {
         );
     }
     let results = root.join("results/lab");
-    let mut args = vec!["report".into(), results.display().to_string(), "--check".into()];
+    let mut args = vec![
+        "report".into(),
+        results.display().to_string(),
+        "--check".into(),
+    ];
     args.extend(docs.iter().map(|d| d.display().to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let check = lab(&args);
