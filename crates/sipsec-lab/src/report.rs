@@ -193,6 +193,8 @@ pub(crate) struct Orderings {
     pub(crate) reproduced: Vec<(String, String)>,
     pub reversed: Vec<(String, String)>,
     pub(crate) not_separable: Vec<(String, String)>,
+    /// Pairs where a row has too few rounds for an interval.
+    pub(crate) not_ranked: Vec<(String, String)>,
 }
 
 pub(crate) fn orderings(rows: &[RowSummary]) -> Orderings {
@@ -209,7 +211,9 @@ pub(crate) fn orderings(rows: &[RowSummary]) -> Orderings {
             }
             // The seed has a dearer than b.
             let pair = (a.label.to_string(), b.label.to_string());
-            if rb.cheaper_than(&ra) {
+            if ra.interval.is_none() || rb.interval.is_none() {
+                o.not_ranked.push(pair);
+            } else if rb.cheaper_than(&ra) {
                 o.reproduced.push(pair);
             } else if ra.cheaper_than(&rb) {
                 o.reversed.push(pair);
@@ -800,22 +804,35 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
             }
         }
         let o = orderings(&rows);
-        let n = o.reproduced.len() + o.reversed.len() + o.not_separable.len();
+        let n = o.reproduced.len() + o.reversed.len() + o.not_separable.len() + o.not_ranked.len();
         if n > 0 {
-            let pairs = |v: &[(String, String)]| {
-                v.iter()
+            let reversed = if o.reversed.is_empty() {
+                String::new()
+            } else {
+                let pairs: Vec<String> = o
+                    .reversed
+                    .iter()
                     .map(|(a, b)| format!("{a} > {b}"))
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                    .collect();
+                format!(" ({})", pairs.join("; "))
             };
-            let line = format!(
+            let mut line = format!(
                 "Of the seed's {n} orderings (one row ≥ 10% dearer than another with the same \
-                 baseline): {} reproduced, {} reversed ({}), {} not separable by our intervals.",
+                 baseline): {} reproduced, {} reversed{reversed}, {} not separable by our \
+                 intervals",
                 o.reproduced.len(),
                 o.reversed.len(),
-                pairs(&o.reversed),
                 o.not_separable.len()
             );
+            if !o.not_ranked.is_empty() {
+                write!(
+                    line,
+                    ", {} not ranked (fewer than {} rounds)",
+                    o.not_ranked.len(),
+                    stats::MIN_ROUNDS
+                )?;
+            }
+            line.push('.');
             write!(html, "<p>{}</p>", escape(&line))?;
             write!(block, "\n{line}\n")?;
         }
