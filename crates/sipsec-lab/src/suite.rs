@@ -509,9 +509,10 @@ fn seed001() -> Suite {
 /// stage changes that choice: the no-op record cipher made waiting pay, and wake-ups per
 /// call fell from 5.95 to 2.75 (outbound) and from 6.94 to 2.79 (local), so the saving
 /// mixed wake-ups with cryptography. With no wait the policy cannot differ between a base
-/// row and its ablated rows: a worker wakes for each arrival in both. Not waiting is what
-/// the base rows had chosen for themselves (their wake-ups were those of no wait), and it
-/// is the existing knob; pinning waiting instead would need a new server setting.
+/// row and its ablated rows: a worker wakes for each arrival in both, and no measurement
+/// of cost can switch it (a zero cap turns the coalescer's judging off). Pinning waiting
+/// instead would need a new server setting, and the length of each wait would still follow
+/// the rate the worker measures.
 fn seed002() -> Suite {
     use Setup::{Digest, Plain};
     // One mode's base row (TLS, a full handshake per connection) and its four ablated rows
