@@ -449,15 +449,19 @@ fn savings<'a>(
 }
 
 /// The ablation table (HTML and markdown): per ablated row, the CPU it saved against its
-/// base, that share of the base, and the Amdahl bound on speed-up with its 95% interval.
+/// base, that share of the base, the Amdahl bound on speed-up with its 95% interval, and
+/// the wake-ups per call of base and ablated row (a saving is cryptography's only where
+/// they match).
 fn ablation(s: &Suite, rows: &[RowSummary]) -> (String, String) {
     let mut html = String::from(
         "<table><tr><th>configuration</th><th>base µs/call</th><th>ablated µs/call</th>\
-         <th>saving µs</th><th>share of base [95% CI]</th><th>Amdahl bound [95% CI]</th></tr>\n",
+         <th>saving µs</th><th>share of base [95% CI]</th><th>Amdahl bound [95% CI]</th>\
+         <th>wake-ups/call base → ablated</th></tr>\n",
     );
     let mut md = String::from(
         "| configuration | base µs/call | ablated µs/call | saving µs | share of base [95% CI] \
-         | Amdahl bound [95% CI] |\n|---|---:|---:|---:|---:|---:|\n",
+         | Amdahl bound [95% CI] | wake-ups/call base → ablated |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut any = false;
     for (base, r, saving, q) in savings(s, rows) {
@@ -478,15 +482,16 @@ fn ablation(s: &Suite, rows: &[RowSummary]) -> (String, String) {
             ),
         };
         let (b, a) = (base.cpu_us.unwrap_or(0.0), r.cpu_us.unwrap_or(0.0));
+        let wakeups = format!("{} → {}", opt(base.wakeups, 2), opt(r.wakeups, 2));
         let _ = writeln!(
             html,
             "<tr><td>{}</td><td>{b:.1}</td><td>{a:.1}</td><td>{saving:.1}</td><td>{share}</td>\
-             <td>{bound}</td></tr>",
+             <td>{bound}</td><td>{wakeups}</td></tr>",
             escape(r.label)
         );
         let _ = writeln!(
             md,
-            "| {} | {b:.1} | {a:.1} | {saving:.1} | {share} | {bound} |",
+            "| {} | {b:.1} | {a:.1} | {saving:.1} | {share} | {bound} | {wakeups} |",
             r.label
         );
     }
@@ -1060,5 +1065,43 @@ mod goodput_tests {
         );
         let tcp = kept.iter().find(|r| r.id == "chain-tcp").unwrap();
         assert!((tcp.ratio.unwrap().mean - 1.5).abs() < 1e-9);
+    }
+}
+
+#[cfg(test)]
+mod ablation_tests {
+    use super::*;
+
+    fn rec(row: &str, round: u32, cpu: f64, wakeups: f64) -> Record {
+        let mut r = Record::skipped("seed002", row, round, String::new());
+        r.skipped = None;
+        r.cpu_us = cpu;
+        r.wakeups = wakeups;
+        r.succeeded = 100;
+        r.calls = 100;
+        r
+    }
+
+    /// Each saving is shown with the wake-ups per call of its base and ablated rows.
+    #[test]
+    fn the_ablation_table_shows_both_rows_wakeups() {
+        let mut records = Vec::new();
+        for round in 1..=5 {
+            let noise = 1.0 + 0.01 * (f64::from(round) - 3.0);
+            records.push(rec("outbound-tls", round, 200.0 * noise, 5.95));
+            records.push(rec("outbound-tls-aead", round, 150.0 * noise, 2.75));
+        }
+        let s = suite::named("seed002").unwrap();
+        let (html, md) = ablation(&s, &summarise(&s, &records));
+        assert!(
+            md.contains("| outbound TLS, no-op record cipher | 200.0 | 150.0 | 50.0 |"),
+            "{md}"
+        );
+        let line = md
+            .lines()
+            .find(|l| l.contains("no-op record cipher"))
+            .unwrap();
+        assert!(line.ends_with("| 5.95 → 2.75 |"), "{md}");
+        assert!(html.contains("<td>5.95 → 2.75</td>"), "{html}");
     }
 }

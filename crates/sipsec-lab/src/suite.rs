@@ -119,7 +119,14 @@ impl Suite {
 
 /// Every suite, in the order `sipsec lab run` takes them.
 pub fn all() -> Vec<Suite> {
-    vec![seed000(), seed001(), seed002(), seed004(), overload()]
+    vec![
+        seed000(),
+        seed001(),
+        seed002(),
+        seed003(),
+        seed004(),
+        overload(),
+    ]
 }
 
 /// The suite called `name`.
@@ -496,6 +503,16 @@ fn seed001() -> Suite {
 /// modes with a full handshake per connection. A stage's saving is the base row's CPU less
 /// the ablated row's; Amdahl's law bounds the speed-up from making it free at
 /// 1 / (1 − saving ÷ base).
+///
+/// Every row runs with the worker's coalescing wait off (`server.max_batch_delay_us = 0`).
+/// Left adaptive, a worker keeps whichever policy costs it less per message, and a no-op
+/// stage changes that choice: the no-op record cipher made waiting pay, and wake-ups per
+/// call fell from 5.95 to 2.75 (outbound) and from 6.94 to 2.79 (local), so the saving
+/// mixed wake-ups with cryptography. With no wait the policy cannot differ between a base
+/// row and its ablated rows: a worker wakes for each arrival in both, and no measurement
+/// of cost can switch it (a zero cap turns the coalescer's judging off). Pinning waiting
+/// instead would need a new server setting, and the length of each wait would still follow
+/// the rate the worker measures.
 fn seed002() -> Suite {
     use Setup::{Digest, Plain};
     // One mode's base row (TLS, a full handshake per connection) and its four ablated rows
@@ -555,6 +572,10 @@ fn seed002() -> Suite {
             None,
         )
     });
+    // One coalescing policy for every row (no wait), so base and ablated rows sleep alike.
+    for r in &mut rows {
+        r.bench.max_batch_delay_us = Some(0);
+    }
     Suite {
         name: "seed002",
         title: "Seed 002: what each stage costs, by making it free (no-op ablation)",
@@ -563,9 +584,148 @@ fn seed002() -> Suite {
                 signatures, record encryption) and the digest hash is replaced in turn, on \
                 both ends, in a lab-noop build; a stage's saving is the base row's CPU per \
                 call less the ablated row's, and 1 / (1 − saving ÷ base) is the most that \
-                making the stage free could speed the configuration up.",
+                making the stage free could speed the configuration up. Every row runs with \
+                the worker's coalescing wait off (server.max_batch_delay_us = 0): left \
+                adaptive, a no-op stage changed the policy the worker chose and with it the \
+                wake-ups per call (5.95 → 2.75 with the no-op record cipher, outbound), so \
+                the saving mixed wake-ups with cryptography. The ablation table shows both \
+                rows' wake-ups per call beside each saving.",
         rows,
         lab_build: true,
+        curve: false,
+    }
+}
+
+/// Seed 003 (Maguluri's MS thesis): OpenSIPS on one core as a registrar with and without
+/// digest, over UDP and TCP (its Table 1, Appendix C: CPU utilisation at 100–8,000
+/// registrations/s), and as a stateful proxy of calls (INVITE to BYE) over UDP, TCP and TLS
+/// (its Table 2, Appendix D, and Figure 32: the peaks at 100% CPU).
+///
+/// Table 1: digest rows are read against the same transport without digest, as the thesis
+/// took its ratios ("the performance degradation varied from 4.63 times to 5.26 times" over
+/// UDP, "from 4.5 times to 5.4 times" over TCP, "approximately five times" for both). The
+/// thesis does not say whether SIPp registered over one TCP socket (`-t t1`) or one per
+/// registration (`-t tn`); as in seed 004's TCP registrar rows, one persistent connection
+/// ([`Chain`]).
+///
+/// Table 2: the thesis ran every TLS case with "only one operating mode (local proxy
+/// mode)", the UAC's SIPp with `-t ln` (a TLS socket per call) and "multiple incoming and
+/// outgoing TLS connections": our [`Local`] (a connection per call on both sides). "TCP
+/// Mono (Single socket)" is one persistent connection each side ([`Chain`]); "TCP Multi
+/// (Multiple sockets)" a connection per call each side ([`Local`]). "Client
+/// authentication" is the client authenticating the server (a server certificate only);
+/// "session reuse" resumes a session cached earlier on each new connection (resumption on,
+/// still a connection per call); "mutual" adds the proxy's demand for client certificates.
+/// Every row's seed ratio is UDP's peak over the row's, against UDP.
+fn seed003() -> Suite {
+    use Setup::{Digest, Plain};
+    let register = |b: BenchArgs| BenchArgs {
+        scenario: BenchScenario::Register,
+        ..b
+    };
+    let mut rows = vec![
+        row(
+            "register",
+            "register UDP",
+            Plain,
+            register(plain()),
+            "register",
+            Some("19% CPU at 5,750 RPS"),
+            Some(1.0),
+        ),
+        row(
+            "register-digest",
+            "register UDP, digest",
+            Digest,
+            register(plain()),
+            "register",
+            Some("100% CPU at 5,750 RPS; 4.63–5.26× the CPU at every rate"),
+            // "approximately five times".
+            Some(5.0),
+        ),
+        row(
+            "register-tcp",
+            "register TCP",
+            Plain,
+            register(tcp(Chain)),
+            "register-tcp",
+            Some("42.5% CPU at 8,000 RPS"),
+            Some(1.0),
+        ),
+        row(
+            "register-tcp-digest",
+            "register TCP, digest",
+            Digest,
+            register(tcp(Chain)),
+            "register-tcp",
+            Some("100% CPU at ≈4,500 RPS; 4.5–5.4× the CPU at every rate"),
+            Some(5.0),
+        ),
+    ];
+    // Table 2: (id, label, bench, the thesis's peak as it gives it, and as a number).
+    let udp_peak = 1_810.0;
+    for (id, label, bench, seed, peak) in [
+        ("udp", "UDP", plain(), "1,810 cps", udp_peak),
+        (
+            "tcp-mono",
+            "TCP, one connection",
+            tcp(Chain),
+            "1,130 cps",
+            1_130.0,
+        ),
+        (
+            "tcp-multi",
+            "TCP, a connection per call",
+            tcp(Local),
+            "865 cps",
+            865.0,
+        ),
+        (
+            "tls",
+            "local TLS, a handshake per call",
+            tls(Local, Off, false),
+            "135 cps",
+            135.0,
+        ),
+        (
+            "tls-reuse",
+            "local TLS, session reuse",
+            tls(Local, On, false),
+            "320 cps",
+            320.0,
+        ),
+        (
+            "tls-mutual",
+            "local TLS mutual",
+            tls(Local, Off, true),
+            "95 cps",
+            95.0,
+        ),
+    ] {
+        rows.push(row(
+            id,
+            label,
+            Plain,
+            bench,
+            "udp",
+            Some(seed),
+            Some(udp_peak / peak),
+        ));
+    }
+    Suite {
+        name: "seed003",
+        title: "Seed 003: digest at the registrar, and TLS at a local proxy",
+        about: "Maguluri measured OpenSIPS on one core. Table 1: a registrar's CPU with and \
+                without digest over UDP and TCP, digest costing 4.63–5.26× (UDP) and 4.5–5.4× \
+                (TCP) the CPU at every rate, \"approximately five times\"; here each digest row \
+                is read against the same transport without digest. Table 2: a stateful proxy's \
+                peak over UDP (1,810 cps), TCP on one connection (1,130) and with a connection \
+                per call (865), and TLS as a local proxy (a connection per call on both \
+                sides): a full handshake per call with a server certificate only (135), \
+                session reuse (320) and mutual authentication (95); here each is server CPU \
+                per call at a fixed rate as a ratio to UDP, beside UDP's peak over the row's.",
+        rows,
+        lab_build: false,
         curve: false,
     }
 }
@@ -863,5 +1023,126 @@ mod tests {
         // Tables II-V: UDP with and without auth (each repeated in three tables), 6 chain
         // TCP/TLS cells (two of them 3DES) and 4 TCP/TLS cells in each of the other modes.
         assert_eq!(seeds, 2 + 6 + 3 * 4);
+    }
+
+    /// Every configuration of the thesis's Tables 1 and 2 is a row with the thesis's figure,
+    /// in the setup the thesis describes, and its ratio is taken where the thesis took it.
+    #[test]
+    fn seed003_has_every_configuration_of_the_thesis_tables() {
+        let s = named("seed003").unwrap();
+        let names: Vec<_> = all().iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            ["seed000", "seed001", "seed002", "seed003", "seed004", "overload"]
+        );
+        // Table 1: (row, baseline, digest, transport, ratio).
+        for (id, base, digest, transport, ratio) in [
+            ("register", "register", false, Transport::Udp, 1.0),
+            ("register-digest", "register", true, Transport::Udp, 5.0),
+            ("register-tcp", "register-tcp", false, Transport::Tcp, 1.0),
+            (
+                "register-tcp-digest",
+                "register-tcp",
+                true,
+                Transport::Tcp,
+                5.0,
+            ),
+        ] {
+            let r = s.row(id).unwrap_or_else(|| panic!("{id}"));
+            assert_eq!(r.bench.scenario, BenchScenario::Register, "{id}");
+            assert_eq!(r.baseline, base, "{id}");
+            assert_eq!(r.setup == Setup::Digest, digest, "{id}");
+            assert_eq!(r.bench.streams.transport, transport, "{id}");
+            assert_eq!(r.seed_ratio, Some(ratio), "{id}");
+            assert!(r.seed.is_some(), "{id}");
+        }
+        // Table 2: (row, transport, mode, resumption, mutual, the thesis's peak).
+        let calls = [
+            (
+                "udp",
+                Transport::Udp,
+                Chain,
+                Off,
+                false,
+                "1,810 cps",
+                1_810.0,
+            ),
+            (
+                "tcp-mono",
+                Transport::Tcp,
+                Chain,
+                Off,
+                false,
+                "1,130 cps",
+                1_130.0,
+            ),
+            (
+                "tcp-multi",
+                Transport::Tcp,
+                Local,
+                Off,
+                false,
+                "865 cps",
+                865.0,
+            ),
+            ("tls", Transport::Tls, Local, Off, false, "135 cps", 135.0),
+            (
+                "tls-reuse",
+                Transport::Tls,
+                Local,
+                On,
+                false,
+                "320 cps",
+                320.0,
+            ),
+            (
+                "tls-mutual",
+                Transport::Tls,
+                Local,
+                Off,
+                true,
+                "95 cps",
+                95.0,
+            ),
+        ];
+        for (id, transport, mode, resumption, mutual, seed, peak) in calls {
+            let r = s.row(id).unwrap_or_else(|| panic!("{id}"));
+            let b = &r.bench.streams;
+            assert_eq!(r.bench.scenario, BenchScenario::Call, "{id}");
+            assert_eq!((r.setup, r.baseline), (Setup::Plain, "udp"), "{id}");
+            assert_eq!(b.transport, transport, "{id}");
+            if transport != Transport::Udp {
+                assert_eq!(b.mode, mode, "{id}");
+            }
+            if transport == Transport::Tls {
+                assert_eq!((b.tls_resumption, b.mutual), (resumption, mutual), "{id}");
+            }
+            assert_eq!(r.seed, Some(seed), "{id}");
+            let ratio = r.seed_ratio.unwrap();
+            assert!((ratio - 1_810.0 / peak).abs() < 1e-9, "{id}: {ratio}");
+        }
+        assert_eq!(s.rows.len(), 4 + calls.len(), "no row besides the tables'");
+        assert!(s
+            .rows
+            .iter()
+            .all(|r| r.server == Server::Sipsec && r.unavailable.is_none() && r.noop.is_empty()));
+    }
+
+    /// Seed 002's rows all run under one coalescing policy (no wait), so a no-op stage
+    /// cannot change how its row sleeps; no other suite's rows are pinned.
+    #[test]
+    fn seed002_pins_the_coalescing_policy_of_every_row() {
+        for s in all() {
+            for r in &s.rows {
+                let pinned = s.name == "seed002";
+                assert_eq!(
+                    r.bench.max_batch_delay_us,
+                    pinned.then_some(0),
+                    "{}/{}",
+                    s.name,
+                    r.id
+                );
+            }
+        }
     }
 }

@@ -153,6 +153,12 @@ pub struct BenchArgs {
     /// located by DNS, from the worker's cached answer, instead of an IP route.
     #[arg(long)]
     pub(crate) route_by_name: bool,
+    /// With the default config: `server.max_batch_delay_us`, the cap on a worker's
+    /// coalescing wait (the server's own default when not given). 0 never waits, so no
+    /// row's wake-ups depend on which policy the worker's measurements chose (seed 002's
+    /// ablation at equal wake-ups).
+    #[arg(long)]
+    pub(crate) max_batch_delay_us: Option<u64>,
     /// Run the started server under callgrind and count the user-space instructions it
     /// executes per operation over the measured run (valgrind; slow, so use a low rate and
     /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
@@ -413,13 +419,17 @@ pub(crate) fn default_config(
     tls_dir: &Path,
     overload: bool,
     route_by_name: bool,
+    max_batch_delay_us: Option<u64>,
 ) -> String {
     let tls_listen = if s.transport == Transport::Tls {
         format!(", \"tls:{SERVER_TLS}\"")
     } else {
         String::new()
     };
-    let (server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
+    let (mut server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
+    if let Some(us) = max_batch_delay_us {
+        server_extra += &format!("max_batch_delay_us = {us}\n");
+    }
     let (route, hosts) = if route_by_name {
         let uas: SocketAddr = UAS.parse().expect("the bench's UAS address");
         (
@@ -643,6 +653,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
                         &tls_dir,
                         overload,
                         a.route_by_name,
+                        a.max_batch_delay_us,
                     ),
                 )?;
                 p
@@ -878,4 +889,40 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--max-batch-delay-us` lands in the started server's `[server]` table, where the
+    /// server validates it; without it the server keeps its own default.
+    #[test]
+    fn the_coalescing_cap_is_written_into_the_default_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = BenchArgs::default();
+        let config = |cap: Option<u64>| {
+            let text = default_config(
+                dir.path(),
+                role_of(&a),
+                &a.streams,
+                dir.path(),
+                true,
+                false,
+                cap,
+            );
+            let path = dir.path().join("sipsec.toml");
+            std::fs::write(&path, &text).unwrap();
+            (text, sipsec_server::config::Config::load(&path))
+        };
+        let (text, loaded) = config(Some(0));
+        assert!(text.contains("workers = 1\n") && text.contains("max_batch_delay_us = 0\n"));
+        loaded.unwrap();
+        let (text, loaded) = config(None);
+        assert!(!text.contains("max_batch_delay_us"));
+        loaded.unwrap();
+        // Out of the server's range: refused, so the key is the one the server reads.
+        let err = config(Some(20_000)).1.unwrap_err();
+        assert!(format!("{err:#}").contains("max_batch_delay_us"), "{err:#}");
+    }
 }
