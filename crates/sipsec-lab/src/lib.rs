@@ -43,6 +43,10 @@ pub enum LabCommand {
         /// The directory `lab run --out` wrote.
         #[arg(default_value = "lab-results")]
         dir: PathBuf,
+        /// Fit rows below 99% success too (left out by default: their CPU per operation is
+        /// divided by the operations that succeeded).
+        #[arg(long)]
+        with_failures: bool,
     },
 }
 
@@ -51,9 +55,9 @@ pub fn main(command: LabCommand) -> anyhow::Result<()> {
     match command {
         LabCommand::Run(a) => run::run(a),
         LabCommand::Report { dir } => report::write(&dir),
-        LabCommand::Model { dir } => {
+        LabCommand::Model { dir, with_failures } => {
             let records = results::load(&dir)?;
-            print!("{}", model::text(&model::fit_all(&records)));
+            print!("{}", model::text(&model::fit_with(&records, with_failures)));
             Ok(())
         }
     }

@@ -123,6 +123,16 @@ impl Record {
         }
     }
 
+    /// The share of the run's operations that succeeded: of those attempted, or of those
+    /// that ended where more ended than were counted as attempted; 0 for a row not measured.
+    pub(crate) fn success_share(&self) -> f64 {
+        let ended = self.calls.max(self.succeeded + self.failed);
+        if ended == 0 {
+            return 0.0;
+        }
+        self.succeeded as f64 / ended as f64
+    }
+
     /// A counter per successful operation.
     pub fn per_op(&self, counter: &str) -> f64 {
         if self.succeeded == 0 {
