@@ -252,6 +252,27 @@ fn the_four_seed_000_modes_over_tls_with_sipsec_load() {
             "{}: one handshake per connection: {c:?}",
             m.name
         );
+        // By side: each connection accepted ended one handshake as the TLS server, each
+        // opened one as the client.
+        let side = |kind: &str, side: &str| c.get(&format!("tls_handshakes_{kind}_{side}"));
+        assert_eq!(
+            (
+                side("full", "accepted") + side("resumed", "accepted"),
+                side("full", "opened") + side("resumed", "opened"),
+            ),
+            (accepted, opened),
+            "{}: {c:?}",
+            m.name
+        );
+        assert_eq!(
+            (
+                side("full", "accepted") + side("full", "opened"),
+                side("resumed", "accepted") + side("resumed", "opened"),
+            ),
+            (full, resumed),
+            "{}: the sides add up to the totals: {c:?}",
+            m.name
+        );
         if m.caller == "per-call" || m.outbound == "per-call" {
             // Resumption is on by default on both sides; a few early calls handshake in
             // full before the first ticket is back.
