@@ -708,6 +708,26 @@ mod tests {
         assert!((p.predicted_peak(0.25).unwrap() - whole / 4.0).abs() < 1e-6);
     }
 
+    /// A held-out row whose run woke the server once more per operation than the wake-up
+    /// model says (and paid 10 µs for it) is predicted with the model's wake-ups: off by
+    /// those 10 µs, where its own wake-ups would have predicted it exactly.
+    #[test]
+    fn the_held_out_rows_wakeups_are_predicted_not_read() {
+        let mut records = synthetic(24, 0x5eed_0036);
+        let mut odd = records[5].clone();
+        odd.row = "odd".into();
+        odd.wakeups += 1.0;
+        odd.cpu_us += 10.0;
+        let modelled = odd.wakeups - 1.0;
+        records.push(odd);
+        let m = fit_all(&records);
+        let p = m.predictions.iter().find(|p| p.row == "odd").unwrap();
+        assert!((p.wakeups_predicted.unwrap() - modelled).abs() < 1e-6);
+        assert!(p.held_out_error_measured_wakeups().unwrap().abs() < 1e-6);
+        let e = p.held_out_error().unwrap();
+        assert!((e - -10.0 / p.cpu_us).abs() < 1e-6, "{e}");
+    }
+
     /// Rows of the suites with one configuration are found from their keys: seed 002's base
     /// rows are seed 000's, seed 004's stateful rows seed 000's UDP ones, seed 001's no-auth
     /// row seed 000's UDP.
