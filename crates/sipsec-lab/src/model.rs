@@ -957,6 +957,14 @@ mod tests {
         assert_eq!(c[block("TLS record")], 0.0, "no stream messages");
     }
 
+    /// The report's cost chart gives each block a colour of its own, the wake-up's grey.
+    #[test]
+    fn every_block_has_a_colour_of_its_own() {
+        use crate::charts::PALETTE;
+        assert!(PALETTE.len() >= N);
+        assert_eq!(PALETTE[WAKE_UP], PALETTE[PALETTE.len() - 1]);
+    }
+
     /// Seed 002's ablated rows (a stage made free) are not configurations to explain: the
     /// model leaves them out, and keeps their base row.
     #[test]
