@@ -51,22 +51,24 @@ const N: usize = BLOCKS.len();
 const WAKE_UP: usize = N - 1;
 
 /// What the wake-up model explains a row's wake-ups per operation by: every block but the
-/// wake-up, and the seconds an operation spans (1 / rate). A worker sleeps in epoll when it
-/// has nothing to do and is woken by what arrives (a datagram, a stream's bytes, a
-/// connection, a handshake's next flight, an answer from the database or the authority) or
-/// by its timers. An event that finds the worker busy wakes nothing: it is read with the
-/// work in hand. So each block's count is weighted by the share of time the worker is idle,
-/// 1 − rate × (CPU per operation without wake-ups, from the same held-out model of unit
-/// costs: the work, never the held-out run's CPU), and each kind of event is fitted a
-/// non-negative number of wake-ups, like the unit costs. The timers wake the worker a fixed
-/// number of times per second, which per operation is that number over the rate: the last
-/// term's coefficient is wake-ups per second. Not modelled: the worker's coalescer
+/// wake-up, the operation itself, and the seconds an operation spans (1 / rate). A worker
+/// sleeps in epoll when it has nothing to do and is woken by what arrives (a datagram, a
+/// stream's bytes, a connection, a handshake's next flight, an answer from the database or
+/// the authority) or by a timer: those an operation's transactions and dialogs set (which
+/// fire after it, as retransmission and linger timers do) and the worker's periodic ones. An
+/// event that finds the worker busy wakes nothing: it is read with the work in hand. So each
+/// block's count, and the operation's one, is weighted by the share of time the worker is
+/// idle, 1 − rate × (CPU per operation without wake-ups, by the same held-out unit costs:
+/// the work, never the held-out run's CPU), and each is fitted a non-negative number of
+/// wake-ups, like the unit costs. The periodic timers wake the worker a fixed number of
+/// times per second, which per operation is that number over the rate: the last term's
+/// coefficient is wake-ups per second. Not modelled: the worker's coalescer
 /// (`serve/coalesce.rs`), which above 2,000 messages a second may wait for more messages
 /// after waking, by whichever policy it measured cheaper; and a rate far outside the
 /// training rows' (seed 001's query-per-call row runs at 20 calls/s, the rest at 500 to
-/// 2,000) puts the whole weight on the per-second term. The held-out error says what these
+/// 2,000) is an extrapolation of the per-second term. The held-out error says what these
 /// cost.
-pub(crate) const WAKE_TERMS: [&str; N] = [
+pub(crate) const WAKE_TERMS: [&str; W] = [
     BLOCKS[0],
     BLOCKS[1],
     BLOCKS[2],
@@ -80,8 +82,11 @@ pub(crate) const WAKE_TERMS: [&str; N] = [
     BLOCKS[10],
     BLOCKS[11],
     BLOCKS[12],
+    "operation (its timers)",
     "second (1 / rate)",
 ];
+/// The wake-up model's terms: the blocks but the wake-up, the operation, the second.
+const W: usize = N + 1;
 
 /// The success share below which a row is left out of the fits unless asked.
 pub const MIN_SUCCESS: f64 = 0.99;
@@ -223,19 +228,22 @@ pub(crate) fn observations(records: &[Record]) -> Vec<Observation> {
         .collect()
 }
 
-/// Fitted coefficients, one per block (or per wake-up term); `None` for one no fitted row
-/// has.
-pub(crate) type Units = [Option<f64>; N];
+/// Fitted coefficients, one per term; `None` for a term no fitted row has.
+pub(crate) type Coefficients<const M: usize> = [Option<f64>; M];
+/// Unit costs, one per block, µs.
+pub(crate) type Units = Coefficients<N>;
+/// The wake-up model's coefficients, one per [`WAKE_TERMS`].
+pub(crate) type WakeUnits = Coefficients<W>;
 
 /// Non-negative least squares of `target ≈ Σ coefficients × terms` over `rows`, each row
 /// weighted by its own target so the fit minimises relative error (rows with no target are
 /// left out).
-fn fit_terms(rows: &[([f64; N], f64)]) -> Units {
-    let rows: Vec<&([f64; N], f64)> = rows.iter().filter(|(_, y)| *y > 0.0).collect();
-    let present: Vec<usize> = (0..N)
+fn fit_terms<const M: usize>(rows: &[([f64; M], f64)]) -> Coefficients<M> {
+    let rows: Vec<&([f64; M], f64)> = rows.iter().filter(|(_, y)| *y > 0.0).collect();
+    let present: Vec<usize> = (0..M)
         .filter(|&b| rows.iter().any(|(t, _)| t[b] > 0.0))
         .collect();
-    let mut units = [None; N];
+    let mut units = [None; M];
     if rows.is_empty() || present.is_empty() {
         return units;
     }
@@ -256,21 +264,25 @@ pub fn fit(obs: &[&Observation]) -> Units {
     fit_terms(&obs.iter().map(|o| (o.counts, o.cpu_us)).collect::<Vec<_>>())
 }
 
-/// A row's wake-up terms ([`WAKE_TERMS`]): its block counts, each times the share of time the
-/// worker is idle by `units` (1 − rate × CPU per operation without wake-ups), and 1 / rate in
-/// place of the wake-ups.
-fn wake_terms(o: &Observation, units: &Units) -> Option<[f64; N]> {
+/// A row's wake-up terms ([`WAKE_TERMS`]): its block counts and one for the operation, each
+/// times the share of time the worker is idle by `units` (1 − rate × CPU per operation
+/// without wake-ups), and 1 / rate.
+fn wake_terms(o: &Observation, units: &Units) -> Option<[f64; W]> {
     let mut saturated = o.counts;
     saturated[WAKE_UP] = 0.0;
-    let busy = (o.rate * predict(units, &saturated)? / 1e6).min(0.9);
-    let mut t = o.counts.map(|c| c * (1.0 - busy));
-    t[WAKE_UP] = if o.rate > 0.0 { 1.0 / o.rate } else { 0.0 };
+    let idle = 1.0 - (o.rate * predict(units, &saturated)? / 1e6).min(0.9);
+    let mut t = [0.0; W];
+    for (slot, c) in t.iter_mut().zip(&o.counts[..WAKE_UP]) {
+        *slot = c * idle;
+    }
+    t[W - 2] = idle;
+    t[W - 1] = if o.rate > 0.0 { 1.0 / o.rate } else { 0.0 };
     Some(t)
 }
 
 /// The wake-up model: wake-ups per operation ≈ Σ coefficients × [`WAKE_TERMS`], fitted like
 /// the unit costs.
-pub(crate) fn fit_wakeups(obs: &[&Observation], units: &Units) -> Units {
+pub(crate) fn fit_wakeups(obs: &[&Observation], units: &Units) -> WakeUnits {
     fit_terms(
         &obs.iter()
             .filter_map(|o| Some((wake_terms(o, units)?, o.counts[WAKE_UP])))
@@ -280,9 +292,9 @@ pub(crate) fn fit_wakeups(obs: &[&Observation], units: &Units) -> Units {
 
 /// A model's prediction from its coefficients and a row's terms, if it has every term the
 /// row uses.
-pub(crate) fn predict(units: &Units, terms: &[f64; N]) -> Option<f64> {
+pub(crate) fn predict<const M: usize>(units: &Coefficients<M>, terms: &[f64; M]) -> Option<f64> {
     let mut total = 0.0;
-    for b in 0..N {
+    for b in 0..M {
         if terms[b] > 0.0 {
             total += units[b]? * terms[b];
         }
@@ -361,7 +373,7 @@ pub struct Model {
     /// Unit cost of each block fitted on every row, µs.
     pub units: Units,
     /// The wake-up model fitted on every row: wake-ups per operation per [`WAKE_TERMS`].
-    pub(crate) wake_units: Units,
+    pub(crate) wake_units: WakeUnits,
     pub(crate) predictions: Vec<Prediction>,
 }
 
@@ -419,7 +431,7 @@ pub(crate) fn fit_with(records: &[Record], with_failures: bool) -> Model {
     let units = fit(&fitted);
     let wake_units = fit_wakeups(&fitted, &units);
     // One fit per configuration, without any of its rows.
-    let mut held_out: BTreeMap<&str, (Units, Units)> = BTreeMap::new();
+    let mut held_out: BTreeMap<&str, (Units, WakeUnits)> = BTreeMap::new();
     for o in &obs {
         held_out.entry(&o.configuration).or_insert_with(|| {
             let others: Vec<&Observation> = fitted
@@ -467,17 +479,19 @@ pub(crate) fn fit_with(records: &[Record], with_failures: bool) -> Model {
     }
 }
 
+/// One line per term: its name and coefficient.
+fn coefficients<const M: usize>(t: &mut String, names: &[&str; M], units: &Coefficients<M>) {
+    for (b, u) in names.iter().zip(units) {
+        match u {
+            Some(u) => writeln!(t, "  {b:<34} {u:>9.3}").unwrap(),
+            None => writeln!(t, "  {b:<34} {:>9}", "no data").unwrap(),
+        }
+    }
+}
+
 /// What `sipsec lab model` prints.
 pub fn text(m: &Model) -> String {
     let mut t = String::from("Unit cost per block (µs, fitted on every row):\n");
-    let coefficients = |t: &mut String, names: &[&str; N], units: &Units| {
-        for (b, u) in names.iter().zip(units) {
-            match u {
-                Some(u) => writeln!(t, "  {b:<34} {u:>9.3}").unwrap(),
-                None => writeln!(t, "  {b:<34} {:>9}", "no data").unwrap(),
-            }
-        }
-    };
     coefficients(&mut t, &BLOCKS, &m.units);
     t += "\nWake-ups per operation, per count of each term (fitted on every row; the last is \
           wake-ups per second):\n";
@@ -618,8 +632,9 @@ mod tests {
         ("digest check", 8.0),
         ("wake-up", 10.0),
     ];
-    const WAKES: [(&str, f64); 4] = [
+    const WAKES: [(&str, f64); 5] = [
         ("message", 0.5),
+        ("operation (its timers)", 0.7),
         ("connection set-up", 1.0),
         ("TLS handshake, full, opened", 2.0),
         ("second (1 / rate)", 200.0),
@@ -785,7 +800,8 @@ mod tests {
         let t = wake_terms(&o, &units).unwrap();
         assert!((t[block("message")] - 8.0).abs() < 1e-12, "{t:?}");
         assert!((t[block("digest check")] - 4.0).abs() < 1e-12, "{t:?}");
-        assert_eq!(t[WAKE_UP], 0.001);
+        assert!((t[W - 2] - 0.8).abs() < 1e-12, "{t:?}");
+        assert_eq!(t[W - 1], 0.001);
     }
 
     /// Rows of the suites with one configuration are found from their keys: seed 002's base
