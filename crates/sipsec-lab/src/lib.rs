@@ -58,6 +58,10 @@ pub enum LabCommand {
         /// The directory `lab run --out` wrote.
         #[arg(default_value = "lab-results")]
         dir: PathBuf,
+        /// Fit rows below 99% success too (left out by default: their CPU per operation is
+        /// divided by the operations that succeeded).
+        #[arg(long)]
+        with_failures: bool,
     },
 }
 
@@ -79,9 +83,9 @@ pub fn main(command: LabCommand) -> anyhow::Result<()> {
             let r = report::write(&dir, opts)?;
             docs::apply(&update, &r.blocks, false)
         }
-        LabCommand::Model { dir } => {
+        LabCommand::Model { dir, with_failures } => {
             let records = results::load(&dir)?;
-            print!("{}", model::text(&model::fit_all(&records)));
+            print!("{}", model::text(&model::fit_with(&records, with_failures)));
             Ok(())
         }
     }

@@ -79,8 +79,9 @@ pub struct Options {
 
 /// The share of `rounds`' operations that succeeded.
 fn success_of(rounds: &[&Record]) -> Option<f64> {
+    // Of the operations that ended, as `Record::success_share` counts them.
     let (ok, all) = rounds.iter().fold((0, 0), |(ok, all), r| {
-        (ok + r.succeeded, all + r.succeeded + r.failed)
+        (ok + r.succeeded, all + r.calls.max(r.succeeded + r.failed))
     });
     (all > 0).then(|| ok as f64 / all as f64)
 }
@@ -894,8 +895,9 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
     writeln!(
         html,
         "<h2>The component cost model</h2><p class=about>Unit costs fitted by non-negative \
-         least squares over every sipsec row; each row also predicted by a model fitted \
-         without it (held out).</p><pre>{}</pre></body></html>",
+         least squares (Lawson–Hanson) over every sipsec row; each row also predicted by a \
+         model fitted without its configuration and its twins in other suites (held out \
+         whole).</p><pre>{}</pre></body></html>",
         escape(&model_text)
     )?;
     write!(md, "## The component cost model\n\n```\n{model_text}```\n")?;
@@ -1092,7 +1094,7 @@ mod ablation_tests {
             records.push(rec("outbound-tls-aead", round, 150.0 * noise, 2.75));
         }
         let s = suite::named("seed002").unwrap();
-        let (html, md) = ablation(&s, &summarise(&s, &records));
+        let (html, md) = ablation(&s, &summarise(&s, &records, Options::default()));
         assert!(
             md.contains("| outbound TLS, no-op record cipher | 200.0 | 150.0 | 50.0 |"),
             "{md}"

@@ -145,15 +145,14 @@ impl Record {
         }
     }
 
-    /// The share of the measured run's operations that succeeded (1 where none were
-    /// attempted: a skipped row has no failures, only no result).
+    /// The share of the run's operations that succeeded: of those attempted, or of those
+    /// that ended where more ended than were counted as attempted; 0 for a row not measured.
     pub fn success_share(&self) -> f64 {
-        let attempted = self.succeeded + self.failed;
-        if attempted == 0 {
-            1.0
-        } else {
-            self.succeeded as f64 / attempted as f64
+        let ended = self.calls.max(self.succeeded + self.failed);
+        if ended == 0 {
+            return 0.0;
         }
+        self.succeeded as f64 / ended as f64
     }
 
     /// A counter per successful operation.

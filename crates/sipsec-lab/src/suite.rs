@@ -91,6 +91,43 @@ pub struct Row {
     pub noop: &'static str,
 }
 
+impl Row {
+    /// What the server is asked to do per operation, as a key: the server, its setup, the
+    /// stages made free and every bench option but those that say how much, how fast, how
+    /// long or how it is watched (rate, calls, warm-up, peak search and curve, quota, cores,
+    /// callgrind, output). Rows of different suites with one key are one configuration
+    /// measured twice (seed 002's base rows are seed 000's, seed 004's stateful rows seed
+    /// 000's UDP and TCP ones): the cost model holds them out together.
+    pub(crate) fn configuration(&self) -> String {
+        let d = BenchArgs::default();
+        let bench = BenchArgs {
+            rate: d.rate,
+            calls: d.calls,
+            warmup_calls: d.warmup_calls,
+            find_peak: d.find_peak,
+            step_s: d.step_s,
+            goodput_curve: d.goodput_curve,
+            curve_to: d.curve_to,
+            curve_rates: d.curve_rates,
+            // The coalescing policy (seed 002 pins it) changes when the server sleeps, which
+            // the model counts as wake-ups, not what a call costs: twins across it still
+            // leave the fit together.
+            max_batch_delay_us: d.max_batch_delay_us,
+            cpu_quota: d.cpu_quota,
+            server_cpu: d.server_cpu,
+            load_cpu: d.load_cpu,
+            instructions: d.instructions,
+            json: d.json,
+            quiet: d.quiet,
+            ..self.bench.clone()
+        };
+        format!(
+            "{:?} {:?} noop={:?} {bench:?}",
+            self.server, self.setup, self.noop
+        )
+    }
+}
+
 /// One seed's experiment.
 #[derive(Debug, Clone)]
 pub struct Suite {

@@ -252,6 +252,21 @@ fn the_four_seed_000_modes_over_tls_with_sipsec_load() {
             "{}: one handshake per connection: {c:?}",
             m.name
         );
+        // By side: each connection accepted ended one handshake as the TLS server, each
+        // opened one as the client, and the sides add up to the totals.
+        let [fa, fo, ra, ro] = [
+            "full_accepted",
+            "full_opened",
+            "resumed_accepted",
+            "resumed_opened",
+        ]
+        .map(|k| c.get(&format!("tls_handshakes_{k}")));
+        assert_eq!(
+            (fa + ra, fo + ro, fa + fo, ra + ro),
+            (accepted, opened, full, resumed),
+            "{}: handshakes by side: {c:?}",
+            m.name
+        );
         if m.caller == "per-call" || m.outbound == "per-call" {
             // Resumption is on by default on both sides; a few early calls handshake in
             // full before the first ticket is back.

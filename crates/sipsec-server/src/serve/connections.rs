@@ -467,11 +467,18 @@ impl Connections {
             if let Some(kind) = c.io.handshake_kind() {
                 c.established = true;
                 c.unconfirmed = Vec::new();
-                inc(if kind == HandshakeKind::Resumed {
-                    &self.stats.tls_handshakes_resumed
-                } else {
-                    &self.stats.tls_handshakes_full
-                });
+                let s = &self.stats;
+                let (total, side) = match (kind == HandshakeKind::Resumed, c.accepted) {
+                    (true, true) => (
+                        &s.tls_handshakes_resumed,
+                        &s.tls_handshakes_resumed_accepted,
+                    ),
+                    (true, false) => (&s.tls_handshakes_resumed, &s.tls_handshakes_resumed_opened),
+                    (false, true) => (&s.tls_handshakes_full, &s.tls_handshakes_full_accepted),
+                    (false, false) => (&s.tls_handshakes_full, &s.tls_handshakes_full_opened),
+                };
+                inc(total);
+                inc(side);
                 if c.io.client_certified() {
                     inc(&self.stats.tls_client_certificates);
                 }

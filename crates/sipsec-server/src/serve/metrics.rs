@@ -44,7 +44,13 @@ const AUTH_ONLY: &[&str] = &[
 ];
 
 /// Counters that only TLS moves.
-const TLS_ONLY: &[&str] = &["tls_client_certificates"];
+const TLS_ONLY: &[&str] = &[
+    "tls_client_certificates",
+    "tls_handshakes_full_accepted",
+    "tls_handshakes_full_opened",
+    "tls_handshakes_resumed_accepted",
+    "tls_handshakes_resumed_opened",
+];
 
 /// The collector: reads the workers' [`Stats`] on each scrape.
 #[derive(Debug)]
