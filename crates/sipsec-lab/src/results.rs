@@ -69,6 +69,13 @@ pub struct Record {
     /// `[offered/s, goodput/s]` at multiples of the peak (`lab run --curve`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub goodput_curve: Vec<[f64; 2]>,
+    /// The load generator's CPU (caller and callee) per successful operation, µs: what the
+    /// peak search's share of a core for the server is chosen from.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub load_cpu_us: f64,
+    /// How the peak was measured (the server's share of a core) and who saturated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_held: Option<crate::bench::peak::PeakHeld>,
 }
 
 impl Record {
@@ -94,6 +101,8 @@ impl Record {
             latency_cdf_ms: Vec::new(),
             instructions: None,
             goodput_curve: Vec::new(),
+            load_cpu_us: 0.0,
+            peak_held: None,
         }
     }
 
@@ -119,6 +128,8 @@ impl Record {
                 .iter()
                 .map(|p| [p.offered_per_s, p.goodput_per_s])
                 .collect(),
+            load_cpu_us: r.load_cpu_us_per_op,
+            peak_held: r.peak_held.clone(),
             ..Record::skipped(suite, row, round, String::new())
         }
     }
