@@ -11,12 +11,14 @@
 //! - [`results`]: the JSON lines, the only thing `report` and `model` read.
 //! - [`stats`]: the statistics that decide when one row may be called cheaper than another.
 //! - [`model`]: per-call cost decomposed into building blocks, validated held out.
+//! - [`peaks`]: the model's predicted peak against the peak measured where the server set it.
 //! - [`report`]: the HTML report and the markdown export.
 //! - [`charts`]: the report's SVG charts, from labelled numbers.
 
 pub mod bench;
 pub mod charts;
 pub mod model;
+pub mod peaks;
 pub mod report;
 pub mod results;
 pub mod run;
@@ -53,7 +55,12 @@ pub fn main(command: LabCommand) -> anyhow::Result<()> {
         LabCommand::Report { dir } => report::write(&dir),
         LabCommand::Model { dir } => {
             let records = results::load(&dir)?;
-            print!("{}", model::text(&model::fit_all(&records)));
+            let m = model::fit_all(&records);
+            print!("{}", model::text(&m));
+            let peaks = peaks::markdown(&records, &m);
+            if !peaks.is_empty() {
+                print!("\nPredicted and measured peaks, server-set:\n\n{peaks}");
+            }
             Ok(())
         }
     }

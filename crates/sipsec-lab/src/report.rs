@@ -639,6 +639,12 @@ pub fn render(records: &[Record], m: &Model) -> Result<(String, String)> {
             html += &svg;
         }
     }
+    let peaks = super::peaks::markdown(records, m);
+    if !peaks.is_empty() {
+        let title = "Predicted and measured peaks, server-set";
+        write!(html, "<h2>{title}</h2><pre>{}</pre>", escape(&peaks))?;
+        write!(md, "## {title}\n\n{peaks}\n")?;
+    }
     let model_text = model::text(m);
     writeln!(
         html,
