@@ -845,7 +845,11 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         }
         if let Some(ceiling) = a.peak_quota {
             let share = peak::share(ceiling, per_op(used.total_s()), load_us);
-            peak_quota = Some((quota::Quota::apply(share, &pids)?, share));
+            let held = quota::Quota::apply(share, &pids).context(
+                "--peak-quota holds the server with a CPU quota (lab run: --peak-quota 1 \
+                 searches on a whole core instead)",
+            )?;
+            peak_quota = Some((held, share));
         }
         let held = peak_quota
             .as_ref()
