@@ -73,11 +73,7 @@ pub(crate) fn rows(records: &[Record], m: &Model) -> Vec<PeakRow> {
                     .filter_map(|r| r.peak_held.as_ref()?.cpu_quota)
                     .collect::<Vec<_>>(),
             )?;
-            let per_core = median(
-                &rs.iter()
-                    .filter_map(|r| Some(r.peak_per_s? / r.peak_held.as_ref()?.cpu_quota?))
-                    .collect::<Vec<_>>(),
-            )?;
+            let per_core = median(&rs.iter().filter_map(|r| per_core(r)).collect::<Vec<_>>())?;
             let saturated_us = m
                 .predictions
                 .iter()
@@ -99,6 +95,18 @@ pub(crate) fn rows(records: &[Record], m: &Model) -> Vec<PeakRow> {
             })
         })
         .collect()
+}
+
+/// A record's peak per core: the peak over the share of a core the server was held to during
+/// the search (a whole core without a quota) — what compares rows searched under different
+/// shares.
+pub(crate) fn per_core(r: &Record) -> Option<f64> {
+    let share = r
+        .peak_held
+        .as_ref()
+        .and_then(|h| h.cpu_quota)
+        .unwrap_or(1.0);
+    Some(r.peak_per_s? / share)
 }
 
 /// Of the server-set configurations the model predicts, how many within 10%, and how many.
