@@ -180,6 +180,7 @@ mod tests {
             server_cpu_share: 0.2,
             load_cpu_share: load,
             source_addresses: 1,
+            failures_by_reason: BTreeMap::new(),
         }
     }
 

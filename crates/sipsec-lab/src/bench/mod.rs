@@ -585,6 +585,9 @@ pub fn print(report: &Report) {
             h.load_cpu_share,
             h.source_addresses
         );
+        if !h.failures_by_reason.is_empty() {
+            println!("  peak search failures: {:?}", h.failures_by_reason);
+        }
     }
 }
 
@@ -857,7 +860,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             .or(quota.as_ref().zip(a.cpu_quota));
         let watch = peak::Watch::start(&pids, held.map(|(q, _)| q));
         let search = load::execute(&peak_plan, &mut bound, stop)?;
-        peak_held = Some(watch.end(&pids, held, sources));
+        peak_held = Some(watch.end(&pids, held, sources, &search));
         Some(search)
     } else {
         None

@@ -8,6 +8,8 @@
 use super::cpu::{self, CpuTime};
 use super::quota::{Quota, QuotaStat};
 use serde::{Deserialize, Serialize};
+use sipsec_load::report::Summary;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Instant;
 
@@ -65,6 +67,11 @@ pub struct PeakHeld {
     /// The callers' source addresses during the search (1 but for connection-per-call
     /// callers given several).
     pub source_addresses: u32,
+    /// The search's failed operations by reason, its trials together: the server's refusals
+    /// (503) where it saturated, timeouts and calls left unfinished where connections could
+    /// not be made or the load fell behind.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failures_by_reason: BTreeMap<String, u64>,
 }
 
 /// A peak search being watched: CPU and quota readings at its start.
@@ -93,6 +100,7 @@ impl Watch {
         pids: &[u32],
         quota: Option<(&Quota, f64)>,
         source_addresses: u32,
+        search: &Summary,
     ) -> PeakHeld {
         let search_s = self.began.elapsed().as_secs_f64();
         let share = |t: CpuTime| {
@@ -117,6 +125,7 @@ impl Watch {
             server_cpu_share: share(cpu::cpu_of(pids).since(self.server)),
             load_cpu_share: share(cpu::own_cpu().since(self.load)),
             source_addresses,
+            failures_by_reason: search.failures_by_reason.clone(),
         }
     }
 }
