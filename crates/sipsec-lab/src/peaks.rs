@@ -179,6 +179,7 @@ mod tests {
             search_s: 30.0,
             server_cpu_share: 0.2,
             load_cpu_share: load,
+            load_cpu_share_max: load * 2.0,
             source_addresses: 1,
             failures_by_reason: BTreeMap::new(),
         }

@@ -549,6 +549,19 @@ fn summarize(plan: &Plan, stats: &RunTally, times: &driver::RunTimes) -> Summary
     }
 }
 
+/// CPU time (user and system) of the calling thread so far, in seconds: the load's one
+/// thread, which runs the caller and the callee.
+fn thread_cpu_s() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
+        return 0.0;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    s(u.ru_utime) + s(u.ru_stime)
+}
+
 /// The runs of `--find-peak` (its trials) or `--ramp` (its steps): each one's [`Step`], and
 /// what all of them did together, which the summary reports.
 #[derive(Default)]
@@ -581,8 +594,12 @@ impl Curve {
             label: format!("[{what} {n} at {rate:.0}/s] "),
             trial: n,
         };
+        let cpu0 = thread_cpu_s();
         let (ua, times) = run_once(plan, bound, spec, stop);
-        let step = Step::of(rate, &ua.stats.total, times.schedule_s);
+        let mut step = Step::of(rate, &ua.stats.total, times.schedule_s);
+        if times.elapsed_s > 0.0 {
+            step.load_cpu_share = (thread_cpu_s() - cpu0) / times.elapsed_s;
+        }
         if !a.quiet {
             eprintln!("{what} {n}: {}", step.outcome());
         }

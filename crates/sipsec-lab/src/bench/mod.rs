@@ -575,7 +575,8 @@ pub fn print(report: &Report) {
     if let Some(h) = &report.peak_held {
         println!(
             "  peak search: server held to {}, throttled {:.1} s ({:.0}% of periods); CPU \
-             share over {:.0} s: server {:.2}, load generator {:.2}; {} caller address(es)",
+             share over {:.0} s: server {:.2}, load generator {:.2} (at most {:.2} in a \
+             trial); {} caller address(es)",
             h.cpu_quota
                 .map_or("a whole core".to_string(), |q| format!("{q:.2} of a core")),
             h.cpu_throttled_s,
@@ -583,6 +584,7 @@ pub fn print(report: &Report) {
             h.search_s,
             h.server_cpu_share,
             h.load_cpu_share,
+            h.load_cpu_share_max,
             h.source_addresses
         );
         if !h.failures_by_reason.is_empty() {

@@ -64,6 +64,10 @@ pub struct PeakHeld {
     /// The load generator's (caller and callee) CPU over the search, as a share of its core:
     /// well below 1 where the server, not the load, set the peak.
     pub load_cpu_share: f64,
+    /// The most of its core the load generator used in any one trial of the search (its
+    /// thread's CPU over the trial): below 1 where it never ran out.
+    #[serde(default)]
+    pub load_cpu_share_max: f64,
     /// The callers' source addresses during the search (1 but for connection-per-call
     /// callers given several).
     pub source_addresses: u32,
@@ -126,6 +130,11 @@ impl Watch {
             load_cpu_share: share(cpu::own_cpu().since(self.load)),
             source_addresses,
             failures_by_reason: search.failures_by_reason.clone(),
+            load_cpu_share_max: search
+                .steps
+                .iter()
+                .map(|t| t.load_cpu_share)
+                .fold(0.0, f64::max),
         }
     }
 }
