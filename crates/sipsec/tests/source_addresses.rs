@@ -12,6 +12,11 @@ use std::io::Read;
 use std::net::{IpAddr, TcpListener};
 use std::time::{Duration, Instant};
 
+/// Where the tests' server side listens: an address of 127.0.0.0/8 that no other test's
+/// connections come from, so none of their ports (their ports 45000 up are in the ephemeral
+/// range, where an outgoing connection from 127.0.0.1 may hold one) is ever taken here.
+const HOST: &str = "127.0.2.1";
+
 /// The first request's Via sent-by host on a connection, read for at most `wait`.
 fn via_host(mut c: std::net::TcpStream, wait: Duration) -> Option<String> {
     c.set_read_timeout(Some(Duration::from_millis(100))).ok()?;
@@ -42,7 +47,7 @@ fn per_call_connections_come_from_every_source_address_each_named_in_its_via() {
     // The target: a listener that notes where each connection comes from and what its
     // request's Via says, and answers nothing (the calls then fail; the connections are
     // what is checked).
-    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let listener = TcpListener::bind((HOST, port)).unwrap();
     let seen = std::thread::spawn(move || {
         listener.set_nonblocking(true).unwrap();
         let mut seen: Vec<(IpAddr, Option<String>)> = Vec::new();
@@ -58,7 +63,7 @@ fn per_call_connections_come_from_every_source_address_each_named_in_its_via() {
         }
         seen
     });
-    let target = format!("tcp:127.0.0.1:{port}");
+    let target = format!("tcp:{HOST}:{port}");
     let run = load_printing(
         dir.path(),
         &[
@@ -110,21 +115,27 @@ fn per_call_connections_come_from_every_source_address_each_named_in_its_via() {
 #[test]
 fn calls_from_several_addresses_complete_through_the_server_over_tcp_and_tls() {
     let dir = tempfile::tempdir().unwrap();
-    let f = make_certs(dir.path());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["certs", "--name", HOST, "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let f = |name: &str| dir.path().join(name).display().to_string();
     let (cert, key, ca) = (f("server.pem"), f("server-key.pem"), f("ca.pem"));
     let port = ports(45100);
     let calls = 40u64;
     for (i, transport) in ["tcp", "tls"].into_iter().enumerate() {
         let (listen_port, uas_port) = (port + 2 * i as u16, port + 2 * i as u16 + 1);
-        // 127.0.0.1: the address `sipsec certs` makes the UAS's certificate for.
-        let uas_addr = format!("{transport}:127.0.0.1:{uas_port}");
+        // The address the certificate, the server's and the UAS's, is made for.
+        let uas_addr = format!("{transport}:{HOST}:{uas_port}");
         let tls_files = tls_files(&cert, &key, &ca);
         let tls: &[&str] = if transport == "tls" { &tls_files } else { &[] };
         let uas = LoadUas::start(dir.path(), &uas_addr, tls);
         let mut config = format!(
-            "[server]\nlisten = [\"{transport}:127.0.0.1:{listen_port}\"]\n\
+            "[server]\nlisten = [\"{transport}:{HOST}:{listen_port}\"]\n\
              domains = [\"example.test\"]\nworkers = 2\noutbound_connections = \"per-call\"\n\
-             [routing]\ndefault_route = \"sip:127.0.0.1:{uas_port};transport={transport}\"\n\
+             [routing]\ndefault_route = \"sip:{HOST}:{uas_port};transport={transport}\"\n\
              [database]\nurl = \"sqlite://{}\"\n",
             dir.path().join(format!("s{i}.db")).display()
         );
@@ -132,7 +143,7 @@ fn calls_from_several_addresses_complete_through_the_server_over_tcp_and_tls() {
             config += &format!("[tls]\ncert = \"{cert}\"\nkey = \"{key}\"\nca = \"{ca}\"\n");
         }
         let server = Server::start_logged(dir.path(), &config);
-        let target = format!("{transport}:127.0.0.1:{listen_port}");
+        let target = format!("{transport}:{HOST}:{listen_port}");
         let mut args = vec![
             target.as_str(),
             "--connection",
