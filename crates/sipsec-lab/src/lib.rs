@@ -11,6 +11,7 @@
 //! - [`results`]: the JSON lines, the only thing `report` and `model` read.
 //! - [`stats`]: the statistics that decide when one row may be called cheaper than another.
 //! - [`model`]: per-call cost decomposed into building blocks, validated held out.
+//! - [`peaks`]: the model's predicted peak against the peak measured where the server set it.
 //! - [`report`]: the HTML report and the markdown export.
 //! - [`docs`]: the generated tables in README.md and BENCHMARKS.md, kept equal to the
 //!   checked-in results (`results/lab/`).
@@ -20,6 +21,7 @@ pub mod bench;
 pub mod charts;
 pub mod docs;
 pub mod model;
+pub mod peaks;
 pub mod report;
 pub mod results;
 pub mod run;
@@ -85,7 +87,12 @@ pub fn main(command: LabCommand) -> anyhow::Result<()> {
         }
         LabCommand::Model { dir, with_failures } => {
             let records = results::load(&dir)?;
-            print!("{}", model::text(&model::fit_with(&records, with_failures)));
+            let m = model::fit_with(&records, with_failures);
+            print!("{}", model::text(&m));
+            let peaks = peaks::markdown(&records, &m);
+            if !peaks.is_empty() {
+                print!("\nPredicted and measured peaks, server-set:\n\n{peaks}");
+            }
             Ok(())
         }
     }

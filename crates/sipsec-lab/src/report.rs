@@ -123,7 +123,8 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
                 }
             }
             let count = |f: fn(&Record) -> f64| med(&|r| f(r));
-            let peaks: Vec<f64> = measured.iter().filter_map(|r| r.peak_per_s).collect();
+            // Per core, so rows searched under different shares of one compare.
+            let peaks: Vec<f64> = measured.iter().filter_map(|r| r.peak_per_core()).collect();
             Some(RowSummary {
                 id: row.id,
                 label: row.label,
@@ -288,7 +289,7 @@ pub(crate) fn notes(rows: &[RowSummary]) -> Vec<String> {
 /// The markdown table of one suite.
 pub(crate) fn markdown_table(rows: &[RowSummary]) -> String {
     let mut t = String::from(
-        "| configuration | rate/s | success | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | auth | peak/s | instr/op |\n\
+        "| configuration | rate/s | success | µs/op | × baseline [95% CI] | verdict | seed | seed × | wake-ups/op | msgs | conns | full hs | resumed hs | auth | peak/s per core | instr/op |\n\
          |---|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
@@ -891,6 +892,12 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
             });
         }
     }
+    let peaks = super::peaks::markdown(records, m);
+    if !peaks.is_empty() {
+        let title = "Predicted and measured peaks, server-set";
+        write!(html, "<h2>{title}</h2><pre>{}</pre>", escape(&peaks))?;
+        write!(md, "## {title}\n\n{peaks}\n")?;
+    }
     let model_text = model::text(m);
     writeln!(
         html,
@@ -901,7 +908,14 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
         escape(&model_text)
     )?;
     write!(md, "## The component cost model\n\n```\n{model_text}```\n")?;
-    blocks.insert("model".into(), format!("```\n{model_text}```\n"));
+    let mut model_block = format!("```\n{model_text}```\n");
+    if !peaks.is_empty() {
+        write!(
+            model_block,
+            "\nPredicted and measured peaks, server-set:\n\n{peaks}"
+        )?;
+    }
+    blocks.insert("model".into(), model_block);
     Ok(Rendered {
         html,
         markdown: md,

@@ -77,6 +77,13 @@ pub struct Record {
     /// The UTC date the row was measured on (`YYYY-MM-DD`); empty in older results.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub date: String,
+    /// The load generator's CPU (caller and callee) per successful operation, µs: what the
+    /// peak search's share of a core for the server is chosen from.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub load_cpu_us: f64,
+    /// How the peak was measured (the server's share of a core) and who saturated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_held: Option<crate::bench::peak::PeakHeld>,
 }
 
 /// The least share of a row's operations that must succeed for its figures to be a result:
@@ -116,6 +123,8 @@ impl Record {
             goodput_curve: Vec::new(),
             commit: COMMIT.to_string(),
             date: today(),
+            load_cpu_us: 0.0,
+            peak_held: None,
         }
     }
 
@@ -141,6 +150,8 @@ impl Record {
                 .iter()
                 .map(|p| [p.offered_per_s, p.goodput_per_s])
                 .collect(),
+            load_cpu_us: r.load_cpu_us_per_op,
+            peak_held: r.peak_held.clone(),
             ..Record::skipped(suite, row, round, String::new())
         }
     }
@@ -153,6 +164,18 @@ impl Record {
             return 0.0;
         }
         self.succeeded as f64 / ended as f64
+    }
+
+    /// The peak per core: the peak over the share of a core the server was held to during
+    /// the search (a whole core without a quota) — what compares rows searched under
+    /// different shares, and what the cost model's whole-core prediction is read against.
+    pub fn peak_per_core(&self) -> Option<f64> {
+        let share = self
+            .peak_held
+            .as_ref()
+            .and_then(|h| h.cpu_quota)
+            .unwrap_or(1.0);
+        Some(self.peak_per_s? / share)
     }
 
     /// A counter per successful operation.

@@ -46,6 +46,12 @@ pub struct RunArgs {
     /// 004's curve past the peak.
     #[arg(long)]
     pub curve: bool,
+    /// The most of a core the server is held to during --peak and --curve searches (cgroup v1
+    /// quota; root), lowered per row to leave the load generator 3 times the server's pace,
+    /// so the server sets the peak; 1 for a whole core (no quota). Rows that already run
+    /// under a quota (the overload suite) keep theirs.
+    #[arg(long, default_value_t = PEAK_QUOTA)]
+    pub peak_quota: f64,
     /// Also count each sipsec row's user-space instructions per operation with callgrind, in
     /// a short extra run at 50 operations/s (valgrind): counts noise cannot move, for
     /// comparing builds.
@@ -539,6 +545,13 @@ fn measure(
         measured.step_s = 2.0;
         measured.goodput_curve = a.curve;
     }
+    if measured.find_peak {
+        // The server, not the load generator or one address's ports, sets the peak.
+        if measured.cpu_quota.is_none() && a.peak_quota < 1.0 {
+            measured.peak_quota = Some(a.peak_quota);
+        }
+        measured.peak_source_addresses = PEAK_SOURCES;
+    }
     let mut record = match bench::run_until(measured, stop) {
         Ok(r) if r.load.interrupted || stop.load(Ordering::Relaxed) => return Ok(None),
         Ok(r) => Record::measured(suite.name, row.id, round, &r),
@@ -601,6 +614,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 5 });
     if rounds == 0 {
         bail!("--rounds must be at least 1");
+    }
+    if a.peak_quota.is_nan() || a.peak_quota <= 0.0 {
+        bail!("--peak-quota is a share of one core, above 0 (1: a whole core)");
     }
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
@@ -729,6 +745,15 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// The most of a core the server is held to during a peak search (`--peak-quota`): the
+/// overload suite's share, at which one core of load offers it several times its peak.
+const PEAK_QUOTA: f64 = suite::OVERLOAD_QUOTA;
+
+/// Caller addresses during a peak search where the callers open a connection per call:
+/// 64 × ~28,000 ephemeral ports, which TIME_WAIT's 60 s turn into ~30,000 connections a
+/// second, beyond any row's peak on a quarter of a core.
+const PEAK_SOURCES: u32 = 64;
 
 /// How to build and run the binary seed 002's suite needs.
 pub(crate) const LAB_BUILD: &str =

@@ -114,6 +114,8 @@ impl Row {
             // leave the fit together.
             max_batch_delay_us: d.max_batch_delay_us,
             cpu_quota: d.cpu_quota,
+            peak_quota: d.peak_quota,
+            peak_source_addresses: d.peak_source_addresses,
             server_cpu: d.server_cpu,
             load_cpu: d.load_cpu,
             instructions: d.instructions,

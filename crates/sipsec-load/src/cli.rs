@@ -147,6 +147,14 @@ pub struct LoadArgs {
     /// kernel routes to the target from).
     #[arg(long)]
     pub local: Option<IpAddr>,
+    /// With --connection per-call: the caller's connections come from this many consecutive
+    /// addresses, --local (or the one the kernel routes from) and those after it, call n from
+    /// the (n mod N)-th, whose address its Via and Contact name. Each address has its own
+    /// ~28,000 ephemeral ports, which a closed connection holds for TIME_WAIT's 60 s: one
+    /// address carries ~470 connections a second for long, N carry N times that. On Linux,
+    /// loopback answers for all of 127.0.0.0/8 without aliases.
+    #[arg(long, default_value_t = 1)]
+    pub source_addresses: u32,
     /// Operations started per second.
     #[arg(long, default_value_t = 10.0)]
     pub rate: f64,

@@ -13,6 +13,7 @@
 //! request arrived on.
 
 use super::driver::{pollfd, LinkCounters, Links};
+use super::sources::Sources;
 use super::ua::{self, Endpoint, Transmit, Ua};
 use sipsec_transport::net::conn::{Framed, ReadEnd, StreamConn};
 use sipsec_transport::tls::{ClientTls, HandshakeKind, ServerTls, Session};
@@ -76,6 +77,9 @@ pub(crate) struct StreamLinks {
     tls_failure_logged: bool,
     /// Where a registering callee's flows connect from (default: `local_ip`).
     flow_ip: Option<std::net::IpAddr>,
+    /// Where each call's own connection comes from (per-call mode, `--source-addresses`;
+    /// default: `local_ip`).
+    sources: Option<Sources>,
     /// Flows that closed and are not yet reported to the UA (their slots are reused only
     /// once it knows).
     closed_flows: Vec<usize>,
@@ -102,6 +106,7 @@ impl StreamLinks {
             tls_failure_logged: false,
             closed_flows: Vec::new(),
             flow_ip: None,
+            sources: None,
         }
     }
 
@@ -109,6 +114,14 @@ impl StreamLinks {
     pub(crate) fn with_flows_from(self, ip: std::net::IpAddr) -> StreamLinks {
         StreamLinks {
             flow_ip: Some(ip),
+            ..self
+        }
+    }
+
+    /// The same links, each call's connection coming from its address among `sources`.
+    pub(crate) fn with_sources(self, sources: Sources) -> StreamLinks {
+        StreamLinks {
+            sources: Some(sources),
             ..self
         }
     }
@@ -200,7 +213,11 @@ impl StreamLinks {
         if let Some(i) = existing {
             return Some(i);
         }
-        match self.connect(peer.addr, call, self.local_ip) {
+        let from = match (call, self.sources) {
+            (Some(n), Some(sources)) => Some(sources.of_call(n).ip()),
+            _ => self.local_ip,
+        };
+        match self.connect(peer.addr, call, from) {
             Ok(i) => {
                 match call {
                     Some(n) => self.by_call.insert(n, i),

@@ -9,7 +9,8 @@
 //! - [`peak`]: the `--find-peak` search;
 //! - [`stats`] and [`report`]: counting, the live line, the summary and its JSON;
 //! - [`users`]: the CSV of users and credentials;
-//! - [`stun`]: the STUN keep-alive of a registered callee over UDP (RFC 5626 §4.4.1).
+//! - [`stun`]: the STUN keep-alive of a registered callee over UDP (RFC 5626 §4.4.1);
+//! - [`sources`]: which of the caller's source addresses each call comes from.
 
 pub mod cli;
 pub mod connections;
@@ -17,6 +18,7 @@ pub mod driver;
 pub mod peak;
 pub mod report;
 pub mod schedule;
+pub mod sources;
 pub mod stats;
 pub mod stun;
 pub mod ua;
@@ -30,6 +32,7 @@ use report::{Latency, Progress, Step, Summary};
 use schedule::{Limit, Pacer, RatePlan};
 use sipsec_transport::net::transport::Transport;
 use sipsec_transport::tls;
+use sources::Sources;
 use stats::RunTally;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::AtomicBool;
@@ -235,6 +238,20 @@ impl Plan {
         {
             bail!("the redirect scenario needs a redirect server as the target");
         }
+        if args.source_addresses == 0 {
+            bail!("--source-addresses must be at least 1");
+        }
+        if args.source_addresses > 1
+            && (transport == Transport::Udp
+                || args.connection != ConnectionArg::PerCall
+                || args.role == Role::Uas
+                || args.register)
+        {
+            bail!(
+                "--source-addresses spreads a caller's connection per call (--connection \
+                 per-call over TCP or TLS, without --register) over several addresses"
+            );
+        }
         let users = match &args.users {
             Some(p) => Users::load(p)?,
             None => Users::default(),
@@ -271,8 +288,9 @@ pub struct Bound {
     /// The sockets (UDP) or listener and connections (TCP, TLS) the run sends and receives on.
     pub links: Box<dyn Links>,
     /// The caller's address for Via and Contact: its socket's (UDP), or its IP with port 5060
-    /// (TCP, TLS, where replies come back on the connection); none for a pure UAS.
-    pub uac_local: Option<SocketAddr>,
+    /// (TCP, TLS, where replies come back on the connection), each call's where calls come
+    /// from several (`--source-addresses`); none for a pure UAS.
+    pub uac_local: Option<Sources>,
     /// The address the UAS is bound to (its port resolved if `--uas` gave 0).
     pub uas_local: Option<SocketAddr>,
 }
@@ -334,6 +352,7 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
                 (Box::new(links), caller.map(|ip| SocketAddr::new(ip, 5060)))
             }
         };
+        let uac_local = uac_local.map(Sources::one);
         return Ok(Bound {
             links,
             uac_local,
@@ -360,7 +379,7 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
     }
     Ok(Bound {
         links: Box::new(UdpLinks::new(sockets)),
-        uac_local,
+        uac_local: uac_local.map(Sources::one),
         uas_local,
     })
 }
@@ -371,7 +390,9 @@ fn bind_stream(plan: &Plan) -> Result<Bound> {
     let local_ip = uac_ip(plan)?;
     // Via and Contact name the IP; the port is the connection's own (RFC 3261 §18.1.1 lets
     // responses come back on the connection).
-    let uac_local = local_ip.map(|ip| SocketAddr::new(ip, 5060));
+    let uac_local = local_ip
+        .map(|ip| Sources::new(SocketAddr::new(ip, 5060), plan.args.source_addresses))
+        .transpose()?;
     let mut listener = None;
     let mut uas_local = None;
     if let Some(addr) = plan.uas {
@@ -381,13 +402,12 @@ fn bind_stream(plan: &Plan) -> Result<Bound> {
         listener = Some(l);
     }
     let per_call = plan.args.connection == ConnectionArg::PerCall;
+    let mut links = connections::StreamLinks::new(listener, per_call, local_ip, plan.tls.clone());
+    if let Some(sources) = uac_local.filter(|s| s.count() > 1) {
+        links = links.with_sources(sources);
+    }
     Ok(Bound {
-        links: Box::new(connections::StreamLinks::new(
-            listener,
-            per_call,
-            local_ip,
-            plan.tls.clone(),
-        )),
+        links: Box::new(links),
         uac_local,
         uas_local,
     })
@@ -404,7 +424,7 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
             link: UAC_LINK,
             addr: target,
         },
-        uac_local: bound.uac_local.unwrap_or(target),
+        uac_local: bound.uac_local.unwrap_or(Sources::one(target)),
         uas_local: bound.uas_local,
         transport: plan.transport,
         domain: plan.args.domain.clone().unwrap_or_else(|| match target {
@@ -529,6 +549,19 @@ fn summarize(plan: &Plan, stats: &RunTally, times: &driver::RunTimes) -> Summary
     }
 }
 
+/// CPU time (user and system) of the calling thread so far, in seconds: the load's one
+/// thread, which runs the caller and the callee.
+fn thread_cpu_s() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
+        return 0.0;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    s(u.ru_utime) + s(u.ru_stime)
+}
+
 /// The runs of `--find-peak` (its trials) or `--ramp` (its steps): each one's [`Step`], and
 /// what all of them did together, which the summary reports.
 #[derive(Default)]
@@ -561,8 +594,12 @@ impl Curve {
             label: format!("[{what} {n} at {rate:.0}/s] "),
             trial: n,
         };
+        let cpu0 = thread_cpu_s();
         let (ua, times) = run_once(plan, bound, spec, stop);
-        let step = Step::of(rate, &ua.stats.total, times.schedule_s);
+        let mut step = Step::of(rate, &ua.stats.total, times.schedule_s);
+        if times.elapsed_s > 0.0 {
+            step.load_cpu_share = (thread_cpu_s() - cpu0) / times.elapsed_s;
+        }
         if !a.quiet {
             eprintln!("{what} {n}: {}", step.outcome());
         }
@@ -660,10 +697,13 @@ pub fn run(args: LoadArgs) -> Result<Summary> {
             } else {
                 format!("at {}/s", a.rate)
             };
+            let from = match l.count() {
+                1 => l.first().ip().to_string(),
+                n => format!("{} and the {} addresses after it", l.first().ip(), n - 1),
+            };
             eprintln!(
-                "sipsec load: {:?} from {} to {transport}:{t} {how}",
-                a.scenario,
-                l.ip()
+                "sipsec load: {:?} from {from} to {transport}:{t} {how}",
+                a.scenario
             );
         }
     }

@@ -131,6 +131,9 @@ pub struct Step {
     pub goodput_per_s: f64,
     /// Latency of the step's answered operations, first request to the response that counts.
     pub latency_ms: Latency,
+    /// The load generator's own CPU over the step (its one thread: caller and callee), as a
+    /// share of its core: near 1 where the load, not what it offers to, set the pace.
+    pub load_cpu_share: f64,
 }
 
 /// The end-of-run report (`--json` writes it).
@@ -326,6 +329,7 @@ impl Step {
             offered_per_s: per_s(t.attempted),
             goodput_per_s: per_s(on_time),
             latency_ms: Latency::of(t),
+            load_cpu_share: 0.0,
         }
     }
 

@@ -184,3 +184,52 @@ fn bench_measures_goodput_past_the_peak() {
     );
     assert!(offered > 0.0 && goodput >= 0.9 * offered, "{v}");
 }
+
+/// `--peak-quota` holds the server to a share of a core during the peak search only, and
+/// `--peak-source-addresses` spreads per-call callers over addresses: the report says under
+/// which share the peak was found, that the quota held the server (its CPU share over the
+/// search within it, and throttled), and from how many addresses the callers came. Needs
+/// cgroup v1's cpu controller and root, as the overload suite does.
+#[test]
+fn bench_searches_the_peak_with_the_server_held_to_a_share_of_a_core() {
+    let cgroup = std::path::Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+    // SAFETY: geteuid has no preconditions.
+    if !cgroup.exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: no cgroup v1 cpu controller, or not root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v = bench_json(
+        dir.path(),
+        &[
+            "--transport",
+            "tcp",
+            "--mode",
+            "local",
+            "--rate",
+            "300",
+            "--calls",
+            "300",
+            "--warmup-calls",
+            "100",
+            "--find-peak",
+            "--step-s",
+            "1",
+            "--peak-quota",
+            "0.25",
+            "--peak-source-addresses",
+            "8",
+        ],
+    );
+    let held = &v["peak_held"];
+    let share = held["cpu_quota"].as_f64().unwrap();
+    assert!((0.1..=0.25).contains(&share), "{held}");
+    assert_eq!(held["source_addresses"].as_u64(), Some(8), "{held}");
+    // The search goes past the peak, where the server uses up its share and is held off.
+    assert!(held["cpu_throttled_s"].as_f64().unwrap() > 0.0, "{held}");
+    let server = held["server_cpu_share"].as_f64().unwrap();
+    assert!(server > 0.0 && server <= share * 1.1, "{held}");
+    assert!(v["peak_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    // The measured run before the search kept its whole core (no quota fields at the top).
+    assert!(v.get("cpu_quota").is_none(), "{v}");
+}

@@ -92,7 +92,7 @@ fn ua_config(scenario: Scenario, local: &str, users: &[&str], auth: Auth) -> UaC
             link: 0,
             addr: addr(SERVER),
         },
-        uac_local: addr(local),
+        uac_local: sipsec_load::sources::Sources::one(addr(local)),
         uas_local: Some(addr(local)),
         transport: Transport::Udp,
         domain: REALM.into(),

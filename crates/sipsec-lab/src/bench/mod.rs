@@ -9,6 +9,7 @@
 
 pub mod cpu;
 pub mod modes;
+pub mod peak;
 pub mod quota;
 pub mod relay;
 
@@ -142,6 +143,19 @@ pub struct BenchArgs {
     /// of load can overload it.
     #[arg(long)]
     pub(crate) cpu_quota: Option<f64>,
+    /// Hold the server to at most this share of one core during the peak search and the
+    /// goodput curve only (cgroup v1 CPU quota; root), so that it saturates before the load
+    /// generator does; the measured run keeps its whole core. The share is lowered (on a grid
+    /// of 0.05, to 0.1 at least) where the load's CPU per operation in the measured run would
+    /// leave it less than 3 times the server's pace at the server's peak.
+    #[arg(long, requires = "find_peak", conflicts_with = "cpu_quota")]
+    pub(crate) peak_quota: Option<f64>,
+    /// During the peak search and the goodput curve, callers with a connection per call
+    /// (seed 000's outbound and local modes) connect from this many addresses from
+    /// 127.0.1.1 (`sipsec load --source-addresses`), so the search is not held to what one
+    /// address's ephemeral ports carry.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) peak_source_addresses: u32,
     /// With the default config: the server's overload control (`[overload] enabled`).
     #[arg(long, value_enum, default_value = "on")]
     pub overload: OnOff,
@@ -252,6 +266,9 @@ pub struct Report {
     /// `--cpu-quota`: the quota and what it did (its fields at the report's top level).
     #[serde(flatten)]
     pub quota: Option<QuotaHeld>,
+    /// `--find-peak`: the share of a core the search held the server to, and who saturated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_held: Option<peak::PeakHeld>,
 }
 
 /// A CPU quota the server was held to (`--cpu-quota`).
@@ -570,6 +587,25 @@ pub fn print(report: &Report) {
     if report.load.failed > 0 {
         println!("  failures: {:?}", report.load.failures_by_reason);
     }
+    if let Some(h) = &report.peak_held {
+        println!(
+            "  peak search: server held to {}, throttled {:.1} s ({:.0}% of periods); CPU \
+             share over {:.0} s: server {:.2}, load generator {:.2} (at most {:.2} in a \
+             trial); {} caller address(es)",
+            h.cpu_quota
+                .map_or("a whole core".to_string(), |q| format!("{q:.2} of a core")),
+            h.cpu_throttled_s,
+            h.throttled_periods * 100.0,
+            h.search_s,
+            h.server_cpu_share,
+            h.load_cpu_share,
+            h.load_cpu_share_max,
+            h.source_addresses
+        );
+        if !h.failures_by_reason.is_empty() {
+            println!("  peak search failures: {:?}", h.failures_by_reason);
+        }
+    }
 }
 
 /// Runs one bench and returns its report; prints nothing but progress (unless `quiet`).
@@ -602,6 +638,14 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     }
     if a.curve_rates.iter().any(|r| !r.is_finite() || *r <= 0.0) {
         bail!("--curve-rates must be positive rates");
+    }
+    if let Some(q) = a.peak_quota {
+        if !a.find_peak || a.cpu_quota.is_some() || !(q > 0.0 && q <= 1.0) {
+            bail!(
+                "--peak-quota is a share of one core (above 0, at most 1) for --find-peak, \
+                 without --cpu-quota"
+            );
+        }
     }
     let cpus = cpu::cpu_count();
     if a.server_cpu >= cpus || a.load_cpu >= cpus {
@@ -801,14 +845,49 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let ops = summary.succeeded;
     let per_op = |s: f64| if ops == 0 { 0.0 } else { s * 1e6 / ops as f64 };
 
+    let load_us = per_op(own1.since(own0).total_s());
+    // The peak search (and the curve) under a server-set limit: the server held to its
+    // share, callers with a connection per call spread over their addresses.
+    let mut peak_quota = None;
+    let mut peak_held = None;
     let peak_search = if a.find_peak {
+        let sources = if s.transport != Transport::Udp && s.mode.caller_per_call() {
+            a.peak_source_addresses.max(1)
+        } else {
+            1
+        };
+        if sources > 1 {
+            base.local = Some(peak::FIRST_SOURCE);
+            base.source_addresses = sources;
+        }
         let peak_plan = load::Plan::new(LoadArgs {
             rate,
             find_peak: true,
             step_s: a.step_s,
             ..base.clone()
         })?;
-        Some(load::execute(&peak_plan, &mut bound, stop)?)
+        if sources > 1 {
+            // The callers' sockets again, from their new addresses (the UAS's listener is
+            // closed first, so it can listen again).
+            drop(bound);
+            bound = load::bind(&peak_plan)?;
+        }
+        if let Some(ceiling) = a.peak_quota {
+            let share = peak::share(ceiling, per_op(used.total_s()), load_us);
+            let held = quota::Quota::apply(share, &pids).context(
+                "--peak-quota holds the server with a CPU quota (lab run: --peak-quota 1 \
+                 searches on a whole core instead)",
+            )?;
+            peak_quota = Some((held, share));
+        }
+        let held = peak_quota
+            .as_ref()
+            .map(|(q, share)| (q, *share))
+            .or(quota.as_ref().zip(a.cpu_quota));
+        let watch = peak::Watch::start(&pids, held.map(|(q, _)| q));
+        let search = load::execute(&peak_plan, &mut bound, stop)?;
+        peak_held = Some(watch.end(&pids, held, sources, &search));
+        Some(search)
     } else {
         None
     };
@@ -840,6 +919,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             goodput_per_s: s.on_time as f64 / a.step_s,
         });
     }
+    drop(peak_quota);
     // What the quota did; the quota itself is lifted (dropped) here, before the server stops.
     let quota = quota.zip(a.cpu_quota).map(|(q, share)| QuotaHeld {
         cpu_quota: share,
@@ -870,7 +950,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             wakeups as f64 / ops as f64
         },
         server_counters,
-        load_cpu_us_per_op: per_op(own1.since(own0).total_s()),
+        load_cpu_us_per_op: load_us,
         peer_cpu_us_per_op: per_op(peers1.since(peers0).total_s()),
         measured_s,
         server_pids: pids,
@@ -883,6 +963,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             .filter(|_| ops > 0)
             .map(|n| n as f64 / ops as f64),
         quota,
+        peak_held,
     };
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")

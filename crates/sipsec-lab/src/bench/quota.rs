@@ -54,14 +54,35 @@ impl Quota {
     /// How often the group was held off for using up its quota, and for how long in all
     /// (seconds): evidence that the quota, not the load, set the pace.
     pub(crate) fn throttled(&self) -> (u64, f64) {
+        let s = self.stat();
+        (s.throttled, s.throttled_s)
+    }
+
+    /// The group's `cpu.stat` so far.
+    pub(crate) fn stat(&self) -> QuotaStat {
         let text = std::fs::read_to_string(self.dir.join("cpu.stat")).unwrap_or_default();
         let field = |name: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
                 .unwrap_or(0)
         };
-        (field("nr_throttled"), field("throttled_time") as f64 / 1e9)
+        QuotaStat {
+            periods: field("nr_periods"),
+            throttled: field("nr_throttled"),
+            throttled_s: field("throttled_time") as f64 / 1e9,
+        }
     }
+}
+
+/// What a quota did so far (cgroup v1 `cpu.stat`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QuotaStat {
+    /// CFS periods in which the group had threads ready to run.
+    pub(crate) periods: u64,
+    /// Of those, the periods in which it used up its quota and was held off.
+    pub(crate) throttled: u64,
+    /// Seconds held off in all.
+    pub(crate) throttled_s: f64,
 }
 
 impl Drop for Quota {

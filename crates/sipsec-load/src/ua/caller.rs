@@ -120,7 +120,7 @@ impl Ua {
                 let _ = write!(
                     m,
                     "Contact: <sip:{user_name}@{}{}>\r\n",
-                    self.cfg.uac_local,
+                    self.cfg.uac_local.of_call(number),
                     self.cfg.transport.uri_param()
                 );
             }
@@ -129,7 +129,7 @@ impl Ua {
                     .cfg
                     .register_contact
                     .clone()
-                    .unwrap_or_else(|| self.cfg.uac_local.to_string());
+                    .unwrap_or_else(|| self.cfg.uac_local.of_call(number).to_string());
                 let _ = write!(
                     m,
                     "Contact: <sip:{user_name}@{contact}{}>\r\nExpires: {}\r\n",

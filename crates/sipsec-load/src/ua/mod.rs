@@ -73,8 +73,8 @@ pub struct UaConfig {
     pub scenario: Scenario,
     /// Where the UAC sends new requests (the server, or a UAS directly).
     pub target: Endpoint,
-    /// The UAC's own address (Via, Contact).
-    pub uac_local: SocketAddr,
+    /// The UAC's own address (Via, Contact): each call's, where calls come from several.
+    pub uac_local: crate::sources::Sources,
     /// The UAS's own address (Contact of its 200), when this UA answers calls.
     pub uas_local: Option<SocketAddr>,
     /// The transport to the target: named in Via and Contact, and whether messages are
@@ -358,7 +358,7 @@ impl Ua {
              Call-ID: {number:x}-{epoch:x}@sipsec-load\r\nCSeq: {} {method}\r\n",
             h.uri,
             self.cfg.transport.via_token(),
-            self.cfg.uac_local,
+            self.cfg.uac_local.of_call(number),
             h.branch,
             match (self.cfg.rport, self.cfg.oc) {
                 (false, false) => "",

@@ -16,7 +16,7 @@ pub(super) fn config(scenario: Scenario, users: Users) -> UaConfig {
             link: 0,
             addr: UAS.parse().unwrap(),
         },
-        uac_local: UAC.parse().unwrap(),
+        uac_local: crate::sources::Sources::one(UAC.parse().unwrap()),
         uas_local: Some(UAS.parse().unwrap()),
         transport: Transport::Udp,
         domain: "example.test".into(),
