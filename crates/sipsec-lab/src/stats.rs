@@ -84,20 +84,12 @@ pub fn ratio(row: &[f64], baseline: &[f64]) -> Option<Ratio> {
         .filter(|(r, b)| **r > 0.0 && **b > 0.0 && r.is_finite() && b.is_finite())
         .map(|(r, b)| (r / b).ln())
         .collect();
-    let n = logs.len();
-    if n == 0 {
-        return None;
-    }
-    let mean = logs.iter().sum::<f64>() / n as f64;
-    let interval = (n >= MIN_ROUNDS).then(|| {
-        let var = logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-        let half = t_quantile(n - 1) * (var / n as f64).sqrt();
-        ((mean - half).exp(), (mean + half).exp())
-    });
+    // The t-interval of the mean log-ratio, taken back to ratios.
+    let m = mean_interval(&logs)?;
     Some(Ratio {
-        mean: mean.exp(),
-        interval,
-        n,
+        mean: m.mean.exp(),
+        interval: m.interval.map(|(low, high)| (low.exp(), high.exp())),
+        n: m.n,
     })
 }
 
