@@ -215,13 +215,13 @@ pub(crate) fn observations(records: &[Record]) -> Vec<Observation> {
             // Per core: a peak searched under a quota, over the share it was held to (the
             // model predicts a whole core; `peaks` compares at the measured share).
             let peaks: Vec<f64> = rs.iter().filter_map(|r| r.peak_per_core()).collect();
-            let shares: Vec<f64> = rs.iter().map(|r| r.success_share()).collect();
+
             Some(Observation {
                 configuration: configuration(&suite, &row),
                 suite,
                 row,
                 rate: f64::from_bits(rate),
-                success: median(&shares)?,
+                success: super::results::pooled_success(rs.iter().copied())?,
                 cpu_us: median(&rs.iter().map(|r| r.cpu_us).collect::<Vec<_>>())?,
                 peak_per_s: median(&peaks),
                 counts: c,

@@ -77,15 +77,6 @@ pub struct Options {
     pub with_failures: bool,
 }
 
-/// The share of `rounds`' operations that succeeded.
-fn success_of(rounds: &[&Record]) -> Option<f64> {
-    // Of the operations that ended, as `Record::success_share` counts them.
-    let (ok, all) = rounds.iter().fold((0, 0), |(ok, all), r| {
-        (ok + r.succeeded, all + r.calls.max(r.succeeded + r.failed))
-    });
-    (all > 0).then(|| ok as f64 / all as f64)
-}
-
 fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
     let of = |id: &str| -> Vec<&Record> {
         records
@@ -112,9 +103,10 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
                 .collect();
             let base: BTreeMap<u32, f64> =
                 base_rounds.iter().map(|r| (r.round, r.cpu_us)).collect();
-            let success = success_of(&measured);
+            let success = results::pooled_success(measured.iter().copied());
             let ok = |share: Option<f64>| share.is_none_or(|s| s >= results::MIN_SUCCESS);
-            let comparable = opts.with_failures || (ok(success) && ok(success_of(&base_rounds)));
+            let comparable = opts.with_failures
+                || (ok(success) && ok(results::pooled_success(base_rounds.iter().copied())));
             let (mut mine, mut theirs) = (Vec::new(), Vec::new());
             for r in &measured {
                 if let Some(b) = base.get(&r.round) {

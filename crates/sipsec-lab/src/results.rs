@@ -156,10 +156,16 @@ impl Record {
         }
     }
 
+    /// The operations that ended in the measured run: those attempted, or those counted as
+    /// succeeded or failed where more ended than were counted as attempted.
+    fn ended(&self) -> u64 {
+        self.calls.max(self.succeeded + self.failed)
+    }
+
     /// The share of the run's operations that succeeded: of those attempted, or of those
     /// that ended where more ended than were counted as attempted; 0 for a row not measured.
     pub fn success_share(&self) -> f64 {
-        let ended = self.calls.max(self.succeeded + self.failed);
+        let ended = self.ended();
         if ended == 0 {
             return 0.0;
         }
@@ -185,6 +191,16 @@ impl Record {
         }
         self.counters.get(counter).copied().unwrap_or(0) as f64 / self.succeeded as f64
     }
+}
+
+/// The share of several rounds' operations that succeeded, pooled (every operation weighs
+/// the same, whichever round it ran in); `None` when none ended. What a row's success is,
+/// for the report and the model alike.
+pub fn pooled_success<'a>(rounds: impl IntoIterator<Item = &'a Record>) -> Option<f64> {
+    let (ok, ended) = rounds.into_iter().fold((0, 0), |(ok, ended), r| {
+        (ok + r.succeeded, ended + r.ended())
+    });
+    (ended > 0).then(|| ok as f64 / ended as f64)
 }
 
 fn is_zero(x: &f64) -> bool {
