@@ -688,7 +688,7 @@ pub struct Rendered {
     /// Every table as markdown.
     pub markdown: String,
     /// Generated blocks by name: a suite's name for its table, `SUITE-ablation`,
-    /// `SUITE-goodput`, `model`.
+    /// `SUITE-goodput`, `model` (and `model-summary`, its verdict lines).
     pub blocks: BTreeMap<String, String>,
 }
 
@@ -908,6 +908,24 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
         )?;
     }
     blocks.insert("model".into(), model_block);
+    // What README quotes of the model: its verdict lines, not its tables.
+    let summary: Vec<&str> = model_text
+        .lines()
+        .chain(peaks.lines())
+        .filter(|l| {
+            l.starts_with("Configurations held out")
+                || l.starts_with("Held-out mean")
+                || l.starts_with("Predicted within")
+        })
+        .collect();
+    blocks.insert(
+        "model-summary".into(),
+        format!(
+            "{}\n\nThe unit costs and every row's prediction: the `model` table in BENCHMARKS.md, \
+             or `sipsec lab model results/lab`.\n",
+            summary.join("\n\n")
+        ),
+    );
     Ok(Rendered {
         html,
         markdown: md,
