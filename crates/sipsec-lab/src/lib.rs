@@ -91,7 +91,7 @@ pub fn main(command: LabCommand) -> anyhow::Result<()> {
             print!("{}", model::text(&m));
             let peaks = peaks::markdown(&records, &m);
             if !peaks.is_empty() {
-                print!("\nPredicted and measured peaks, server-set:\n\n{peaks}");
+                print!("\n{}:\n\n{peaks}", peaks::TITLE);
             }
             Ok(())
         }

@@ -355,17 +355,11 @@ impl Prediction {
         Some(cpu_share * 1e6 / us)
     }
 
-    /// The held-out error of the predicted peak on `cpu_share` of a core against the
-    /// measured one.
-    pub(crate) fn peak_error_at(&self, cpu_share: f64) -> Option<f64> {
-        let predicted = self.predicted_peak(cpu_share)?;
-        let measured = self.peak_per_s?;
-        Some((predicted - measured) / measured)
-    }
-
     /// The held-out error of the predicted peak on the server's one core.
     pub(crate) fn peak_error(&self) -> Option<f64> {
-        self.peak_error_at(1.0)
+        let predicted = self.predicted_peak(1.0)?;
+        let measured = self.peak_per_s?;
+        Some((predicted - measured) / measured)
     }
 }
 

@@ -86,12 +86,10 @@ pub(crate) fn rows(records: &[Record], m: &Model) -> Vec<PeakRow> {
                     .filter_map(|r| r.peak_per_core())
                     .collect::<Vec<_>>(),
             )?;
-            let saturated_us = m
+            let prediction = m
                 .predictions
                 .iter()
-                .find(|p| p.suite == suite && p.row == row)
-                .and_then(|p| p.held_out_saturated_us)
-                .filter(|&us| us > 0.0);
+                .find(|p| p.suite == suite && p.row == row);
             Some(PeakRow {
                 suite: suite.to_string(),
                 row: row.to_string(),
@@ -100,8 +98,10 @@ pub(crate) fn rows(records: &[Record], m: &Model) -> Vec<PeakRow> {
                 measured_per_s: median(
                     &rs.iter().filter_map(|r| r.peak_per_s).collect::<Vec<_>>(),
                 )?,
-                predicted_per_s: saturated_us.map(|us| share * 1e6 / us),
-                error: saturated_us.map(|us| (1e6 / us - per_core) / per_core),
+                predicted_per_s: prediction.and_then(|p| p.predicted_peak(share)),
+                error: prediction
+                    .and_then(|p| p.predicted_peak(1.0))
+                    .map(|whole| (whole - per_core) / per_core),
                 throttled_s: held(|h| h.cpu_throttled_s)?,
                 throttled_periods: held(|h| h.throttled_periods)?,
                 load_cpu_share: held(|h| h.load_cpu_share)?,
@@ -120,6 +120,9 @@ pub(crate) fn within(rows: &[PeakRow]) -> (usize, usize) {
     let hits = predicted.iter().filter(|e| e.abs() <= WITHIN).count();
     (hits, predicted.len())
 }
+
+/// The heading the table is printed under (`lab model`, the report, the `model` block).
+pub const TITLE: &str = "Predicted and measured peaks, server-set";
 
 /// The table, in markdown, with its count; empty when no peak was measured under a quota.
 pub fn markdown(records: &[Record], m: &Model) -> String {

@@ -235,9 +235,11 @@ fn ratio_text(r: Option<Ratio>) -> String {
     }
 }
 
-fn success_text(r: &RowSummary) -> String {
+/// The row's success share as a percentage, in bold (markdown) when below
+/// [`results::MIN_SUCCESS`] and `bold` is asked for.
+fn success_text(r: &RowSummary, bold: bool) -> String {
     match r.success {
-        Some(s) if s < results::MIN_SUCCESS => format!("**{:.1}%**", s * 100.0),
+        Some(s) if bold && r.failed() => format!("**{:.1}%**", s * 100.0),
         Some(s) => format!("{:.1}%", s * 100.0),
         None => "—".into(),
     }
@@ -254,7 +256,7 @@ pub(crate) fn notes(rows: &[RowSummary]) -> Vec<String> {
                 "{}: {} of operations succeeded (below {:.0}%): marked, and left out of ratios \
                  and of the model's fit.",
                 r.label,
-                success_text(r).replace("**", ""),
+                success_text(r, false),
                 results::MIN_SUCCESS * 100.0
             ));
         }
@@ -301,7 +303,7 @@ pub(crate) fn markdown_table(rows: &[RowSummary]) -> String {
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             opt(r.rate, 0),
-            success_text(r),
+            success_text(r, true),
             opt(r.cpu_us, 1),
             ratio_text(r.ratio),
             r.verdict(),
@@ -357,7 +359,7 @@ fn html_table(rows: &[RowSummary]) -> String {
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td>",
             escape(r.label),
             opt(r.rate, 0),
-            success_text(r).replace("**", ""),
+            success_text(r, false),
             opt(r.cpu_us, 1),
             ratio_text(r.ratio),
             r.verdict().replace(' ', "-"),
@@ -535,28 +537,13 @@ fn goodput_chart(rows: &[RowSummary]) -> Result<Option<String>> {
     )
 }
 
-/// The suite's reference capacity (the median of its reference records: normally one, run
-/// once per run), operations per second.
-pub(crate) fn reference_capacity(suite: &str, records: &[Record]) -> Option<f64> {
-    stats::median(
-        &records
-            .iter()
-            .filter(|r| r.suite == suite && r.row == suite::REFERENCE && r.skipped.is_none())
-            .filter_map(|r| r.peak_per_s)
-            .collect::<Vec<_>>(),
-    )
-}
-
 /// Goodput past the peak, like for like: every row was offered the same absolute rates
 /// (multiples of the one reference capacity, [`suite::GRID`]), and each cell is the goodput
 /// it kept there as a share of that same reference, the mean over rounds with its interval.
-/// Rows whose rounds were measured on another grid are left out, saying so.
+/// A row with no point at a grid rate (measured on another grid) shows "—" there.
 fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(String, String)> {
-    let reference = reference_capacity(s.name, records)?;
-    let grid: Vec<f64> = suite::GRID
-        .iter()
-        .map(|m| (reference * m).round())
-        .collect();
+    let reference = results::reference_capacity(s.name, records)?;
+    let grid = suite::grid(reference);
     let mut head = vec!["row".to_string()];
     head.extend(
         suite::GRID
@@ -763,15 +750,6 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
     for s in suite::all() {
         let rows = summarise(&s, records, opts);
         if rows.is_empty() {
-            // The documents quote every suite: one these results lack says so and how to
-            // measure it, rather than keeping figures nobody can trace.
-            let missing = format!(
-                "Not in these results: `sipsec lab run {} --out DIR` measures it.\n",
-                s.name
-            );
-            for name in block_names(&s) {
-                blocks.insert(name, missing.clone());
-            }
             continue;
         }
         let rounds = rows
@@ -872,21 +850,32 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
             html += &svg;
         }
     }
-    // A suite that ran without yielding a table (every row skipped, no reference capacity).
+    // The documents quote every suite: a block the results did not make says why, and how
+    // to measure it, rather than keeping figures nobody can trace.
     for s in suite::all() {
+        let measured = records
+            .iter()
+            .any(|r| r.suite == s.name && s.row(&r.row).is_some());
         for name in block_names(&s) {
             blocks.entry(name).or_insert_with(|| {
-                format!(
-                    "No figures in these results: the suite's rows were skipped (the report of \
-                     `sipsec lab run {} --out DIR` says why).\n",
-                    s.name
-                )
+                if measured {
+                    format!(
+                        "No figures in these results: the suite's rows were skipped (the report \
+                         of `sipsec lab run {} --out DIR` says why).\n",
+                        s.name
+                    )
+                } else {
+                    format!(
+                        "Not in these results: `sipsec lab run {} --out DIR` measures it.\n",
+                        s.name
+                    )
+                }
             });
         }
     }
     let peaks = super::peaks::markdown(records, m);
     if !peaks.is_empty() {
-        let title = "Predicted and measured peaks, server-set";
+        let title = super::peaks::TITLE;
         write!(html, "<h2>{title}</h2><pre>{}</pre>", escape(&peaks))?;
         write!(md, "## {title}\n\n{peaks}\n")?;
     }
@@ -902,10 +891,7 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
     write!(md, "## The component cost model\n\n```\n{model_text}```\n")?;
     let mut model_block = format!("```\n{model_text}```\n");
     if !peaks.is_empty() {
-        write!(
-            model_block,
-            "\nPredicted and measured peaks, server-set:\n\n{peaks}"
-        )?;
+        write!(model_block, "\n{}:\n\n{peaks}", super::peaks::TITLE)?;
     }
     blocks.insert("model".into(), model_block);
     // What README quotes of the model: its verdict lines, not its tables.

@@ -203,6 +203,19 @@ pub fn pooled_success<'a>(rounds: impl IntoIterator<Item = &'a Record>) -> Optio
     (ended > 0).then(|| ok as f64 / ended as f64)
 }
 
+/// A curve suite's reference capacity, operations per second: the median of its
+/// [`REFERENCE`](crate::suite::REFERENCE) records' peaks (normally one, searched once per
+/// run); `None` before one was measured.
+pub fn reference_capacity(suite: &str, records: &[Record]) -> Option<f64> {
+    super::stats::median(
+        &records
+            .iter()
+            .filter(|r| r.suite == suite && r.row == crate::suite::REFERENCE && r.skipped.is_none())
+            .filter_map(|r| r.peak_per_s)
+            .collect::<Vec<_>>(),
+    )
+}
+
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }

@@ -661,11 +661,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut failed = Vec::new();
     let mut below = Vec::new();
     // The curve suite's reference capacity: measured once per run (kept across --resume).
-    let mut reference = existing
-        .iter()
-        .find(|r| r.row == suite::REFERENCE && r.skipped.is_none())
-        .and_then(|r| r.peak_per_s);
+    let mut reference = None;
     for (s, row, round) in todo {
+        if s.curve && reference.is_none() {
+            reference = results::reference_capacity(s.name, &existing);
+        }
         if s.curve && reference.is_none() {
             let base = s.row(row.baseline).unwrap_or(row);
             bar.set_message(format!("{} reference capacity ({})", s.name, base.id));
@@ -683,9 +683,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 );
             }
         }
-        let grid: Option<Vec<f64>> = reference
-            .filter(|_| s.curve)
-            .map(|c| suite::GRID.iter().map(|m| (c * m).round()).collect());
+        let grid = reference.filter(|_| s.curve).map(suite::grid);
         bar.set_message(format!("{} {} (round {round} of {rounds})", s.name, row.id));
         let record = match measure(&mut ws, s, row, round, &a, grid.as_deref(), &stop) {
             Ok(Some(record)) => record,

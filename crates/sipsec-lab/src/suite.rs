@@ -964,6 +964,12 @@ pub(crate) const OVERLOAD_QUOTA: f64 = 0.25;
 /// reference capacity (the uncontrolled server's peak, searched once per run), so every row
 /// is read at the same offered rates.
 pub const GRID: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 3.0];
+
+/// The grid's offered rates for a reference capacity, operations per second: what the run
+/// offers and what the report reads at.
+pub fn grid(reference: f64) -> Vec<f64> {
+    GRID.iter().map(|m| (reference * m).round()).collect()
+}
 /// The row name the reference capacity is stored under in the results (round 0).
 pub const REFERENCE: &str = "reference";
 
