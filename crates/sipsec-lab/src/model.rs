@@ -1,7 +1,8 @@
 //! The component cost model (seed 000 §V, done held out): a row's server CPU per operation
 //! is the sum over building blocks of (times the block happens per operation) × (the block's
-//! unit cost). The counts come from the server's own counters for that row — messages,
-//! stream messages and TLS records, connections, full and resumed handshakes on each side,
+//! unit cost). The counts come from the server's own counters for that row — messages
+//! received, forwarded and answered here (a stateful proxy's 100 Trying, a registrar's 200, a
+//! redirect's 302, a challenge: work a message received does not say), stream messages and TLS records, connections, full and resumed handshakes on each side,
 //! client certificates, digest and Proxychain checks, credential fetches (database queries,
 //! chains from the authority), registrations written, wake-ups — so only the unit costs are
 //! fitted: non-negative least squares ([`nnls`], Lawson and Hanson's) on relative error,
@@ -30,8 +31,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 /// The building blocks, in the order units are reported.
-pub(crate) const BLOCKS: [&str; 14] = [
+pub(crate) const BLOCKS: [&str; 16] = [
     "message",
+    "message forwarded",
+    "response made here",
     "stream message",
     "TLS record",
     "connection set-up",
@@ -82,6 +85,8 @@ pub(crate) const WAKE_TERMS: [&str; W] = [
     BLOCKS[10],
     BLOCKS[11],
     BLOCKS[12],
+    BLOCKS[13],
+    BLOCKS[14],
     "operation (its timers)",
     "second (1 / rate)",
 ];
@@ -150,6 +155,8 @@ pub fn counts(r: &Record) -> [f64; N] {
         || full_accepted + full_opened + resumed_accepted + resumed_opened > 0.0;
     [
         messages,
+        r.per_op("forwarded_requests") + r.per_op("forwarded_responses"),
+        r.per_op("local_responses"),
         stream,
         if tls { stream } else { 0.0 },
         connections,
