@@ -120,8 +120,11 @@ pub struct Observation {
     pub success: f64,
     /// Server CPU per successful operation, µs.
     pub cpu_us: f64,
-    /// The measured peak, operations per second, where the row has one.
-    pub peak_per_s: Option<f64>,
+    /// Whether this is the row at its peak rather than at its rate: CPU per operation a
+    /// server held to a share of a core spends at its server-set peak (the share of 10⁶ µs
+    /// over the peak), the row's counts with no wake-ups (a saturated worker never sleeps).
+    /// Fitted like the rows, never predicted as one: the peaks table compares peaks.
+    pub saturated: bool,
     /// Block counts per operation, in the order of `BLOCKS`.
     pub counts: [f64; N],
 }
@@ -227,21 +230,50 @@ pub(crate) fn observations(records: &[Record]) -> Vec<Observation> {
             for (b, slot) in c.iter_mut().enumerate() {
                 *slot = median(&all.iter().map(|x| x[b]).collect::<Vec<_>>())?;
             }
-            // Per core: a peak searched under a quota, over the share it was held to (the
-            // model predicts a whole core; `peaks` compares at the measured share).
-            let peaks: Vec<f64> = rs.iter().filter_map(|r| r.peak_per_core()).collect();
-
-            Some(Observation {
+            let at_rate = Observation {
                 configuration: configuration(&suite, &row),
                 suite,
                 row,
                 rate: f64::from_bits(rate),
                 success: super::results::pooled_success(rs.iter().copied())?,
                 cpu_us: median(&rs.iter().map(|r| r.cpu_us).collect::<Vec<_>>())?,
-                peak_per_s: median(&peaks),
+                saturated: false,
                 counts: c,
-            })
+            };
+            // The rounds whose peak the server set, searched under a quota: per core, the
+            // peak over the share it was held to; the CPU per operation its inverse.
+            let server_set: Vec<&Record> = rs
+                .iter()
+                .copied()
+                .filter(|r| r.peak_held.as_ref().is_some_and(|h| h.server_set()))
+                .collect();
+            let peak = median(
+                &server_set
+                    .iter()
+                    .filter_map(|r| r.peak_per_s)
+                    .collect::<Vec<_>>(),
+            );
+            let per_core = median(
+                &server_set
+                    .iter()
+                    .filter_map(|r| r.peak_per_core())
+                    .collect::<Vec<_>>(),
+            );
+            let at_peak = peak.zip(per_core).map(|(peak, per_core)| {
+                let mut counts = at_rate.counts;
+                counts[WAKE_UP] = 0.0;
+                Observation {
+                    rate: peak,
+                    cpu_us: 1e6 / per_core,
+                    success: 1.0,
+                    saturated: true,
+                    counts,
+                    ..at_rate.clone()
+                }
+            });
+            Some(std::iter::once(at_rate).chain(at_peak))
         })
+        .flatten()
         .collect()
 }
 
@@ -407,8 +439,6 @@ pub(crate) struct Prediction {
     /// The held-out model's CPU per operation at saturation: every block but the wake-up,
     /// since a worker that never runs out of work never sleeps.
     pub(crate) held_out_saturated_us: Option<f64>,
-    /// The measured peak, operations per second, where the row has one.
-    pub peak_per_s: Option<f64>,
     /// The row's block counts per operation (its measured wake-ups last).
     pub counts: [f64; N],
 }
@@ -430,13 +460,6 @@ impl Prediction {
     pub(crate) fn predicted_peak(&self, cpu_share: f64) -> Option<f64> {
         let us = self.held_out_saturated_us.filter(|us| *us > 0.0)?;
         Some(cpu_share * 1e6 / us)
-    }
-
-    /// The held-out error of the predicted peak on the server's one core.
-    pub(crate) fn peak_error(&self) -> Option<f64> {
-        let predicted = self.predicted_peak(1.0)?;
-        let measured = self.peak_per_s?;
-        Some((predicted - measured) / measured)
     }
 }
 
@@ -463,12 +486,6 @@ impl Model {
             self.fitted()
                 .filter_map(Prediction::held_out_error_measured_wakeups),
         )
-    }
-
-    /// Mean absolute held-out error of the predicted peak on one core, where peaks were
-    /// measured.
-    pub(crate) fn peak_mae(&self) -> Option<(f64, usize)> {
-        mean_abs(self.fitted().filter_map(Prediction::peak_error))
     }
 
     /// The configurations held out whole whose rows could be predicted.
@@ -519,6 +536,7 @@ pub(crate) fn fit_with(records: &[Record], with_failures: bool) -> Model {
     }
     let predictions = obs
         .iter()
+        .filter(|o| !o.saturated)
         .map(|o| {
             let (cpu, wake) = &held_out[o.configuration.as_str()];
             let with_wakeups = |w: f64| {
@@ -540,7 +558,6 @@ pub(crate) fn fit_with(records: &[Record], with_failures: bool) -> Model {
                 held_out_measured_wakeups_us: with_wakeups(o.counts[WAKE_UP]),
                 wakeups_predicted,
                 held_out_saturated_us: with_wakeups(0.0),
-                peak_per_s: o.peak_per_s,
                 counts: o.counts,
             }
         })
@@ -583,7 +600,7 @@ pub fn text(m: &Model) -> String {
           fitted likewise; \"error, wake-ups measured\" uses the row's own wake-ups instead.\n";
     writeln!(
         t,
-        "\n{:<8} {:<28} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9}",
+        "\n{:<8} {:<28} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>9}",
         "suite",
         "row",
         "rate/s",
@@ -593,8 +610,7 @@ pub fn text(m: &Model) -> String {
         "error",
         "wakes",
         "pred.",
-        "error, wm",
-        "peak err"
+        "error, wm"
     )
     .unwrap();
     for p in &m.predictions {
@@ -605,7 +621,7 @@ pub fn text(m: &Model) -> String {
         };
         writeln!(
             t,
-            "{:<8} {:<28} {:>7.0} {:>8.1} {:>8} {:>8} {:>8} {:>7.2} {:>7} {:>9} {:>9}",
+            "{:<8} {:<28} {:>7.0} {:>8.1} {:>8} {:>8} {:>8} {:>7.2} {:>7} {:>9}",
             p.suite,
             row,
             p.rate,
@@ -615,8 +631,7 @@ pub fn text(m: &Model) -> String {
             pct(p.held_out_error()),
             p.counts[WAKE_UP],
             g(p.wakeups_predicted),
-            pct(p.held_out_error_measured_wakeups()),
-            pct(p.peak_error())
+            pct(p.held_out_error_measured_wakeups())
         )
         .unwrap();
     }
@@ -656,14 +671,6 @@ pub fn text(m: &Model) -> String {
             t,
             "Held-out mean absolute error of CPU per operation, wake-ups measured: {:.1}% over \
              {n} rows",
-            e * 100.0
-        )
-        .unwrap();
-    }
-    if let Some((e, n)) = m.peak_mae() {
-        writeln!(
-            t,
-            "Held-out mean absolute error of the predicted peak per core (a peak searched under a quota over its share): {:.1}% over {n} rows",
             e * 100.0
         )
         .unwrap();
@@ -736,7 +743,7 @@ mod tests {
             configuration: String::new(),
             success: 1.0,
             cpu_us: 0.0,
-            peak_per_s: None,
+            saturated: false,
             counts: counts(r),
         };
         let terms = wake_terms(
@@ -881,7 +888,7 @@ mod tests {
             configuration: String::new(),
             success: 1.0,
             cpu_us: 300.0,
-            peak_per_s: None,
+            saturated: false,
             counts,
         };
         let mut units: Units = [None; N];

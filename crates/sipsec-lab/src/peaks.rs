@@ -6,6 +6,7 @@
 //! load generator's CPU share over the search), and how many configurations it predicts within
 //! 10%.
 
+use super::bench::peak::{server_set, LOAD_SHARE_MAX, THROTTLED_MIN};
 use super::model::Model;
 use super::results::Record;
 use super::stats::median;
@@ -14,17 +15,6 @@ use std::fmt::Write;
 
 /// A prediction within this relative error counts as a hit.
 const WITHIN: f64 = 0.10;
-
-/// The least share of the search's quota periods in which the server must have used up its
-/// quota for the peak to count as the quota's: on a shared machine the server can be held
-/// back by others on its core before its quota binds (then it sheds at a peak its quota does
-/// not explain, throttled in a few periods only).
-const THROTTLED_MIN: f64 = 0.25;
-
-/// The most of its core the load generator may have used over the search for the peak to
-/// count as the server's: the bench leaves it 3 times the server's pace at the peak
-/// (`bench::peak::LOAD_HEADROOM`), and the search spends part of its time below the peak.
-const LOAD_SHARE_MAX: f64 = 0.5;
 
 /// One configuration's server-set peak, the medians over its rounds, and the model's.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,7 +43,7 @@ impl PeakRow {
     /// Whether the server set the peak: its quota held it off in a good part of the search,
     /// and the load generator kept its headroom.
     pub(crate) fn server_set(&self) -> bool {
-        self.throttled_periods >= THROTTLED_MIN && self.load_cpu_share < LOAD_SHARE_MAX
+        server_set(self.throttled_periods, self.load_cpu_share)
     }
 }
 

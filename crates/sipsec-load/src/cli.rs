@@ -184,6 +184,10 @@ pub struct LoadArgs {
     /// Relative precision of the peak search.
     #[arg(long, default_value_t = 0.03)]
     pub peak_precision: f64,
+    /// Seconds between two trials of the peak search, so the server works off what an
+    /// overloaded trial left queued (and its retransmissions end) before the next begins.
+    #[arg(long, default_value_t = 0.5)]
+    pub peak_settle_s: f64,
     /// Milliseconds a call stays established before the UAC sends BYE.
     #[arg(long, default_value_t = 0)]
     pub hold_ms: u64,

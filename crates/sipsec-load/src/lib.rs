@@ -232,6 +232,9 @@ impl Plan {
         if !(0.0..1.0).contains(&args.peak_precision) || args.peak_precision == 0.0 {
             bail!("--peak-precision is a fraction, e.g. 0.03");
         }
+        if !(args.peak_settle_s.is_finite() && args.peak_settle_s >= 0.0) {
+            bail!("--peak-settle-s is seconds, 0 or more");
+        }
         if args.scenario == ScenarioArg::Redirect
             && args.role == Role::Both
             && args.target.is_none()
@@ -638,7 +641,7 @@ pub fn execute(plan: &Plan, bound: &mut Bound, stop: &AtomicBool) -> Result<Summ
                 }
                 let ratio = curve.run(plan, bound, stop, rate, "trial").on_time_ratio;
                 // Let the server settle between trials.
-                std::thread::sleep(std::time::Duration::from_millis(500));
+                std::thread::sleep(std::time::Duration::from_secs_f64(a.peak_settle_s));
                 ratio
             },
         );

@@ -159,6 +159,14 @@ pub struct BenchArgs {
     /// With the default config: the server's overload control (`[overload] enabled`).
     #[arg(long, value_enum, default_value = "on")]
     pub overload: OnOff,
+    /// The server's overload control during the peak search of a server this bench starts:
+    /// `off` (the default) reloads its config with `[overload] enabled = false` for the
+    /// search and back after it, so the peak is where the server's CPU runs out rather than
+    /// where its admission control starts to shed (at its target busy fraction, or on a
+    /// queue delay a CPU quota's slices cause); `on` searches with the config as it is.
+    /// Runs with --cpu-quota (the lab's overload suite) keep their config throughout.
+    #[arg(long, value_enum, default_value = "off")]
+    pub(crate) peak_overload: OnOff,
     /// The load speaks overload control as a client (`sipsec load --oc`).
     #[arg(long)]
     pub oc: bool,
@@ -297,6 +305,60 @@ const CURVE: [f64; 9] = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0];
 /// A server's counters by name (`stats.rs`), as `sipsec ctl counters` reports them.
 pub type Counters = BTreeMap<String, u64>;
 
+/// Seconds between the peak search's trials: what an overloaded trial leaves queued on a
+/// server held to a quarter of a core, and the retransmissions of its late calls, take about
+/// a second to work off; with the 0.5 s of `sipsec load` the next trial began on a backlog and
+/// failed at a rate the server sustains from rest. The curve waits as long
+/// ([`CURVE_SETTLE_S`]).
+const PEAK_SETTLE_S: f64 = 2.0;
+/// Seconds before each point of the goodput curve, for the same reason.
+const CURVE_SETTLE_S: f64 = 2.0;
+
+/// The config a server this bench started runs from during a peak search without overload
+/// control (`--peak-overload off`): a copy in its scratch directory, switched between the
+/// config as given and the same with `[overload] enabled = false`.
+struct PeakConfigs {
+    path: PathBuf,
+    as_given: String,
+    without_overload: String,
+}
+
+impl PeakConfigs {
+    /// Copies `config` into `dir` and prepares its variant without overload control.
+    fn new(config: &Path, dir: &Path) -> Result<Self> {
+        let as_given = std::fs::read_to_string(config)
+            .with_context(|| format!("cannot read {}", config.display()))?;
+        let mut table: toml::Table = as_given
+            .parse()
+            .with_context(|| format!("{} is not TOML", config.display()))?;
+        let overload = table
+            .entry("overload")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .context("[overload] is not a table")?;
+        overload.insert("enabled".into(), toml::Value::Boolean(false));
+        let path = dir.join("serve.toml");
+        std::fs::write(&path, &as_given)?;
+        Ok(PeakConfigs {
+            path,
+            as_given,
+            without_overload: toml::to_string(&table)?,
+        })
+    }
+
+    /// Writes the config with overload control as given (`as_given`) or off, and has the
+    /// server read it.
+    fn switch(&self, server: &Started, as_given: bool) -> Result<()> {
+        let text = if as_given {
+            &self.as_given
+        } else {
+            &self.without_overload
+        };
+        std::fs::write(&self.path, text)?;
+        server.reload()
+    }
+}
+
 /// A sipsec server this bench started; stopped on drop.
 struct Started {
     child: Child,
@@ -339,6 +401,23 @@ impl Started {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .with_context(|| format!("no totals in {}", path.display()))?;
         Ok(Some(total))
+    }
+
+    /// Asks the server to read its config file again (`sipsec ctl reload`), and waits until
+    /// it has.
+    fn reload(&self) -> Result<()> {
+        let socket = self
+            .control
+            .clone()
+            .context("the server has no [control] socket to ask for a reload")?;
+        let ask = CtlArgs {
+            command: control::Command::Reload,
+            config: None,
+            socket: Some(socket),
+            timeout_s: 10,
+        };
+        ctl::run(&ask)?.map_err(|why| anyhow::anyhow!("the server refused to reload: {why}"))?;
+        Ok(())
     }
 
     /// The server's counters now, asked through its control socket (`sipsec ctl counters`).
@@ -664,6 +743,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         }
     };
     let mut started = None;
+    let mut peak_configs = None;
     let mut idle_to = None;
     let (target, pids_root, server) = if !a.server_pid.is_empty() {
         for &p in &a.server_pid {
@@ -710,6 +790,16 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         if s.idle_connections > 0 {
             idle_to = Some(config_listen(&config, Transport::Tcp)?);
         }
+        // A peak search without overload control reloads the server's config with it off,
+        // so the server runs from a copy in its scratch directory, never the caller's file.
+        let config = if a.find_peak && !a.peak_overload.is_on() && a.cpu_quota.is_none() {
+            let c = PeakConfigs::new(&config, dir.path())?;
+            let path = c.path.clone();
+            peak_configs = Some(c);
+            path
+        } else {
+            config
+        };
         let s = start_sipsec(&config, dir, a.server_cpu, noop, a.instructions)?;
         let pid = s.child.id();
         started = Some(s);
@@ -864,6 +954,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             rate,
             find_peak: true,
             step_s: a.step_s,
+            peak_settle_s: PEAK_SETTLE_S,
             ..base.clone()
         })?;
         if sources > 1 {
@@ -884,9 +975,16 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             .as_ref()
             .map(|(q, share)| (q, *share))
             .or(quota.as_ref().zip(a.cpu_quota));
+        let switched = peak_configs.as_ref().zip(started.as_ref());
+        if let Some((c, server)) = switched {
+            c.switch(server, false)?;
+        }
         let watch = peak::Watch::start(&pids, held.map(|(q, _)| q));
         let search = load::execute(&peak_plan, &mut bound, stop)?;
         peak_held = Some(watch.end(&pids, held, sources, &search));
+        if let Some((c, server)) = switched {
+            c.switch(server, true)?;
+        }
         Some(search)
     } else {
         None
@@ -906,7 +1004,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         // Let the server recover from what came before (the peak search ends past the
         // peak, and its overload control is still shedding) so each point is measured from
         // a settled server, the first one too.
-        std::thread::sleep(std::time::Duration::from_secs(2));
+        std::thread::sleep(std::time::Duration::from_secs_f64(CURVE_SETTLE_S));
         let trial = load::Plan::new(LoadArgs {
             rate: r,
             duration: Some(a.step_s),

@@ -45,6 +45,31 @@ pub(crate) fn share(ceiling: f64, server_us: f64, load_us: f64) -> f64 {
     ((share / SHARE_STEP + 1e-9).floor() * SHARE_STEP).max(LEAST_SHARE)
 }
 
+/// The least share of the search's quota periods in which the server must have used up its
+/// quota for the peak to count as the quota's: on a shared machine the server can be held
+/// back by others on its core before its quota binds (then it sheds at a peak its quota does
+/// not explain, throttled in a few periods only).
+pub(crate) const THROTTLED_MIN: f64 = 0.25;
+
+/// The most of its core the load generator may have used over the search for the peak to
+/// count as the server's: the bench leaves it 3 times the server's pace at the peak
+/// ([`LOAD_HEADROOM`]), and the search spends part of its time below the peak.
+pub(crate) const LOAD_SHARE_MAX: f64 = 0.5;
+
+/// Whether a peak search was set by the server: its quota held it off in a good part of the
+/// search, and the load generator kept its headroom.
+pub(crate) fn server_set(throttled_periods: f64, load_cpu_share: f64) -> bool {
+    throttled_periods >= THROTTLED_MIN && load_cpu_share < LOAD_SHARE_MAX
+}
+
+impl PeakHeld {
+    /// Whether this search's peak was the server's ([`server_set`]).
+    pub(crate) fn server_set(&self) -> bool {
+        self.cpu_quota.is_some_and(|q| q > 0.0)
+            && server_set(self.throttled_periods, self.load_cpu_share)
+    }
+}
+
 /// How a peak was measured, and who saturated: kept in the bench report and the lab's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PeakHeld {
