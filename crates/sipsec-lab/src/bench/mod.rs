@@ -1104,4 +1104,45 @@ mod tests {
         let err = config(Some(20_000)).1.unwrap_err();
         assert!(format!("{err:#}").contains("max_batch_delay_us"), "{err:#}");
     }
+
+    /// The peak search's config is the config as given with `[overload] enabled = false`,
+    /// which the server loads; its copy starts as given, and switching writes each in turn.
+    #[test]
+    fn the_peak_search_config_only_switches_overload_control_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = BenchArgs::default();
+        let given = default_config(
+            dir.path(),
+            role_of(&a),
+            &a.streams,
+            dir.path(),
+            true,
+            false,
+            None,
+        ) + "[auth]\nscheme = \"digest\"\nrealm = \"bench.test\"\n";
+        let path = dir.path().join("given.toml");
+        std::fs::write(&path, &given).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let c = PeakConfigs::new(&path, scratch.path()).unwrap();
+        assert_eq!(c.path, scratch.path().join("serve.toml"));
+        assert_eq!(std::fs::read_to_string(&c.path).unwrap(), given);
+        let on = sipsec_server::config::Config::load(&c.path).unwrap();
+        std::fs::write(&c.path, &c.without_overload).unwrap();
+        let off = sipsec_server::config::Config::load(&c.path).unwrap();
+        assert!(on.overload.enabled && !off.overload.enabled);
+        // Nothing else changed: the same listeners, workers and realm.
+        assert_eq!(format!("{:?}", on.listen), format!("{:?}", off.listen));
+        assert!(c.without_overload.contains("realm = \"bench.test\""));
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            given,
+            "the given file untouched"
+        );
+        // A config without an [overload] table gets one.
+        std::fs::write(&path, "[server]\nlisten = [\"udp:127.0.0.1:5060\"]\n").unwrap();
+        let bare = PeakConfigs::new(&path, scratch.path()).unwrap();
+        assert!(bare
+            .without_overload
+            .contains("[overload]\nenabled = false"));
+    }
 }
