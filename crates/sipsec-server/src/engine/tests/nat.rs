@@ -291,6 +291,65 @@ fn outbound_through_a_proxy_without_outbound_is_refused_439() {
     assert_eq!(status(&out[0].1), Some(439));
 }
 
+/// What RFC 5626 and 3327 let a phone send that the registrar cannot keep is refused 400
+/// with the reason, and nothing is bound: a reg-id that is not a positive number, an
+/// instance longer than the store keeps, a Path longer than it keeps. At the limits they
+/// are taken.
+#[test]
+fn outbound_and_path_values_the_store_cannot_keep_are_refused_400() {
+    use crate::engine::registrar::{MAX_INSTANCE, MAX_PATH};
+    let mut e = engine_with_tcp();
+    let phone = Peer {
+        transport: Transport::Tcp,
+        addr: addr(NAT),
+        conn: 5,
+        flow: false,
+    };
+    let with = |instance: &str, reg_id: &str| {
+        format!(
+            "<sip:gus@x9.invalid;transport=tcp;ob>;+sip.instance=\"{instance}\";reg-id={reg_id}"
+        )
+    };
+    let uuid = "<urn:uuid:00000000-0000-1000-8000-AABBCCDDEEFF>";
+    // An instance of n characters as the Contact carries it, its quotes counted.
+    let long = |n: usize| format!("<urn:{}>", "x".repeat(n - 8));
+    let mut port = 0;
+    let mut answer = |e: &mut Engine, contact: &str, extra: &str| {
+        port += 1;
+        let reg = register_as("gus", &format!("TCP 192.168.1.20:{port}"), contact, extra);
+        let out = deliver_from(e, 0, phone, &reg);
+        let first = out[0].1.lines().next().unwrap().to_string();
+        first
+    };
+    for (contact, extra, want) in [
+        (with(uuid, "0"), "", "SIP/2.0 400 Bad reg-id parameter"),
+        (with(uuid, "-1"), "", "SIP/2.0 400 Bad reg-id parameter"),
+        (with(uuid, "x"), "", "SIP/2.0 400 Bad reg-id parameter"),
+        (
+            with(uuid, "4294967296"),
+            "",
+            "SIP/2.0 400 Bad reg-id parameter",
+        ),
+        (
+            with(&long(MAX_INSTANCE + 1), "1"),
+            "",
+            "SIP/2.0 400 +sip.instance Too Long",
+        ),
+        (
+            with(uuid, "1"),
+            &format!("Path: <sip:{}@203.0.113.5;lr;ob>\r\n", "p".repeat(MAX_PATH)),
+            "SIP/2.0 400 Path Too Long",
+        ),
+    ] {
+        assert_eq!(answer(&mut e, &contact, &extra), want, "{contact} {extra}");
+    }
+    assert_eq!(e.location.len(), 0, "nothing bound");
+    // At the limits: bound.
+    let ok = answer(&mut e, &with(&long(MAX_INSTANCE), "4294967295"), "");
+    assert_eq!(ok, "SIP/2.0 200 OK");
+    assert_eq!(e.location.len(), 1);
+}
+
 #[test]
 fn a_binding_with_a_path_is_reached_along_it() {
     let mut e = engine("");
