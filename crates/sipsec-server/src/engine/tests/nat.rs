@@ -341,7 +341,7 @@ fn outbound_and_path_values_the_store_cannot_keep_are_refused_400() {
             "SIP/2.0 400 Path Too Long",
         ),
     ] {
-        assert_eq!(answer(&mut e, &contact, &extra), want, "{contact} {extra}");
+        assert_eq!(answer(&mut e, &contact, extra), want, "{contact} {extra}");
     }
     assert_eq!(e.location.len(), 0, "nothing bound");
     // At the limits: bound.
