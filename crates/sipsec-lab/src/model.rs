@@ -1,7 +1,8 @@
 //! The component cost model (seed 000 §V, done held out): a row's server CPU per operation
 //! is the sum over building blocks of (times the block happens per operation) × (the block's
 //! unit cost). The counts come from the server's own counters for that row — messages
-//! received, forwarded and answered here (a stateful proxy's 100 Trying, a registrar's 200, a
+//! received (datagrams and stream messages apart: a stream's reads carry several at once
+//! when busy, so neither's cost may be forced above the other's), forwarded and answered here (a stateful proxy's 100 Trying, a registrar's 200, a
 //! redirect's 302, a challenge: work a message received does not say), stream messages and TLS records, connections, full and resumed handshakes on each side,
 //! client certificates, digest and Proxychain checks, credential fetches (database queries,
 //! chains from the authority), registrations written, wake-ups — so only the unit costs are
@@ -32,7 +33,7 @@ use std::fmt::Write;
 
 /// The building blocks, in the order units are reported.
 pub(crate) const BLOCKS: [&str; 16] = [
-    "message",
+    "datagram",
     "message forwarded",
     "response made here",
     "stream message",
@@ -50,6 +51,8 @@ pub(crate) const BLOCKS: [&str; 16] = [
     "wake-up",
 ];
 const N: usize = BLOCKS.len();
+/// The stream message block's index: with the datagrams, every message received.
+const STREAM: usize = 3;
 /// The wake-up block's index: the one cost that vanishes at saturation.
 const WAKE_UP: usize = N - 1;
 
@@ -165,7 +168,7 @@ pub fn counts(r: &Record) -> [f64; N] {
     let tls = r.transport == "tls"
         || full_accepted + full_opened + resumed_accepted + resumed_opened > 0.0;
     [
-        messages,
+        messages - stream,
         r.per_op("forwarded_requests") + r.per_op("forwarded_responses"),
         r.per_op("local_responses"),
         stream,
@@ -337,7 +340,7 @@ fn wake_terms(o: &Observation, units: &Units, r0: f64, k: i32) -> Option<[f64; W
     let mut saturated = o.counts;
     saturated[WAKE_UP] = 0.0;
     let idle = 1.0 - (o.rate * predict(units, &saturated)? / 1e6).min(0.9);
-    let per_s = o.rate * o.counts[0];
+    let per_s = o.rate * (o.counts[0] + o.counts[STREAM]);
     let awake = idle / (1.0 + per_s / r0).powi(k);
     let mut t = [0.0; W];
     for (slot, c) in t.iter_mut().zip(&o.counts[..WAKE_UP]) {
@@ -710,7 +713,7 @@ mod tests {
 
     // Known unit costs (µs) and wake-ups per count, for the synthetic rows.
     const UNITS: [(&str, f64); 7] = [
-        ("message", 5.0),
+        ("datagram", 5.0),
         ("stream message", 2.0),
         ("connection set-up", 30.0),
         ("TLS handshake, full, accepted", 150.0),
@@ -722,7 +725,7 @@ mod tests {
     const ABSORB_STEP: i32 = 12;
     const ABSORB_POWER: i32 = 2;
     const WAKES: [(&str, f64); 5] = [
-        ("message", 0.5),
+        ("datagram", 0.5),
         ("operation (its timers)", 0.7),
         ("connection set-up", 1.0),
         ("TLS handshake, full, opened", 2.0),
@@ -878,7 +881,7 @@ mod tests {
     #[test]
     fn wake_up_terms_weigh_events_by_the_idle_share() {
         let mut counts = [0.0; N];
-        counts[block("message")] = 10.0;
+        counts[block("datagram")] = 10.0;
         counts[block("digest check")] = 5.0;
         counts[WAKE_UP] = 7.0;
         let o = Observation {
@@ -892,12 +895,12 @@ mod tests {
             counts,
         };
         let mut units: Units = [None; N];
-        units[block("message")] = Some(15.0);
+        units[block("datagram")] = Some(15.0);
         units[WAKE_UP] = Some(1000.0);
         assert_eq!(wake_terms(&o, &units, 10_000.0, 2), None);
         units[block("digest check")] = Some(10.0);
         let t = wake_terms(&o, &units, 10_000.0, 2).unwrap();
-        assert!((t[block("message")] - 2.0).abs() < 1e-12, "{t:?}");
+        assert!((t[block("datagram")] - 2.0).abs() < 1e-12, "{t:?}");
         assert!((t[block("digest check")] - 1.0).abs() < 1e-12, "{t:?}");
         assert!((t[W - 2] - 0.2).abs() < 1e-12, "{t:?}");
         assert_eq!(t[W - 1], 0.001);
@@ -1007,10 +1010,11 @@ mod tests {
         bad.succeeded = 900;
         bad.failed = 100;
         // The same counters over fewer successes: more per operation, and CPU dearer still.
-        bad.cpu_us = counts(&bad)[0] * 5.0 * 3.0;
+        let c = counts(&bad);
+        bad.cpu_us = (c[0] + c[STREAM]) * 5.0 * 3.0;
         records.push(bad);
         let m = fit_all(&records);
-        let got = m.units[block("message")].unwrap();
+        let got = m.units[block("datagram")].unwrap();
         assert!((got - 5.0).abs() < 1e-6, "{got}");
         let failing = m.predictions.iter().find(|p| p.row == "failing").unwrap();
         assert!(!failing.in_fit && (failing.success - 0.9).abs() < 1e-12);
@@ -1023,7 +1027,7 @@ mod tests {
         );
         let with = fit_with(&records, true);
         assert!(with.predictions.iter().all(|p| p.in_fit));
-        assert!((with.units[block("message")].unwrap() - 5.0).abs() > 1e-3);
+        assert!((with.units[block("datagram")].unwrap() - 5.0).abs() > 1e-3);
     }
 
     /// Handshakes split by side where the server counted them so; from an older server's
@@ -1070,6 +1074,13 @@ mod tests {
         assert_eq!(c[block("TLS handshake, full, accepted")], 0.5);
         assert_eq!(c[block("TLS handshake, full, opened")], 1.5);
         assert_eq!(c[block("TLS record")], 0.0, "no stream messages");
+    }
+
+    /// The indices named are the blocks they name.
+    #[test]
+    fn named_indices_are_their_blocks() {
+        assert_eq!(BLOCKS[STREAM], "stream message");
+        assert_eq!(BLOCKS[WAKE_UP], "wake-up");
     }
 
     /// The report's cost chart gives each block a colour of its own, the wake-up's grey.

@@ -197,13 +197,16 @@ mod tests {
 
     #[test]
     fn peaks_under_a_quota_are_predicted_from_the_share_and_counted_within_ten_percent() {
-        // Three configurations of 100 µs per message: held out, each is predicted at 100
-        // µs, so 0.25 × 10⁶ / 100 = 2,500/s.
+        // Configurations of 100 µs per message, and b of 125 at its rate and at its peak.
+        // Server-set peaks are fitted too (b's: 0.25 × 10⁶ / 2,000 = 125 µs at saturation),
+        // so a, held out, is predicted by a unit fitted to 125, 125 and four 100s (least
+        // relative squares: Σ(1/y) / Σ(1/y²) = 106.06 µs): 0.25 × 10⁶ / 106.06 = 2,357/s.
+        // b, held out, is predicted by 100s alone: 2,500/s against its 2,000.
         let records = vec![
             rec("a", 1, 100.0, 2_400.0, Some(held(Some(0.25), 3.0, 0.2))),
             rec("a", 2, 100.0, 2_600.0, Some(held(Some(0.25), 2.0, 0.2))),
             // 20% off: measured, predicted, not a hit.
-            rec("b", 1, 100.0, 2_000.0, Some(held(Some(0.25), 3.0, 0.2))),
+            rec("b", 1, 125.0, 2_000.0, Some(held(Some(0.25), 3.0, 0.2))),
             // The load was the one near its limit: not server-set.
             rec("c", 1, 100.0, 2_500.0, Some(held(Some(0.25), 0.0, 0.9))),
             // A whole core: no row in the table.
@@ -219,15 +222,20 @@ mod tests {
         assert_eq!(ids, ["a", "b", "c", "f"]);
         let a = &rows[0];
         assert_eq!((a.rounds, a.share, a.measured_per_s), (2, 0.25, 2_500.0));
-        assert!((a.predicted_per_s.unwrap() - 2_500.0).abs() < 1.0);
-        assert!(a.error.unwrap().abs() < 1e-3);
+        let unit = (2.0 / 125.0 + 4.0 / 100.0) / (2.0 / 125f64.powi(2) + 4.0 / 100f64.powi(2));
+        let predicted = 0.25e6 / unit;
+        assert!(
+            (a.predicted_per_s.unwrap() - predicted).abs() < 1.0,
+            "{a:?}"
+        );
+        assert!((a.error.unwrap() - (predicted / 2_500.0 - 1.0)).abs() < 1e-3);
         assert!((rows[1].error.unwrap() - 0.25).abs() < 1e-3);
         assert!(a.server_set() && rows[1].server_set());
         assert!(!rows[2].server_set() && !rows[3].server_set());
         assert_eq!(within(&rows), (1, 2));
         let md = markdown(&records, &m);
         assert!(
-            md.contains("| seed004 | a | 2 | 0.25 | 2500 | 2500 | +0.0% | 2.5 | 62% |"),
+            md.contains("| seed004 | a | 2 | 0.25 | 2500 | 2357 | -5.7% | 2.5 | 62% |"),
             "{md}"
         );
         assert!(md.contains("1 of 2 server-set"), "{md}");
