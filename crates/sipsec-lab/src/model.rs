@@ -32,9 +32,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 /// The building blocks, in the order units are reported.
-pub(crate) const BLOCKS: [&str; 16] = [
+pub(crate) const BLOCKS: [&str; 17] = [
     "datagram",
     "message forwarded",
+    "request forwarded statefully",
     "response made here",
     "stream message",
     "TLS record",
@@ -52,7 +53,7 @@ pub(crate) const BLOCKS: [&str; 16] = [
 ];
 const N: usize = BLOCKS.len();
 /// The stream message block's index: with the datagrams, every message received.
-const STREAM: usize = 3;
+const STREAM: usize = 4;
 /// The wake-up block's index: the one cost that vanishes at saturation.
 const WAKE_UP: usize = N - 1;
 
@@ -98,6 +99,7 @@ pub(crate) const WAKE_TERMS: [&str; W] = [
     BLOCKS[12],
     BLOCKS[13],
     BLOCKS[14],
+    BLOCKS[15],
     "operation (its timers)",
     "second (1 / rate)",
 ];
@@ -158,8 +160,11 @@ fn handshakes(r: &Record, kind: &str) -> (f64, f64) {
 /// certificate is counted where the server accepted one; in the lab's mutual rows the
 /// server also presents its own to the callee, so the block's unit is both sides' extra.
 /// A credential fetch is a user-database query (digest without the cache) or a chain asked
-/// of the Proxychain authority: the server's side of it, not the round trip's wait.
-pub fn counts(r: &Record) -> [f64; N] {
+/// of the Proxychain authority: the server's side of it, not the round trip's wait. A
+/// request forwarded by a `stateful` proxy is counted again as one forwarded statefully: the
+/// transaction it opens (matching, timers, the answers it absorbs), which a stateless proxy
+/// does not pay.
+pub fn counts(r: &Record, stateful: bool) -> [f64; N] {
     let messages = r.per_op("requests_in") + r.per_op("responses_in");
     let stream = r.per_op("stream_messages_in");
     let connections = r.per_op("connections_accepted") + r.per_op("connections_opened");
@@ -170,6 +175,11 @@ pub fn counts(r: &Record) -> [f64; N] {
     [
         messages - stream,
         r.per_op("forwarded_requests") + r.per_op("forwarded_responses"),
+        if stateful {
+            r.per_op("forwarded_requests")
+        } else {
+            0.0
+        },
         r.per_op("local_responses"),
         stream,
         if tls { stream } else { 0.0 },
@@ -202,12 +212,19 @@ pub(crate) fn observations(records: &[Record]) -> Vec<Observation> {
                 .map(move |r| (s.name, r.id))
         })
         .collect();
-    let configuration = |suite: &str, row: &str| {
+    let row_of = |suite: &str, row: &str| {
         suites
             .iter()
             .find(|s| s.name == suite)
             .and_then(|s| s.row(row))
-            .map_or_else(|| format!("{suite}/{row}"), |r| r.configuration())
+    };
+    let configuration = |suite: &str, row: &str| {
+        row_of(suite, row).map_or_else(|| format!("{suite}/{row}"), |r| r.configuration())
+    };
+    // Whether the row's server proxies statefully (a row no suite lists: taken as not).
+    let stateful = |suite: &str, row: &str| {
+        row_of(suite, row)
+            .is_some_and(|r| super::bench::role_of(&r.bench) == super::bench::Role::StatefulProxy)
     };
     // The overload suite's rows run under a CPU quota to show control, not cost.
     let curves: Vec<&str> = suites.iter().filter(|s| s.curve).map(|s| s.name).collect();
@@ -228,7 +245,8 @@ pub(crate) fn observations(records: &[Record]) -> Vec<Observation> {
     by_row
         .into_iter()
         .filter_map(|((suite, row, rate), rs)| {
-            let all: Vec<[f64; N]> = rs.iter().map(|r| counts(r)).collect();
+            let stateful = stateful(&suite, &row);
+            let all: Vec<[f64; N]> = rs.iter().map(|r| counts(r, stateful)).collect();
             let mut c = [0.0; N];
             for (b, slot) in c.iter_mut().enumerate() {
                 *slot = median(&all.iter().map(|x| x[b]).collect::<Vec<_>>())?;
@@ -747,7 +765,7 @@ mod tests {
             success: 1.0,
             cpu_us: 0.0,
             saturated: false,
-            counts: counts(r),
+            counts: counts(r, false),
         };
         let terms = wake_terms(
             &o,
@@ -760,7 +778,7 @@ mod tests {
             .iter()
             .map(|(t, w)| w * terms[WAKE_TERMS.iter().position(|x| x == t).unwrap()])
             .sum();
-        let c = counts(r);
+        let c = counts(r, false);
         r.cpu_us = extra + UNITS.iter().map(|(b, u)| u * c[block(b)]).sum::<f64>();
     }
 
@@ -1010,7 +1028,7 @@ mod tests {
         bad.succeeded = 900;
         bad.failed = 100;
         // The same counters over fewer successes: more per operation, and CPU dearer still.
-        let c = counts(&bad);
+        let c = counts(&bad, false);
         bad.cpu_us = (c[0] + c[STREAM]) * 5.0 * 3.0;
         records.push(bad);
         let m = fit_all(&records);
@@ -1049,7 +1067,7 @@ mod tests {
             1.0,
             100.0,
         );
-        let c = counts(&split);
+        let c = counts(&split, false);
         assert_eq!(
             [
                 c[block("TLS handshake, full, accepted")],
@@ -1070,7 +1088,7 @@ mod tests {
             1.0,
             100.0,
         );
-        let c = counts(&old);
+        let c = counts(&old, false);
         assert_eq!(c[block("TLS handshake, full, accepted")], 0.5);
         assert_eq!(c[block("TLS handshake, full, opened")], 1.5);
         assert_eq!(c[block("TLS record")], 0.0, "no stream messages");
