@@ -125,9 +125,7 @@ impl Engine {
     /// add: when it comes from the user agent itself (one Via) and it must be reached over
     /// its flow, or it asks for outbound (`Supported: outbound`, a `reg-id`).
     pub(super) fn flow_of_registrant(&self, source: Peer, msg: &Message<'_>) -> Option<Arc<str>> {
-        let mut vias = 0;
-        let _ = msg.vias(|_| vias += 1);
-        if vias != 1 {
+        if msg.second_via().is_some() {
             return None;
         }
         let mut contact = None;

@@ -170,9 +170,7 @@ fn path_of(msg: &Message<'_>) -> Option<String> {
 /// client sent the REGISTER to us directly (one Via), or an edge proxy's Path says it does
 /// (its first URI carries `ob`).
 fn first_hop_has_outbound(msg: &Message<'_>) -> bool {
-    let mut vias = 0;
-    let _ = msg.vias(|_| vias += 1);
-    if vias <= 1 {
+    if msg.second_via().is_none() {
         return true;
     }
     let mut ob = false;
