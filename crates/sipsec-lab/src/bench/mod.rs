@@ -1074,22 +1074,20 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
 mod tests {
     use super::*;
 
+    /// The default config of `sipsec bench` with no options, overload control on, the
+    /// coalescing cap `cap`.
+    fn plain_config(dir: &Path, cap: Option<u64>) -> String {
+        let a = BenchArgs::default();
+        default_config(dir, role_of(&a), &a.streams, dir, true, false, cap)
+    }
+
     /// `--max-batch-delay-us` lands in the started server's `[server]` table, where the
     /// server validates it; without it the server keeps its own default.
     #[test]
     fn the_coalescing_cap_is_written_into_the_default_config() {
         let dir = tempfile::tempdir().unwrap();
-        let a = BenchArgs::default();
         let config = |cap: Option<u64>| {
-            let text = default_config(
-                dir.path(),
-                role_of(&a),
-                &a.streams,
-                dir.path(),
-                true,
-                false,
-                cap,
-            );
+            let text = plain_config(dir.path(), cap);
             let path = dir.path().join("sipsec.toml");
             std::fs::write(&path, &text).unwrap();
             (text, sipsec_server::config::Config::load(&path))
@@ -1110,16 +1108,8 @@ mod tests {
     #[test]
     fn the_peak_search_config_only_switches_overload_control_off() {
         let dir = tempfile::tempdir().unwrap();
-        let a = BenchArgs::default();
-        let given = default_config(
-            dir.path(),
-            role_of(&a),
-            &a.streams,
-            dir.path(),
-            true,
-            false,
-            None,
-        ) + "[auth]\nscheme = \"digest\"\nrealm = \"bench.test\"\n";
+        let given = plain_config(dir.path(), None)
+            + "[auth]\nscheme = \"digest\"\nrealm = \"bench.test\"\n";
         let path = dir.path().join("given.toml");
         std::fs::write(&path, &given).unwrap();
         let scratch = tempfile::tempdir().unwrap();

@@ -38,6 +38,16 @@ fn engine_with_tcp() -> Engine {
     Engine::new(Arc::new(cfg), 0, 1_000_000, Arc::new(Stats::default()))
 }
 
+/// A TCP connection `conn` from the NAT's public side.
+fn nat_tcp(conn: ConnId) -> Peer {
+    Peer {
+        transport: Transport::Tcp,
+        addr: addr(NAT),
+        conn,
+        flow: false,
+    }
+}
+
 fn invite(user: &str, branch: &str) -> String {
     request("INVITE", &format!("sip:{user}@example.test"), branch, "")
 }
@@ -168,12 +178,7 @@ fn with_nat_mode_never_the_contact_is_used_as_written() {
 #[test]
 fn a_phone_on_a_connection_is_called_over_it_and_a_gone_one_fails_at_once() {
     let mut e = engine_with_tcp();
-    let conn = Peer {
-        transport: Transport::Tcp,
-        addr: addr(NAT),
-        conn: 5,
-        flow: false,
-    };
+    let conn = nat_tcp(5);
     let reg = register_as(
         "dave",
         "TCP x7.invalid;rport",
@@ -299,12 +304,7 @@ fn outbound_through_a_proxy_without_outbound_is_refused_439() {
 fn outbound_and_path_values_the_store_cannot_keep_are_refused_400() {
     use crate::engine::registrar::{MAX_INSTANCE, MAX_PATH};
     let mut e = engine_with_tcp();
-    let phone = Peer {
-        transport: Transport::Tcp,
-        addr: addr(NAT),
-        conn: 5,
-        flow: false,
-    };
+    let phone = nat_tcp(5);
     let with = |instance: &str, reg_id: &str| {
         format!(
             "<sip:gus@x9.invalid;transport=tcp;ob>;+sip.instance=\"{instance}\";reg-id={reg_id}"
