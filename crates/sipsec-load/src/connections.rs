@@ -16,6 +16,7 @@ use super::driver::{pollfd, LinkCounters, Links};
 use super::sources::Sources;
 use super::ua::{self, Endpoint, Transmit, Ua};
 use sipsec_transport::net::conn::{Framed, ReadEnd, StreamConn};
+use sipsec_transport::net::set_int_option;
 use sipsec_transport::tls::{ClientTls, HandshakeKind, ServerTls, Session};
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
@@ -488,15 +489,10 @@ impl Links for StreamLinks {
 /// kernel) `bind` picks the port as before.
 fn bind_address_no_port(socket: &Socket) {
     use std::os::fd::AsRawFd;
-    let one: libc::c_int = 1;
-    // SAFETY: a valid socket, a pointer to a live c_int and its size.
-    let _ = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            std::ptr::from_ref(&one).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
+    set_int_option(
+        socket.as_raw_fd(),
+        libc::IPPROTO_IP,
+        libc::IP_BIND_ADDRESS_NO_PORT,
+        1,
+    );
 }

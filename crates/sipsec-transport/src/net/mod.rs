@@ -7,6 +7,25 @@ pub mod names;
 pub mod transport;
 pub mod udp;
 
+/// Sets an integer socket option (`setsockopt` at `level`); whether the kernel took it.
+pub fn set_int_option(
+    fd: std::os::fd::RawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> bool {
+    // SAFETY: passing a live c_int of the declared size to setsockopt on the caller's socket.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            option,
+            std::ptr::from_ref(&value).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 /// Lifts the open-file limit: every TCP or TLS connection is a descriptor, and the usual soft
 /// limit of 1024 would cap a server (or a bench holding idle connections) at about that many.
 /// With the privilege to, the hard limit is raised too (to 1,048,576, the kernel's default

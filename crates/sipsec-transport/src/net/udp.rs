@@ -3,6 +3,7 @@
 //! per batch instead of two per message. Sockets are bound with SO_REUSEPORT so every worker
 //! owns its own socket on the shared address and the kernel spreads peers across them.
 
+use super::set_int_option;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
 use std::mem::MaybeUninit;
@@ -24,30 +25,12 @@ const CONTROL_WORDS: usize = 8;
 /// default: while on, every datagram the host receives is stamped, so a worker turns them on
 /// only while it is near its capacity and queue delay is worth knowing.
 pub fn set_timestamps(fd: RawFd, on: bool) -> bool {
-    let value = libc::c_int::from(on);
-    // SAFETY: passing a live c_int of the declared size to setsockopt on a socket we own.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_TIMESTAMPNS,
-            (&value as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
-}
-
-fn set_int_option(socket: &Socket, option: libc::c_int, value: libc::c_int) -> bool {
-    // SAFETY: passing a live c_int of the declared size to setsockopt on our own socket.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            option,
-            (&value as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
+    set_int_option(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_TIMESTAMPNS,
+        libc::c_int::from(on),
+    )
 }
 
 /// Binds a non-blocking UDP socket with SO_REUSEPORT and large kernel buffers.
@@ -62,8 +45,9 @@ pub fn bind_reuseport(addr: SocketAddr) -> io::Result<Socket> {
         (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
         (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
     ] {
-        if !set_int_option(&socket, force, SOCKET_BUFFER) {
-            set_int_option(&socket, plain, SOCKET_BUFFER);
+        let fd = socket.as_raw_fd();
+        if !set_int_option(fd, libc::SOL_SOCKET, force, SOCKET_BUFFER) {
+            set_int_option(fd, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
         }
     }
     socket.set_nonblocking(true)?;
