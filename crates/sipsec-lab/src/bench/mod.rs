@@ -305,14 +305,12 @@ const CURVE: [f64; 9] = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0];
 /// A server's counters by name (`stats.rs`), as `sipsec ctl counters` reports them.
 pub type Counters = BTreeMap<String, u64>;
 
-/// Seconds between the peak search's trials: what an overloaded trial leaves queued on a
-/// server held to a quarter of a core, and the retransmissions of its late calls, take about
-/// a second to work off; with the 0.5 s of `sipsec load` the next trial began on a backlog and
-/// failed at a rate the server sustains from rest. The curve waits as long
-/// ([`CURVE_SETTLE_S`]).
-const PEAK_SETTLE_S: f64 = 2.0;
-/// Seconds before each point of the goodput curve, for the same reason.
-const CURVE_SETTLE_S: f64 = 2.0;
+/// Seconds the server is left to settle before each trial of the peak search and each point
+/// of the goodput curve: what an overloaded trial leaves queued on a server held to a quarter
+/// of a core, and the retransmissions of its late calls, take about a second to work off;
+/// with the 0.5 s of `sipsec load` the next trial began on a backlog and failed at a rate the
+/// server sustains from rest.
+const SETTLE_S: f64 = 2.0;
 
 /// The config a server this bench started runs from during a peak search without overload
 /// control (`--peak-overload off`): a copy in its scratch directory, switched between the
@@ -403,36 +401,36 @@ impl Started {
         Ok(Some(total))
     }
 
+    /// Asks the server `command` through its control socket (`sipsec ctl`) and returns its
+    /// answer; `None` when it has no control socket.
+    fn ask(&self, command: control::Command) -> Result<Option<String>> {
+        let Some(socket) = &self.control else {
+            return Ok(None);
+        };
+        let ask = CtlArgs {
+            command,
+            config: None,
+            socket: Some(socket.clone()),
+            timeout_s: 10,
+        };
+        ctl::run(&ask)?
+            .map(Some)
+            .map_err(|why| anyhow::anyhow!("the server refused `{}`: {why}", command.name()))
+    }
+
     /// Asks the server to read its config file again (`sipsec ctl reload`), and waits until
     /// it has.
     fn reload(&self) -> Result<()> {
-        let socket = self
-            .control
-            .clone()
+        self.ask(control::Command::Reload)?
             .context("the server has no [control] socket to ask for a reload")?;
-        let ask = CtlArgs {
-            command: control::Command::Reload,
-            config: None,
-            socket: Some(socket),
-            timeout_s: 10,
-        };
-        ctl::run(&ask)?.map_err(|why| anyhow::anyhow!("the server refused to reload: {why}"))?;
         Ok(())
     }
 
     /// The server's counters now, asked through its control socket (`sipsec ctl counters`).
     fn counters(&self) -> Result<Option<Counters>> {
-        let Some(socket) = &self.control else {
+        let Some(text) = self.ask(control::Command::Counters)? else {
             return Ok(None);
         };
-        let ask = CtlArgs {
-            command: control::Command::Counters,
-            config: None,
-            socket: Some(socket.clone()),
-            timeout_s: 10,
-        };
-        let text = ctl::run(&ask)?
-            .map_err(|why| anyhow::anyhow!("the server refused its counters: {why}"))?;
         text.lines()
             .map(|l| {
                 let (name, value) = l
@@ -954,7 +952,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             rate,
             find_peak: true,
             step_s: a.step_s,
-            peak_settle_s: PEAK_SETTLE_S,
+            peak_settle_s: SETTLE_S,
             ..base.clone()
         })?;
         if sources > 1 {
@@ -1004,7 +1002,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         // Let the server recover from what came before (the peak search ends past the
         // peak, and its overload control is still shedding) so each point is measured from
         // a settled server, the first one too.
-        std::thread::sleep(std::time::Duration::from_secs_f64(CURVE_SETTLE_S));
+        std::thread::sleep(std::time::Duration::from_secs_f64(SETTLE_S));
         let trial = load::Plan::new(LoadArgs {
             rate: r,
             duration: Some(a.step_s),
