@@ -2,8 +2,10 @@
 //! is the sum over building blocks of (times the block happens per operation) × (the block's
 //! unit cost). The counts come from the server's own counters for that row — messages
 //! received (datagrams and stream messages apart: a stream's reads carry several at once
-//! when busy, so neither's cost may be forced above the other's), forwarded and answered here (a stateful proxy's 100 Trying, a registrar's 200, a
-//! redirect's 302, a challenge: work a message received does not say), stream messages and TLS records, connections, full and resumed handshakes on each side,
+//! when busy, so neither's cost may be forced above the other's), forwarded (and forwarded
+//! statefully: the transaction), and answered here (a stateful proxy's 100 Trying, a
+//! registrar's 200, a redirect's 302, a challenge: work a message received does not say),
+//! TLS records, connections, full and resumed handshakes on each side,
 //! client certificates, digest and Proxychain checks, credential fetches (database queries,
 //! chains from the authority), registrations written, wake-ups — so only the unit costs are
 //! fitted: non-negative least squares ([`nnls`], Lawson and Hanson's) on relative error,
@@ -54,6 +56,11 @@ pub(crate) const BLOCKS: [&str; 17] = [
 const N: usize = BLOCKS.len();
 /// The stream message block's index: with the datagrams, every message received.
 const STREAM: usize = 4;
+
+/// Messages received per operation: datagrams and stream messages.
+fn received(counts: &[f64; N]) -> f64 {
+    counts[0] + counts[STREAM]
+}
 /// The wake-up block's index: the one cost that vanishes at saturation.
 const WAKE_UP: usize = N - 1;
 
@@ -358,7 +365,7 @@ fn wake_terms(o: &Observation, units: &Units, r0: f64, k: i32) -> Option<[f64; W
     let mut saturated = o.counts;
     saturated[WAKE_UP] = 0.0;
     let idle = 1.0 - (o.rate * predict(units, &saturated)? / 1e6).min(0.9);
-    let per_s = o.rate * (o.counts[0] + o.counts[STREAM]);
+    let per_s = o.rate * received(&o.counts);
     let awake = idle / (1.0 + per_s / r0).powi(k);
     let mut t = [0.0; W];
     for (slot, c) in t.iter_mut().zip(&o.counts[..WAKE_UP]) {
@@ -1028,8 +1035,7 @@ mod tests {
         bad.succeeded = 900;
         bad.failed = 100;
         // The same counters over fewer successes: more per operation, and CPU dearer still.
-        let c = counts(&bad, false);
-        bad.cpu_us = (c[0] + c[STREAM]) * 5.0 * 3.0;
+        bad.cpu_us = received(&counts(&bad, false)) * 5.0 * 3.0;
         records.push(bad);
         let m = fit_all(&records);
         let got = m.units[block("datagram")].unwrap();
@@ -1121,6 +1127,37 @@ mod tests {
         }
         let rows: Vec<String> = observations(&records).into_iter().map(|o| o.row).collect();
         assert_eq!(rows, ["digest"]);
+    }
+
+    /// A stateful proxy's forwarded requests are counted again as forwarded statefully; a
+    /// stateless proxy's, and a redirect server's answers, are not.
+    #[test]
+    fn only_a_stateful_proxys_requests_are_forwarded_statefully() {
+        let fwd = [
+            ("requests_in", 3000),
+            ("responses_in", 3000),
+            ("forwarded_requests", 3000),
+            ("forwarded_responses", 3000),
+        ];
+        let mut records = Vec::new();
+        for row in ["stateful", "stateless", "redirect"] {
+            let mut r = record(row, 1, &fwd, 1.0, 40.0);
+            r.suite = "seed004".into();
+            records.push(r);
+        }
+        let obs = observations(&records);
+        let stateful = block("request forwarded statefully");
+        let counted: Vec<(&str, f64)> = obs
+            .iter()
+            .map(|o| (o.row.as_str(), o.counts[stateful]))
+            .collect();
+        assert_eq!(
+            counted,
+            [("redirect", 0.0), ("stateful", 3.0), ("stateless", 0.0)]
+        );
+        assert!(obs
+            .iter()
+            .all(|o| o.counts[block("message forwarded")] == 6.0));
     }
 
     /// A block that only one configuration has cannot be predicted for it held out.
