@@ -4,7 +4,7 @@ one: server CPU per stateful call at the same rate and offered load, rows altern
 round, the ratio per round with a Student t 95% interval over the rounds.
 
 Rows (one `sipsec load --role both` process: its callee and its callers; a fresh server per
-run, two workers, record-routing, no authentication):
+run, `--workers` of them (2 by default), record-routing, no authentication):
 
 - `udp direct`: the callee registers its socket's address (`--register`) and the server,
   with `[nat] mode = "never"`, sends to the Contact as written.
@@ -26,6 +26,7 @@ that succeeded; a row with under 99% success is flagged.
 
     cargo build --release --bin sipsec
     python3 scripts/nat_call_cost.py [--rate 2000] [--duration 10] [--rounds 5] [--users 1]
+                                     [--workers 2]
 """
 import json, os, socket, statistics, subprocess, tempfile, time
 
@@ -58,7 +59,7 @@ def run(a, tmp, row, port):
         f.write(f"""[server]
 listen = ["udp:127.0.0.1:{port}", "tcp:127.0.0.1:{port}", "tls:127.0.0.1:{port + 1}"]
 domains = ["nat.test"]
-workers = 2
+workers = {a.workers}
 record_route = true
 [tls]
 cert = "{tmp}/c/server.pem"
@@ -110,7 +111,7 @@ mode = "{mode}"
 
 
 def main():
-    ap = parser(__doc__, rate=2000, duration=10, rounds=5, port=47060, users=1)
+    ap = parser(__doc__, rate=2000, duration=10, rounds=5, port=47060, users=1, workers=2)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="sipsec-natcall-")
     subprocess.run([a.sipsec, "certs", "--out", f"{tmp}/c"], check=True,

@@ -54,8 +54,21 @@ pub(super) fn stateless(worker: usize, loop_hash: u32, msg: &Message<'_>) -> Str
 
 /// The branch of a NAT keep-alive ping: the worker, the binding's slot among its pings, and
 /// which ping of that slot it is (`keepalive`).
-pub(super) fn keepalive(worker: usize, slot: u32, generation: u32) -> String {
-    format!("z9hG4bKsS{}ka{slot:x}.{generation:x}", worker_digit(worker))
+pub(super) fn keepalive(worker: usize, slot: u32, generation: u32, out: &mut Vec<u8>) {
+    out.extend_from_slice(MAGIC);
+    out.push(worker_digit(worker) as u8);
+    out.extend_from_slice(b"ka");
+    push_hex(out, slot);
+    out.push(b'.');
+    push_hex(out, generation);
+}
+
+/// `v` in lower-case hex without leading zeros, as `{:x}` writes it.
+fn push_hex(out: &mut Vec<u8>, v: u32) {
+    let digits = (32 - v.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(b"0123456789abcdef"[(v >> (4 * i) & 15) as usize]);
+    }
 }
 
 /// The slot and generation a keep-alive branch of ours names.
@@ -92,9 +105,16 @@ mod tests {
         assert_eq!(owner(b.as_bytes()), Some(11));
         assert_eq!(carried_loop_hash(b.as_bytes()), Some(0xdead_beef));
         assert_eq!(owner(b"z9hG4bKother"), None);
-        let k = keepalive(3, 0x1f, 7);
-        assert_eq!(owner(k.as_bytes()), Some(3));
-        assert_eq!(keepalive_slot(k.as_bytes()), Some((0x1f, 7)));
+        let mut k = Vec::new();
+        keepalive(3, 0x1f, 7, &mut k);
+        assert_eq!(k, b"z9hG4bKsS3ka1f.7");
+        assert_eq!(owner(&k), Some(3));
+        assert_eq!(keepalive_slot(&k), Some((0x1f, 7)));
+        for (slot, generation) in [(0, 0), (0x10, u32::MAX), (u32::MAX, 0xabc)] {
+            k.clear();
+            keepalive(0, slot, generation, &mut k);
+            assert_eq!(keepalive_slot(&k), Some((slot, generation)));
+        }
         assert_eq!(keepalive_slot(b.as_bytes()), None);
     }
 }

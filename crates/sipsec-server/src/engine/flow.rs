@@ -16,8 +16,7 @@
 
 use super::{relay, Engine};
 use crate::config::NatMode;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use hmac::Mac;
 use sip_core::message::rewrite::Rewriter;
 use sip_core::message::{HeaderName, Message, Uri};
 use sipsec_transport::net::transport::{uri_peer, ConnId, Peer, Transport};
@@ -32,7 +31,7 @@ pub(super) const PARAM: &[u8] = b"fl";
 const MAC_BYTES: usize = 8;
 
 fn mac(body: &[u8]) -> [u8; MAC_BYTES] {
-    let mut m = Hmac::<Sha256>::new_from_slice(relay::secret()).expect("any key length works");
+    let mut m = relay::keyed_mac();
     m.update(b"flow/");
     m.update(body);
     let full = m.finalize().into_bytes();

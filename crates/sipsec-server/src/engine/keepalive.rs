@@ -15,8 +15,11 @@
 //! retry) whose branch names the binding's slot here, so its answer — any response — is
 //! matched in O(1); or, with `ping = "crlf"`, a CRLF datagram nobody answers. A binding
 //! none of whose pings nor REGISTERs was answered for `ping_timeout_ms` is removed like an
-//! expired one, everywhere, and counted. Bindings removed otherwise leave lazily: their
-//! entry goes when its next ping finds them gone.
+//! expired one, everywhere, and counted. A ping consults nothing but its own entry: the
+//! entry follows every change to its binding (refreshed, removed here or elsewhere, no
+//! longer needing pings) as the change is applied, and knows when the binding expires — at
+//! 4,000 pings a second, a look-up in a location table of 100,000 AORs per ping cost as
+//! much as the rest of the engine's share of a ping.
 
 use super::{branch, Effects, Engine};
 use crate::config::NatPing;
@@ -26,6 +29,7 @@ use bytes::Bytes;
 use sip_core::message::Message;
 use sip_core::timer::{Millis, TimerHandle, TimerWheel};
 use sipsec_transport::net::transport::{Peer, Transport};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -55,6 +59,8 @@ struct Pinged {
     to: Peer,
     /// When a ping (or a REGISTER) was last answered.
     answered: Millis,
+    /// When the binding expires (Unix ms), unless refreshed first.
+    expires_at: u64,
     timer: TimerHandle,
     /// When its next ping is due.
     due: Millis,
@@ -68,7 +74,8 @@ struct Pinged {
 pub(super) struct KeepAlive {
     slots: Vec<Option<Pinged>>,
     free: Vec<u32>,
-    by_binding: HashMap<(Arc<str>, Arc<str>), u32>,
+    /// The slots of each AOR's pinged bindings.
+    by_aor: HashMap<Arc<str>, SmallVec<[u32; 1]>>,
     wheel: Option<TimerWheel<u32>>,
     fired: Vec<u32>,
 }
@@ -77,7 +84,16 @@ impl KeepAlive {
     /// How many bindings are pinged here.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.by_binding.len()
+        self.slots.len() - self.free.len()
+    }
+
+    /// The slot pinging `aor`'s binding of `contact`, if one is.
+    fn find(&self, aor: &str, contact: &str) -> Option<u32> {
+        self.by_aor.get(aor)?.iter().copied().find(|&slot| {
+            self.slots[slot as usize]
+                .as_ref()
+                .is_some_and(|p| *p.contact == *contact)
+        })
     }
 
     pub(super) fn next_deadline(&self) -> Option<Millis> {
@@ -94,55 +110,81 @@ fn needs_pings(b: &Binding) -> bool {
 impl Engine {
     /// A binding changed — by a REGISTER this worker took (`By::Here`), another worker's
     /// (`By::Elsewhere`), or loaded from the store (`By::Store`): this worker starts pinging
-    /// it if it needs pings and is the one to, and stops if another worker now is.
+    /// it if it needs pings and is the one to, refreshes what it knows of it, or stops
+    /// (removed, no longer needing pings, or another worker's now).
     pub(super) fn keepalive_note(&mut self, now: Millis, change: &BindingChange, by: By) {
-        let BindingChange::Upsert { aor, binding } = change else {
-            return;
+        let (aor, binding) = match change {
+            BindingChange::Upsert { aor, binding } => (aor, binding),
+            BindingChange::Remove { aor, contact } => {
+                if let Some(slot) = self.keepalive.find(aor, contact) {
+                    self.keepalive_forget(slot);
+                }
+                return;
+            }
+            BindingChange::RemoveAll { aor } => {
+                for slot in self
+                    .keepalive
+                    .by_aor
+                    .get(&**aor)
+                    .cloned()
+                    .unwrap_or_default()
+                {
+                    self.keepalive_forget(slot);
+                }
+                return;
+            }
         };
-        let interval = self.cfg.nat.ping_interval_ms;
-        if self.cfg.nat.ping == NatPing::Off || !needs_pings(binding) {
+        if binding.outbound.is_some() {
+            // An RFC 5626 flow: never pinged, and not the binding a pinged entry is about.
             return;
         }
+        let existing = self.keepalive.find(aor, &binding.contact);
         let hash = branch::fnv1a(&[aor.as_bytes(), binding.contact.as_bytes()]);
         let mine = match by {
             By::Here => true,
             By::Elsewhere => false,
             By::Store => hash as usize % self.cfg.workers == self.worker,
         };
-        let key = (aor.clone(), binding.contact.clone());
-        if !mine {
-            if let Some(&slot) = self.keepalive.by_binding.get(&key) {
+        if self.cfg.nat.ping == NatPing::Off || !needs_pings(binding) || !mine {
+            if let Some(slot) = existing {
                 self.keepalive_forget(slot);
             }
             return;
         }
         let ka = &mut self.keepalive;
-        let wheel = ka.wheel.get_or_insert_with(|| TimerWheel::new(now));
-        if let Some(&slot) = ka.by_binding.get(&key) {
+        if let Some(slot) = existing {
             // A refresh: it answered; it keeps its phase, and goes where it now is.
             if let Some(p) = ka.slots[slot as usize].as_mut() {
                 p.answered = now;
                 p.to = binding.target;
+                p.expires_at = binding.expires_at;
             }
             return;
         }
-        let phase = (hash >> 32) % interval;
+        let wheel = ka.wheel.get_or_insert_with(|| TimerWheel::new(now));
+        let phase = (hash >> 32) % self.cfg.nat.ping_interval_ms;
         let slot = ka.free.pop().unwrap_or_else(|| {
             ka.slots.push(None);
             (ka.slots.len() - 1) as u32
         });
         let due = on_tick(now + 1 + phase);
         let timer = wheel.insert(due, slot);
+        let aor = self
+            .location
+            .aor(aor)
+            .cloned()
+            .unwrap_or_else(|| aor.clone());
         ka.slots[slot as usize] = Some(Pinged {
-            aor: key.0.clone(),
-            contact: key.1.clone(),
+            aor: aor.clone(),
+            contact: binding.contact.clone(),
             to: binding.target,
             answered: now,
+            expires_at: binding.expires_at,
             timer,
             due,
             generation: 0,
         });
-        ka.by_binding.insert(key, slot);
+        ka.by_aor.entry(aor).or_default().push(slot);
     }
 
     /// Sends the pings due, drops the bindings silent too long.
@@ -158,10 +200,8 @@ impl Engine {
             let Some(p) = self.keepalive.slots[slot as usize].as_ref() else {
                 continue;
             };
-            let current = self
-                .location
-                .bindings(&p.aor, unix)
-                .any(|b| *b.contact == *p.contact && needs_pings(b));
+            // Every change to the binding reached its entry (`keepalive_note`) but expiry.
+            let current = unix < p.expires_at;
             let silent = self.cfg.nat.ping == NatPing::Options
                 && timeout > 0
                 && now.saturating_sub(p.answered) >= timeout;
@@ -218,16 +258,34 @@ impl Engine {
             .as_mut()
             .expect("a live slot");
         p.generation = p.generation.wrapping_add(1);
-        let via = side.map_or("invalid", |i| &self.sides[i].via_host);
-        let branch = branch::keepalive(worker, slot, p.generation);
-        Bytes::from(format!(
-            "OPTIONS {contact} SIP/2.0\r\nVia: SIP/2.0/UDP {via};branch={branch}\r\n\
-             Max-Forwards: 70\r\nFrom: <sip:keepalive@{via}>;tag={branch}\r\n\
-             To: <{contact}>\r\nCall-ID: {branch}@{via}\r\nCSeq: {gen} OPTIONS\r\n\
-             Content-Length: 0\r\n\r\n",
-            contact = p.contact,
-            gen = p.generation,
-        ))
+        let via = side
+            .map_or("invalid", |i| &self.sides[i].via_host)
+            .as_bytes();
+        let contact = p.contact.as_bytes();
+        // Written piece by piece: `format!` took a seventh of a ping's CPU.
+        let mut out = Vec::with_capacity(200 + 2 * contact.len() + 3 * via.len());
+        out.extend_from_slice(b"OPTIONS ");
+        out.extend_from_slice(contact);
+        out.extend_from_slice(b" SIP/2.0\r\nVia: SIP/2.0/UDP ");
+        out.extend_from_slice(via);
+        out.extend_from_slice(b";branch=");
+        let at = out.len();
+        branch::keepalive(worker, slot, p.generation, &mut out);
+        let branch = at..out.len();
+        out.extend_from_slice(b"\r\nMax-Forwards: 70\r\nFrom: <sip:keepalive@");
+        out.extend_from_slice(via);
+        out.extend_from_slice(b">;tag=");
+        out.extend_from_within(branch.clone());
+        out.extend_from_slice(b"\r\nTo: <");
+        out.extend_from_slice(contact);
+        out.extend_from_slice(b">\r\nCall-ID: ");
+        out.extend_from_within(branch);
+        out.push(b'@');
+        out.extend_from_slice(via);
+        out.extend_from_slice(b"\r\nCSeq: ");
+        out.extend_from_slice(itoa::Buffer::new().format(p.generation).as_bytes());
+        out.extend_from_slice(b" OPTIONS\r\nContent-Length: 0\r\n\r\n");
+        Bytes::from(out)
     }
 
     /// Whether `msg` (a response) answers one of our pings: if so, the binding is alive.
@@ -251,7 +309,12 @@ impl Engine {
         if let Some(wheel) = ka.wheel.as_mut() {
             wheel.cancel(p.timer);
         }
-        ka.by_binding.remove(&(p.aor.clone(), p.contact.clone()));
+        if let Some(list) = ka.by_aor.get_mut(&p.aor) {
+            list.retain(|s| *s != slot);
+            if list.is_empty() {
+                ka.by_aor.remove(&p.aor);
+            }
+        }
         ka.free.push(slot);
         p
     }

@@ -141,6 +141,10 @@ impl Worker {
     }
 
     /// Runs until `shutdown` is set.
+    // Never inlined: the callgrind scripts (`scripts/callgrind_paths.sh`, `callgrind_nat.sh`)
+    // count instructions from this function's entry, and inlined into the thread's closure it
+    // has no symbol to name.
+    #[inline(never)]
     pub(crate) fn run(mut self) {
         let mut batch = RecvBatch::new();
         let mut sender = SendBatch::default();

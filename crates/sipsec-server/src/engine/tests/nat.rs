@@ -460,6 +460,52 @@ fn crlf_pings_keep_the_mapping_without_dropping_anyone() {
 }
 
 #[test]
+fn pings_stop_as_soon_as_a_binding_is_removed_and_once_it_expires() {
+    let mut e = engine_pinging("crlf");
+    let phone = Peer::udp_via(addr(NAT), 0);
+    let via = |n: u32| format!("UDP 10.0.0.9:5060;rport;n={n}");
+    for (n, (user, contact)) in [
+        ("kim", "<sip:kim@10.0.0.9:5060>"),
+        ("kim", "<sip:kim@10.0.0.9:5062>"),
+        ("lou", "<sip:lou@10.0.0.9:5060>"),
+        ("max", "<sip:max@10.0.0.9:5060>;expires=60"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        deliver_from(
+            &mut e,
+            0,
+            phone,
+            &register_as(user, &via(n as u32), contact, ""),
+        );
+    }
+    assert_eq!(e.keepalive.len(), 4);
+    assert_eq!(tick(&mut e, 1001).len(), 4);
+    // kim takes one contact back: its entry goes with it, not at its next ping.
+    let out = deliver_from(
+        &mut e,
+        1100,
+        phone,
+        &register_as("kim", &via(10), "<sip:kim@10.0.0.9:5062>;expires=0", ""),
+    );
+    assert_eq!(status(&out[0].1), Some(200));
+    assert_eq!(e.keepalive.len(), 3);
+    // Then all of them (`Contact: *`).
+    let all = "REGISTER sip:example.test SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.9:5060;rport;branch=z9hG4bKall\r\n\
+Max-Forwards: 70\r\nFrom: <sip:kim@example.test>;tag=r1\r\nTo: <sip:kim@example.test>\r\n\
+Call-ID: reg-all\r\nCSeq: 1 REGISTER\r\nContact: *\r\nExpires: 0\r\nContent-Length: 0\r\n\r\n";
+    let out = deliver_from(&mut e, 1200, phone, all);
+    assert_eq!(status(&out[0].1), Some(200));
+    assert_eq!(e.keepalive.len(), 2);
+    assert_eq!(tick(&mut e, 2001).len(), 2, "lou and max");
+    // max's binding expires at 60 s without a refresh: no ping once it has.
+    assert_eq!(tick(&mut e, 59_001).len(), 2, "lou and max");
+    assert_eq!(tick(&mut e, 60_001).len(), 1, "lou alone");
+    assert_eq!(e.keepalive.len(), 1);
+}
+
+#[test]
 fn as_an_edge_proxy_a_forwarded_register_gets_a_path_that_finds_the_flow_again() {
     let mut e = engine("[routing]\ndefault_route = \"sip:203.0.113.50:5060\"\n");
     let phone = Peer::udp_via(addr(NAT), 0);
