@@ -24,11 +24,18 @@ over its own flow with one reached at its address, not 50 connections with one.
 CPU is the on-CPU time (schedstat) of the server's threads over the run, divided by the calls
 that succeeded; a row with under 99% success is flagged.
 
+With more than one worker, a NATed TLS phone's calls cross between workers when the worker
+that accepted its connection is not the one that accepted the callers' (the kernel spreads
+connections over the workers' listeners): each message then passes through a mailbox, whose
+wake-up costs more than the message. Each round says how many answers a call was handed
+between workers (the server's `handoffs`), and the ratio is given apart for the rounds whose
+calls stayed on one worker — those where the rows differ by the NAT machinery alone.
+
     cargo build --release --bin sipsec
     python3 scripts/nat_call_cost.py [--rate 2000] [--duration 10] [--rounds 5] [--users 1]
                                      [--workers 2]
 """
-import json, os, socket, statistics, subprocess, tempfile, time
+import json, os, re, socket, statistics, subprocess, tempfile, time
 
 from kit import cpu_ns, parser
 
@@ -72,8 +79,10 @@ rate = 0
 {route}[nat]
 mode = "{mode}"
 """)
+    log = os.path.join(tmp, "server.log")
     server = subprocess.Popen([a.sipsec, "serve", "--config", cfg], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+                              stderr=open(log, "w"))
+    result = None
     try:
         wait_port(port, "tcp")
         target = (f"udp:127.0.0.1:{port}" if transport == "udp"
@@ -104,10 +113,15 @@ mode = "{mode}"
         r = json.load(open(out))
         ok = r["succeeded"]
         share = ok / max(r["attempted"], 1)
-        return (c1 - c0) / 1e3 / max(ok, 1), share
+        result = ((c1 - c0) / 1e3 / max(ok, 1), share, max(ok, 1))
     finally:
         server.terminate()
         server.wait()
+    # Answers the worker that read them passed to the one holding their transaction: a call
+    # whose caller and callee connections two workers own crosses between them.
+    stopped = open(log).read()
+    handoffs = int(m.group(1)) if (m := re.search(r"handoffs=(\d+)", stopped)) else 0
+    return result and (result[0], result[1], handoffs / result[2])
 
 
 def main():
@@ -120,29 +134,41 @@ def main():
         f.writelines(f"u{i},pw{i}\n" for i in range(a.users))
     rows = ["udp direct", "udp nat", "tls direct", "tls nat"]
     cost = {r: [] for r in rows}
+    crossed = {r: [] for r in rows}
     for k in range(a.rounds):
         order = rows if k % 2 == 0 else rows[::-1]
         for i, row in enumerate(order):
             got = run(a, tmp, row, a.port + 20 * i)
             if got is None:
                 continue
-            us, share = got
+            us, share, crossings = got
             cost[row].append(us)
+            crossed[row].append(crossings >= 0.5)
             flag = "" if share >= 0.99 else f"  (only {share * 100:.1f}% succeeded)"
-            print(f"round {k + 1} {row:10}: {us:6.1f} us of server CPU per call{flag}",
-                  flush=True)
+            print(f"round {k + 1} {row:10}: {us:6.1f} us of server CPU per call; "
+                  f"{crossings:.2f} answers a call handed between workers{flag}", flush=True)
     print()
     for t in ("udp", "tls"):
         d, n = cost[f"{t} direct"], cost[f"{t} nat"]
         ratios = [x / y for x, y in zip(n, d)]
-        if len(ratios) < 2:
-            print(f"{t}: too few rounds")
-            continue
-        m = statistics.mean(ratios)
-        half = T95.get(len(ratios) - 1, 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5
-        print(f"{t}: direct {statistics.median(d):.1f} us, nat {statistics.median(n):.1f} us per call "
-              f"(medians); nat/direct {m:.3f} (95% t-interval {m - half:.3f}..{m + half:.3f}, "
-              f"n={len(ratios)} rounds) at {a.rate} calls/s")
+        print(f"{t}: direct {statistics.median(d):.1f} us, nat {statistics.median(n):.1f} us per "
+              f"call (medians); nat/direct {interval(ratios)} at {a.rate} calls/s")
+        # Where the rows differ only by the NAT machinery: rounds in which the NATed call did
+        # not cross between workers (with one worker, every round).
+        kept = [x for x, c in zip(ratios, crossed[f"{t} nat"]) if not c]
+        if len(kept) < len(ratios):
+            print(f"{t}: rounds whose NATed calls stayed on one worker: nat/direct "
+                  f"{interval(kept)}; rounds whose calls crossed: "
+                  f"{interval([x for x, c in zip(ratios, crossed[f'{t} nat']) if c])}")
+
+
+def interval(ratios):
+    """The mean of `ratios` with its Student t 95% interval, or why there is none."""
+    if len(ratios) < 2:
+        return f"too few rounds (n={len(ratios)})"
+    m = statistics.mean(ratios)
+    half = T95.get(len(ratios) - 1, 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5
+    return f"{m:.3f} (95% t-interval {m - half:.3f}..{m + half:.3f}, n={len(ratios)} rounds)"
 
 
 if __name__ == "__main__":
