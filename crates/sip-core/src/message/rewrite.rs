@@ -39,13 +39,9 @@ impl Splice {
         self.text.clear();
     }
 
-    /// Replaces `src[start..end]` with text written by `write` (empty range: an insert).
-    pub(crate) fn replace_with(
-        &mut self,
-        start: usize,
-        end: usize,
-        write: impl FnOnce(&mut Vec<u8>),
-    ) {
+    /// Replaces `src[start..end]` with text written by `write` (empty range: an insert), into
+    /// the splice's own buffer: no allocation for text made of pieces.
+    pub fn replace_with(&mut self, start: usize, end: usize, write: impl FnOnce(&mut Vec<u8>)) {
         let text_start = self.text.len();
         write(&mut self.text);
         let seq = self.edits.len();
