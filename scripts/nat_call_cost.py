@@ -27,9 +27,12 @@ that succeeded; a row with under 99% success is flagged.
 With more than one worker, a NATed TLS phone's calls cross between workers when the worker
 that accepted its connection is not the one that accepted the callers' (the kernel spreads
 connections over the workers' listeners): each message then passes through a mailbox, whose
-wake-up costs more than the message. Each round says how many answers a call was handed
-between workers (the server's `handoffs`), and the ratio is given apart for the rounds whose
-calls stayed on one worker — those where the rows differ by the NAT machinery alone.
+wake-up costs more than the message. The directly reachable TLS phone is reached by a
+connection each worker opens, so its calls never cross. UDP calls cross too, NATed or not: a
+caller's and a callee's datagrams reach the workers the kernel's hash of their addresses
+picks. Each round says how many answers a call was handed between workers (the server's
+`handoffs`), and the ratio is given apart for the rounds in which neither row's calls crossed:
+those where the rows differ by the NAT machinery alone.
 
     cargo build --release --bin sipsec
     python3 scripts/nat_call_cost.py [--rate 2000] [--duration 10] [--rounds 5] [--users 1]
@@ -153,13 +156,20 @@ def main():
         ratios = [x / y for x, y in zip(n, d)]
         print(f"{t}: direct {statistics.median(d):.1f} us, nat {statistics.median(n):.1f} us per "
               f"call (medians); nat/direct {interval(ratios)} at {a.rate} calls/s")
-        # Where the rows differ only by the NAT machinery: rounds in which the NATed call did
-        # not cross between workers (with one worker, every round).
-        kept = [x for x, c in zip(ratios, crossed[f"{t} nat"]) if not c]
+        # Where the rows differ only by the NAT machinery: rounds in which neither row's
+        # calls crossed between workers (with one worker, every round).
+        cn, cd = crossed[f"{t} nat"], crossed[f"{t} direct"]
+        kept = [x for x, a_, b_ in zip(ratios, cn, cd) if not a_ and not b_]
         if len(kept) < len(ratios):
-            print(f"{t}: rounds whose NATed calls stayed on one worker: nat/direct "
-                  f"{interval(kept)}; rounds whose calls crossed: "
-                  f"{interval([x for x, c in zip(ratios, crossed[f'{t} nat']) if c])}")
+            print(f"{t}: rounds in which neither row's calls crossed between workers: "
+                  f"nat/direct {interval(kept)}")
+            for row in (f"{t} direct", f"{t} nat"):
+                stay = [x for x, c in zip(cost[row], crossed[row]) if not c]
+                cross = [x for x, c in zip(cost[row], crossed[row]) if c]
+                if stay and cross:
+                    print(f"  {row}: {statistics.mean(cross):.1f} us per call in the "
+                          f"{len(cross)} rounds whose calls crossed, "
+                          f"{statistics.mean(stay):.1f} us in the {len(stay)} that did not")
 
 
 def interval(ratios):
