@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # User-space instructions per call in the server's worker for a call to a phone behind a NAT
 # beside a call to a directly reachable one, over UDP and persistent TLS (stateful
-# record-routing proxy, one worker, so no call crosses between workers), counted by callgrind:
-# the same figure whatever else the machine is doing. The rows are those of
-# `scripts/nat_call_cost.py`:
+# record-routing proxy, one worker, so no call crosses between workers; `[nat]` as it comes),
+# counted by callgrind: the same figure whatever else the machine is doing. The rows are those
+# of `scripts/nat_call_cost.py`:
 #
-# - udp direct: the callee registers its socket (`--register`), `[nat] mode = "never"`;
-# - udp nat: the same with `mode = "always"`: the binding is a flow, every dialog carries
-#   flow tokens in our Record-Route both ways;
+# - udp direct: the callee registers its socket's address (`--register`);
+# - udp nat: the callee registers a private Contact (`--contact-addr 10.0.0.9:5060`), as a
+#   phone behind a NAT does: the server reaches it where its REGISTER came from, and its
+#   dialogs carry its flow token in our Record-Route;
 # - tls direct: the callee listens for TLS and the server reaches it over a connection it
 #   opened, by its default route;
 # - tls nat: the callee registers over TLS and listens nowhere (`*.invalid` Contact), calls
@@ -25,9 +26,8 @@ echo "u0,pw0" > "$WORK/users.csv"
 
 declare -A per_call
 for row in "udp direct" "udp nat" "tls direct" "tls nat"; do
-  t=${row%% *} mode=auto route="" port=36060 domain=nat.test args=(--register) name=${row// /-}
-  [ "$row" = "udp direct" ] && mode=never
-  [ "$row" = "udp nat" ] && mode=always
+  t=${row%% *} route="" port=36060 domain=nat.test args=(--register) name=${row// /-}
+  [ "$row" = "udp nat" ] && args+=(--contact-addr 10.0.0.9:5060)
   [ "$t" = tls ] && port=36061
   if [ "$row" = "tls direct" ]; then
     # Not a user here: its calls take the default route to the listening callee.
@@ -53,8 +53,6 @@ rate = 0
 [overload]
 # valgrind's pauses would look like overload.
 enabled = false
-[nat]
-mode = "$mode"
 $route
 EOT
   per_call[$row]=$(per_call "$name" "$t:127.0.0.1:$port" --role both --users "$WORK/users.csv" \

@@ -250,6 +250,11 @@ pub struct LoadArgs {
     /// over a new one. Calls are counted once the registrations are in.
     #[arg(long)]
     pub register: bool,
+    /// With --register over UDP: the address (`host[:port]`) each Contact names instead of
+    /// the socket's — a private one, as a phone behind a NAT writes — so the server reaches
+    /// the callee only where its REGISTER came from (`[nat] mode = "auto"`).
+    #[arg(long, requires = "register")]
+    pub contact_addr: Option<String>,
     /// With --register: register as an RFC 5626 client — `+sip.instance` (one per user for
     /// the run), `reg-id`, `;ob`, `Supported: outbound, path` — and keep each flow alive
     /// (double-CRLF ping on TCP/TLS, STUN Binding request on UDP) at the 200 OK's Flow-Timer,

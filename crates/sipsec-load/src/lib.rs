@@ -458,6 +458,7 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
             flows: plan.args.flows,
             outbound: plan.args.outbound,
             keepalive_ms: (plan.args.keepalive_s * 1000.0).max(1.0) as u64,
+            contact_addr: plan.args.contact_addr.clone(),
         }),
     }
 }

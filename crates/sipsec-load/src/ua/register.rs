@@ -26,6 +26,10 @@ pub struct Registering {
     pub outbound: bool,
     /// Milliseconds between keep-alives when the 200 OK has no `Flow-Timer`.
     pub keepalive_ms: u64,
+    /// Over UDP, the address (`host[:port]`) the Contact names instead of the socket's: what
+    /// a phone behind a NAT writes (its private address), which the server can reach only
+    /// where the REGISTER came from.
+    pub contact_addr: Option<String>,
 }
 
 /// What the UA asks of the driver's links for its registrations.
@@ -192,7 +196,15 @@ impl Ua {
             let host = self.contact_host(flow);
             format!("sip:{name}@{host}.invalid{}{ob}", transport.uri_param())
         } else {
-            format!("sip:{name}@{local}{ob}")
+            match self
+                .cfg
+                .register
+                .as_ref()
+                .and_then(|r| r.contact_addr.as_deref())
+            {
+                Some(written) => format!("sip:{name}@{written}{ob}"),
+                None => format!("sip:{name}@{local}{ob}"),
+            }
         };
         let f = &mut self.flows[flow as usize];
         f.contact = contact;

@@ -579,7 +579,9 @@ impl Engine {
     /// for the hop on to the callee, and the callee's flow (`source`, where the response
     /// came from) when it must be reached over it.
     fn proxy_relayed_response(&mut self, now: Millis, source: Peer, msg: &Message<'_>) -> Bytes {
-        let mut out = Vec::with_capacity(msg.as_bytes().len());
+        // Sized once, by the splice, for the response as edited: a response that grows (a
+        // flow token written into its Record-Route) would otherwise be copied again.
+        let mut out = Vec::new();
         let feedback = self.overload_response_feedback(now, msg);
         let mut splice = std::mem::take(&mut self.splice);
         let mut rw = Rewriter::new(msg, &mut splice);

@@ -27,6 +27,7 @@ fn config(transport: Transport, outbound: bool, flows: u32) -> UaConfig {
             flows,
             outbound,
             keepalive_ms: 20_000,
+            contact_addr: None,
         }),
         ..crate::ua::tests::config(Scenario::Call, users)
     }
@@ -445,4 +446,19 @@ fn timings_follow_rfc_5626() {
     assert_eq!(backoff_ms(40, 0.5), 15_000);
     let id = uuid_v4([0xff; 16]);
     assert_eq!(id, "urn:uuid:ffffffff-ffff-4fff-bfff-ffffffffffff");
+}
+
+#[test]
+fn a_udp_callee_can_name_a_private_address_in_its_contact() {
+    let mut cfg = config(Transport::Udp, false, 1);
+    if let Some(r) = cfg.register.as_mut() {
+        r.contact_addr = Some("10.0.0.9:5060".into());
+    }
+    let mut ua = Ua::new(cfg, 0);
+    ua.start_registrations();
+    let register = open(&mut ua, 0, 0, 7);
+    assert!(
+        header(&register, "Contact").starts_with("<sip:alice@10.0.0.9:5060>"),
+        "{register}"
+    );
 }
