@@ -186,7 +186,14 @@ fn is_forbidden_control(b: u8) -> bool {
 /// Whether a header line holds a control character that is not escaped by a quoted-pair
 /// inside a quoted string (`"\<NUL>"` is text, RFC 3261 §25.1 and RFC 4475's intmeth).
 fn has_bare_control(line: &[u8]) -> bool {
-    if !line.iter().any(|&b| is_forbidden_control(b)) {
+    // Every byte of every header line passes here: the first look has no early exit, so the
+    // compiler tests many bytes at once (`any` went byte by byte: a fifth of a proxied call's
+    // instructions in the worker).
+    if line
+        .iter()
+        .fold(0u8, |seen, &b| seen | u8::from(is_forbidden_control(b)))
+        == 0
+    {
         return false;
     }
     let (mut quoted, mut escaped) = (false, false);
