@@ -1,9 +1,11 @@
 """What the scripts here share: where the peers' files are (`peers/sipp`, `peers/kamailio`),
-a process and its descendants from /proc, and the command line every script starts from.
+a process and its descendants from /proc, the command line every script starts from, and a
+Student t interval over rounds.
 """
 
 import argparse
 import os
+import statistics
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SIPP = os.path.join(ROOT, "peers", "sipp")
@@ -52,3 +54,17 @@ def parser(doc, **ints):
     for name, default in ints.items():
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     return ap
+
+
+# Student t quantiles for a two-sided 95% interval, by degrees of freedom (n - 1).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def t_interval(values):
+    """The mean of `values` and the half-width of its Student t 95% interval (n - 1 degrees
+    of freedom; 2.0 past the table), NaN under two values."""
+    n = len(values)
+    mean = statistics.mean(values)
+    if n < 2:
+        return mean, float("nan")
+    return mean, T95.get(n - 1, 2.0) * statistics.stdev(values) / n ** 0.5

@@ -42,10 +42,7 @@ those where the rows differ by the NAT machinery alone.
 """
 import json, os, re, socket, statistics, subprocess, tempfile, time
 
-from kit import cpu_ns, parser
-
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
+from kit import cpu_ns, parser, t_interval
 
 def wait_port(port, proto):
     for _ in range(100):
@@ -177,8 +174,7 @@ def interval(ratios):
     """The mean of `ratios` with its Student t 95% interval, or why there is none."""
     if len(ratios) < 2:
         return f"too few rounds (n={len(ratios)})"
-    m = statistics.mean(ratios)
-    half = T95.get(len(ratios) - 1, 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5
+    m, half = t_interval(ratios)
     return f"{m:.3f} (95% t-interval {m - half:.3f}..{m + half:.3f}, n={len(ratios)} rounds)"
 
 

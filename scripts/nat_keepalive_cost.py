@@ -17,10 +17,7 @@ the windows (n = ROUNDS; t for n - 1 degrees of freedom).
 """
 import os, select, socket, statistics, subprocess, sys, tempfile, time
 
-from kit import cpu_ns, parser
-
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
+from kit import cpu_ns, parser, t_interval
 
 def start(sipsec, port, ping, interval, bindings, tmp):
     cfg = os.path.join(tmp, f"s{port}.toml")
@@ -138,8 +135,7 @@ def main():
             print(f"window {w + 1}: {pings / dt:.0f} pings/s; CPU on {on * 100:.2f}% "
                   f"off {off * 100:.2f}% of a core; pings cost {(on - off) * 100:.2f}%", flush=True)
         n = len(shares)
-        mean = statistics.mean(shares)
-        half = T95.get(n - 1, 2.0) * statistics.stdev(shares) / n ** 0.5 if n > 1 else float("nan")
+        mean, half = t_interval(shares)
         print(f"\n{a.bindings} bindings, {a.ping} every {a.interval_ms} ms: "
               f"{statistics.mean(rates):.0f} pings/s; their cost {mean * 100:.2f}% of one core "
               f"(95% t-interval {(mean - half) * 100:.2f}..{(mean + half) * 100:.2f}%, n={n}); "
