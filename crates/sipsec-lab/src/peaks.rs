@@ -4,12 +4,17 @@
 //! operation at saturation, wake-ups left out since a saturated worker never sleeps — beside
 //! the measured peak, with what shows the server saturated first (the quota's throttling, the
 //! load generator's CPU share over the search), and how many configurations it predicts within
-//! 10%.
+//! 10% — and, beside that, how many it predicts inside the measured peak's own 95% interval,
+//! since the rounds' spread is as wide as the 10% for some configurations.
+//!
+//! Rounds may be searched under different shares (the search narrows the quota when the load
+//! generator nears its limit), and a peak scales with the share, so every figure compared is
+//! per core: each round's peak over its share.
 
 use super::bench::peak::{server_set, LOAD_SHARE_MAX, THROTTLED_MIN};
 use super::model::Model;
 use super::results::Record;
-use super::stats::median;
+use super::stats::{mean_interval, median, Mean};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -23,13 +28,16 @@ pub(crate) struct PeakRow {
     pub(crate) row: String,
     /// Rounds with a peak measured under a quota.
     pub(crate) rounds: usize,
-    /// The share of a core the server was held to.
+    /// The share of a core the server was held to (median over rounds).
     pub(crate) share: f64,
-    /// The measured peak, operations per second.
-    pub(crate) measured_per_s: f64,
-    /// The model's: share × 10⁶ / held-out µs per operation at saturation.
-    pub(crate) predicted_per_s: Option<f64>,
-    /// (predicted − measured) / measured, each per core (peak over share, per round).
+    /// The measured peak per core, operations per second: the median over rounds of each
+    /// round's peak over its share.
+    pub(crate) measured_per_core: f64,
+    /// The mean of the same over rounds, with its t-interval.
+    pub(crate) measured_mean: Mean,
+    /// The model's per core: 10⁶ / held-out µs per operation at saturation.
+    pub(crate) predicted_per_core: Option<f64>,
+    /// (predicted − measured) / measured, per core.
     pub(crate) error: Option<f64>,
     /// Seconds the quota held the server off during the search.
     pub(crate) throttled_s: f64,
@@ -44,6 +52,13 @@ impl PeakRow {
     /// and the load generator kept its headroom.
     pub(crate) fn server_set(&self) -> bool {
         server_set(self.throttled_periods, self.load_cpu_share)
+    }
+
+    /// Whether the prediction lies inside the measured peak's interval (`None` without one).
+    pub(crate) fn inside_interval(&self) -> Option<bool> {
+        let (low, high) = self.measured_mean.interval?;
+        let p = self.predicted_per_core?;
+        Some(low <= p && p <= high)
     }
 }
 
@@ -71,11 +86,8 @@ pub(crate) fn rows(records: &[Record], m: &Model) -> Vec<PeakRow> {
                     .filter_map(|r| r.peak_held.as_ref()?.cpu_quota)
                     .collect::<Vec<_>>(),
             )?;
-            let per_core = median(
-                &rs.iter()
-                    .filter_map(|r| r.peak_per_core())
-                    .collect::<Vec<_>>(),
-            )?;
+            let per_round: Vec<f64> = rs.iter().filter_map(|r| r.peak_per_core()).collect();
+            let per_core = median(&per_round)?;
             let prediction = m
                 .predictions
                 .iter()
@@ -85,10 +97,9 @@ pub(crate) fn rows(records: &[Record], m: &Model) -> Vec<PeakRow> {
                 row: row.to_string(),
                 rounds: rs.len(),
                 share,
-                measured_per_s: median(
-                    &rs.iter().filter_map(|r| r.peak_per_s).collect::<Vec<_>>(),
-                )?,
-                predicted_per_s: prediction.and_then(|p| p.predicted_peak(share)),
+                measured_per_core: per_core,
+                measured_mean: mean_interval(&per_round)?,
+                predicted_per_core: prediction.and_then(|p| p.predicted_peak(1.0)),
                 error: prediction
                     .and_then(|p| p.predicted_peak(1.0))
                     .map(|whole| (whole - per_core) / per_core),
@@ -111,6 +122,17 @@ pub(crate) fn within(rows: &[PeakRow]) -> (usize, usize) {
     (hits, predicted.len())
 }
 
+/// Of the server-set configurations the model predicts with a measured interval, how many
+/// inside it, and how many.
+pub(crate) fn inside(rows: &[PeakRow]) -> (usize, usize) {
+    let judged: Vec<bool> = rows
+        .iter()
+        .filter(|r| r.server_set())
+        .filter_map(PeakRow::inside_interval)
+        .collect();
+    (judged.iter().filter(|&&i| i).count(), judged.len())
+}
+
 /// The heading the table is printed under (`lab model`, the report, the `model` block).
 pub const TITLE: &str = "Predicted and measured peaks, server-set";
 
@@ -121,22 +143,30 @@ pub fn markdown(records: &[Record], m: &Model) -> String {
         return String::new();
     }
     let mut t = String::from(
-        "| suite | row | rounds | share of a core | measured peak/s | predicted peak/s | \
-         error | throttled s | throttled periods | load CPU share | server-set |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| suite | row | rounds | share of a core | measured peak per core/s | mean, 95% \
+         interval | predicted per core/s | error | inside | throttled s | throttled periods | \
+         load CPU share | server-set |\n\
+         |---|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---|\n",
     );
     for r in &rows {
         writeln!(
             t,
-            "| {} | {} | {} | {:.2} | {:.0} | {} | {} | {:.1} | {:.0}% | {:.2} | {} |",
+            "| {} | {} | {} | {:.2} | {:.0} | {} | {} | {} | {} | {:.1} | {:.0}% | {:.2} | {} |",
             r.suite,
             r.row,
             r.rounds,
             r.share,
-            r.measured_per_s,
-            r.predicted_per_s.map_or("—".into(), |p| format!("{p:.0}")),
+            r.measured_per_core,
+            r.measured_mean.text(0),
+            r.predicted_per_core
+                .map_or("—".into(), |p| format!("{p:.0}")),
             r.error
                 .map_or("—".into(), |e| format!("{:+.1}%", e * 100.0)),
+            match r.inside_interval() {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "—",
+            },
             r.throttled_s,
             r.throttled_periods * 100.0,
             r.load_cpu_share,
@@ -145,14 +175,16 @@ pub fn markdown(records: &[Record], m: &Model) -> String {
         .expect("writing to a String");
     }
     let (hits, n) = within(&rows);
+    let (inside, judged) = inside(&rows);
     write!(
         t,
         "\nPredicted within {:.0}% of the measured peak: {hits} of {n} server-set \
-         configurations the model predicts held out. Predicted: the share × 10⁶ / the \
-         held-out µs per operation at saturation (no wake-ups); the error compares peaks per \
-         core (each round's peak over its share). Server-set: the quota held the server off in \
-         at least {:.0}% of the search's periods and the load generator used under {:.0}% of \
-         its core over it; medians over rounds.\n",
+         configurations the model predicts held out; inside the measured peak's 95% interval \
+         (Student's t over rounds): {inside} of {judged}. Per core: each round's peak over the \
+         share of a core it was searched under, median and mean over rounds; predicted: 10⁶ / \
+         the held-out µs per operation at saturation (no wake-ups). Server-set: the quota held \
+         the server off in at least {:.0}% of the search's periods and the load generator used \
+         under {:.0}% of its core over it; medians over rounds.\n",
         WITHIN * 100.0,
         THROTTLED_MIN * 100.0,
         LOAD_SHARE_MAX * 100.0
@@ -205,6 +237,9 @@ mod tests {
         let records = vec![
             rec("a", 1, 100.0, 2_400.0, Some(held(Some(0.25), 3.0, 0.2))),
             rec("a", 2, 100.0, 2_600.0, Some(held(Some(0.25), 2.0, 0.2))),
+            rec("a", 3, 100.0, 2_500.0, Some(held(Some(0.25), 2.5, 0.2))),
+            rec("a", 4, 100.0, 2_450.0, Some(held(Some(0.25), 2.5, 0.2))),
+            rec("a", 5, 100.0, 2_550.0, Some(held(Some(0.25), 2.5, 0.2))),
             // 20% off: measured, predicted, not a hit.
             rec("b", 1, 125.0, 2_000.0, Some(held(Some(0.25), 3.0, 0.2))),
             // The load was the one near its limit: not server-set.
@@ -221,24 +256,44 @@ mod tests {
         let ids: Vec<&str> = rows.iter().map(|r| r.row.as_str()).collect();
         assert_eq!(ids, ["a", "b", "c", "f"]);
         let a = &rows[0];
-        assert_eq!((a.rounds, a.share, a.measured_per_s), (2, 0.25, 2_500.0));
+        assert_eq!(
+            (a.rounds, a.share, a.measured_per_core),
+            (5, 0.25, 10_000.0)
+        );
         let unit = (2.0 / 125.0 + 4.0 / 100.0) / (2.0 / 125f64.powi(2) + 4.0 / 100f64.powi(2));
-        let predicted = 0.25e6 / unit;
+        let predicted = 1e6 / unit;
         assert!(
-            (a.predicted_per_s.unwrap() - predicted).abs() < 1.0,
+            (a.predicted_per_core.unwrap() - predicted).abs() < 1.0,
             "{a:?}"
         );
-        assert!((a.error.unwrap() - (predicted / 2_500.0 - 1.0)).abs() < 1e-3);
+        assert!((a.error.unwrap() - (predicted / 10_000.0 - 1.0)).abs() < 1e-3);
+        // Per core 9,600 to 10,400 over five rounds: mean 10,000 ± t(4) × 316 / √5 = 393,
+        // so 9,428 lies outside; b's one round has no interval.
+        let (low, high) = a.measured_mean.interval.unwrap();
+        assert!(
+            (low - 9_607.4).abs() < 1.0 && (high - 10_392.6).abs() < 1.0,
+            "{a:?}"
+        );
+        assert_eq!(a.inside_interval(), Some(false));
+        assert_eq!(rows[1].inside_interval(), None);
+        assert_eq!(inside(&rows), (0, 1));
         assert!((rows[1].error.unwrap() - 0.25).abs() < 1e-3);
         assert!(a.server_set() && rows[1].server_set());
         assert!(!rows[2].server_set() && !rows[3].server_set());
         assert_eq!(within(&rows), (1, 2));
         let md = markdown(&records, &m);
         assert!(
-            md.contains("| seed004 | a | 2 | 0.25 | 2500 | 2357 | -5.7% | 2.5 | 62% |"),
+            md.contains(
+                "| seed004 | a | 5 | 0.25 | 10000 | 10000 [9607, 10393] | 9429 | -5.7% | no | 2.5 \
+                 | 62% |"
+            ),
             "{md}"
         );
         assert!(md.contains("1 of 2 server-set"), "{md}");
-        assert!(markdown(&records[4..5], &m).is_empty());
+        assert!(
+            md.contains("interval (Student's t over rounds): 0 of 1"),
+            "{md}"
+        );
+        assert!(markdown(&records[7..8], &m).is_empty());
     }
 }
