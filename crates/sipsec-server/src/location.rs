@@ -41,8 +41,17 @@ pub struct Binding {
     /// bindings of one instance are its flows, tried one at a time.
     pub outbound: Option<Outbound>,
     /// RFC 3327: the Path the REGISTER brought (the header values as written, comma
-    /// separated), the route set requests to this binding are sent along.
+    /// separated), the route set requests to this binding are sent along. For a binding
+    /// another cluster node holds over its flow, that node's hop comes first.
     pub path: Option<Arc<str>>,
+    /// In a cluster, the node holding the binding when it is another one (`None`: this node,
+    /// or no cluster). Such bindings come from the shared table, never go back to it, and
+    /// are not pinged here.
+    pub node: Option<Arc<str>>,
+    /// In a cluster, for a binding this node holds that only it can reach (over the
+    /// registering connection, or through a NAT's mapping for this node's address): the
+    /// Path entry other nodes route through to reach it (this node, with the flow token).
+    pub via: Option<Arc<str>>,
 }
 
 /// The RFC 5626 identity of an outbound registration: one flow of one user agent instance.
@@ -222,6 +231,22 @@ impl Location {
         }
     }
 
+    /// Drops every binding another cluster node holds (before a resynchronisation reads
+    /// them all again).
+    pub(crate) fn forget_other_nodes(&mut self) {
+        let (expiry, per_source) = (&mut self.expiry, &mut self.per_source);
+        for list in self.aors.values_mut() {
+            list.retain(|b| {
+                let keep = b.binding.node.is_none();
+                if !keep {
+                    expiry.cancel(b.timer);
+                    count(per_source, b.binding.source(), false);
+                }
+                keep
+            });
+        }
+    }
+
     /// The AOR's key as this replica holds it, to share rather than copy.
     pub(crate) fn aor(&self, aor: &str) -> Option<&Arc<str>> {
         self.aors.get_key_value(aor).map(|(k, _)| k)
@@ -277,7 +302,8 @@ impl Location {
 
     /// The live bindings, at most `limit`, one a line: AOR, Contact, `expires=` seconds
     /// left, `target=` where requests go (`flow` when only over where it registered from),
-    /// `received=` where it registered from, and the outbound identity and Path if any.
+    /// `received=` where it registered from, the outbound identity and Path if any, and
+    /// `node=` the cluster node holding it when another.
     pub(crate) fn report(&self, now_unix_ms: u64, limit: usize) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
@@ -308,6 +334,9 @@ impl Location {
                 }
                 if let Some(path) = &b.path {
                     let _ = write!(out, " path={path}");
+                }
+                if let Some(node) = &b.node {
+                    let _ = write!(out, " node={node}");
                 }
                 out.push('\n');
             }
@@ -360,6 +389,8 @@ mod tests {
             received: None,
             outbound: None,
             path: None,
+            node: None,
+            via: None,
         }
     }
 

@@ -4,9 +4,12 @@
 //! The keys documented in README.md are public; unknown keys are rejected so a typo fails at
 //! start instead of being silently ignored.
 
+mod cluster;
 mod nat;
 mod routing;
 
+pub use cluster::ClusterConfig;
+use cluster::RawCluster;
 use nat::RawNat;
 pub use nat::{NatConfig, NatMode, NatPing};
 use routing::RawRouting;
@@ -688,6 +691,7 @@ struct RawConfig {
     overload: RawOverload,
     nat: RawNat,
     flood: RawFlood,
+    cluster: RawCluster,
 }
 
 /// Registrar limits (`[registrar]`).
@@ -764,6 +768,8 @@ pub struct Config {
     pub nat: NatConfig,
     /// Per-source flood limits (`[flood]`).
     pub flood: FloodConfig,
+    /// Sharing registrations with other nodes through PostgreSQL (`[cluster]`), if on.
+    pub cluster: Option<ClusterConfig>,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// The Unix socket `sipsec ctl` talks to (`[control] socket`), if any.
@@ -847,6 +853,7 @@ impl Config {
                     && a.streams.max_per_ip_per_worker != b.streams.max_per_ip_per_worker,
             ),
             ("database.url", a.database_url != b.database_url),
+            ("cluster", a.cluster != b.cluster),
             ("metrics.listen", a.metrics_listen != b.metrics_listen),
             ("control.socket", a.control_socket != b.control_socket),
             (
@@ -964,6 +971,7 @@ impl Config {
             .map(|d| d.to_ascii_lowercase())
             .collect();
         let auth = raw.auth.validate(&domains, &listen)?;
+        let cluster = raw.cluster.validate(&url, &listen)?;
         let overload = raw.overload.validate()?;
         let flood = raw.flood.validate(&auth.scope.trusted)?;
         let reg = raw.registrar;
@@ -1057,6 +1065,7 @@ impl Config {
             overload,
             nat,
             flood,
+            cluster,
         })
     }
 }

@@ -191,6 +191,37 @@ impl Engine {
         }
     }
 
+    /// In a cluster, the Path entry the other nodes route through to `binding` when only
+    /// this node reaches it — over the connection it registered on, or through the NAT
+    /// mapping its REGISTER opened to this node's address: `<sip:ADVERTISE;lr;ob;fl=TOKEN>`,
+    /// this node's advertised address with the flow's token. `None` outside a cluster, for a
+    /// binding reached at its Contact as written, and for one behind an edge proxy (its Path
+    /// already leads there).
+    pub(super) fn flow_cluster_hop(&self, binding: &crate::location::Binding) -> Option<Arc<str>> {
+        let cluster = self.cfg.cluster.as_ref()?;
+        let received = binding.received.filter(|_| binding.path.is_none())?;
+        let written = Uri::parse(binding.contact.as_bytes())
+            .ok()
+            .as_ref()
+            .and_then(uri_peer);
+        if !binding.target.flow && written.is_some_and(|w| w.addr == binding.target.addr) {
+            return None;
+        }
+        let at = cluster.advertise;
+        let transport = match at.transport {
+            Transport::Udp => String::new(),
+            t => format!(";transport={t}"),
+        };
+        Some(
+            format!(
+                "<sip:{}{transport};lr;ob;fl={}>",
+                super::hostport(at.addr),
+                token(received.as_flow())
+            )
+            .into(),
+        )
+    }
+
     /// The flow token for the sender of a dialog-forming request, for our Record-Route:
     /// when it is the user agent itself (no Record-Route above ours) and must be reached
     /// over its flow.

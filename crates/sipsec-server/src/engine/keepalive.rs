@@ -145,7 +145,12 @@ impl Engine {
             By::Elsewhere => false,
             By::Store => hash as usize % self.cfg.workers == self.worker,
         };
-        if self.cfg.nat.ping == NatPing::Off || !needs_pings(binding) || !mine {
+        // Another cluster node's binding is pinged by that node.
+        if self.cfg.nat.ping == NatPing::Off
+            || !needs_pings(binding)
+            || !mine
+            || binding.node.is_some()
+        {
             if let Some(slot) = existing {
                 self.keepalive_forget(slot);
             }

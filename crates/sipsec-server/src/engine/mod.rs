@@ -128,6 +128,10 @@ pub enum Mail {
         /// How many of this worker's changes the store has committed, counted from the start.
         count: u64,
     },
+    /// In a cluster, every binding the other nodes hold, read afresh from the shared table
+    /// (at start of listening, and after the listener lost its connection, when notices
+    /// went missing): the replica's bindings of other nodes are replaced by these.
+    Resync(Arc<Vec<(Arc<str>, crate::location::Binding)>>),
     /// Another worker held a destination down until `until` (a failure, or its probe found
     /// it down: `Millis::MAX`), or found it up again (`until` 0).
     HoldDown {
@@ -560,6 +564,17 @@ impl Engine {
                 self.location.apply(&change);
                 self.keepalive_note(now, &change, keepalive::By::Elsewhere);
             }
+            Mail::Resync(bindings) => {
+                self.location.forget_other_nodes();
+                for (aor, binding) in bindings.iter() {
+                    let change = BindingChange::Upsert {
+                        aor: aor.clone(),
+                        binding: binding.clone(),
+                    };
+                    self.location.apply(&change);
+                    self.keepalive_note(now, &change, keepalive::By::Elsewhere);
+                }
+            }
             Mail::Credential { user } => self.gate_credential(now, &user, fx),
             Mail::Saved { count } => self.handle_saved(now, count, fx),
             Mail::HoldDown { peer, until } => self.locator.hold_until(peer, until, false),
@@ -840,10 +855,12 @@ impl Engine {
                     }
                 }
                 self.durable.note_sent(outcome.changes.len());
-                for change in outcome.changes {
-                    if matches!(&change, BindingChange::Upsert { binding, .. } if binding.target.flow)
-                    {
-                        inc(&self.stats.nat_bindings);
+                for mut change in outcome.changes {
+                    if let BindingChange::Upsert { binding, .. } = &mut change {
+                        if binding.target.flow {
+                            inc(&self.stats.nat_bindings);
+                        }
+                        binding.via = self.flow_cluster_hop(binding);
                     }
                     self.location.apply(&change);
                     self.keepalive_note(now, &change, keepalive::By::Here);

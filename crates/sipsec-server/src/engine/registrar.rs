@@ -361,6 +361,8 @@ pub(super) fn register(
                 received: Some(source),
                 outbound: r.outbound.clone(),
                 path: path.clone(),
+                node: None,
+                via: None,
             },
         });
     }

@@ -12,10 +12,12 @@
 //! - [`fetch`]: credential fetches off the workers' threads, and the user-database fetcher;
 //!   [`authority`]: the Proxychain authority's channel; [`dns`]: DNS lookups (RFC 3263);
 //! - [`metrics`]: what `/metrics` exposes (`[metrics] listen`); [`reload`]: SIGHUP and
-//!   `sipsec ctl reload`; [`control`]: the socket `sipsec ctl` talks to (`[control] socket`).
+//!   `sipsec ctl reload`; [`control`]: the socket `sipsec ctl` talks to (`[control] socket`);
+//! - `cluster`: with `[cluster]`, the other nodes' registrations in, and the heartbeat.
 
 pub mod authority;
 pub mod busy;
+pub(crate) mod cluster;
 pub(crate) mod coalesce;
 pub mod connections;
 pub mod control;
@@ -137,7 +139,10 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         } else {
             Commits::Buffered
         };
-        let store = Store::connect_with(&cfg.database_url, commits).await?;
+        let mut store = Store::connect_with(&cfg.database_url, commits).await?;
+        if let Some(c) = &cfg.cluster {
+            store = store.in_cluster(c.node.clone());
+        }
         let loaded = store
             .load(epoch_unix_ms, cfg.registrar.max_bindings)
             .await
@@ -167,6 +172,14 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         }) as store::OnSaved
     });
     let store = store::spawn_writer(store, &cfg.database_url, &runtime, on_saved);
+    if let Some(c) = &cfg.cluster {
+        cluster::spawn(
+            &runtime,
+            c.clone(),
+            cfg.database_url.clone(),
+            senders.clone(),
+        );
+    }
     let auth = start_auth(&cfg, &runtime)?;
     let proxychain = start_proxychain(&cfg)?;
 
@@ -243,8 +256,13 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         (Mode::Proxy, true) => "stateful proxy",
         (Mode::Proxy, false) => "stateless proxy",
     };
+    let node = cfg
+        .cluster
+        .as_ref()
+        .map(|c| format!("cluster node {} at {}; ", c.node, c.advertise))
+        .unwrap_or_default();
     println!(
-        "sipsec listening on {} ({role} and registrar for {}; {} worker{}; database {}; {} registrations loaded)",
+        "sipsec listening on {} ({role} and registrar for {}; {} worker{}; {node}database {}; {} registrations loaded)",
         listens.join(", "),
         cfg.domains.join(", "),
         cfg.workers,

@@ -2,12 +2,17 @@
 //! its plan (the batch's final state) turned into a few statements in one transaction, the
 //! bindings in multi-row upserts; a change the database refuses is isolated from the rest.
 
+use super::notices::{self, Columns};
 use super::{Dialect, Store};
 use crate::location::{Binding, BindingChange, Outbound, SharedChange};
 use anyhow::Result;
 use sipsec_transport::net::transport::Peer;
 use sqlx::any::AnyRow;
 use sqlx::Row;
+
+/// A binding row's columns, in the order `Store::binding_of` reads them.
+const BINDING_COLUMNS: &str = "aor, contact, target, expires_at, q, call_id, cseq, received, \
+     flow, instance, reg_id, path, node, via";
 
 /// What the server loads at start.
 pub struct Loaded {
@@ -20,59 +25,17 @@ impl Store {
     /// Loads live bindings, at most `max_bindings` (`[registrar] max_bindings`: those that
     /// live longest), and known AORs; expired rows are deleted on the way.
     pub async fn load(&self, now_unix_ms: u64, max_bindings: usize) -> Result<Loaded> {
-        sqlx::query(
-            &self
-                .dialect
-                .sql("DELETE FROM location_bindings WHERE expires_at <= ?"),
-        )
-        .bind(now_unix_ms as i64)
-        .execute(&self.pool)
-        .await?;
+        self.delete_expired(now_unix_ms).await?;
         let limit = max_bindings.min(i64::MAX as usize);
         let rows: Vec<AnyRow> = sqlx::query(&format!(
-            "SELECT aor, contact, target, expires_at, q, call_id, cseq, received, flow, \
-             instance, reg_id, path FROM location_bindings \
+            "SELECT {BINDING_COLUMNS} FROM location_bindings \
              ORDER BY expires_at DESC LIMIT {limit}"
         ))
         .fetch_all(&self.pool)
         .await?;
         let mut bindings = Vec::with_capacity(rows.len());
-        for r in rows {
-            let target: String = r.try_get(2)?;
-            let Some(mut target) = Peer::parse(&target) else {
-                continue;
-            };
-            if r.try_get::<i64, _>(8)? != 0 {
-                // Its connection died with the process that held it: a stream flow answers
-                // 430/480 until the phone registers again.
-                target = target.as_flow();
-            }
-            let received: Option<String> = r.try_get(7)?;
-            let instance: Option<String> = r.try_get(9)?;
-            let reg_id: Option<i64> = r.try_get(10)?;
-            let outbound = match (instance, reg_id) {
-                (Some(instance), Some(reg_id)) => Some(Outbound {
-                    instance: instance.into(),
-                    reg_id: u32::try_from(reg_id).unwrap_or(0),
-                }),
-                _ => None,
-            };
-            let path: Option<String> = r.try_get(11)?;
-            let q: Option<String> = r.try_get(4)?;
-            bindings.push((
-                r.try_get::<String, _>(0)?,
-                Binding {
-                    contact: r.try_get::<String, _>(1)?.into(),
-                    target,
-                    expires_at: r.try_get::<i64, _>(3)? as u64,
-                    q: q.map(Into::into),
-                    call_id: r.try_get::<String, _>(5)?.into(),
-                    cseq: r.try_get::<i64, _>(6)? as u32,
-                    received: received.as_deref().and_then(Peer::parse),
-                    outbound,
-                    path: path.map(Into::into),
-                },
-            ));
+        for r in &rows {
+            bindings.extend(self.binding_of(r)?);
         }
         let known_aors = sqlx::query("SELECT aor FROM location_aors")
             .fetch_all(&self.pool)
@@ -84,6 +47,94 @@ impl Store {
             bindings,
             known_aors,
         })
+    }
+
+    /// A row of `location_bindings` (selected as [`BINDING_COLUMNS`]) as this node holds
+    /// it: its own binding, or another cluster node's; `None` for a target that is not an
+    /// address.
+    fn binding_of(&self, r: &AnyRow) -> Result<Option<(String, Binding)>> {
+        let aor: String = r.try_get(0)?;
+        let target: String = r.try_get(2)?;
+        let received: Option<String> = r.try_get(7)?;
+        let instance: Option<String> = r.try_get(9)?;
+        let reg_id: Option<i64> = r.try_get(10)?;
+        let path: Option<String> = r.try_get(11)?;
+        let q: Option<String> = r.try_get(4)?;
+        let node: Option<String> = r.try_get(12)?;
+        let via: Option<String> = r.try_get(13)?;
+        let columns = Columns {
+            contact: &r.try_get::<String, _>(1)?,
+            target: &target,
+            expires_at: r.try_get::<i64, _>(3)? as u64,
+            q: q.as_deref(),
+            call_id: &r.try_get::<String, _>(5)?,
+            cseq: r.try_get::<i64, _>(6)? as u32,
+            received: received.as_deref(),
+            instance: instance.as_deref(),
+            reg_id: reg_id.map(|id| u32::try_from(id).unwrap_or(0)),
+            path: path.as_deref(),
+            via: via.as_deref(),
+        };
+        let binding = match node {
+            // Another cluster node's.
+            Some(node) if self.node.as_deref().is_some_and(|me| *me != *node) => {
+                match notices::remote(&node.into(), columns) {
+                    Some(b) => b,
+                    None => return Ok(None),
+                }
+            }
+            _ => {
+                let Some(mut target) = Peer::parse(columns.target) else {
+                    return Ok(None);
+                };
+                if r.try_get::<i64, _>(8)? != 0 {
+                    // Its connection died with the process that held it: a stream flow
+                    // answers 430/480 until the phone registers again.
+                    target = target.as_flow();
+                }
+                Binding {
+                    contact: columns.contact.into(),
+                    target,
+                    expires_at: columns.expires_at,
+                    q: columns.q.map(Into::into),
+                    call_id: columns.call_id.into(),
+                    cseq: columns.cseq,
+                    received: columns.received.and_then(Peer::parse),
+                    outbound: columns
+                        .instance
+                        .zip(columns.reg_id)
+                        .map(|(i, reg_id)| Outbound {
+                            instance: i.into(),
+                            reg_id,
+                        }),
+                    path: columns.path.map(Into::into),
+                    node: None,
+                    via: columns.via.map(Into::into),
+                }
+            }
+        };
+        Ok(Some((aor, binding)))
+    }
+
+    /// In a cluster, every live binding the other nodes hold: what a node that (re)connects
+    /// to the shared table replaces its replicas' view of them with.
+    pub async fn other_nodes_bindings(&self, now_unix_ms: u64) -> Result<Vec<(String, Binding)>> {
+        let Some(me) = &self.node else {
+            return Ok(Vec::new());
+        };
+        let rows: Vec<AnyRow> = sqlx::query(&self.dialect.sql(&format!(
+            "SELECT {BINDING_COLUMNS} FROM location_bindings \
+             WHERE node IS NOT NULL AND node <> ? AND expires_at > ?"
+        )))
+        .bind(&**me)
+        .bind(now_unix_ms as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            out.extend(self.binding_of(r)?);
+        }
+        Ok(out)
     }
 
     /// Applies a batch in one transaction; if that fails while the database answers, applies
@@ -115,7 +166,7 @@ impl Store {
     /// query, one round trip (a wake-up of each thread) instead of one per statement; the
     /// other databases take the statements one by one inside a transaction.
     pub async fn write(&self, changes: &[SharedChange]) -> Result<()> {
-        let statements = Plan::of(changes).statements(self.dialect);
+        let statements = Plan::of(changes).statements(self.dialect, self.node.as_deref());
         if self.dialect == Dialect::Sqlite {
             let mut sql = String::from("BEGIN;\n");
             for s in &statements {
@@ -185,7 +236,7 @@ impl<'c> Arg<'c> {
 /// limit on bound values (SQLite's is 32,766, PostgreSQL's and MySQL's 65,535).
 const ROWS_PER_STATEMENT: usize = 500;
 /// Values per binding row.
-const COLUMNS: usize = 12;
+const COLUMNS: usize = 14;
 
 /// `(?, ?), (?, ?)`: `rows` rows of `columns` placeholders.
 pub(super) fn placeholders(rows: usize, columns: usize) -> String {
@@ -236,8 +287,10 @@ impl<'c> Plan<'c> {
         plan
     }
 
-    /// The statements that write the plan, in the order they must run.
-    fn statements(&self, d: Dialect) -> Vec<Statement<'c>> {
+    /// The statements that write the plan, in the order they must run; in a cluster (`node`,
+    /// this node's name), the bindings marked as this node's, and the notices that tell the
+    /// other nodes, sent as the transaction commits.
+    fn statements(&self, d: Dialect, node: Option<&'c str>) -> Vec<Statement<'c>> {
         let mut out = Vec::new();
         for aor in &self.remove_all {
             out.push(Statement {
@@ -262,14 +315,15 @@ impl<'c> Plan<'c> {
                  expires_at = VALUES(expires_at), q = VALUES(q), \
                  call_id = VALUES(call_id), cseq = VALUES(cseq), received = VALUES(received), \
                  flow = VALUES(flow), instance = VALUES(instance), reg_id = VALUES(reg_id), \
-                 path = VALUES(path)"
+                 path = VALUES(path), node = VALUES(node), via = VALUES(via)"
             }
             Dialect::Sqlite | Dialect::Postgres => {
                 " ON CONFLICT (aor, contact) DO UPDATE SET target = excluded.target, \
                  expires_at = excluded.expires_at, q = excluded.q, \
                  call_id = excluded.call_id, cseq = excluded.cseq, \
                  received = excluded.received, flow = excluded.flow, \
-                 instance = excluded.instance, reg_id = excluded.reg_id, path = excluded.path"
+                 instance = excluded.instance, reg_id = excluded.reg_id, path = excluded.path, \
+                 node = excluded.node, via = excluded.via"
             }
         };
         for rows in self.upserts.chunks(ROWS_PER_STATEMENT) {
@@ -299,17 +353,27 @@ impl<'c> Plan<'c> {
                     Arg::MaybeText(ob.map(|o| &*o.instance)),
                     Arg::MaybeInt(ob.map(|o| i64::from(o.reg_id))),
                     Arg::MaybeText(binding.path.as_deref()),
+                    Arg::MaybeText(node),
+                    Arg::MaybeText(binding.via.as_deref()),
                 ]);
             }
             out.push(Statement {
                 sql: d.sql(&format!(
                     "INSERT INTO location_bindings (aor, contact, target, expires_at, q, \
-                     call_id, cseq, received, flow, instance, reg_id, path) \
+                     call_id, cseq, received, flow, instance, reg_id, path, node, via) \
                      VALUES {}{update}",
                     placeholders(rows.len(), COLUMNS)
                 )),
                 args,
             });
+        }
+        if let Some(node) = node.filter(|_| d == Dialect::Postgres) {
+            for payload in notices::payloads(self, node) {
+                out.push(Statement {
+                    sql: d.sql(&format!("SELECT pg_notify('{}', ?)", notices::CHANNEL)),
+                    args: vec![Arg::Owned(payload)],
+                });
+            }
         }
         out
     }

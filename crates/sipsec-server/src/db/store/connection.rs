@@ -52,6 +52,9 @@ pub struct Store {
     pub(super) pool: AnyPool,
     pub(super) dialect: Dialect,
     pub(super) commits: Commits,
+    /// In a cluster, this node's name: the bindings it writes are marked with it, each commit
+    /// notifies the other nodes, and their bindings load as theirs.
+    pub(super) node: Option<std::sync::Arc<str>>,
 }
 
 /// When a commit reaches the disk, on SQLite (PostgreSQL and MariaDB keep their servers'
@@ -115,6 +118,13 @@ impl Store {
         self.dialect
     }
 
+    /// The store of cluster node `node`: the bindings it writes are marked with the name,
+    /// each commit notifies the other nodes, and their bindings load as theirs.
+    pub fn in_cluster(mut self, node: std::sync::Arc<str>) -> Store {
+        self.node = Some(node);
+        self
+    }
+
     /// Closes every connection and waits for them to close. On SQLite the last one to
     /// close checkpoints the write-ahead log into the database file and removes it.
     pub async fn close(self) {
@@ -153,6 +163,7 @@ impl Store {
             pool,
             dialect,
             commits,
+            node: None,
         };
         store
             .migrate()

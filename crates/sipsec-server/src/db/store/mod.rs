@@ -22,15 +22,20 @@
 //! - `schema`: the migrations and the lock they are applied under.
 //! - `bindings`: loading the bindings, and a batch's plan and statements.
 //! - `writer`: the write-behind task and the workers' handle on it.
+//! - [`notices`]: in a cluster, what each commit tells the other nodes; `nodes`: the
+//!   cluster's heartbeats, and the sweep of expired bindings.
 
 mod bindings;
 mod connection;
+mod nodes;
+pub mod notices;
 mod schema;
 mod writer;
 
 pub use bindings::Loaded;
 pub(crate) use connection::Dialect;
 pub use connection::{redacted, Commits, Store};
+pub use nodes::NodeSeen;
 pub use writer::{spawn_writer, OnSaved, StoreHandle};
 
 #[cfg(test)]

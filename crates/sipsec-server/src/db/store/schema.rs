@@ -9,7 +9,8 @@ use std::time::Duration;
 
 /// The schema, change by change: a database is at version N once the first N are applied.
 /// 1: registrations; 2: users (`userdb`); 3: Proxychain keys and revoked proxies; 4: where a
-/// binding's REGISTER came from, its flow, outbound identity and Path.
+/// binding's REGISTER came from, its flow, outbound identity and Path; 5: the cluster (the
+/// node holding a binding, the hop to it, heartbeats).
 const MIGRATIONS: &[&[&str]] = &[
     &[
         "CREATE TABLE IF NOT EXISTS location_aors (aor VARCHAR(255) NOT NULL PRIMARY KEY)",
@@ -45,6 +46,15 @@ const MIGRATIONS: &[&[&str]] = &[
         "ALTER TABLE location_bindings ADD COLUMN instance VARCHAR(255)",
         "ALTER TABLE location_bindings ADD COLUMN reg_id BIGINT",
         "ALTER TABLE location_bindings ADD COLUMN path VARCHAR(1024)",
+    ],
+    &[
+        // A cluster on PostgreSQL (issue 36): the node holding each binding, the hop the
+        // other nodes route through to one only it reaches, and the nodes' heartbeats.
+        "ALTER TABLE location_bindings ADD COLUMN node VARCHAR(64)",
+        "ALTER TABLE location_bindings ADD COLUMN via VARCHAR(1024)",
+        "CREATE TABLE IF NOT EXISTS sipsec_cluster_nodes (\
+         node VARCHAR(64) NOT NULL PRIMARY KEY, address VARCHAR(128) NOT NULL, \
+         started_at BIGINT NOT NULL, seen_at BIGINT NOT NULL)",
     ],
 ];
 

@@ -58,6 +58,8 @@ fn binding(contact: &str, expires_at: u64) -> Binding {
         received: None,
         outbound: None,
         path: None,
+        node: None,
+        via: None,
     }
 }
 

@@ -1069,6 +1069,8 @@ fn contacts_pointing_at_the_server_itself_are_refused_and_never_followed() {
             received: None,
             outbound: None,
             path: None,
+            node: None,
+            via: None,
         },
     });
     let (sent, _) = deliver(

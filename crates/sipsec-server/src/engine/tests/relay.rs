@@ -54,6 +54,8 @@ fn with_bob(e: &mut Engine) {
             received: None,
             outbound: None,
             path: None,
+            node: None,
+            via: None,
         },
     });
 }

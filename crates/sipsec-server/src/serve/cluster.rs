@@ -1,0 +1,226 @@
+//! The cluster's side of a node (`[cluster]`): how it learns what the other nodes
+//! registered, and keeps the cluster's bookkeeping.
+//!
+//! Every node writes its bindings to the shared PostgreSQL table, marked with its name, and
+//! each commit notifies the others (`db::store::notices`). This task listens on that
+//! channel (sqlx's `PgListener`, one connection) and hands every other node's changes to the
+//! workers' mailboxes, which apply them to their replicas before their next message, so a
+//! call does no query. PostgreSQL keeps no notice for a listener that is away, so on every
+//! (re)connect the task first listens, then reads every other node's live bindings and has
+//! the workers replace their view of them with that (`Mail::Resync`): a notice that arrives
+//! meanwhile is applied after it, in order, and is idempotent.
+//!
+//! It also writes this node's heartbeat every `heartbeat_ms`, timed by the database's clock,
+//! logs the other nodes going silent for `dead_after_ms` and coming back, and — on the live
+//! node whose name sorts first, so once per cluster rather than once per node — deletes the
+//! bindings that expired from the table.
+//!
+//! While the database is away, the node keeps routing from its replicas and keeps its own
+//! changes queued in the writer, which retries; the task retries its connection every half
+//! second and resynchronises when it is back.
+
+use super::mailbox::MailboxSender;
+use crate::config::ClusterConfig;
+use crate::db::store::{notices, Commits, Store};
+use crate::engine::Mail;
+use crate::location::Binding;
+use sqlx::postgres::PgListener;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How often the node whose name sorts first sweeps expired bindings from the table.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How long to wait before connecting again when the database does not answer.
+const RETRY: Duration = Duration::from_millis(500);
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Starts the task on `runtime`.
+pub(crate) fn spawn(
+    runtime: &tokio::runtime::Runtime,
+    cfg: ClusterConfig,
+    url: String,
+    workers: Vec<MailboxSender>,
+) {
+    runtime.spawn(run(cfg, url, workers));
+}
+
+/// Hands `changes` to every worker: all posted, the last one sent, so each worker wakes
+/// once for a notice however many changes it carries.
+fn deliver(workers: &[MailboxSender], mails: impl Fn() -> Vec<Mail>) {
+    for w in workers {
+        let mut mails = mails();
+        let last = mails.pop();
+        for m in mails {
+            w.post(m);
+        }
+        if let Some(m) = last {
+            w.send(m);
+        }
+    }
+}
+
+/// Applies one notice's payload: another node's changes go to the workers.
+fn on_notice(me: &str, payload: &str, workers: &[MailboxSender]) {
+    let Some(notice) = notices::parse(payload) else {
+        tracing::warn!(
+            "cluster: a notice on {} that is not one of ours ({} bytes), ignored",
+            notices::CHANNEL,
+            payload.len()
+        );
+        return;
+    };
+    if &*notice.node == me {
+        return;
+    }
+    let changes: Vec<Arc<crate::location::BindingChange>> =
+        notice.changes.into_iter().map(Arc::new).collect();
+    deliver(workers, || {
+        changes.iter().map(|c| Mail::Binding(c.clone())).collect()
+    });
+}
+
+/// Listens, then reads every other node's bindings for the workers (in that order: see the
+/// module doc).
+async fn connect(
+    url: &str,
+    store: &Store,
+    workers: &[MailboxSender],
+) -> anyhow::Result<PgListener> {
+    let mut listener = PgListener::connect(url).await?;
+    listener.listen(notices::CHANNEL).await?;
+    let others: Vec<(Arc<str>, Binding)> = store
+        .other_nodes_bindings(unix_ms())
+        .await?
+        .into_iter()
+        .map(|(aor, b)| (aor.into(), b))
+        .collect();
+    tracing::info!(
+        "cluster: listening for the other nodes' registrations; {} of theirs read",
+        others.len()
+    );
+    let others = Arc::new(others);
+    deliver(workers, || vec![Mail::Resync(others.clone())]);
+    Ok(listener)
+}
+
+/// The heartbeat, the other nodes' liveness, and the sweep when it falls to this node.
+struct Bookkeeping {
+    /// The other nodes, and whether each was last seen alive.
+    alive: BTreeMap<String, bool>,
+    last_sweep: Instant,
+}
+
+impl Bookkeeping {
+    async fn tick(&mut self, cfg: &ClusterConfig, store: &Store) -> anyhow::Result<()> {
+        store
+            .heartbeat(&cfg.node, &cfg.advertise.to_string())
+            .await?;
+        let nodes = store.nodes().await?;
+        let dead_after = i64::try_from(cfg.dead_after_ms).unwrap_or(i64::MAX);
+        let mut first_alive: Option<&str> = None;
+        for n in &nodes {
+            let alive = n.silent_ms <= dead_after;
+            if alive && first_alive.is_none_or(|f| n.node.as_str() < f) {
+                first_alive = Some(&n.node);
+            }
+            if n.node == *cfg.node {
+                continue;
+            }
+            let was = self.alive.insert(n.node.clone(), alive);
+            match (was, alive) {
+                (Some(true), false) => tracing::warn!(
+                    "cluster: node {} at {} is silent ({:.1} s since its heartbeat)",
+                    n.node,
+                    n.address,
+                    n.silent_ms as f64 / 1000.0
+                ),
+                (Some(false) | None, true) => {
+                    tracing::info!("cluster: node {} at {} is up", n.node, n.address);
+                }
+                // A node silent since before this one started says nothing new.
+                _ => {}
+            }
+        }
+        if first_alive == Some(&*cfg.node) && self.last_sweep.elapsed() >= SWEEP_EVERY {
+            self.last_sweep = Instant::now();
+            let swept = store.delete_expired(unix_ms()).await?;
+            if swept > 0 {
+                tracing::debug!("cluster: {swept} expired bindings deleted from the table");
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn run(cfg: ClusterConfig, url: String, workers: Vec<MailboxSender>) {
+    let store = loop {
+        match Store::connect_with(&url, Commits::Buffered).await {
+            Ok(s) => break s.in_cluster(cfg.node.clone()),
+            Err(e) => {
+                tracing::error!("cluster: {e:#}; retrying");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    };
+    let mut heartbeat = tokio::time::interval(Duration::from_millis(cfg.heartbeat_ms));
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut books = Bookkeeping {
+        alive: BTreeMap::new(),
+        last_sweep: Instant::now(),
+    };
+    let mut listener: Option<PgListener> = None;
+    // Whether the last attempt failed (errors are logged once per outage).
+    let mut failing = false;
+    loop {
+        if listener.is_none() {
+            match connect(&url, &store, &workers).await {
+                Ok(l) => {
+                    if std::mem::take(&mut failing) {
+                        tracing::info!("cluster: the database is back; resynchronised");
+                    }
+                    listener = Some(l);
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::error!(
+                            "cluster: cannot listen for the other nodes' registrations \
+                             (routing from memory meanwhile, retrying): {e:#}"
+                        );
+                    }
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+        }
+        let Some(l) = listener.as_mut() else {
+            continue;
+        };
+        tokio::select! {
+            received = l.try_recv() => match received {
+                Ok(Some(n)) => on_notice(&cfg.node, n.payload(), &workers),
+                Ok(None) => {
+                    tracing::warn!(
+                        "cluster: lost the connection the other nodes' notices come on; \
+                         resynchronising when it is back"
+                    );
+                    listener = None;
+                }
+                Err(e) => {
+                    tracing::warn!("cluster: {e:#}; reconnecting");
+                    listener = None;
+                }
+            },
+            _ = heartbeat.tick() => {
+                if let Err(e) = books.tick(&cfg, &store).await {
+                    tracing::debug!("cluster: heartbeat: {e:#}");
+                }
+            }
+        }
+    }
+}
