@@ -48,9 +48,11 @@ pub struct Binding {
     /// or no cluster). Such bindings come from the shared table, never go back to it, and
     /// are not pinged here.
     pub node: Option<Arc<str>>,
-    /// In a cluster, for a binding this node holds that only it can reach (over the
-    /// registering connection, or through a NAT's mapping for this node's address): the
-    /// Path entry other nodes route through to reach it (this node, with the flow token).
+    /// In a cluster, for a binding only its node can reach (over the registering
+    /// connection, or through a NAT's mapping for that node's address): the Path entry the
+    /// other nodes route through to reach it (that node, with the flow token). On another
+    /// node's binding it is already at the head of `path`, and says the binding is
+    /// unreachable while its node is down.
     pub via: Option<Arc<str>>,
 }
 
@@ -147,6 +149,9 @@ pub enum Lookup<'a> {
 /// One replica of the location service. Times are Unix milliseconds.
 pub(crate) struct Location {
     aors: HashMap<Arc<str>, Vec<Bound>>,
+    /// In a cluster, the other nodes held dead (silent past `dead_after_ms`): bindings only
+    /// they reach are failed at once rather than sent into silence.
+    nodes_down: Vec<Arc<str>>,
     /// Bindings held per source address (those with one), for the registrar's limit.
     per_source: HashMap<IpAddr, usize>,
     expiry: TimerWheel<(Arc<str>, Arc<str>)>,
@@ -168,6 +173,7 @@ impl Location {
     pub(crate) fn new(now_unix_ms: u64) -> Self {
         Location {
             aors: HashMap::new(),
+            nodes_down: Vec::new(),
             per_source: HashMap::new(),
             expiry: TimerWheel::new(now_unix_ms),
             fired: Vec::new(),
@@ -229,6 +235,20 @@ impl Location {
                 }
             }
         }
+    }
+
+    /// Notes another cluster node going down (`alive` false) or coming back.
+    pub(crate) fn node_state(&mut self, node: &Arc<str>, alive: bool) {
+        self.nodes_down.retain(|n| n != node);
+        if !alive {
+            self.nodes_down.push(node.clone());
+        }
+    }
+
+    /// Whether `b` is reached only through a cluster node that is down: its flow went with
+    /// that node, and the phone must register again.
+    pub(crate) fn through_node_down(&self, b: &Binding) -> bool {
+        b.via.is_some() && b.node.as_ref().is_some_and(|n| self.nodes_down.contains(n))
     }
 
     /// Drops every binding another cluster node holds (before a resynchronisation reads

@@ -51,6 +51,7 @@ counters! {
     breadth_limited: "forks cut to fewer branches, or refused 440, by Max-Breadth (RFC 5393)",
     too_many_hops: "requests answered 483",
     unroutable: "requests with no route (404)",
+    dispatched: "new requests a dispatcher sent to its nodes (by a hash of the AOR or Call-ID)",
     relay_refused: "requests refused 403 \"Relay Forbidden\": unauthenticated, to neither a registered contact nor a configured route, or aimed at this server's management ports",
     stray_responses: "responses matching no transaction, dropped",
     branch_timeouts: "client transactions that timed out",

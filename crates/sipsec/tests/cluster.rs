@@ -330,3 +330,110 @@ fn a_tls_phone_registered_through_one_node_is_called_through_another() {
     assert!(n(&served, "uas_completed") >= 5, "{served}\n{}", log());
     assert!(a.stop().success() && b.stop().success());
 }
+
+/// Node A is killed: a phone registered at A with an address anyone reaches is still
+/// reached through B, while a phone on a TCP connection to A — a flow that died with A —
+/// is answered 480 at once by B once A's heartbeat has been silent for `dead_after_ms`,
+/// rather than after a transaction timeout.
+#[test]
+#[cfg_attr(sipsec_skip_postgres, ignore = "needs SIPSEC_TEST_POSTGRES")]
+fn a_dead_nodes_flows_fail_at_once_and_its_other_bindings_stay_routable() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let id = run_id();
+    let domain = format!("d{id}.test");
+    let port = ports(27200);
+    let (a_at, b_at) = (
+        format!("127.0.0.1:{port}"),
+        format!("127.0.0.1:{}", port + 1),
+    );
+    let a_dir = dir.path().join("a");
+    let b_dir = dir.path().join("b");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let mut a = Server::start_logged(
+        &a_dir,
+        &node_config(
+            &[format!("udp:{a_at}"), format!("tcp:{a_at}")],
+            &domain,
+            &format!("a-{id}"),
+            "",
+        ),
+    );
+    let b = Server::start_logged(
+        &b_dir,
+        &node_config(
+            &[format!("udp:{b_at}")],
+            &domain,
+            &format!("b-{id}"),
+            "[control]\nsocket = \"ctl.sock\"\n",
+        ),
+    );
+    let bindings = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+            .args(["ctl", "bindings", "--socket"])
+            .arg(b_dir.join("ctl.sock"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let phone = Endpoint::bind("127.0.0.1:0");
+    let caller = Endpoint::bind("127.0.0.1:0");
+    let direct = format!("direct@{domain}");
+    assert_eq!(register(&phone, &a_at, &direct, 300, 1), 200);
+    phone.socket.set_nonblocking(true).unwrap();
+    caller.socket.set_nonblocking(true).unwrap();
+
+    // The TCP phone: registered over its connection to A.
+    let mut tcp = std::net::TcpStream::connect(&a_at).unwrap();
+    let local = tcp.local_addr().unwrap();
+    write!(
+        tcp,
+        "REGISTER sip:{domain} SIP/2.0\r\nVia: SIP/2.0/TCP {local};branch=z9hG4bK-t1\r\n\
+         Max-Forwards: 70\r\nFrom: <sip:flow@{domain}>;tag=t1\r\nTo: <sip:flow@{domain}>\r\n\
+         Call-ID: flow-{id}\r\nCSeq: 1 REGISTER\r\n\
+         Contact: <sip:flow@{local};transport=tcp>\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = [0u8; 4096];
+    tcp.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let n = tcp.read(&mut buf).unwrap();
+    assert!(
+        buf[..n].starts_with(b"SIP/2.0 200"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    until_routed(&caller, &phone, &b_at, &direct, true);
+
+    // A dies without a word.
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // Silent for dead_after_ms (1 s), noticed at B's next heartbeat (200 ms).
+    std::thread::sleep(Duration::from_millis(1_600));
+    let flow = format!("flow@{domain}");
+    let start = Instant::now();
+    assert_eq!(
+        options_through(&caller, &phone, &b_at, &flow),
+        Err(480),
+        "{}\n{}",
+        bindings(),
+        b.log()
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        options_through(&caller, &phone, &b_at, &direct).is_ok(),
+        "{}",
+        b.log()
+    );
+    assert!(
+        b.log()
+            .contains(&format!("node a-{id} at udp:{a_at} is silent")),
+        "{}",
+        b.log()
+    );
+    assert!(b.stop().success());
+}

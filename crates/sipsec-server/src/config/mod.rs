@@ -60,6 +60,10 @@ pub enum Mode {
     Proxy,
     /// Answers 302 with the registered contacts (RFC 3261 §8.3).
     Redirect,
+    /// A front end to a cluster: spreads every new request over the default routes (the
+    /// nodes) by a hash — of the AOR for REGISTER, of the Call-ID for the rest — holding no
+    /// registrations itself; in-dialog requests follow their Route.
+    Dispatcher,
 }
 
 #[derive(Debug, Deserialize)]
@@ -972,6 +976,17 @@ impl Config {
             .collect();
         let auth = raw.auth.validate(&domains, &listen)?;
         let cluster = raw.cluster.validate(&url, &listen)?;
+        if raw.server.mode == Mode::Dispatcher {
+            if routing.default_routes.is_empty() {
+                bail!(
+                    "server.mode = \"dispatcher\": name the nodes it spreads requests over in \
+                     [routing] default_routes (or default_route)"
+                );
+            }
+            if cluster.is_some() {
+                bail!("cluster: a dispatcher holds no registrations; remove [cluster]");
+            }
+        }
         let overload = raw.overload.validate()?;
         let flood = raw.flood.validate(&auth.scope.trusted)?;
         let reg = raw.registrar;

@@ -192,8 +192,8 @@ impl Engine {
     }
 
     /// In a cluster, the Path entry the other nodes route through to `binding` when only
-    /// this node reaches it — over the connection it registered on, or through the NAT
-    /// mapping its REGISTER opened to this node's address: `<sip:ADVERTISE;lr;ob;fl=TOKEN>`,
+    /// this node reaches it — over the connection it registered on (every TCP and TLS
+    /// binding), or through the NAT mapping its REGISTER opened to this node's address: `<sip:ADVERTISE;lr;ob;fl=TOKEN>`,
     /// this node's advertised address with the flow's token. `None` outside a cluster, for a
     /// binding reached at its Contact as written, and for one behind an edge proxy (its Path
     /// already leads there).
@@ -204,7 +204,12 @@ impl Engine {
             .ok()
             .as_ref()
             .and_then(uri_peer);
-        if !binding.target.flow && written.is_some_and(|w| w.addr == binding.target.addr) {
+        // A stream binding is reached over the connection it registered on while that is
+        // open, which only this node holds, even when its Contact names the same address.
+        if !binding.target.flow
+            && !binding.target.transport.reliable()
+            && written.is_some_and(|w| w.addr == binding.target.addr)
+        {
             return None;
         }
         let at = cluster.advertise;

@@ -147,6 +147,29 @@ impl Locator {
         out
     }
 
+    /// The configured routes in the order a dispatcher tries them for a request whose key
+    /// (the AOR of a REGISTER, else the Call-ID) is `key`: by priority, then by rendezvous
+    /// hashing (highest random weight: each route scored by a hash of the key and its URI),
+    /// so a key always meets the same route while it is up, and when a route goes down only
+    /// its keys move — each to its own next choice, spread over the rest — where a hash
+    /// modulo the number of routes would move almost every key.
+    pub(super) fn order_routes_by_key<'r>(
+        routes: &'r [Route],
+        key: &[u8],
+    ) -> SmallVec<[&'r Route; 4]> {
+        let score = |r: &Route| {
+            // FNV-1a spreads short keys poorly in its high bits: finished with splitmix64's
+            // mixer.
+            let mut z = branch::fnv1a(&[key, r.uri.as_bytes()]);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let mut out: SmallVec<[&Route; 4]> = routes.iter().collect();
+        out.sort_by_cached_key(|r| (r.priority, std::cmp::Reverse(score(r))));
+        out
+    }
+
     /// The addresses of a cached answer for `q`, in no particular order.
     pub(super) fn cached_peers(&self, q: &Query) -> Option<SmallVec<[Peer; 2]>> {
         let cached = self.cache.get(q)?;

@@ -132,6 +132,14 @@ pub enum Mail {
     /// (at start of listening, and after the listener lost its connection, when notices
     /// went missing): the replica's bindings of other nodes are replaced by these.
     Resync(Arc<Vec<(Arc<str>, crate::location::Binding)>>),
+    /// In a cluster, another node went silent past `dead_after_ms` (`alive` false) or came
+    /// back: bindings only it reaches answer 430/480 at once while it is down.
+    NodeState {
+        /// The node's name.
+        node: Arc<str>,
+        /// Whether its heartbeat is fresh.
+        alive: bool,
+    },
     /// Another worker held a destination down until `until` (a failure, or its probe found
     /// it down: `Millis::MAX`), or found it up again (`until` 0).
     HoldDown {
@@ -575,6 +583,7 @@ impl Engine {
                     self.keepalive_note(now, &change, keepalive::By::Elsewhere);
                 }
             }
+            Mail::NodeState { node, alive } => self.location.node_state(&node, alive),
             Mail::Credential { user } => self.gate_credential(now, &user, fx),
             Mail::Saved { count } => self.handle_saved(now, count, fx),
             Mail::HoldDown { peer, until } => self.locator.hold_until(peer, until, false),

@@ -8,7 +8,7 @@ use super::reply::Answer;
 use super::{branch, Decision, Engine, Forward, Target, ALLOW};
 use crate::config::Mode;
 use crate::dns::{Failure, Hop};
-use crate::engine::locate::Located;
+use crate::engine::locate::{Located, Locator};
 use crate::location::{Binding, Lookup};
 use crate::stats::inc;
 use sip_core::message::{
@@ -185,6 +185,23 @@ impl Engine {
         }
 
         let addressed_to_us = self.routing_is_local_host(&uri);
+        // A dispatcher spreads new requests over its nodes (but answers an OPTIONS or the
+        // like addressed to itself).
+        let for_itself = addressed_to_us && uri.user.is_none() && method != Method::Register;
+        if self.cfg.mode == Mode::Dispatcher && !in_dialog && !for_itself {
+            let key = match method {
+                Method::Register => match msg.to() {
+                    Ok(to) => routing_dispatch_key(&to.uri),
+                    Err(_) => return Answer::new(400, "Bad To header").into(),
+                },
+                _ => msg.call_id().to_vec(),
+            };
+            let ordered = Locator::order_routes_by_key(&self.cfg.routing.default_routes, &key);
+            let hops = ordered.iter().map(|r| r.next.hop());
+            let located = self.locator.locate(now, hops, &self.stats);
+            inc(&self.stats.dispatched);
+            return forward_located(located, pop_route, record_route);
+        }
         if addressed_to_us && (uri.user.is_none() || method == Method::Register) {
             return self.routing_decide_local(msg, in_dialog);
         }
@@ -208,7 +225,8 @@ impl Engine {
                             now_unix,
                         );
                     }
-                    let targets = match binding_targets(&bindings) {
+                    let node_down = |b: &Binding| self.location.through_node_down(b);
+                    let targets = match binding_targets(&bindings, node_down) {
                         Ok(targets) => targets,
                         Err(gone) => {
                             inc(&self.stats.flows_gone);
@@ -381,16 +399,20 @@ fn forward_located(
 /// RFC 5626 instance, whose flows are tried one at a time, the most recently registered
 /// first (§5.3: never two flows of one instance at once). A binding with a Path is reached
 /// along it (its first hop must be an address). A stream flow whose connection is gone (it
-/// died with a restart) is left out; when nothing is left, the answer: 430 Flow Failed for
-/// an outbound user agent, else 480.
-fn binding_targets(bindings: &[&Binding]) -> Result<SmallVec<[Target; 1]>, Answer> {
+/// died with a restart) is left out, as is one only a cluster node that is down reaches
+/// (`node_down`); when nothing is left, the answer: 430 Flow Failed for an outbound user
+/// agent, else 480.
+fn binding_targets(
+    bindings: &[&Binding],
+    node_down: impl Fn(&Binding) -> bool,
+) -> Result<SmallVec<[Target; 1]>, Answer> {
     let mut targets: SmallVec<[Target; 1]> = SmallVec::new();
     // Per target, its instance and its flows' registration times (to order them).
     type Flows<'b> = (Option<&'b str>, SmallVec<[u64; 2]>);
     let mut flows: SmallVec<[Flows<'_>; 1]> = SmallVec::new();
     let mut outbound_lost = false;
     for b in bindings {
-        if b.target.flow_lost() {
+        if b.target.flow_lost() || node_down(b) {
             outbound_lost |= b.outbound.is_some();
             continue;
         }
@@ -431,6 +453,15 @@ fn binding_targets(bindings: &[&Binding]) -> Result<SmallVec<[Target; 1]>, Answe
         });
     }
     Ok(targets)
+}
+
+/// A REGISTER's dispatch key: its AOR, the To URI's user and host (the host in lower case),
+/// so every registration of a user, and its Proxychain chain, land on one node.
+fn routing_dispatch_key(to: &Uri<'_>) -> Vec<u8> {
+    let mut key = to.user.unwrap_or_default().to_vec();
+    key.push(b'@');
+    key.extend(to.host_unbracketed().iter().map(u8::to_ascii_lowercase));
+    key
 }
 
 /// Where a Path (RFC 3327) is sent first: its first URI, which must name an address.

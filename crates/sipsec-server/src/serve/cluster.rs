@@ -11,7 +11,8 @@
 //! meanwhile is applied after it, in order, and is idempotent.
 //!
 //! It also writes this node's heartbeat every `heartbeat_ms`, timed by the database's clock,
-//! logs the other nodes going silent for `dead_after_ms` and coming back, and — on the live
+//! tells the workers (and the log) of the other nodes going silent for `dead_after_ms` and
+//! coming back — a binding only a silent node reaches answers 430/480 at once — and — on the live
 //! node whose name sorts first, so once per cluster rather than once per node — deletes the
 //! bindings that expired from the table.
 //!
@@ -117,7 +118,12 @@ struct Bookkeeping {
 }
 
 impl Bookkeeping {
-    async fn tick(&mut self, cfg: &ClusterConfig, store: &Store) -> anyhow::Result<()> {
+    async fn tick(
+        &mut self,
+        cfg: &ClusterConfig,
+        store: &Store,
+        workers: &[MailboxSender],
+    ) -> anyhow::Result<()> {
         store
             .heartbeat(&cfg.node, &cfg.advertise.to_string())
             .await?;
@@ -133,6 +139,15 @@ impl Bookkeeping {
                 continue;
             }
             let was = self.alive.insert(n.node.clone(), alive);
+            if was != Some(alive) {
+                let node: Arc<str> = n.node.as_str().into();
+                deliver(workers, || {
+                    vec![Mail::NodeState {
+                        node: node.clone(),
+                        alive,
+                    }]
+                });
+            }
             match (was, alive) {
                 (Some(true), false) => tracing::warn!(
                     "cluster: node {} at {} is silent ({:.1} s since its heartbeat)",
@@ -217,7 +232,7 @@ async fn run(cfg: ClusterConfig, url: String, workers: Vec<MailboxSender>) {
                 }
             },
             _ = heartbeat.tick() => {
-                if let Err(e) = books.tick(&cfg, &store).await {
+                if let Err(e) = books.tick(&cfg, &store, &workers).await {
                     tracing::debug!("cluster: heartbeat: {e:#}");
                 }
             }

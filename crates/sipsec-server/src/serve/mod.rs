@@ -255,6 +255,8 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         (Mode::Redirect, _) => "redirect server",
         (Mode::Proxy, true) => "stateful proxy",
         (Mode::Proxy, false) => "stateless proxy",
+        (Mode::Dispatcher, true) => "stateful dispatcher",
+        (Mode::Dispatcher, false) => "stateless dispatcher",
     };
     let node = cfg
         .cluster

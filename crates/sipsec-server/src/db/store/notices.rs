@@ -185,8 +185,9 @@ pub(super) struct Columns<'a> {
 }
 
 /// Another node's binding as this node holds it: marked with its node, reached along that
-/// node's hop (`via`, ahead of any Path) when only that node reaches it, never as a flow of
-/// this node's. `None` when its target is not an address.
+/// node's hop (`via`, ahead of any Path, and kept as `via` to say the binding dies with that
+/// node) when only that node reaches it, never as a flow of this node's. `None` when its
+/// target is not an address.
 pub(super) fn remote(node: &Arc<str>, c: Columns<'_>) -> Option<Binding> {
     let path = match (c.via, c.path) {
         (Some(via), Some(path)) => Some(format!("{via}, {path}").into()),
@@ -209,7 +210,7 @@ pub(super) fn remote(node: &Arc<str>, c: Columns<'_>) -> Option<Binding> {
         }),
         path,
         node: Some(node.clone()),
-        via: None,
+        via: c.via.map(Into::into),
     })
 }
 
@@ -266,7 +267,7 @@ mod tests {
         // Reached through node-a's hop, as node-a's, never as a flow here.
         assert_eq!(b.path.as_deref(), Some(via));
         assert_eq!(b.node.as_deref(), Some("node-a"));
-        assert!(b.via.is_none() && !b.target.flow);
+        assert!(b.via.as_deref() == Some(via) && !b.target.flow);
         assert_eq!(
             (&*b.contact, b.cseq, b.q.as_deref()),
             ("sip:z@10.0.0.1:5060", 7, Some("0.5"))

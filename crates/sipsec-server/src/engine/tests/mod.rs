@@ -5,6 +5,7 @@ use super::*;
 use crate::config::Config;
 use sipsec_transport::net::transport::{Peer, Transport};
 
+mod dispatcher;
 mod nat;
 mod overload;
 mod registrar;
