@@ -11,14 +11,13 @@
 
 mod common;
 
+use common::relay::Relay;
 use common::*;
 use sip_core::digest::Challenge;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// The databases to test against: (name, URL for a fresh run).
@@ -418,65 +417,6 @@ fn digest_with_sipp_and_every_refusal(db: &str) {
     }
 }
 
-/// A TCP relay to `to` that can be cut (every connection closed, new ones refused) and
-/// restored: a database outage without touching the database.
-struct Relay {
-    port: u16,
-    up: Arc<AtomicBool>,
-}
-
-impl Relay {
-    fn start(to: String) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let up = Arc::new(AtomicBool::new(true));
-        let flag = up.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                if !flag.load(Ordering::SeqCst) {
-                    continue; // dropped: refused
-                }
-                let Ok(server) = TcpStream::connect(&to) else {
-                    continue;
-                };
-                for (mut from, mut into) in [
-                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                    (server, client),
-                ] {
-                    let flag = flag.clone();
-                    std::thread::spawn(move || {
-                        let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
-                        let mut buf = [0u8; 16384];
-                        loop {
-                            if !flag.load(Ordering::SeqCst) {
-                                let _ = from.shutdown(std::net::Shutdown::Both);
-                                let _ = into.shutdown(std::net::Shutdown::Both);
-                                return;
-                            }
-                            match from.read(&mut buf) {
-                                Ok(0) => {
-                                    let _ = into.shutdown(std::net::Shutdown::Write);
-                                    return;
-                                }
-                                Ok(n) => {
-                                    if into.write_all(&buf[..n]).is_err() {
-                                        return;
-                                    }
-                                }
-                                Err(e)
-                                    if e.kind() == std::io::ErrorKind::WouldBlock
-                                        || e.kind() == std::io::ErrorKind::TimedOut => {}
-                                Err(_) => return,
-                            }
-                        }
-                    });
-                }
-            }
-        });
-        Relay { port, up }
-    }
-}
-
 #[test]
 #[cfg_attr(
     any(sipsec_skip_sipp, sipsec_skip_postgres),
@@ -503,22 +443,7 @@ fn a_database_outage_is_answered_503_and_recovers_by_itself(db: &str) {
     {
         let i = 0;
         let url = database(db, dir.path());
-        let default_port = if db == "postgresql" { 5432 } else { 3306 };
-        let (scheme, rest) = url.split_once("://").unwrap();
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, host) = authority.rsplit_once('@').unwrap_or(("", authority));
-        let to = if host.contains(':') {
-            host.to_string()
-        } else {
-            format!("{host}:{default_port}")
-        };
-        let relay = Relay::start(to);
-        let at = if userinfo.is_empty() {
-            String::new()
-        } else {
-            format!("{userinfo}@")
-        };
-        let relayed = format!("{scheme}://{at}127.0.0.1:{}/{path}", relay.port);
+        let (relay, relayed) = Relay::for_database(&url);
         let port = ports(23500) + 100 * i as u16;
         let realm = realm();
         std::fs::write(

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 pub(crate) mod load;
 pub(crate) mod netns;
+pub(crate) mod relay;
 #[allow(unused_imports, reason = "only the load tests use them")]
 pub(crate) use load::*;
 
