@@ -223,9 +223,20 @@ impl Lab {
         calls: u32,
         extra: &[&str],
     ) -> (i32, serde_json::Value, String) {
+        self.calls_through(self.port + 1, users_file, calls, extra)
+    }
+
+    /// `sipsec load` calls through the proxy listening on `port`.
+    fn calls_through(
+        &self,
+        port: u16,
+        users_file: &str,
+        calls: u32,
+        extra: &[&str],
+    ) -> (i32, serde_json::Value, String) {
         let calls = calls.to_string();
         let args = [
-            &format!("127.0.0.1:{}", self.port + 1),
+            &format!("127.0.0.1:{port}"),
             "--scenario",
             "call",
             "--local",
@@ -294,6 +305,64 @@ fn calls_authenticate_through_the_chain_and_a_new_password_is_pushed() {
     );
     let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
     assert!(log.contains("revocation pushed"), "{log}");
+}
+
+/// Two proxies — two nodes of a cluster, each with its own certificate (`proxy-1`,
+/// `proxy-2`) — share one authority, and each holds a chain for the same user (calls landed
+/// on both). A new password reaches both: the authority pushes the revocation to every
+/// proxy holding one of the user's chains, and the old password fails through either.
+#[test]
+fn a_new_password_reaches_every_proxy_holding_the_users_chain() {
+    let lab = Lab::new();
+    let (_authd, _proxy, _uas) = lab.start();
+    let certs2 = lab.path("certs2");
+    std::fs::create_dir_all(&certs2).unwrap();
+    for f in ["ca.pem", "ca-key.pem"] {
+        std::fs::copy(lab.path(&format!("certs/{f}")), format!("{certs2}/{f}")).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["certs", "--client-name", "proxy-2", "--out", &certs2])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let second = lab.port + 3;
+    let p2 = lab.dir.path().join("p2");
+    std::fs::create_dir_all(&p2).unwrap();
+    let config = lab
+        .proxy_config(&certs2, "methods = [\"INVITE\", \"BYE\"]\n")
+        .replace(
+            &format!("udp:127.0.0.1:{}", lab.port + 1),
+            &format!("udp:127.0.0.1:{second}"),
+        )
+        .replace("proxy.db", "proxy2.db");
+    let _proxy2 = Server::start_logged(&p2, &config);
+    std::fs::write(lab.path("user0.csv"), "user0,pw0\n").unwrap();
+    for port in [lab.port + 1, second] {
+        let (code, summary, _) = lab.calls_through(port, &lab.path("user0.csv"), 2, &[]);
+        assert_eq!(
+            (code, n(&summary, "succeeded")),
+            (0, 2),
+            "{port}: {summary}"
+        );
+    }
+    lab.users(&["add", "user0", "--password", "changed"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let log = std::fs::read_to_string(lab.path("authd.log")).unwrap();
+    for proxy in ["proxy-1", "proxy-2"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("revocation pushed") && l.contains(proxy)),
+            "{proxy}: {log}"
+        );
+    }
+    for port in [lab.port + 1, second] {
+        let (_, summary, _) = lab.calls_through(port, &lab.path("user0.csv"), 2, &[]);
+        assert_eq!(
+            n(&summary, "succeeded"),
+            0,
+            "{port}, old password: {summary}"
+        );
+    }
 }
 
 #[test]
