@@ -1212,6 +1212,17 @@ mod tests {
         let c = Config::from_toml(&readme[start..end]).unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(c.routing.domain_routes.len(), 1);
         assert_eq!(c.routing.hosts["carrier.example.net"].len(), 2);
+        // And every other server configuration README shows (the authority's has its own
+        // test).
+        let mut shown = 0;
+        for block in readme.split("```toml\n").skip(1) {
+            let text = &block[..block.find("```").expect("a closed block")];
+            if !text.starts_with("[authd]") {
+                Config::from_toml(text).unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+                shown += 1;
+            }
+        }
+        assert!(shown >= 2, "{shown}");
     }
 
     #[test]

@@ -57,6 +57,15 @@ struct WireBinding {
     via: Option<String>,
 }
 
+/// How every notice of node `node` begins (its name needs no JSON escaping: letters, digits,
+/// `.`, `_`, `-`): what a listener knows its own notices by without parsing them.
+pub fn head(node: &str) -> String {
+    format!(
+        "{{\"node\":{},\"ops\":[",
+        serde_json::to_string(node).unwrap_or_default()
+    )
+}
+
 /// The notice payloads that tell the other nodes what `plan` wrote, for node `node`.
 pub(super) fn payloads(plan: &Plan<'_>, node: &str) -> Vec<String> {
     let mut ops: Vec<String> = Vec::new();
@@ -91,10 +100,7 @@ pub(super) fn payloads(plan: &Plan<'_>, node: &str) -> Vec<String> {
             },
         });
     }
-    let head = format!(
-        "{{\"node\":{},\"ops\":[",
-        serde_json::to_string(node).unwrap_or_default()
-    );
+    let head = head(node);
     let mut out = Vec::new();
     let mut current = head.clone();
     for op in ops {
@@ -254,6 +260,7 @@ mod tests {
         let plan = Plan::of(&changes);
         let p = payloads(&plan, "node-a");
         assert_eq!(p.len(), 1);
+        assert!(p[0].starts_with(&head("node-a")) && !p[0].starts_with(&head("node")));
         let n = parse(&p[0]).unwrap();
         assert_eq!(&*n.node, "node-a");
         assert_eq!(
