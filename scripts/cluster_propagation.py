@@ -7,8 +7,9 @@ Configurations, alternated in each round (the order turned every round), each ru
 SECONDS at RATE registrations a second in all (`sipsec load --scenario register`, every
 REGISTER refreshing one of USERS users per node, so each is a write):
 
-- `cluster+probe`: three nodes (`sipsec serve` with `[cluster]`, one PostgreSQL database, one
-  worker each) on loopback, RATE/3 to each. The probe: every PROBE_MS a fresh AOR registers at
+- `cluster+probe`: NODES nodes (three by default; `sipsec serve` with `[cluster]`, one
+  PostgreSQL database, one worker each) on loopback, RATE/NODES to each (`--no-probe` leaves
+  this row out). The probe: every PROBE_MS a fresh AOR registers at
   node A (raw UDP, write-behind as by default); from its 200 OK on, node B is sent an OPTIONS
   for that AOR every POLL_MS until B forwards one to the probe's Contact, and the time from the
   200 OK to that arrival is one sample (B answers 404 until its replica has the binding).
@@ -23,6 +24,7 @@ on-CPU time from /proc over the measured span). Then the t-interval of each over
     cargo build --release --bin sipsec
     python3 scripts/cluster_propagation.py --db postgres://USER:PW@127.0.0.1/DB
                                             [--rate 1000] [--rounds 5] [--seconds 15]
+                                            [--nodes 3] [--no-probe]
 """
 import json, os, select, socket, statistics, subprocess, sys, tempfile, time, uuid
 
@@ -209,7 +211,9 @@ def measure(args, work, run, tag, nodes, ports, probe):
 
 
 def main():
-    ap = parser(__doc__, rate=1000, rounds=5, seconds=15, users=3000, probe_ms=50, poll_ms=2, port=27600)
+    ap = parser(__doc__, rate=1000, rounds=5, seconds=15, users=3000, probe_ms=50, poll_ms=2, port=27600,
+                nodes=3)
+    ap.add_argument("--no-probe", action="store_true", help="leave out the `cluster+probe` row")
     ap.add_argument("--db", default=os.environ.get("SIPSEC_TEST_POSTGRES"), help="PostgreSQL URL")
     args = ap.parse_args()
     if not args.db:
@@ -217,10 +221,12 @@ def main():
     clean(args.db)
     work = tempfile.mkdtemp(prefix="cluster-prop-")
     run = uuid.uuid4().hex[:6]
-    names = [f"{n}-{run}" for n in "abc"]
-    ports = [args.port + i for i in range(3)]
+    if not 2 <= args.nodes <= 9:
+        sys.exit("--nodes: 2 to 9")
+    names = [f"{n}-{run}" for n in "abcdefghi"[: args.nodes]]
+    ports = [args.port + i for i in range(args.nodes)]
     nodes = [start_node(args.sipsec, work, n, p, args.db) for n, p in zip(names, ports)]
-    single_port = args.port + 5
+    single_port = args.port + 10
     single = start_node(args.sipsec, work, f"single-{run}", single_port, args.db, cluster=False)
     time.sleep(1.0)
     probe = Probe(("127.0.0.1", ports[0]), ("127.0.0.1", ports[1]))
@@ -229,6 +235,8 @@ def main():
         "cluster": (nodes, ports, None),
         "single": ([single], [single_port], None),
     }
+    if args.no_probe:
+        del configs["cluster+probe"]
     rows = {c: [] for c in configs}
     try:
         for rnd in range(1, args.rounds + 1):
@@ -246,7 +254,7 @@ def main():
         for n in nodes + [single]:
             n.wait()
         clean(args.db)
-    print(f"\n{args.rounds} rounds, {args.rate} REGISTERs/s offered in all, {args.seconds} s "
+    print(f"\n{args.rounds} rounds, {args.nodes} nodes, {args.rate} REGISTERs/s offered in all, {args.seconds} s "
           f"each; probe every {args.probe_ms} ms, polled every {args.poll_ms} ms "
           f"(mean over rounds ± the 95% t-interval's half-width):")
     for c, rs in rows.items():
