@@ -18,7 +18,9 @@
 //!
 //! While the database is away, the node keeps routing from its replicas and keeps its own
 //! changes queued in the writer, which retries; the task retries its connection every half
-//! second and resynchronises when it is back.
+//! second and resynchronises when it is back. A restart of PostgreSQL does not always reach
+//! the listener's socket, so each heartbeat also asks whether the listener's session is
+//! still there (`pg_stat_activity`).
 
 use super::mailbox::MailboxSender;
 use crate::config::ClusterConfig;
@@ -92,27 +94,39 @@ fn on_notice(me: &str, own: &str, payload: &str, workers: &[MailboxSender]) {
 }
 
 /// Listens, then reads every other node's bindings for the workers (in that order: see the
-/// module doc).
+/// module doc); `again` after a lost connection.
 async fn connect(
     url: &str,
     store: &Store,
     workers: &[MailboxSender],
-) -> anyhow::Result<PgListener> {
+    again: bool,
+) -> anyhow::Result<(PgListener, i32)> {
     let mut listener = PgListener::connect(url).await?;
     listener.listen(notices::CHANNEL).await?;
+    let (session,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut listener)
+        .await?;
     let others: Vec<(Arc<str>, Binding)> = store
         .other_nodes_bindings(unix_ms())
         .await?
         .into_iter()
         .map(|(aor, b)| (aor.into(), b))
         .collect();
-    tracing::info!(
-        "cluster: listening for the other nodes' registrations; {} of theirs read",
-        others.len()
-    );
+    if again {
+        tracing::info!(
+            "cluster: the database is back; resynchronised ({} of the other nodes' bindings \
+             read)",
+            others.len()
+        );
+    } else {
+        tracing::info!(
+            "cluster: listening for the other nodes' registrations; {} of theirs read",
+            others.len()
+        );
+    }
     let others = Arc::new(others);
     deliver(workers, || vec![Mail::Resync(others.clone())]);
-    Ok(listener)
+    Ok((listener, session))
 }
 
 /// The heartbeat, the other nodes' liveness, and the sweep when it falls to this node.
@@ -196,16 +210,19 @@ async fn run(cfg: ClusterConfig, url: String, workers: Vec<MailboxSender>) {
     };
     let own = notices::head(&cfg.node);
     let mut listener: Option<PgListener> = None;
-    // Whether the last attempt failed (errors are logged once per outage).
-    let mut failing = false;
+    // The listener's session on the server (`pg_backend_pid()`).
+    let mut session = 0;
+    // Whether the last attempt failed (errors are logged once per outage), and whether a
+    // connection was ever made (so the next one resynchronises after a loss).
+    let (mut failing, mut connected) = (false, false);
     loop {
         if listener.is_none() {
-            match connect(&url, &store, &workers).await {
-                Ok(l) => {
-                    if std::mem::take(&mut failing) {
-                        tracing::info!("cluster: the database is back; resynchronised");
-                    }
+            match connect(&url, &store, &workers, connected).await {
+                Ok((l, pid)) => {
+                    failing = false;
+                    connected = true;
                     listener = Some(l);
+                    session = pid;
                 }
                 Err(e) => {
                     if !std::mem::replace(&mut failing, true) {
@@ -240,6 +257,16 @@ async fn run(cfg: ClusterConfig, url: String, workers: Vec<MailboxSender>) {
             _ = heartbeat.tick() => {
                 if let Err(e) = books.tick(&cfg, &store, &workers).await {
                     tracing::debug!("cluster: heartbeat: {e:#}");
+                }
+                // A restart of PostgreSQL can end the listener's session without its socket
+                // saying so (measured: sqlx's listener waited on, notices lost): asked each
+                // heartbeat, the server says whether the session is still there.
+                if let Ok(false) = store.session_alive(session).await {
+                    tracing::warn!(
+                        "cluster: the session the other nodes' notices come on is gone \
+                         (PostgreSQL restarted?); resynchronising"
+                    );
+                    listener = None;
                 }
             }
         }

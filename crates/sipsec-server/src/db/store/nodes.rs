@@ -53,6 +53,18 @@ impl Store {
             .collect()
     }
 
+    /// Whether the server process of session `pid` (`pg_backend_pid()`) still runs: the
+    /// listener's session, which a restart of PostgreSQL ends without always telling the
+    /// listener's socket.
+    pub async fn session_alive(&self, pid: i32) -> Result<bool> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok(n > 0)
+    }
+
     /// Deletes the bindings that expired by `now_unix_ms`, whichever node wrote them; how
     /// many. Each node's replicas drop them by themselves as they expire: this keeps the
     /// table from growing with bindings nobody refreshed.

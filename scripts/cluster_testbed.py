@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""A cluster on one machine, every part a host of its own (issue 36's testbed): network
+namespaces joined by a bridge, each with its address from 198.18.0.0/15 — a private
+PostgreSQL instance (`pg`, 198.18.36.10), three `sipsec serve` nodes with `[cluster]` and
+`durable = true` (`n1`–`n3`, .11–.13), a stateful dispatcher in front (`d`, .2) and the load
+(`load`, .30: a registering `sipsec load` callee and the callers). Root; `ip`, and
+PostgreSQL's server binaries (Debian's `postgresql`).
+
+Scenarios, in order, each printed as one JSON line:
+
+1. `calls`: the callee's USERS users register through the dispatcher (each AOR to one node);
+   CALLS calls at RATE through it.
+2. `node-killed`: a call load runs while node n2 is killed (SIGKILL) a second in; then, after
+   the dispatcher's probes have taken it out, CALLS more calls: that share must be ≥ 99%.
+   Every acknowledged (durable) registration must still be held by the nodes left.
+3. `postgres-restarted`: PostgreSQL is stopped (fast shutdown) and started again two seconds
+   later while calls run: the nodes route them from memory; once it is back every node's
+   listener has resynchronised (its log says so), and calls after it must be ≥ 99%.
+
+Then everything is torn down (processes killed, namespaces and the database's directory
+deleted).
+
+    sudo python3 scripts/cluster_testbed.py [--users 200] [--calls 300] [--rate 50]
+"""
+import json, os, shutil, signal, subprocess, sys, tempfile, time
+
+from kit import parser
+
+NET = "198.18.36"
+HOSTS = {"pg": 10, "n1": 11, "n2": 12, "n3": 13, "d": 2, "load": 30}
+DOMAIN = "testbed.example"
+PG_BIN = next((f"/usr/lib/postgresql/{v}/bin" for v in ("17", "16", "15", "14", "13")
+               if os.path.exists(f"/usr/lib/postgresql/{v}/bin/postgres")), None)
+
+
+def sh(*args, **kw):
+    return subprocess.run(args, check=True, capture_output=True, text=True, **kw)
+
+
+def ip(host):
+    return f"{NET}.{HOSTS[host]}"
+
+
+class Testbed:
+    def __init__(self, prefix, work):
+        self.prefix, self.work = prefix, work
+        self.ns = {h: f"{prefix}-{h}" for h in HOSTS}
+        self.switch = f"{prefix}-sw"
+        self.procs = []
+
+    def build(self):
+        sh("ip", "netns", "add", self.switch)
+        sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+        for host, ns in self.ns.items():
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", self.switch, "link", "add", f"p-{host}", "type", "veth",
+               "peer", "name", "eth0", "netns", ns)
+            sh("ip", "-n", self.switch, "link", "set", f"p-{host}", "master", "br0")
+            sh("ip", "-n", self.switch, "link", "set", f"p-{host}", "up")
+            sh("ip", "-n", ns, "addr", "add", f"{ip(host)}/24", "dev", "eth0")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+
+    def run(self, host, args, log=None, **kw):
+        """Starts `args` in `host`'s namespace; its Popen."""
+        out = open(os.path.join(self.work, log), "w") if log else subprocess.DEVNULL
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns[host], *args],
+                             stdout=kw.pop("stdout", out), stderr=out, **kw)
+        self.procs.append(p)
+        return p
+
+    def teardown(self):
+        for ns in list(self.ns.values()) + [self.switch]:
+            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+            for pid in out.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+class Postgres:
+    """A private PostgreSQL instance in the `pg` host, trusting the testbed's network."""
+
+    def __init__(self, bed):
+        self.bed = bed
+        self.data = os.path.join(bed.work, "pgdata")
+        os.makedirs(self.data)
+        shutil.chown(self.data, "postgres", "postgres")
+        shutil.chown(bed.work, "postgres", "postgres")
+        sh("runuser", "-u", "postgres", "--", f"{PG_BIN}/initdb", "-D", self.data, "-A", "trust")
+        with open(os.path.join(self.data, "pg_hba.conf"), "a") as f:
+            f.write(f"host all all {NET}.0/24 trust\n")
+        self.url = f"postgres://postgres@{ip('pg')}:5432/postgres"
+
+    def start(self):
+        self.proc = self.bed.run("pg", ["runuser", "-u", "postgres", "--", f"{PG_BIN}/postgres",
+                                        "-D", self.data, "-c", f"listen_addresses={ip('pg')}",
+                                        "-c", f"unix_socket_directories={self.data}"],
+                                 log="postgres.log")
+        for _ in range(100):
+            if subprocess.run(["ip", "netns", "exec", self.bed.ns["pg"], f"{PG_BIN}/pg_isready",
+                               "-h", ip("pg"), "-q"]).returncode == 0:
+                return
+            time.sleep(0.1)
+        sys.exit("PostgreSQL did not start: " + open(os.path.join(self.bed.work, "postgres.log")).read())
+
+    def stop(self):
+        sh("runuser", "-u", "postgres", "--", f"{PG_BIN}/pg_ctl", "stop", "-m", "fast", "-w",
+           "-D", self.data)
+        self.proc.wait()
+
+
+def serve(bed, host, text):
+    cfg = os.path.join(bed.work, f"{host}.toml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    p = bed.run(host, [SIPSEC, "serve", "--config", cfg], log=f"{host}.log", stdout=subprocess.PIPE,
+                text=True)
+    banner = p.stdout.readline()
+    if not banner.startswith("sipsec listening"):
+        sys.exit(f"{host} did not start: {banner!r}\n" + open(os.path.join(bed.work, f"{host}.log")).read())
+    return p
+
+
+def calls(bed, users, count, rate, tag):
+    """`sipsec load` calls from the load host through the dispatcher; its summary."""
+    out = os.path.join(bed.work, f"calls-{tag}.json")
+    p = bed.run("load", [SIPSEC, "load", f"udp:{ip('d')}:5060", "--local", ip("load"),
+                         "--users", users, "--domain", DOMAIN, "--calls", str(count), "--rate",
+                         str(rate), "--drain-s", "8", "--quiet", "--json", out], log=f"calls-{tag}.err")
+    return p, out
+
+
+def summary(p, out):
+    p.wait()
+    return json.load(open(out))
+
+
+def held(bed, host):
+    """How many of the testbed's users `host` holds a binding for (`sipsec ctl bindings`)."""
+    r = subprocess.run([SIPSEC, "ctl", "bindings", "--socket", os.path.join(bed.work, f"{host}.sock")],
+                       capture_output=True, text=True)
+    return sum(1 for l in r.stdout.splitlines() if f"@{DOMAIN} " in l)
+
+
+def main():
+    global SIPSEC
+    # A signal (a timeout, ^C) still tears the testbed down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    ap = parser(__doc__, users=200, calls=300, rate=50)
+    args = ap.parse_args()
+    SIPSEC = os.path.abspath(args.sipsec)
+    if os.geteuid() != 0 or not shutil.which("ip") or not PG_BIN:
+        sys.exit("needs root, ip and PostgreSQL's server binaries (apt-get install postgresql)")
+    work = tempfile.mkdtemp(prefix="cluster-testbed-")
+    os.chmod(work, 0o755)
+    bed = Testbed(f"sc{os.getpid() % 10000}", work)
+    results = []
+    try:
+        bed.build()
+        pg = Postgres(bed)
+        pg.start()
+        nodes = ["n1", "n2", "n3"]
+        for n in nodes:
+            serve(bed, n, f'[server]\nlisten = ["udp:{ip(n)}:5060"]\ndomains = ["{DOMAIN}"]\nworkers = 1\n'
+                          f'[database]\nurl = "{pg.url}"\n[registrar]\ndurable = true\n'
+                          f'[control]\nsocket = "{n}.sock"\n'
+                          f'[cluster]\nnode = "{n}"\nheartbeat_ms = 500\ndead_after_ms = 1500\n')
+        routes = ", ".join(f'{{ uri = "sip:{ip(n)}:5060" }}' for n in nodes)
+        serve(bed, "d", f'[server]\nlisten = ["udp:{ip("d")}:5060"]\ndomains = ["{DOMAIN}"]\nworkers = 1\n'
+                        f'mode = "dispatcher"\n[routing]\ndefault_routes = [{routes}]\n'
+                        f'probe_interval_s = 1\nfailover_timeout_ms = 1000\n')
+        users = os.path.join(work, "users.csv")
+        with open(users, "w") as f:
+            f.writelines(f"u{u},x,{DOMAIN}\n" for u in range(args.users))
+        bed.run("load", [SIPSEC, "load", "--role", "uas", "--uas", f"udp:{ip('load')}:5070",
+                         "--register", f"udp:{ip('d')}:5060", "--users", users, "--domain", DOMAIN,
+                         "--duration", "100000", "--quiet"], log="callee.err")
+        time.sleep(3)
+
+        s = summary(*calls(bed, users, args.calls, args.rate, "1"))
+        results.append({"scenario": "calls", "attempted": s["attempted"], "succeeded": s["succeeded"],
+                        "held": {n: held(bed, n) for n in nodes}})
+        print(json.dumps(results[-1]), flush=True)
+
+        during = calls(bed, users, args.rate * 4, args.rate, "kill-during")
+        time.sleep(1)
+        victim = next(p for p in bed.procs if p.args[-1].endswith("n2.toml"))
+        os.kill(victim.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        s_during = summary(*during)
+        time.sleep(max(0, 3 - (time.monotonic() - killed_at)))
+        s = summary(*calls(bed, users, args.calls, args.rate, "kill-after"))
+        results.append({"scenario": "node-killed", "during": [s_during["succeeded"], s_during["attempted"]],
+                        "after": [s["succeeded"], s["attempted"]],
+                        "held": {n: held(bed, n) for n in ("n1", "n3")}, "registered": args.users})
+        print(json.dumps(results[-1]), flush=True)
+
+        during = calls(bed, users, args.rate * 6, args.rate, "pg-during")
+        time.sleep(1)
+        pg.stop()
+        time.sleep(2)
+        pg.start()
+        s_during = summary(*during)
+        time.sleep(2)
+        s = summary(*calls(bed, users, args.calls, args.rate, "pg-after"))
+        logs = {n: open(os.path.join(work, f"{n}.log")).read() for n in ("n1", "n3")}
+        results.append({"scenario": "postgres-restarted", "during": [s_during["succeeded"], s_during["attempted"]],
+                        "after": [s["succeeded"], s["attempted"]],
+                        "resynchronised": {n: "resynchronised" in l for n, l in logs.items()},
+                        "held": {n: held(bed, n) for n in ("n1", "n3")}})
+        print(json.dumps(results[-1]), flush=True)
+    finally:
+        bed.teardown()
+    ok = (results[0]["succeeded"] == results[0]["attempted"]
+          and results[1]["after"][0] >= 0.99 * results[1]["after"][1]
+          and all(v == args.users for v in results[1]["held"].values())
+          and results[2]["after"][0] >= 0.99 * results[2]["after"][1]
+          and all(results[2]["resynchronised"].values()))
+    print("testbed:", "every check held" if ok else f"a check failed; logs in {work}")
+    if ok:
+        shutil.rmtree(work, ignore_errors=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
