@@ -674,3 +674,43 @@ fn the_testbed_survives_a_killed_node_and_a_restarted_postgresql() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A second node started under a live node's name, from another address, is refused at
+/// start with a clear error; the same node restarted (its own address) is not.
+#[test]
+#[cfg_attr(sipsec_skip_postgres, ignore = "needs SIPSEC_TEST_POSTGRES")]
+fn a_node_name_in_use_by_a_live_node_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = run_id();
+    let domain = format!("n{id}.test");
+    let port = ports(27500);
+    let name = format!("a-{id}");
+    let first = Server::start_logged(
+        dir.path(),
+        &node_config(&[format!("udp:127.0.0.1:{port}")], &domain, &name, ""),
+    );
+    let cfg = dir.path().join("twin.toml");
+    std::fs::write(
+        &cfg,
+        node_config(&[format!("udp:127.0.0.1:{}", port + 1)], &domain, &name, ""),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("node \"{name}\" at udp:127.0.0.1:{port} is alive")),
+        "{err}"
+    );
+    assert!(first.stop().success());
+    // The same node, restarted at once: its own address, so itself.
+    let again = Server::start_logged(
+        dir.path(),
+        &node_config(&[format!("udp:127.0.0.1:{port}")], &domain, &name, ""),
+    );
+    assert!(again.stop().success());
+}

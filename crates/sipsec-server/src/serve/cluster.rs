@@ -43,6 +43,27 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Refuses to start a node whose name another live node has: two nodes writing bindings
+/// under one name would take each other's for their own. A node of that name that beat
+/// within `dead_after_ms` from another address is another node; from this node's own
+/// address it is this node, restarted.
+pub(crate) async fn claim_name(store: &Store, cfg: &ClusterConfig) -> anyhow::Result<()> {
+    let ours = cfg.advertise.to_string();
+    let dead_after = i64::try_from(cfg.dead_after_ms).unwrap_or(i64::MAX);
+    for n in store.nodes().await? {
+        if n.node == *cfg.node && n.address != ours && n.silent_ms <= dead_after {
+            anyhow::bail!(
+                "cluster.node: node {:?} at {} is alive (its heartbeat {} ms ago); every node \
+                 needs a name of its own",
+                n.node,
+                n.address,
+                n.silent_ms
+            );
+        }
+    }
+    store.heartbeat(&cfg.node, &ours).await
+}
+
 /// Starts the task on `runtime`.
 pub(crate) fn spawn(
     runtime: &tokio::runtime::Runtime,

@@ -141,6 +141,7 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         };
         let mut store = Store::connect_with(&cfg.database_url, commits).await?;
         if let Some(c) = &cfg.cluster {
+            cluster::claim_name(&store, c).await?;
             store = store.in_cluster(c.node.clone());
         }
         let loaded = store
