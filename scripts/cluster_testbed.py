@@ -2,18 +2,24 @@
 """A cluster on one machine, every part a host of its own (issue 36's testbed): network
 namespaces joined by a bridge, each with its address from 198.18.0.0/15 — a private
 PostgreSQL instance (`pg`, 198.18.36.10), three `sipsec serve` nodes with `[cluster]` and
-`durable = true` (`n1`–`n3`, .11–.13), a stateful dispatcher in front (`d`, .2) and the load
-(`load`, .30: a registering `sipsec load` callee and the callers). Root; `ip`, and
-PostgreSQL's server binaries (Debian's `postgresql`).
+`durable = true` (`n1`–`n3`, .11–.13) that authenticate INVITE and BYE with Proxychain, each
+with a certificate of its own, against one `sipsec authd` (`authd`, .20, its users in the same
+database), a stateful dispatcher in front (`d`, .2) and the load (`load`, .30: a registering
+`sipsec load` callee and the callers, `--proxychain`). Root; `ip`, and PostgreSQL's server
+binaries (Debian's `postgresql`).
 
 Scenarios, in order, each printed as one JSON line:
 
 1. `calls`: the callee's USERS users register through the dispatcher (each AOR to one node);
-   CALLS calls at RATE through it.
-2. `node-killed`: a call load runs while node n2 is killed (SIGKILL) a second in; then, after
+   CALLS calls at RATE through it, each authenticated with the calling user's chain at the
+   node its Call-ID lands on.
+2. `revocation`: 20 users get new passwords; the authority must push the revocation to more
+   than one node (each holding a chain of one of them), and calls with the new passwords
+   succeed.
+3. `node-killed`: a call load runs while node n2 is killed (SIGKILL) a second in; then, after
    the dispatcher's probes have taken it out, CALLS more calls: that share must be ≥ 99%.
    Every acknowledged (durable) registration must still be held by the nodes left.
-3. `postgres-restarted`: PostgreSQL is stopped (fast shutdown) and started again two seconds
+4. `postgres-restarted`: PostgreSQL is stopped (fast shutdown) and started again two seconds
    later while calls run: the nodes route them from memory; once it is back every node's
    listener has resynchronised (its log says so), and calls after it must be ≥ 99%.
 
@@ -27,7 +33,7 @@ import json, os, shutil, signal, subprocess, sys, tempfile, time
 from kit import parser
 
 NET = "198.18.36"
-HOSTS = {"pg": 10, "n1": 11, "n2": 12, "n3": 13, "d": 2, "load": 30}
+HOSTS = {"pg": 10, "n1": 11, "n2": 12, "n3": 13, "d": 2, "authd": 20, "load": 30}
 DOMAIN = "testbed.example"
 PG_BIN = next((f"/usr/lib/postgresql/{v}/bin" for v in ("17", "16", "15", "14", "13")
                if os.path.exists(f"/usr/lib/postgresql/{v}/bin/postgres")), None)
@@ -125,12 +131,28 @@ def serve(bed, host, text):
     return p
 
 
+def write_users(path, count, changed):
+    """The users file (`user,password,domain`), with the passwords `changed` gives."""
+    with open(path, "w") as f:
+        f.writelines(f"u{u},{changed.get(f'u{u}', 'x')},{DOMAIN}\n" for u in range(count))
+
+
+def users_cmd(bed, args):
+    """`sipsec users` on the testbed's database, from the load host."""
+    p = subprocess.run(["ip", "netns", "exec", bed.ns["load"], SIPSEC, "users", "--config",
+                        os.path.join(bed.work, "users.toml"), "--realm", DOMAIN, *args],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"sipsec users {' '.join(args)}: {p.stderr}")
+
+
 def calls(bed, users, count, rate, tag):
     """`sipsec load` calls from the load host through the dispatcher; its summary."""
     out = os.path.join(bed.work, f"calls-{tag}.json")
     p = bed.run("load", [SIPSEC, "load", f"udp:{ip('d')}:5060", "--local", ip("load"),
-                         "--users", users, "--domain", DOMAIN, "--calls", str(count), "--rate",
-                         str(rate), "--drain-s", "8", "--quiet", "--json", out], log=f"calls-{tag}.err")
+                         "--users", users, "--domain", DOMAIN, "--proxychain", "--proxychain-realm",
+                         DOMAIN, "--calls", str(count), "--rate", str(rate), "--drain-s", "8",
+                         "--quiet", "--json", out], log=f"calls-{tag}.err")
     return p, out
 
 
@@ -164,18 +186,46 @@ def main():
         pg = Postgres(bed)
         pg.start()
         nodes = ["n1", "n2", "n3"]
+        users = os.path.join(work, "users.csv")
+        write_users(users, args.users, {})
+        # One CA; the authority's certificate names its address; each node its own identity.
+        certs = os.path.join(work, "certs")
+        sh(SIPSEC, "certs", "--out", certs, "--name", ip("authd"))
         for n in nodes:
+            mine = os.path.join(work, f"certs-{n}")
+            os.makedirs(mine)
+            for f in ("ca.pem", "ca-key.pem"):
+                shutil.copy(os.path.join(certs, f), mine)
+            sh(SIPSEC, "certs", "--out", mine, "--client-name", n)
+        with open(os.path.join(work, "users.toml"), "w") as f:
+            f.write(f'[database]\nurl = "{pg.url}"\n')
+        credentials = os.path.join(work, "credentials.csv")
+        with open(credentials, "w") as f:
+            f.writelines(f"u{u},x\n" for u in range(args.users))
+        users_cmd(bed, ["import", credentials])
+        with open(os.path.join(work, "authd.toml"), "w") as f:
+            f.write(f'[authd]\nlisten = "{ip("authd")}:5070"\nrealm = "{DOMAIN}"\n'
+                    f'database = "{pg.url}"\ncert = "{certs}/server.pem"\n'
+                    f'key = "{certs}/server-key.pem"\nca = "{certs}/ca.pem"\nchain_length = 4\n')
+        authd = bed.run("authd", [SIPSEC, "authd", "--config", os.path.join(work, "authd.toml")],
+                        log="authd.log", stdout=subprocess.PIPE, text=True,
+                        env={**os.environ, "SIPSEC_LOG": "info"})
+        if not authd.stdout.readline().startswith("sipsec authd listening"):
+            sys.exit("authd did not start: " + open(os.path.join(work, "authd.log")).read())
+        for n in nodes:
+            mine = os.path.join(work, f"certs-{n}")
             serve(bed, n, f'[server]\nlisten = ["udp:{ip(n)}:5060"]\ndomains = ["{DOMAIN}"]\nworkers = 1\n'
                           f'[database]\nurl = "{pg.url}"\n[registrar]\ndurable = true\n'
                           f'[control]\nsocket = "{n}.sock"\n'
+                          f'[tls]\ncert = "{mine}/client.pem"\nkey = "{mine}/client-key.pem"\n'
+                          f'ca = "{mine}/ca.pem"\n'
+                          f'[auth]\nscheme = "proxychain"\nauthority = "tls:{ip("authd")}:5070"\n'
+                          f'methods = ["INVITE", "BYE"]\nchain_length = 4\n'
                           f'[cluster]\nnode = "{n}"\nheartbeat_ms = 500\ndead_after_ms = 1500\n')
         routes = ", ".join(f'{{ uri = "sip:{ip(n)}:5060" }}' for n in nodes)
         serve(bed, "d", f'[server]\nlisten = ["udp:{ip("d")}:5060"]\ndomains = ["{DOMAIN}"]\nworkers = 1\n'
                         f'mode = "dispatcher"\n[routing]\ndefault_routes = [{routes}]\n'
                         f'probe_interval_s = 1\nfailover_timeout_ms = 1000\n')
-        users = os.path.join(work, "users.csv")
-        with open(users, "w") as f:
-            f.writelines(f"u{u},x,{DOMAIN}\n" for u in range(args.users))
         bed.run("load", [SIPSEC, "load", "--role", "uas", "--uas", f"udp:{ip('load')}:5070",
                          "--register", f"udp:{ip('d')}:5060", "--users", users, "--domain", DOMAIN,
                          "--duration", "100000", "--quiet"], log="callee.err")
@@ -184,6 +234,18 @@ def main():
         s = summary(*calls(bed, users, args.calls, args.rate, "1"))
         results.append({"scenario": "calls", "attempted": s["attempted"], "succeeded": s["succeeded"],
                         "held": {n: held(bed, n) for n in nodes}})
+        print(json.dumps(results[-1]), flush=True)
+
+        changed = {f"u{u}": f"new{u}" for u in range(20)}
+        for user, password in changed.items():
+            users_cmd(bed, ["add", user, "--password", password])
+        write_users(users, args.users, changed)
+        time.sleep(2.5)  # the authority polls its users every second
+        pushed = {l.split("proxy=")[1].split()[0] for l in open(os.path.join(work, "authd.log"))
+                  if "revocation pushed" in l and "proxy=" in l}
+        s = summary(*calls(bed, users, args.calls, args.rate, "revoked"))
+        results.append({"scenario": "revocation", "pushed_to": sorted(pushed),
+                        "after": [s["succeeded"], s["attempted"]]})
         print(json.dumps(results[-1]), flush=True)
 
         during = calls(bed, users, args.rate * 4, args.rate, "kill-during")
@@ -215,11 +277,14 @@ def main():
         print(json.dumps(results[-1]), flush=True)
     finally:
         bed.teardown()
-    ok = (results[0]["succeeded"] == results[0]["attempted"]
-          and results[1]["after"][0] >= 0.99 * results[1]["after"][1]
-          and all(v == args.users for v in results[1]["held"].values())
+    ok = (len(results) == 4
+          and results[0]["succeeded"] == results[0]["attempted"]
+          and len(results[1]["pushed_to"]) >= 2
+          and results[1]["after"][0] == results[1]["after"][1]
           and results[2]["after"][0] >= 0.99 * results[2]["after"][1]
-          and all(results[2]["resynchronised"].values()))
+          and all(v == args.users for v in results[2]["held"].values())
+          and results[3]["after"][0] >= 0.99 * results[3]["after"][1]
+          and all(results[3]["resynchronised"].values()))
     print("testbed:", "every check held" if ok else f"a check failed; logs in {work}")
     if ok:
         shutil.rmtree(work, ignore_errors=True)

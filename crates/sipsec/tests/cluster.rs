@@ -648,10 +648,12 @@ fn the_nodes_route_from_memory_through_a_database_outage_and_catch_up() {
 }
 
 /// The testbed (`scripts/cluster_testbed.py`): every part a host of its own in network
-/// namespaces — a private PostgreSQL, three durable nodes, a dispatcher, the load — and
-/// PostgreSQL really restarted (not a relay cut): calls through the dispatcher all succeed, a
-/// killed node is taken out and loses no acknowledged registration, and through the restart
-/// the nodes route from memory and every listener resynchronises.
+/// namespaces — a private PostgreSQL, three durable nodes authenticating with Proxychain
+/// against one `sipsec authd`, a dispatcher, the load — and PostgreSQL really restarted (not
+/// a relay cut): calls through the dispatcher all succeed; new passwords are pushed to more
+/// than one node and work at once; a killed node is taken out and loses no acknowledged
+/// registration; through the restart the nodes route from memory and every listener
+/// resynchronises.
 #[test]
 #[cfg_attr(
     sipsec_skip_netns,
