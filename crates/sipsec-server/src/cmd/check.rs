@@ -12,7 +12,8 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 
-/// What `sipsec serve` would run with: its listeners, metrics, control socket and database.
+/// What `sipsec serve` would run with: its listeners, metrics, control socket and database,
+/// and its cluster node or the nodes it dispatches to.
 pub fn serve(path: Option<&Path>) -> Result<String> {
     let cfg = match path {
         Some(p) => Config::load(p)?,
@@ -31,6 +32,18 @@ pub fn serve(path: Option<&Path>) -> Result<String> {
         None => writeln!(out, "control off"),
     };
     let _ = writeln!(out, "database {}", redacted(&cfg.database_url));
+    if let Some(c) = &cfg.cluster {
+        let _ = writeln!(out, "cluster node {} at {}", c.node, c.advertise);
+    }
+    if cfg.mode == crate::config::Mode::Dispatcher {
+        let nodes: Vec<&str> = cfg
+            .routing
+            .default_routes
+            .iter()
+            .map(|r| r.uri.as_str())
+            .collect();
+        let _ = writeln!(out, "dispatcher over {}", nodes.join(", "));
+    }
     Ok(out)
 }
 
@@ -56,5 +69,44 @@ fn metrics(listen: Option<SocketAddr>) -> String {
     match listen {
         Some(a) => format!("metrics http://{a}/metrics\n"),
         None => "metrics off\n".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_names_the_cluster_node_and_the_dispatchers_nodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node.toml");
+        std::fs::write(
+            &node,
+            "[server]\nlisten = [\"udp:198.18.0.11:5060\"]\n\
+             [database]\nurl = \"postgres://u:secret@198.18.0.10/db\"\n[cluster]\nnode = \"n1\"\n",
+        )
+        .unwrap();
+        let out = serve(Some(&node)).unwrap();
+        assert!(
+            out.contains("cluster node n1 at udp:198.18.0.11:5060\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("postgres://u:***@") && !out.contains("secret"),
+            "{out}"
+        );
+        let front = dir.path().join("front.toml");
+        std::fs::write(
+            &front,
+            "[server]\nmode = \"dispatcher\"\n[routing]\ndefault_routes = \
+             [{ uri = \"sip:198.18.0.11\" }, { uri = \"sip:198.18.0.12\" }]\n",
+        )
+        .unwrap();
+        let out = serve(Some(&front)).unwrap();
+        assert!(
+            out.contains("dispatcher over sip:198.18.0.11, sip:198.18.0.12\n"),
+            "{out}"
+        );
+        assert!(!out.contains("cluster node"), "{out}");
     }
 }
