@@ -27,6 +27,9 @@ Then everything is torn down (processes killed, namespaces and the database's di
 deleted).
 
     sudo python3 scripts/cluster_testbed.py [--users 200] [--calls 300] [--rate 50]
+                                            [--json FILE --round N --commit C]
+
+`sipsec lab run cluster` runs it once per round, into the results directory's cluster.jsonl.
 """
 import json, os, shutil, signal, subprocess, sys, tempfile, time
 
@@ -172,7 +175,10 @@ def main():
     global SIPSEC
     # A signal (a timeout, ^C) still tears the testbed down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    ap = parser(__doc__, users=200, calls=300, rate=50)
+    ap = parser(__doc__, users=200, calls=300, rate=50, round=1)
+    ap.add_argument("--json", help="append one JSON line per scenario to this file (the lab's "
+                    "cluster.jsonl), with --round and --commit")
+    ap.add_argument("--commit", default="", help="the commit of the binary, for --json")
     args = ap.parse_args()
     SIPSEC = os.path.abspath(args.sipsec)
     if os.geteuid() != 0 or not shutil.which("ip") or not PG_BIN:
@@ -285,6 +291,24 @@ def main():
           and all(v == args.users for v in results[2]["held"].values())
           and results[3]["after"][0] >= 0.99 * results[3]["after"][1]
           and all(results[3]["resynchronised"].values()))
+    if args.json and len(results) == 4:
+        r = results
+        lines = [
+            ("calls", None, r[0]["succeeded"], r[0]["attempted"],
+             "registrations held by each node: " + ", ".join(str(v) for v in r[0]["held"].values())),
+            ("revocation", None, *r[1]["after"],
+             "new passwords pushed to " + ", ".join(r[1]["pushed_to"])),
+            ("node-killed", r[2]["during"], *r[2]["after"],
+             f"acknowledged registrations held: {min(r[2]['held'].values())} of {args.users}"),
+            ("postgres-restarted", r[3]["during"], *r[3]["after"],
+             "listeners resynchronised: " + ", ".join(n for n, v in r[3]["resynchronised"].items() if v)),
+        ]
+        with open(args.json, "a") as f:
+            for order, (name, during, ok_, all_, checks) in enumerate(lines, 1):
+                f.write(json.dumps({"round": args.round, "order": order, "scenario": name,
+                                    "during": during or [0, 0], "after": [ok_, all_],
+                                    "checks": checks, "commit": args.commit,
+                                    "date": time.strftime("%Y-%m-%d", time.gmtime())}) + "\n")
     print("testbed:", "every check held" if ok else f"a check failed; logs in {work}")
     if ok:
         shutil.rmtree(work, ignore_errors=True)

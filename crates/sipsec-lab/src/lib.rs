@@ -19,6 +19,7 @@
 
 pub mod bench;
 pub mod charts;
+pub mod cluster;
 pub mod docs;
 pub mod model;
 pub mod peaks;

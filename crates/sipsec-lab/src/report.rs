@@ -652,7 +652,21 @@ pub fn build(dir: &Path, opts: Options) -> Result<Rendered> {
             dir.display()
         );
     }
-    render(&records, &model::fit_all(&records), opts)
+    let mut rendered = render(&records, &model::fit_all(&records), opts)?;
+    if let Some(md) = super::cluster::markdown(dir)? {
+        let title = "A cluster on PostgreSQL (issue 36)";
+        rendered.markdown += &format!("\n## {title}\n\n{md}");
+        let at = rendered
+            .html
+            .rfind("</body>")
+            .unwrap_or(rendered.html.len());
+        rendered.html.insert_str(
+            at,
+            &format!("<h2>{}</h2><pre>{}</pre>", escape(title), escape(&md)),
+        );
+        rendered.blocks.insert(super::cluster::NAME.to_string(), md);
+    }
+    Ok(rendered)
 }
 
 /// Writes `dir/report.html` and `dir/report.md` from `dir/results.jsonl`.

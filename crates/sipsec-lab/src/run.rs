@@ -19,7 +19,8 @@ use std::sync::Arc;
 /// `sipsec lab run` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Suites to run (default: all): seed000, seed001, seed002, seed003, seed004, overload.
+    /// Suites to run (default: all): seed000, seed001, seed002, seed003, seed004, overload;
+    /// and `cluster`, the cluster testbed (root), only when named.
     pub suites: Vec<String>,
     /// Directory for results.jsonl (created if missing).
     #[arg(long, default_value = "lab-results")]
@@ -598,10 +599,38 @@ fn selected<'s>(suite: &'s Suite, only: Option<&str>) -> Vec<&'s Row> {
 
 /// `sipsec lab run`.
 pub fn run(a: RunArgs) -> Result<()> {
-    let suites: Vec<Suite> = if a.suites.is_empty() {
+    // The cluster testbed is no suite of rows (`cluster`): run on its own, and only when
+    // asked for by name (it needs root).
+    let cluster = a.suites.iter().any(|s| s == super::cluster::NAME);
+    let named: Vec<&String> = a
+        .suites
+        .iter()
+        .filter(|s| *s != super::cluster::NAME)
+        .collect();
+    if cluster {
+        std::fs::create_dir_all(&a.out)
+            .with_context(|| format!("cannot create {}", a.out.display()))?;
+        let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 5 });
+        let held = super::cluster::run(&a.out, rounds, a.resume)?;
+        if named.is_empty() {
+            if results::load(&a.out)?.is_empty() {
+                eprintln!(
+                    "sipsec lab: cluster results in {}",
+                    super::cluster::path(&a.out).display()
+                );
+            } else {
+                super::report::write(&a.out, super::report::Options::default())?;
+            }
+            if !held {
+                bail!("the cluster testbed: a check failed (its output says which)");
+            }
+            return Ok(());
+        }
+    }
+    let suites: Vec<Suite> = if named.is_empty() {
         suite::all()
     } else {
-        a.suites
+        named
             .iter()
             .map(|n| {
                 suite::named(n).with_context(|| {
