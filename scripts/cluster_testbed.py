@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A cluster on one machine, every part a host of its own (issue 36's testbed): network
 namespaces joined by a bridge, each with its address from 198.18.0.0/15 — a private
-PostgreSQL instance (`pg`, 198.18.36.10), three `sipsec serve` nodes with `[cluster]` and
-`durable = true` (`n1`–`n3`, .11–.13) that authenticate INVITE and BYE with Proxychain, each
+PostgreSQL instance (`pg`, 198.18.36.10), NODES `sipsec serve` nodes (three by default) with
+`[cluster]` and `durable = true` (`n1`…, from .11) that authenticate INVITE and BYE with Proxychain, each
 with a certificate of its own, against one `sipsec authd` (`authd`, .20, its users in the same
 database), a stateful dispatcher in front (`d`, .2) and the load (`load`, .30: a registering
 `sipsec load` callee and the callers, `--proxychain`). Root; `ip`, and PostgreSQL's server
@@ -26,7 +26,7 @@ Scenarios, in order, each printed as one JSON line:
 Then everything is torn down (processes killed, namespaces and the database's directory
 deleted).
 
-    sudo python3 scripts/cluster_testbed.py [--users 200] [--calls 300] [--rate 50]
+    sudo python3 scripts/cluster_testbed.py [--nodes 3] [--users 200] [--calls 300] [--rate 50]
                                             [--json FILE --round N --commit C]
 
 `sipsec lab run cluster` runs it once per round, into the results directory's cluster.jsonl.
@@ -36,7 +36,8 @@ import json, os, shutil, signal, subprocess, sys, tempfile, time
 from kit import parser
 
 NET = "198.18.36"
-HOSTS = {"pg": 10, "n1": 11, "n2": 12, "n3": 13, "d": 2, "authd": 20, "load": 30}
+# The nodes (`n1`…, from .11) are added by `--nodes`.
+HOSTS = {"pg": 10, "d": 2, "authd": 20, "load": 30}
 DOMAIN = "testbed.example"
 PG_BIN = next((f"/usr/lib/postgresql/{v}/bin" for v in ("17", "16", "15", "14", "13")
                if os.path.exists(f"/usr/lib/postgresql/{v}/bin/postgres")), None)
@@ -175,12 +176,15 @@ def main():
     global SIPSEC
     # A signal (a timeout, ^C) still tears the testbed down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    ap = parser(__doc__, users=200, calls=300, rate=50, round=1)
+    ap = parser(__doc__, users=200, calls=300, rate=50, round=1, nodes=3)
     ap.add_argument("--json", help="append one JSON line per scenario to this file (the lab's "
                     "cluster.jsonl), with --round and --commit")
     ap.add_argument("--commit", default="", help="the commit of the binary, for --json")
     args = ap.parse_args()
     SIPSEC = os.path.abspath(args.sipsec)
+    if not 2 <= args.nodes <= 9:
+        sys.exit("--nodes: 2 to 9 (node n2 is the one killed)")
+    HOSTS.update({f"n{i}": 10 + i for i in range(1, args.nodes + 1)})
     if os.geteuid() != 0 or not shutil.which("ip") or not PG_BIN:
         sys.exit("needs root, ip and PostgreSQL's server binaries (apt-get install postgresql)")
     work = tempfile.mkdtemp(prefix="cluster-testbed-")
@@ -191,7 +195,8 @@ def main():
         bed.build()
         pg = Postgres(bed)
         pg.start()
-        nodes = ["n1", "n2", "n3"]
+        nodes = [f"n{i}" for i in range(1, args.nodes + 1)]
+        left = [n for n in nodes if n != "n2"]
         users = os.path.join(work, "users.csv")
         write_users(users, args.users, {})
         # One CA; the authority's certificate names its address; each node its own identity.
@@ -256,7 +261,7 @@ def main():
 
         during = calls(bed, users, args.rate * 4, args.rate, "kill-during")
         time.sleep(1)
-        victim = next(p for p in bed.procs if p.args[-1].endswith("n2.toml"))
+        victim = next(p for p in bed.procs if p.args[-1].endswith("/n2.toml"))
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         s_during = summary(*during)
@@ -264,7 +269,7 @@ def main():
         s = summary(*calls(bed, users, args.calls, args.rate, "kill-after"))
         results.append({"scenario": "node-killed", "during": [s_during["succeeded"], s_during["attempted"]],
                         "after": [s["succeeded"], s["attempted"]],
-                        "held": {n: held(bed, n) for n in ("n1", "n3")}, "registered": args.users})
+                        "held": {n: held(bed, n) for n in left}, "registered": args.users})
         print(json.dumps(results[-1]), flush=True)
 
         during = calls(bed, users, args.rate * 6, args.rate, "pg-during")
@@ -275,11 +280,11 @@ def main():
         s_during = summary(*during)
         time.sleep(2)
         s = summary(*calls(bed, users, args.calls, args.rate, "pg-after"))
-        logs = {n: open(os.path.join(work, f"{n}.log")).read() for n in ("n1", "n3")}
+        logs = {n: open(os.path.join(work, f"{n}.log")).read() for n in left}
         results.append({"scenario": "postgres-restarted", "during": [s_during["succeeded"], s_during["attempted"]],
                         "after": [s["succeeded"], s["attempted"]],
                         "resynchronised": {n: "resynchronised" in l for n, l in logs.items()},
-                        "held": {n: held(bed, n) for n in ("n1", "n3")}})
+                        "held": {n: held(bed, n) for n in left}})
         print(json.dumps(results[-1]), flush=True)
     finally:
         bed.teardown()
