@@ -4,9 +4,8 @@
 
 use super::notices::{self, Columns};
 use super::{Dialect, Store};
-use crate::location::{Binding, BindingChange, Outbound, SharedChange};
+use crate::location::{Binding, BindingChange, SharedChange};
 use anyhow::Result;
-use sipsec_transport::net::transport::Peer;
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
@@ -84,33 +83,15 @@ impl Store {
                 }
             }
             _ => {
-                let Some(mut target) = Peer::parse(columns.target) else {
+                let Some(mut b) = columns.binding() else {
                     return Ok(None);
                 };
                 if r.try_get::<i64, _>(8)? != 0 {
                     // Its connection died with the process that held it: a stream flow
                     // answers 430/480 until the phone registers again.
-                    target = target.as_flow();
+                    b.target = b.target.as_flow();
                 }
-                Binding {
-                    contact: columns.contact.into(),
-                    target,
-                    expires_at: columns.expires_at,
-                    q: columns.q.map(Into::into),
-                    call_id: columns.call_id.into(),
-                    cseq: columns.cseq,
-                    received: columns.received.and_then(Peer::parse),
-                    outbound: columns
-                        .instance
-                        .zip(columns.reg_id)
-                        .map(|(i, reg_id)| Outbound {
-                            instance: i.into(),
-                            reg_id,
-                        }),
-                    path: columns.path.map(Into::into),
-                    node: None,
-                    via: columns.via.map(Into::into),
-                }
+                b
             }
         };
         Ok(Some((aor, binding)))

@@ -190,34 +190,47 @@ pub(super) struct Columns<'a> {
     pub(super) via: Option<&'a str>,
 }
 
+impl Columns<'_> {
+    /// The binding the columns say, as written: this node's own (`None` for a target that is
+    /// not an address).
+    pub(super) fn binding(&self) -> Option<Binding> {
+        Some(Binding {
+            contact: self.contact.into(),
+            target: Peer::parse(self.target)?,
+            expires_at: self.expires_at,
+            q: self.q.map(Into::into),
+            call_id: self.call_id.into(),
+            cseq: self.cseq,
+            received: self.received.and_then(Peer::parse),
+            outbound: self
+                .instance
+                .zip(self.reg_id)
+                .map(|(instance, reg_id)| Outbound {
+                    instance: instance.into(),
+                    reg_id,
+                }),
+            path: self.path.map(Into::into),
+            node: None,
+            via: self.via.map(Into::into),
+        })
+    }
+}
+
 /// Another node's binding as this node holds it: marked with its node, reached along that
 /// node's hop (`via`, ahead of any Path, and kept as `via` to say the binding dies with that
 /// node) when only that node reaches it, never as a flow of this node's. `None` when its
 /// target is not an address.
 pub(super) fn remote(node: &Arc<str>, c: Columns<'_>) -> Option<Binding> {
-    let path = match (c.via, c.path) {
-        (Some(via), Some(path)) => Some(format!("{via}, {path}").into()),
-        (Some(hop), None) | (None, Some(hop)) => Some(hop.into()),
-        (None, None) => None,
-    };
-    let mut target = Peer::parse(c.target)?;
-    target.flow = false;
-    Some(Binding {
-        contact: c.contact.into(),
-        target,
-        expires_at: c.expires_at,
-        q: c.q.map(Into::into),
-        call_id: c.call_id.into(),
-        cseq: c.cseq,
-        received: c.received.and_then(Peer::parse),
-        outbound: c.instance.zip(c.reg_id).map(|(instance, reg_id)| Outbound {
-            instance: instance.into(),
-            reg_id,
-        }),
-        path,
-        node: Some(node.clone()),
-        via: c.via.map(Into::into),
-    })
+    let mut b = c.binding()?;
+    b.target.flow = false;
+    if let Some(via) = c.via {
+        b.path = Some(match c.path {
+            Some(path) => format!("{via}, {path}").into(),
+            None => via.into(),
+        });
+    }
+    b.node = Some(node.clone());
+    Some(b)
 }
 
 #[cfg(test)]
