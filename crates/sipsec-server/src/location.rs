@@ -216,22 +216,12 @@ impl Location {
             BindingChange::Remove { aor, contact } => {
                 if let Some(list) = self.aors.get_mut(aor) {
                     let (expiry, per_source) = (&mut self.expiry, &mut self.per_source);
-                    list.retain(|b| {
-                        let keep = &b.binding.contact != contact;
-                        if !keep {
-                            expiry.cancel(b.timer);
-                            count(per_source, b.binding.source(), false);
-                        }
-                        keep
-                    });
+                    unbind(expiry, per_source, list, |b| b.contact == *contact);
                 }
             }
             BindingChange::RemoveAll { aor } => {
                 if let Some(list) = self.aors.get_mut(aor) {
-                    for b in list.drain(..) {
-                        self.expiry.cancel(b.timer);
-                        count(&mut self.per_source, b.binding.source(), false);
-                    }
+                    unbind(&mut self.expiry, &mut self.per_source, list, |_| true);
                 }
             }
         }
@@ -256,14 +246,7 @@ impl Location {
     pub(crate) fn forget_other_nodes(&mut self) {
         let (expiry, per_source) = (&mut self.expiry, &mut self.per_source);
         for list in self.aors.values_mut() {
-            list.retain(|b| {
-                let keep = b.binding.node.is_none();
-                if !keep {
-                    expiry.cancel(b.timer);
-                    count(per_source, b.binding.source(), false);
-                }
-                keep
-            });
+            unbind(expiry, per_source, list, |b| b.node.is_some());
         }
     }
 
@@ -368,6 +351,24 @@ impl Location {
     pub(crate) fn next_expiry(&self) -> Option<Millis> {
         self.expiry.next_deadline()
     }
+}
+
+/// Takes the bindings `gone` picks out of `list`, with their expiry timers and their counts
+/// per source (a removal, made here or elsewhere).
+fn unbind(
+    expiry: &mut TimerWheel<(Arc<str>, Arc<str>)>,
+    per_source: &mut HashMap<IpAddr, usize>,
+    list: &mut Vec<Bound>,
+    gone: impl Fn(&Binding) -> bool,
+) {
+    list.retain(|b| {
+        let keep = !gone(&b.binding);
+        if !keep {
+            expiry.cancel(b.timer);
+            count(per_source, b.binding.source(), false);
+        }
+        keep
+    });
 }
 
 /// One more (`add`) or one fewer binding from `source`.
