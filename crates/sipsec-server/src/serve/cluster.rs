@@ -49,9 +49,8 @@ fn unix_ms() -> u64 {
 /// address it is this node, restarted.
 pub(crate) async fn claim_name(store: &Store, cfg: &ClusterConfig) -> anyhow::Result<()> {
     let ours = cfg.advertise.to_string();
-    let dead_after = i64::try_from(cfg.dead_after_ms).unwrap_or(i64::MAX);
     for n in store.nodes().await? {
-        if n.node == *cfg.node && n.address != ours && n.silent_ms <= dead_after {
+        if n.node == *cfg.node && n.address != ours && n.alive(cfg.dead_after_ms) {
             anyhow::bail!(
                 "cluster.node: node {:?} at {} is alive (its heartbeat {} ms ago); every node \
                  needs a name of its own",
@@ -91,8 +90,9 @@ fn deliver(workers: &[MailboxSender], mails: impl Fn() -> Vec<Mail>) {
 
 /// Applies one notice's payload: another node's changes go to the workers. This node's
 /// own notices (a third of what a three-node cluster's listener hears) are known by their
-/// first bytes, `own` (`notices::head`), and skipped unparsed.
-fn on_notice(me: &str, own: &str, payload: &str, workers: &[MailboxSender]) {
+/// first bytes, `own` (`notices::head`, with which every notice of this node begins), and
+/// skipped unparsed.
+fn on_notice(own: &str, payload: &str, workers: &[MailboxSender]) {
     if payload.starts_with(own) {
         return;
     }
@@ -104,9 +104,6 @@ fn on_notice(me: &str, own: &str, payload: &str, workers: &[MailboxSender]) {
         );
         return;
     };
-    if &*notice.node == me {
-        return;
-    }
     let changes: Vec<Arc<crate::location::BindingChange>> =
         notice.changes.into_iter().map(Arc::new).collect();
     deliver(workers, || {
@@ -168,10 +165,9 @@ impl Bookkeeping {
             .heartbeat(&cfg.node, &cfg.advertise.to_string())
             .await?;
         let nodes = store.nodes().await?;
-        let dead_after = i64::try_from(cfg.dead_after_ms).unwrap_or(i64::MAX);
         let mut first_alive: Option<&str> = None;
         for n in &nodes {
-            let alive = n.silent_ms <= dead_after;
+            let alive = n.alive(cfg.dead_after_ms);
             if alive && first_alive.is_none_or(|f| n.node.as_str() < f) {
                 first_alive = Some(&n.node);
             }
@@ -262,7 +258,7 @@ async fn run(cfg: ClusterConfig, url: String, workers: Vec<MailboxSender>) {
         };
         tokio::select! {
             received = l.try_recv() => match received {
-                Ok(Some(n)) => on_notice(&cfg.node, &own, n.payload(), &workers),
+                Ok(Some(n)) => on_notice(&own, n.payload(), &workers),
                 Ok(None) => {
                     tracing::warn!(
                         "cluster: lost the connection the other nodes' notices come on; \

@@ -20,6 +20,13 @@ pub struct NodeSeen {
     pub silent_ms: i64,
 }
 
+impl NodeSeen {
+    /// Whether its heartbeat is fresher than `dead_after_ms`.
+    pub fn alive(&self, dead_after_ms: u64) -> bool {
+        u64::try_from(self.silent_ms).map_or(true, |ms| ms <= dead_after_ms)
+    }
+}
+
 impl Store {
     /// Writes this node's heartbeat: it is alive, at `address`.
     pub async fn heartbeat(&self, node: &str, address: &str) -> Result<()> {
