@@ -599,6 +599,10 @@ fn selected<'s>(suite: &'s Suite, only: Option<&str>) -> Vec<&'s Row> {
 
 /// `sipsec lab run`.
 pub fn run(a: RunArgs) -> Result<()> {
+    let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 5 });
+    if rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
     // The cluster testbed is no suite of rows (`cluster`): run on its own, and only when
     // asked for by name (it needs root).
     let cluster = a.suites.iter().any(|s| s == super::cluster::NAME);
@@ -610,7 +614,6 @@ pub fn run(a: RunArgs) -> Result<()> {
     if cluster {
         std::fs::create_dir_all(&a.out)
             .with_context(|| format!("cannot create {}", a.out.display()))?;
-        let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 5 });
         let held = super::cluster::run(&a.out, rounds, a.resume)?;
         if named.is_empty() {
             if results::load(&a.out)?.is_empty() {
@@ -640,10 +643,6 @@ pub fn run(a: RunArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?
     };
-    let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 5 });
-    if rounds == 0 {
-        bail!("--rounds must be at least 1");
-    }
     if a.peak_quota.is_nan() || a.peak_quota <= 0.0 {
         bail!("--peak-quota is a share of one core, above 0 (1: a whole core)");
     }
