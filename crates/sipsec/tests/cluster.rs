@@ -41,6 +41,17 @@ fn node_config(listen: &[String], domain: &str, node: &str, extra: &str) -> Stri
     )
 }
 
+/// What `sipsec ctl COMMAND` answers, asked of the server whose control socket is
+/// `dir/ctl.sock`.
+fn ctl(dir: &std::path::Path, command: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
+        .args(["ctl", command, "--socket"])
+        .arg(dir.join("ctl.sock"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The status code of a SIP response's first line (0 for a request).
 fn code(m: &str) -> u16 {
     m.strip_prefix("SIP/2.0 ")
@@ -311,12 +322,7 @@ fn a_tls_phone_registered_through_one_node_is_called_through_another() {
     }
     assert_eq!(n(&run.1, "succeeded"), 5, "{}\n{}\n{}", run.2, run.1, log());
     // B holds the binding as A's, reached through A's hop with the flow's token.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
-        .args(["ctl", "bindings", "--socket"])
-        .arg(b_dir.join("ctl.sock"))
-        .output()
-        .unwrap();
-    let bindings = String::from_utf8_lossy(&out.stdout);
+    let bindings = ctl(&b_dir, "bindings");
     let line = bindings
         .lines()
         .find(|l| l.starts_with(&format!("tlsphone@{domain} ")))
@@ -369,14 +375,7 @@ fn a_dead_nodes_flows_fail_at_once_and_its_other_bindings_stay_routable() {
             "[control]\nsocket = \"ctl.sock\"\n",
         ),
     );
-    let bindings = || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
-            .args(["ctl", "bindings", "--socket"])
-            .arg(b_dir.join("ctl.sock"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let bindings = || ctl(&b_dir, "bindings");
     let phone = Endpoint::bind("127.0.0.1:0");
     let caller = Endpoint::bind("127.0.0.1:0");
     let direct = format!("direct@{domain}");
@@ -504,12 +503,7 @@ fn a_dispatcher_spreads_the_cluster_and_takes_a_dead_node_out() {
     );
     // Every user registered (node 1's replica holds them all), waited for.
     let held = |dir: &std::path::Path| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
-            .args(["ctl", "bindings", "--socket"])
-            .arg(dir.join("ctl.sock"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
+        ctl(dir, "bindings")
             .lines()
             .filter(|l| l.contains(&format!("@{domain} ")))
             .count()
@@ -559,12 +553,7 @@ fn a_dispatcher_spreads_the_cluster_and_takes_a_dead_node_out() {
     let spread: Vec<u64> = nodes
         .iter()
         .map(|n| {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_sipsec"))
-                .args(["ctl", "counters", "--socket"])
-                .arg(n.dir.join("ctl.sock"))
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout)
+            ctl(&n.dir, "counters")
                 .lines()
                 .find_map(|l| l.strip_prefix("registrations "))
                 .and_then(|v| v.trim().parse().ok())
