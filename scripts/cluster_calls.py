@@ -23,39 +23,9 @@ the cluster's rows also pay for sharing them.
 """
 import json, os, subprocess, sys, tempfile, time, uuid
 
-from kit import cpu_ns, parser, t_interval, tree
+from kit import clean_domain, cpu_ns, parser, serve, t_interval, wakeups
 
 DOMAIN = "calls.cluster.test"
-
-
-def wakeups(pid):
-    """Voluntary context switches of every thread of `pid` and its descendants."""
-    n = 0
-    for p in tree(pid):
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                for line in open(f"/proc/{p}/task/{t}/status"):
-                    if line.startswith("voluntary_ctxt_switches"):
-                        n += int(line.split()[1])
-            except OSError:
-                pass
-    return n
-
-
-def serve(sipsec, work, name, text):
-    cfg = os.path.join(work, f"{name}.toml")
-    with open(cfg, "w") as f:
-        f.write(text)
-    p = subprocess.Popen([sipsec, "serve", "--config", cfg], stdout=subprocess.PIPE,
-                         stderr=open(os.path.join(work, f"{name}.log"), "w"), text=True)
-    banner = p.stdout.readline()
-    if not banner.startswith("sipsec listening"):
-        sys.exit(f"{name} did not start: {banner!r}\n" + open(os.path.join(work, f"{name}.log")).read())
-    return p
 
 
 def node_config(port, db, node=None):
@@ -71,8 +41,7 @@ def main():
     args = ap.parse_args()
     if not args.db:
         sys.exit("--db (or SIPSEC_TEST_POSTGRES): a PostgreSQL database the nodes share")
-    subprocess.run(["psql", args.db, "-q", "-c",
-                    f"DELETE FROM location_bindings WHERE aor LIKE '%@{DOMAIN}'"], check=True)
+    clean_domain(args.db, DOMAIN)
     work = tempfile.mkdtemp(prefix="cluster-calls-")
     run = uuid.uuid4().hex[:6]
     p = args.port
@@ -143,8 +112,7 @@ def main():
             s.terminate()
         for s in callees + [single, dispatcher] + nodes:
             s.wait()
-        subprocess.run(["psql", args.db, "-q", "-c",
-                        f"DELETE FROM location_bindings WHERE aor LIKE '%@{DOMAIN}'"])
+        clean_domain(args.db, DOMAIN, check=False)
     print(f"\n{args.rounds} rounds, {args.rate} calls/s per node, {args.seconds} s each "
           f"(mean over rounds ± the 95% t-interval's half-width):")
     for name, rs in rows.items():

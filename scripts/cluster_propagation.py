@@ -28,50 +28,30 @@ on-CPU time from /proc over the measured span). Then the t-interval of each over
 """
 import json, os, select, socket, statistics, subprocess, sys, tempfile, time, uuid
 
-from kit import cpu_ns, parser, t_interval
+from kit import clean_domain, cpu_ns, parser, serve, t_interval, threads_cpu_ns
 
 DOMAIN = "cluster.test"
 
 
 def postgres_cpu_ns():
     """On-CPU ns of every process named postgres."""
-    total = 0
+    pids = []
     for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
         try:
-            if open(f"/proc/{d}/comm").read().strip() != "postgres":
-                continue
-            for t in os.listdir(f"/proc/{d}/task"):
-                total += int(open(f"/proc/{d}/task/{t}/schedstat").read().split()[0])
+            if d.isdigit() and open(f"/proc/{d}/comm").read().strip() == "postgres":
+                pids.append(d)
         except OSError:
             pass
-    return total
-
-
-def clean(db):
-    """Deletes what earlier runs left in the shared table (every binding in DOMAIN), so the
-    nodes start with only their own."""
-    subprocess.run(["psql", db, "-q", "-c",
-                    f"DELETE FROM location_bindings WHERE aor LIKE '%@{DOMAIN}'"], check=True)
+    return threads_cpu_ns(pids)
 
 
 def start_node(sipsec, work, name, port, db, cluster=True):
-    cfg = os.path.join(work, f"{name}.toml")
-    with open(cfg, "w") as f:
-        f.write(
-            f'[server]\nlisten = ["udp:127.0.0.1:{port}"]\ndomains = ["{DOMAIN}"]\nworkers = 1\n'
-            f'[database]\nurl = "{db}"\n'
-            + (f'[cluster]\nnode = "{name}"\n' if cluster else "")
-            +            # Every phone here registers from 127.0.0.1: no per-source limits.
-            f'[flood]\nrate = 0\n[registrar]\nmax_bindings_per_source = 0\nmax_bindings = 1000000\n'
-        )
-    p = subprocess.Popen([sipsec, "serve", "--config", cfg], stdout=subprocess.PIPE,
-                         stderr=open(os.path.join(work, f"{name}.log"), "w"), text=True)
-    banner = p.stdout.readline()
-    if not banner.startswith("sipsec listening"):
-        sys.exit(f"{name} did not start: {banner!r}\n" + open(os.path.join(work, f"{name}.log")).read())
-    return p
+    return serve(sipsec, work, name,
+                 f'[server]\nlisten = ["udp:127.0.0.1:{port}"]\ndomains = ["{DOMAIN}"]\nworkers = 1\n'
+                 f'[database]\nurl = "{db}"\n'
+                 + (f'[cluster]\nnode = "{name}"\n' if cluster else "")
+                 # Every phone here registers from 127.0.0.1: no per-source limits.
+                 + '[flood]\nrate = 0\n[registrar]\nmax_bindings_per_source = 0\nmax_bindings = 1000000\n')
 
 
 def sip(text):
@@ -218,7 +198,7 @@ def main():
     args = ap.parse_args()
     if not args.db:
         sys.exit("--db (or SIPSEC_TEST_POSTGRES): a PostgreSQL database the nodes share")
-    clean(args.db)
+    clean_domain(args.db, DOMAIN)
     work = tempfile.mkdtemp(prefix="cluster-prop-")
     run = uuid.uuid4().hex[:6]
     if not 2 <= args.nodes <= 9:
@@ -253,7 +233,7 @@ def main():
             n.terminate()
         for n in nodes + [single]:
             n.wait()
-        clean(args.db)
+        clean_domain(args.db, DOMAIN)
     print(f"\n{args.rounds} rounds, {args.nodes} nodes, {args.rate} REGISTERs/s offered in all, {args.seconds} s "
           f"each; probe every {args.probe_ms} ms, polled every {args.poll_ms} ms "
           f"(mean over rounds ± the 95% t-interval's half-width):")

@@ -33,6 +33,7 @@ deleted).
 """
 import json, os, shutil, signal, subprocess, sys, tempfile, time
 
+import kit
 from kit import parser
 
 NET = "198.18.36"
@@ -124,14 +125,9 @@ class Postgres:
 
 
 def serve(bed, host, text):
-    cfg = os.path.join(bed.work, f"{host}.toml")
-    with open(cfg, "w") as f:
-        f.write(text)
-    p = bed.run(host, [SIPSEC, "serve", "--config", cfg], log=f"{host}.log", stdout=subprocess.PIPE,
-                text=True)
-    banner = p.stdout.readline()
-    if not banner.startswith("sipsec listening"):
-        sys.exit(f"{host} did not start: {banner!r}\n" + open(os.path.join(bed.work, f"{host}.log")).read())
+    """`sipsec serve` in `host`'s namespace, once it printed its banner."""
+    p = kit.serve(SIPSEC, bed.work, host, text, prefix=["ip", "netns", "exec", bed.ns[host]])
+    bed.procs.append(p)
     return p
 
 

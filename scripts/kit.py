@@ -1,11 +1,13 @@
 """What the scripts here share: where the peers' files are (`peers/sipp`, `peers/kamailio`),
-a process and its descendants from /proc, the command line every script starts from, and a
-Student t interval over rounds.
+a process and its descendants from /proc (their CPU time and wake-ups), the command line
+every script starts from, a Student t interval over rounds, and starting `sipsec serve`.
 """
 
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SIPP = os.path.join(ROOT, "peers", "sipp")
@@ -30,20 +32,66 @@ def tree(pid):
     return out
 
 
-def cpu_ns(pid):
-    """On-CPU nanoseconds (schedstat) of every thread of `pid` and its descendants."""
-    ns = 0
-    for p in tree(pid):
+def threads(pids):
+    """The /proc directory of every thread of each of `pids`."""
+    for p in pids:
         try:
-            tasks = os.listdir(f"/proc/{p}/task")
+            names = os.listdir(f"/proc/{p}/task")
         except OSError:
             continue
-        for t in tasks:
-            try:
-                ns += int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
-            except OSError:
-                pass
+        for t in names:
+            yield f"/proc/{p}/task/{t}"
+
+
+def threads_cpu_ns(pids):
+    """On-CPU nanoseconds (schedstat) of every thread of each of `pids`."""
+    ns = 0
+    for d in threads(pids):
+        try:
+            ns += int(open(f"{d}/schedstat").read().split()[0])
+        except OSError:
+            pass
     return ns
+
+
+def cpu_ns(pid):
+    """On-CPU nanoseconds (schedstat) of every thread of `pid` and its descendants."""
+    return threads_cpu_ns(tree(pid))
+
+
+def wakeups(pid):
+    """Voluntary context switches of every thread of `pid` and its descendants."""
+    n = 0
+    for d in threads(tree(pid)):
+        try:
+            for line in open(f"{d}/status"):
+                if line.startswith("voluntary_ctxt_switches"):
+                    n += int(line.split()[1])
+        except OSError:
+            pass
+    return n
+
+
+def serve(sipsec, work, name, text, prefix=()):
+    """`sipsec serve` on config `text` (written to `work/NAME.toml`, its log to
+    `work/NAME.log`), run under `prefix` (e.g. `ip netns exec NS`), once it printed its
+    banner; exits with its log if it did not start."""
+    cfg = os.path.join(work, f"{name}.toml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    p = subprocess.Popen([*prefix, sipsec, "serve", "--config", cfg], stdout=subprocess.PIPE,
+                         stderr=open(os.path.join(work, f"{name}.log"), "w"), text=True)
+    banner = p.stdout.readline()
+    if not banner.startswith("sipsec listening"):
+        sys.exit(f"{name} did not start: {banner!r}\n" + open(os.path.join(work, f"{name}.log")).read())
+    return p
+
+
+def clean_domain(db, domain, check=True):
+    """Deletes every binding in `domain` from the PostgreSQL database `db` (`psql`): what
+    earlier runs of a script left in a shared table."""
+    subprocess.run(["psql", db, "-q", "-c",
+                    f"DELETE FROM location_bindings WHERE aor LIKE '%@{domain}'"], check=check)
 
 
 def parser(doc, **ints):
