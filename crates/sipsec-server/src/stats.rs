@@ -175,13 +175,17 @@ pub struct Traffic {
     pub(crate) invite_final_response: Histogram,
     /// Gauges, refreshed by the worker every `[overload] interval_ms`: transactions in
     /// progress and finished ones waiting out their timers, open connections, registered
-    /// contacts (the same in every worker's replica), and the busy fraction in millionths.
+    /// contacts (the same in every worker's replica), the load (busy fraction against the CPU
+    /// the worker may use) in millionths.
     pub transactions: AtomicU64,
     pub(crate) transactions_lingering: AtomicU64,
     pub(crate) connections_open: AtomicU64,
     /// Contacts registered, as this worker's replica of the location service holds them.
     pub bindings: AtomicU64,
     pub(crate) busy_ppm: AtomicU64,
+    /// Overload control's estimate of the new requests per second the worker can take at
+    /// its target load (0 until measured).
+    pub(crate) capacity: AtomicU64,
     /// Sources this worker's flood limits refuse now.
     pub(crate) flood_banned: AtomicU64,
 }

@@ -28,8 +28,8 @@
 //!   driver that has it without mail;
 //! - [`Engine::handle_transport_error`]: a request the driver could not deliver;
 //! - [`Engine::handle_timeout`]: when [`Engine::poll_timeout`] has passed;
-//! - `Engine::handle_load`: every `Engine::overload_interval_ms`, the share of it the
-//!   worker was busy (no effects);
+//! - `Engine::handle_load`: every `Engine::overload_interval_ms`, the worker's load and
+//!   queue delay over it (no effects);
 //! - `Engine::handle_reload`: a new configuration (SIGHUP), already checked by
 //!   `Config::restart_only_changes` to differ only where it may (no effects).
 //!
@@ -601,11 +601,18 @@ impl Engine {
         self.drain_outputs(now, fx);
     }
 
-    /// The driver's load measurement, every `[overload] interval_ms`: the share of the last
-    /// interval the worker was busy, and the longest a datagram waited in the kernel before
-    /// it was read (0 when not measured).
-    pub(crate) fn handle_load(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
-        self.overload_measure(now, busy, queue_delay_ms);
+    /// The driver's load measurement, every `[overload] interval_ms`: the worker's load over
+    /// the last interval (its busy fraction, or its CPU against its quota), the least time a
+    /// datagram waited in the kernel before it was read over the interval (a standing queue),
+    /// and how long the last one read waited (both 0 when not measured).
+    pub(crate) fn handle_load(
+        &mut self,
+        now: Millis,
+        load: f64,
+        standing_delay_ms: u64,
+        queue_delay_ms: u64,
+    ) {
+        self.overload_measure(now, load, standing_delay_ms, queue_delay_ms);
     }
 
     /// The start of a message on a stream that is over `max_message_size`: answered 513 if

@@ -1,17 +1,38 @@
-//! A worker's load, the signal of overload control (`engine::overload`): its busy fraction,
-//! the share of each interval it was not blocked in `epoll_wait` waiting for work (nor
-//! sleeping on purpose to batch, `serve::coalesce`), two clock reads per loop pass; and,
-//! near capacity, the longest a datagram waited in the kernel before it was read.
+//! A worker's load, the signal of overload control (`engine::overload`), measured over fixed
+//! intervals:
+//! - its **busy fraction**: the share of the interval it was not blocked in `epoll_wait`
+//!   waiting for work (nor sleeping on purpose to batch, `serve::coalesce`), two clock reads
+//!   per loop pass. Time a CPU quota or another process holds the worker off counts as busy;
+//! - its **CPU fraction against its limit**: the thread's CPU time over the interval (one
+//!   `clock_gettime` an interval) as a share of the CPU a cgroup quota lets each worker use
+//!   (re-read every second: cgroup v1 `cpu.cfs_quota_us`, v2 `cpu.max`, the tightest of the
+//!   thread's group and its ancestors). Under a quota the busy fraction reads the work only
+//!   once the quota runs out, leaping from a third to one at saturation; this reads it
+//!   linearly. The load is the larger of the two (without a quota it is the busy fraction);
+//! - near capacity, how long datagrams waited in the kernel before they were read (kernel
+//!   receive timestamps, the oldest of each batch): the least over the interval — a queue that
+//!   stood the whole interval, CoDel's test, which one late batch after a hiccup does not pass
+//!   — and the last, the queue as the interval ended.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Measures one worker's busy fraction over fixed intervals.
+/// How often the CPU limit is read again (a quota can be set or changed while we run).
+const LIMIT_EVERY: Duration = Duration::from_secs(1);
+
+/// Measures one worker's load over fixed intervals.
 #[derive(Debug)]
 pub(crate) struct BusyMeter {
     interval: Duration,
     start: Instant,
     idle: Duration,
-    delay: Duration,
+    cpu_start: Duration,
+    /// Cores' worth of CPU each worker may use (1 without a quota), and when it was read.
+    limit: f64,
+    limit_read: Option<Instant>,
+    workers: usize,
+    standing: Option<Duration>,
+    latest: Duration,
 }
 
 /// One interval's measurements.
@@ -19,24 +40,43 @@ pub(crate) struct BusyMeter {
 pub struct Load {
     /// The share of the interval the worker was busy.
     pub busy: f64,
-    /// The longest a datagram waited in the kernel before it was read (zero unless
+    /// The thread's CPU time over the interval, as a share of the CPU it may use.
+    pub(crate) cpu: f64,
+    /// The least time a datagram waited in the kernel over the interval (zero unless
     /// measured).
+    pub(crate) standing_delay: Duration,
+    /// How long the last batch's oldest datagram waited (zero unless measured).
     pub(crate) queue_delay: Duration,
 }
 
+impl Load {
+    /// What overload control reads: the busy fraction, or the CPU fraction against the
+    /// limit where that is more.
+    pub(crate) fn load(&self) -> f64 {
+        self.busy.max(self.cpu).clamp(0.0, 1.0)
+    }
+}
+
 impl BusyMeter {
-    pub(crate) fn new(interval: Duration, now: Instant) -> BusyMeter {
+    /// A meter for one of `workers` workers.
+    pub(crate) fn new(interval: Duration, now: Instant, workers: usize) -> BusyMeter {
         BusyMeter {
             interval,
             start: now,
             idle: Duration::ZERO,
-            delay: Duration::ZERO,
+            cpu_start: thread_cpu_time(),
+            limit: 1.0,
+            limit_read: None,
+            workers: workers.max(1),
+            standing: None,
+            latest: Duration::ZERO,
         }
     }
 
-    /// A datagram waited `d` in the kernel before it was read.
+    /// A batch's oldest datagram waited `d` in the kernel before it was read.
     pub(crate) fn queued(&mut self, d: Duration) {
-        self.delay = self.delay.max(d);
+        self.standing = Some(self.standing.map_or(d, |s| s.min(d)));
+        self.latest = d;
     }
 
     /// The worker spent `d` waiting.
@@ -50,16 +90,113 @@ impl BusyMeter {
         if wall < self.interval {
             return None;
         }
+        if self
+            .limit_read
+            .is_none_or(|t| now.saturating_duration_since(t) >= LIMIT_EVERY)
+        {
+            self.limit = cpu_limit().map_or(1.0, |cores| (cores / self.workers as f64).min(1.0));
+            self.limit_read = Some(now);
+        }
+        let cpu_now = thread_cpu_time();
+        let cpu = cpu_now.saturating_sub(self.cpu_start).as_secs_f64();
         let busy = 1.0 - self.idle.as_secs_f64() / wall.as_secs_f64();
         let load = Load {
             busy: busy.clamp(0.0, 1.0),
-            queue_delay: self.delay,
+            cpu: cpu / wall.as_secs_f64() / self.limit,
+            standing_delay: self.standing.unwrap_or_default(),
+            queue_delay: self.latest,
         };
         self.start = now;
+        self.cpu_start = cpu_now;
         self.idle = Duration::ZERO;
-        self.delay = Duration::ZERO;
+        self.standing = None;
+        self.latest = Duration::ZERO;
         Some(load)
     }
+}
+
+/// The calling thread's CPU time so far (also the coalescer's measure).
+pub(crate) fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to write; the clock id is a constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The CPU, in cores, the calling thread's cgroup (and its ancestors) may use, if a quota
+/// limits it.
+fn cpu_limit() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/thread-self/cgroup").ok()?;
+    limit_from(&text, Path::new("/sys/fs/cgroup"))
+}
+
+/// The tightest quota over the group named in `/proc/…/cgroup` text and its ancestors, under
+/// the cgroup mount `root`.
+fn limit_from(cgroup: &str, root: &Path) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    let mut take = |cores: Option<f64>| {
+        if let Some(c) = cores {
+            best = Some(best.map_or(c, |b| b.min(c)));
+        }
+    };
+    for line in cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if controllers.is_empty() {
+            // cgroup v2: the unified hierarchy, `cpu.max` = "QUOTA PERIOD" or "max PERIOD".
+            for dir in ancestors(root, path) {
+                take(read(&dir.join("cpu.max")).and_then(|t| {
+                    let mut f = t.split_whitespace();
+                    let quota: f64 = f.next()?.parse().ok()?;
+                    let period: f64 = f.next()?.parse().ok()?;
+                    (period > 0.0).then(|| quota / period)
+                }));
+            }
+        } else if controllers.split(',').any(|c| c == "cpu") {
+            // cgroup v1: the cpu controller's mount, named as the kernel lists it.
+            for mount in [controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"] {
+                let base = root.join(mount);
+                if !base.join("cpu.cfs_quota_us").exists() {
+                    continue;
+                }
+                for dir in ancestors(&base, path) {
+                    let quota: Option<f64> =
+                        read(&dir.join("cpu.cfs_quota_us")).and_then(|t| t.parse().ok());
+                    let period: Option<f64> =
+                        read(&dir.join("cpu.cfs_period_us")).and_then(|t| t.parse().ok());
+                    take(match (quota, period) {
+                        (Some(q), Some(p)) if q > 0.0 && p > 0.0 => Some(q / p),
+                        _ => None,
+                    });
+                }
+                break;
+            }
+        }
+    }
+    best
+}
+
+/// `base` joined with `path` and each of its ancestors up to `base` itself.
+fn ancestors(base: &Path, path: &str) -> Vec<PathBuf> {
+    let mut dir = base.join(path.trim_start_matches('/'));
+    let mut out = vec![dir.clone()];
+    while dir != base && dir.pop() {
+        out.push(dir.clone());
+    }
+    out
+}
+
+fn read(p: &Path) -> Option<String> {
+    Some(std::fs::read_to_string(p).ok()?.trim().to_string())
 }
 
 #[cfg(test)]
@@ -69,20 +206,89 @@ mod tests {
     #[test]
     fn the_busy_share_is_what_was_not_waited() {
         let t0 = Instant::now();
-        let mut m = BusyMeter::new(Duration::from_millis(100), t0);
+        let mut m = BusyMeter::new(Duration::from_millis(100), t0, 1);
         m.idle(Duration::from_millis(25));
         assert_eq!(m.take(t0 + Duration::from_millis(50)), None);
         m.idle(Duration::from_millis(25));
-        m.queued(Duration::from_millis(3));
-        m.queued(Duration::from_millis(7));
-        m.queued(Duration::from_millis(5));
         let load = m.take(t0 + Duration::from_millis(100)).unwrap();
         assert!((load.busy - 0.5).abs() < 1e-9, "{load:?}");
-        assert_eq!(load.queue_delay, Duration::from_millis(7));
         // The next interval starts afresh.
         assert_eq!(m.take(t0 + Duration::from_millis(150)), None);
         let load = m.take(t0 + Duration::from_millis(200)).unwrap();
         assert!((load.busy - 1.0).abs() < 1e-9, "{load:?}");
-        assert_eq!(load.queue_delay, Duration::ZERO);
+    }
+
+    /// CoDel's rule: a queue counts when it stood the whole interval (its least delay), not
+    /// when one batch came late after a hiccup; the last batch says where it ended.
+    #[test]
+    fn a_late_batch_is_not_a_standing_queue() {
+        let t0 = Instant::now();
+        let mut m = BusyMeter::new(Duration::from_millis(100), t0, 1);
+        for d in [1, 2, 55, 30, 3, 2] {
+            m.queued(Duration::from_millis(d));
+        }
+        let load = m.take(t0 + Duration::from_millis(100)).unwrap();
+        assert_eq!(load.standing_delay, Duration::from_millis(1));
+        assert_eq!(load.queue_delay, Duration::from_millis(2));
+        for d in [40, 60, 80] {
+            m.queued(Duration::from_millis(d));
+        }
+        let load = m.take(t0 + Duration::from_millis(200)).unwrap();
+        assert_eq!(load.standing_delay, Duration::from_millis(40));
+        assert_eq!(load.queue_delay, Duration::from_millis(80));
+        // Not measured: zero.
+        let load = m.take(t0 + Duration::from_millis(300)).unwrap();
+        assert_eq!(load.standing_delay, Duration::ZERO);
+    }
+
+    /// The CPU fraction is the thread's CPU time against its limit: a spinning thread reads
+    /// near 1 of a full core, and four times that against a quarter core's limit.
+    #[test]
+    fn cpu_time_is_read_against_the_limit() {
+        let t0 = Instant::now();
+        let mut m = BusyMeter::new(Duration::from_millis(50), t0, 1);
+        m.limit_read = Some(t0); // keep the default limit (1 core)
+        while t0.elapsed() < Duration::from_millis(60) {
+            std::hint::black_box(0u64);
+        }
+        let load = m.take(Instant::now()).unwrap();
+        // A shared, noisy machine may preempt the thread; it still spun most of the time.
+        assert!(load.cpu > 0.3 && load.cpu <= 1.05, "{load:?}");
+        let full = load.cpu;
+        m.limit = 0.25;
+        let t1 = Instant::now();
+        while t1.elapsed() < Duration::from_millis(60) {
+            std::hint::black_box(0u64);
+        }
+        let load = m.take(Instant::now()).unwrap();
+        assert!(load.cpu > 2.0 * full.min(0.6), "{load:?}");
+        assert_eq!(load.load(), 1.0);
+    }
+
+    #[test]
+    fn quotas_are_read_from_cgroup_v1_and_v2_and_the_tightest_ancestor_wins() {
+        let dir = std::env::temp_dir().join(format!("sipsec-cgroup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // v1: a quarter core on the group, half a core on its parent.
+        let leaf = dir.join("cpu/outer/inner");
+        std::fs::create_dir_all(&leaf).unwrap();
+        let put = |d: &Path, f: &str, v: &str| std::fs::write(d.join(f), v).unwrap();
+        put(&dir.join("cpu"), "cpu.cfs_quota_us", "-1\n");
+        put(&dir.join("cpu"), "cpu.cfs_period_us", "100000\n");
+        put(&dir.join("cpu/outer"), "cpu.cfs_quota_us", "50000\n");
+        put(&dir.join("cpu/outer"), "cpu.cfs_period_us", "100000\n");
+        put(&leaf, "cpu.cfs_quota_us", "2500\n");
+        put(&leaf, "cpu.cfs_period_us", "10000\n");
+        let v1 = "2:cpuacct:/\n1:cpu:/outer/inner\n0::/\n";
+        assert_eq!(limit_from(v1, &dir), Some(0.25));
+        // No quota anywhere: none.
+        assert_eq!(limit_from("1:cpu:/\n", &dir), None);
+        // v2: "max" is no limit; an ancestor's 1.5 cores is.
+        let v2 = dir.join("a/b");
+        std::fs::create_dir_all(&v2).unwrap();
+        put(&v2, "cpu.max", "max 100000\n");
+        put(&dir.join("a"), "cpu.max", "150000 100000\n");
+        assert_eq!(limit_from("0::/a/b\n", &dir), Some(1.5));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

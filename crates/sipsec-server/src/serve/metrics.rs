@@ -216,12 +216,25 @@ impl Collector for ServeMetrics {
         )?;
         w.gauges(
             "sipsec_worker_busy_ratio",
-            "Share of the last overload interval each worker was busy",
+            "Each worker's load over the last overload interval: the share of it the worker was \
+             busy, or of the CPU a quota lets it use if that is more",
             self.workers.iter().enumerate().map(|(i, s)| {
                 let worker = i.to_string();
                 (
                     [("worker", worker)],
                     s.traffic.busy_ppm.load(Relaxed) as f64 / 1e6,
+                )
+            }),
+        )?;
+        w.gauges(
+            "sipsec_worker_capacity",
+            "Overload control's estimate of the new requests per second each worker can take at \
+             its target load (0 until measured under load)",
+            self.workers.iter().enumerate().map(|(i, s)| {
+                let worker = i.to_string();
+                (
+                    [("worker", worker)],
+                    s.traffic.capacity.load(Relaxed) as f64,
                 )
             }),
         )?;

@@ -154,7 +154,7 @@ impl Worker {
         let fds: Vec<RawFd> = self.sockets.iter().map(udp::fd).collect();
         let mut failed: Vec<(Peer, Bytes)> = Vec::new();
         let interval = Duration::from_millis(self.engine.overload_interval_ms());
-        let mut busy = BusyMeter::new(interval, Instant::now());
+        let mut busy = BusyMeter::new(interval, Instant::now(), self.workers.len());
         let mut timestamps = false;
         while !self.shutdown.load(Ordering::Relaxed) {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
@@ -218,13 +218,17 @@ impl Worker {
                 self.flood.on_tick(now, self.engine.stats());
             }
             if let Some(load) = busy.take(woke) {
-                self.engine
-                    .handle_load(now, load.busy, load.queue_delay.as_millis() as u64);
+                self.engine.handle_load(
+                    now,
+                    load.load(),
+                    load.standing_delay.as_millis() as u64,
+                    load.queue_delay.as_millis() as u64,
+                );
                 let open = self.connections.open() as u64;
                 let traffic = &self.engine.stats().traffic;
                 traffic.connections_open.store(open, Ordering::Relaxed);
                 // Kernel timestamps only near capacity, where queue delay is worth knowing.
-                let want = load.busy >= TIMESTAMPS_FROM_BUSY || !load.queue_delay.is_zero();
+                let want = load.load() >= TIMESTAMPS_FROM_LOAD || !load.queue_delay.is_zero();
                 if want != timestamps {
                     timestamps = want;
                     for &fd in &fds {
@@ -281,7 +285,7 @@ impl Worker {
                 // on seeing that 200 cannot find the binding missing here.
                 self.take_mail(fx);
                 let now = self.now();
-                self.coalescer.record(now, n, thread_cpu);
+                self.coalescer.record(now, n, super::busy::thread_cpu_time);
                 for i in 0..n {
                     if let Some((source, data)) = batch.get(i) {
                         let source = Peer::udp_via(source, socket);
@@ -313,7 +317,8 @@ impl Worker {
             // Stream messages count toward the rate that sets how long a wake-up may wait
             // for more, as datagrams do: at the same rate, a TCP or TLS worker is woken as
             // rarely as a UDP one.
-            self.coalescer.record(now, count, thread_cpu);
+            self.coalescer
+                .record(now, count, super::busy::thread_cpu_time);
         }
         for i in 0..count {
             match self.connections.received(i) {
@@ -475,20 +480,6 @@ fn admit(
     }
 }
 
-/// The busy fraction from which a worker has the kernel stamp its datagrams (and measures
+/// The load from which a worker has the kernel stamp its datagrams (and measures
 /// their queue delay); below it nothing is stamped.
-const TIMESTAMPS_FROM_BUSY: f64 = 0.5;
-
-/// CPU time the calling thread has used, for the coalescer's measurements.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write; CLOCK_THREAD_CPUTIME_ID exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
+const TIMESTAMPS_FROM_LOAD: f64 = 0.5;

@@ -1,30 +1,22 @@
 //! Overload control: what a worker admits when it has more work than it can do, what it tells
 //! neighbours that speak RFC 7339/7415, and what it does with what a next hop tells it.
 //!
-//! **The load signal** is the worker's busy fraction: the share of wall time it was not
-//! blocked in `epoll_wait` waiting for work, measured by its driver over each
-//! `[overload] interval_ms` and handed in by [`Engine::handle_load`]. It costs two clock reads per
-//! loop pass, means the same for UDP, TCP and TLS, and counts the time a CPU quota holds the
-//! worker off as busy (a container's limit is the capacity the worker has). But it reads 1.0
-//! alike for a worker just keeping up and for one with a second of datagrams queued behind it
-//! (socket buffers are 8 MB), and calls admitted behind such a queue arrive too late to count.
-//! So near capacity the driver also measures queue delay — how long the oldest datagram of
-//! each batch waited in the kernel, from receive timestamps it turns on only then (stamping
-//! costs every datagram something) — and a queue older than `max_queue_delay_ms` counts as
-//! overload in proportion to its age.
+//! **The load signal** (`serve::busy`, handed in by [`Engine::handle_load`] every
+//! `[overload] interval_ms`) is the worker's busy fraction, or its CPU time against the share
+//! of a cgroup quota it may use where that is more; and, near capacity, the queue delay of
+//! datagrams in the kernel: the least over the interval (a queue that stood throughout) and
+//! the last.
 //!
-//! **Two controllers on that signal**, each a share of new requests, moved every interval by
-//! `(target / busy)^4` within ×0.7…×1.1 (fast down, slow up: a saturated worker cuts a fifth,
-//! an idle one returns over a second), a cut waiting a few intervals after the last one for
-//! the work already queued (or a neighbour's reaction) to show:
-//! - `admit`, towards `target`: the share of sheddable requests this worker takes. The rest
-//!   are answered 503 at once, before any transaction, authentication or location work
-//!   ([`Engine::overload_shed`]), spread evenly (error diffusion, not coin flips).
-//! - `send`, towards the lower `feedback_target`: what neighbours that announced `oc` are told
-//!   to send (loss: refuse `1 − send` of their new requests; rate: `send` × what they sent
-//!   when control began). A neighbour that honours it keeps this worker below `target`, so
-//!   its requests are never shed twice; one that only pretends to (it announces `oc` and sends
-//!   everything) is shed locally like any other.
+//! **The controller** (`control`) turns that into an estimate of the worker's capacity in new
+//! requests per second at `target`, then:
+//! - local admission: once the load reaches `target`, new sheddable requests beyond that
+//!   capacity (a token bucket) are answered 503 at once, before any transaction,
+//!   authentication or location work ([`Engine::overload_shed`]);
+//! - feedback: once the load reaches the lower `feedback_target`, neighbours that announced
+//!   `oc` are told to send their share of the capacity at `feedback_target` — as a loss
+//!   (`1 − budget / what they offer`) or a rate (RFC 7415). A neighbour that honours it keeps
+//!   this worker below `target`, so its requests are never shed twice; one that only
+//!   pretends to (it announces `oc` and sends everything) is shed locally like any other.
 //!
 //! What is never shed: responses, ACK, CANCEL, BYE, a request inside a dialog this server
 //! is in, a retransmission of a request already in progress (its transaction absorbs it
@@ -54,20 +46,13 @@ use sipsec_transport::net::transport::Peer;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-/// The share of new requests either controller never goes below: a worker flooded even with
-/// refusals still completes some calls, and learns when the flood ends.
-const MIN_SHARE: f64 = 0.01;
+mod control;
+
+use control::{Controller, Interval, Targets};
 
 /// Next hops whose feedback is remembered, at most; beyond, feedback from new ones is ignored
 /// until old ones expire.
 const MAX_HOPS: usize = 4096;
-
-/// After cutting a share, the intervals to wait before cutting it again: the work already
-/// queued (and a neighbour's reaction to feedback) takes that long to show in the busy
-/// fraction, and cutting on every interval meanwhile drives the share far below what the
-/// worker can take.
-const LOCAL_HOLD: u64 = 2;
-const FEEDBACK_HOLD: u64 = 4;
 
 /// Neighbours counted per interval to share a rate between (RFC 7415).
 const MAX_RATE_CLIENTS: usize = 256;
@@ -75,22 +60,14 @@ const MAX_RATE_CLIENTS: usize = 256;
 /// A worker's overload control state.
 #[derive(Debug)]
 pub(super) struct Overload {
-    admit: f64,
-    send: f64,
-    /// Error diffusion of `admit`: refusals owed.
-    owed: f64,
-    /// Sheddable requests that arrived since the last update, and from how many neighbours
-    /// that announced `oc`.
-    arrivals: u64,
+    control: Controller,
+    /// This interval's counts, for the controller.
+    interval: Interval,
+    /// Neighbours that announced `oc` this interval (only while feedback is given).
     rate_clients: Vec<SocketAddr>,
-    /// Rate feedback: new requests per second one neighbour may send.
-    rate: f64,
-    /// When the last update ran, for the arrival rate.
+    /// When the last update ran, for the interval's length.
     updated_at: Option<Millis>,
-    /// When `admit` and `send` were last cut.
-    admit_cut_at: Millis,
-    send_cut_at: Millis,
-    /// Feedback is written until then (as "no reduction" once `send` is back at 1).
+    /// Feedback is written until then (as "no reduction" once control is released).
     feedback_until: Millis,
     /// `oc-seq` of the feedback: Unix milliseconds of the update that set it.
     seq_ms: u64,
@@ -101,50 +78,38 @@ pub(super) struct Overload {
 impl Overload {
     pub(super) fn new() -> Overload {
         Overload {
-            admit: 1.0,
-            send: 1.0,
-            owed: 0.0,
-            arrivals: 0,
+            control: Controller::default(),
+            interval: Interval::default(),
             rate_clients: Vec::new(),
-            rate: 0.0,
             updated_at: None,
-            admit_cut_at: 0,
-            send_cut_at: 0,
             feedback_until: 0,
             seq_ms: 0,
             hops: HashMap::new(),
         }
     }
 
-    /// The share of sheddable requests admitted locally.
+    /// The controller (for tests that read its state).
     #[cfg(test)]
-    pub(super) fn admitted_share(&self) -> f64 {
-        self.admit
+    pub(super) fn control(&self) -> &Controller {
+        &self.control
     }
-}
-
-/// One controller step: `share` moved towards keeping `busy` at `target`, except that a cut
-/// waits `hold` since the last one (`cut_at`, updated when it cuts).
-fn step(share: f64, busy: f64, target: f64, now: Millis, hold: Millis, cut_at: &mut Millis) -> f64 {
-    let factor = (target / busy.max(0.01)).powi(4).clamp(0.7, 1.1);
-    if factor < 1.0 {
-        if *cut_at > 0 && now < *cut_at + hold {
-            return share;
-        }
-        *cut_at = now.max(1);
-    }
-    (share * factor).clamp(MIN_SHARE, 1.0)
 }
 
 impl Engine {
     /// Updates the gauges and both controllers from a load measurement
     /// ([`Engine::handle_load`]).
-    pub(super) fn overload_measure(&mut self, now: Millis, busy: f64, queue_delay_ms: u64) {
+    pub(super) fn overload_measure(
+        &mut self,
+        now: Millis,
+        load: f64,
+        standing_delay_ms: u64,
+        queue_delay_ms: u64,
+    ) {
         use std::sync::atomic::Ordering::Relaxed;
         // The gauges `/metrics` reads.
         let t = &self.stats.traffic;
         t.busy_ppm
-            .store((busy.clamp(0.0, 1.0) * 1e6) as u64, Relaxed);
+            .store((load.clamp(0.0, 1.0) * 1e6) as u64, Relaxed);
         let lingering = self.tx.lingering();
         t.transactions
             .store(self.tx.len().saturating_sub(lingering) as u64, Relaxed);
@@ -152,91 +117,74 @@ impl Engine {
         t.bindings.store(self.location.len() as u64, Relaxed);
         let cfg = &self.cfg.overload;
         let o = &mut self.overload;
-        // A busy fraction cannot tell a worker just keeping up from one with a second of
-        // datagrams queued behind it; past `max_queue_delay_ms` the queue says how far over
-        // it is (one more per 50 ms).
-        let busy = match queue_delay_ms.checked_sub(cfg.max_queue_delay_ms) {
-            Some(over) if over > 0 => 1.0 + over as f64 / 50.0,
-            _ => busy.clamp(0.0, 1.0),
-        };
-        let elapsed_s =
-            o.updated_at
-                .map_or(cfg.interval_ms, |t| now.saturating_sub(t).max(1)) as f64
-                / 1000.0;
+        let elapsed_ms = o
+            .updated_at
+            .map_or(cfg.interval_ms, |t| now.saturating_sub(t).max(1));
         o.updated_at = Some(now);
-        let hold = |n: u64| n * cfg.interval_ms;
-        if cfg.enabled {
-            o.admit = step(
-                o.admit,
-                busy,
-                cfg.target,
-                now,
-                hold(LOCAL_HOLD),
-                &mut o.admit_cut_at,
-            );
-        }
-        let was_sending = o.send < 1.0;
-        let before = o.send;
-        o.send = step(
-            o.send,
-            busy,
-            cfg.feedback_target,
-            now,
-            hold(FEEDBACK_HOLD),
-            &mut o.send_cut_at,
+        let iv = Interval {
+            elapsed_s: elapsed_ms as f64 / 1000.0,
+            load,
+            standing_delay_ms,
+            queue_delay_ms,
+            oc_clients: o.rate_clients.len(),
+            ..std::mem::take(&mut o.interval)
+        };
+        o.rate_clients.clear();
+        o.control.update(
+            &iv,
+            &Targets {
+                target: cfg.target,
+                feedback_target: cfg.feedback_target,
+                max_delay_ms: cfg.max_queue_delay_ms,
+            },
         );
-        let clients = o.rate_clients.len().max(1) as f64;
-        let arrival_rate = o.arrivals as f64 / elapsed_s / clients;
-        if o.send < 1.0 {
-            o.rate = if was_sending {
-                (o.rate * o.send / before).max(1.0)
-            } else {
-                (arrival_rate * o.send).max(1.0)
-            };
+        if o.control.feedback_on() {
             o.seq_ms = self.epoch_unix_ms + now;
             o.feedback_until = now + Millis::from(cfg.validity_ms);
         }
-        o.arrivals = 0;
-        o.rate_clients.clear();
+        t.capacity.store(o.control.capacity() as u64, Relaxed);
     }
 
     /// Whether a request must be shed: it is new work of a sheddable kind and local
     /// admission refuses it. Counts the arrival either way.
-    fn overload_must_shed(&mut self, source: Peer, msg: &Message<'_>, to_tagged: bool) -> bool {
+    fn overload_must_shed(
+        &mut self,
+        now: Millis,
+        source: Peer,
+        msg: &Message<'_>,
+        to_tagged: bool,
+    ) -> bool {
         if !self.overload_sheddable(msg) || self.overload_in_our_dialog(msg, to_tagged) {
             return false;
         }
         let cfg = &self.cfg.overload;
         let o = &mut self.overload;
-        o.arrivals += 1;
-        // Neighbours sharing a rate are counted only while feedback is given: below the
-        // threshold a new request costs a counter and nothing more.
-        if o.send < 1.0
-            && o.rate_clients.len() < MAX_RATE_CLIENTS
-            && !o.rate_clients.contains(&source.addr)
-            && overload::offered(msg.top_via()).is_some()
-        {
-            o.rate_clients.push(source.addr);
+        o.interval.arrived += 1;
+        // Below the thresholds a new request costs two counters and nothing more; the
+        // neighbours that speak RFC 7339 are told apart only while feedback is given.
+        let oc = o.control.feedback_on() && overload::offered(msg.top_via()).is_some();
+        if oc {
+            o.interval.oc_arrived += 1;
+            if o.rate_clients.len() < MAX_RATE_CLIENTS && !o.rate_clients.contains(&source.addr) {
+                o.rate_clients.push(source.addr);
+            }
         }
-        if !cfg.enabled || o.admit >= 1.0 {
-            return false;
+        let shed = cfg.enabled
+            && o.control.local_on()
+            && !(cfg.priority
+                && cfg
+                    .priority_sources
+                    .iter()
+                    .any(|n| n.contains(source.addr.ip()))
+                && msg.other_header(b"Resource-Priority").is_some())
+            && !o.control.admit(now);
+        if !shed {
+            o.interval.admitted += 1;
+            if oc {
+                o.interval.oc_admitted += 1;
+            }
         }
-        if cfg.priority
-            && cfg
-                .priority_sources
-                .iter()
-                .any(|n| n.contains(source.addr.ip()))
-            && msg.other_header(b"Resource-Priority").is_some()
-        {
-            return false;
-        }
-        o.owed += 1.0 - o.admit;
-        if o.owed >= 1.0 {
-            o.owed -= 1.0;
-            true
-        } else {
-            false
-        }
+        shed
     }
 
     /// Whether a request is inside a dialog this server is in: it has a To tag (`to_tagged`)
@@ -275,7 +223,7 @@ impl Engine {
         to_tagged: bool,
         fx: &mut Effects,
     ) -> bool {
-        if !self.overload_must_shed(source, msg, to_tagged) {
+        if !self.overload_must_shed(now, source, msg, to_tagged) {
             return false;
         }
         inc(&self.stats.overload_shed);
@@ -301,10 +249,10 @@ impl Engine {
             return None;
         }
         let algorithm = overload::offered(via)?.choose(cfg.algorithm)?;
-        let active = o.send < 1.0;
+        let active = o.control.feedback_on();
         let value = match algorithm {
-            Algorithm::Loss if active => ((1.0 - o.send) * 100.0).round() as u32,
-            Algorithm::Rate if active => o.rate.round() as u32,
+            Algorithm::Loss if active => (o.control.loss() * 100.0).round() as u32,
+            Algorithm::Rate if active => o.control.rate().round().max(1.0) as u32,
             _ => 0,
         };
         Some(Feedback {
