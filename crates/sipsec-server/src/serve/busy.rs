@@ -42,9 +42,9 @@ pub struct Load {
     pub busy: f64,
     /// The thread's CPU time over the interval, as a share of the CPU it may use.
     pub(crate) cpu: f64,
-    /// The least time a datagram waited in the kernel over the interval (zero unless
+    /// The least time a datagram waited in the kernel over the interval (None unless
     /// measured).
-    pub(crate) standing_delay: Duration,
+    pub(crate) standing_delay: Option<Duration>,
     /// How long the last batch's oldest datagram waited (zero unless measured).
     pub(crate) queue_delay: Duration,
 }
@@ -103,7 +103,7 @@ impl BusyMeter {
         let load = Load {
             busy: busy.clamp(0.0, 1.0),
             cpu: cpu / wall.as_secs_f64() / self.limit,
-            standing_delay: self.standing.unwrap_or_default(),
+            standing_delay: self.standing,
             queue_delay: self.latest,
         };
         self.start = now;
@@ -228,17 +228,17 @@ mod tests {
             m.queued(Duration::from_millis(d));
         }
         let load = m.take(t0 + Duration::from_millis(100)).unwrap();
-        assert_eq!(load.standing_delay, Duration::from_millis(1));
+        assert_eq!(load.standing_delay, Some(Duration::from_millis(1)));
         assert_eq!(load.queue_delay, Duration::from_millis(2));
         for d in [40, 60, 80] {
             m.queued(Duration::from_millis(d));
         }
         let load = m.take(t0 + Duration::from_millis(200)).unwrap();
-        assert_eq!(load.standing_delay, Duration::from_millis(40));
+        assert_eq!(load.standing_delay, Some(Duration::from_millis(40)));
         assert_eq!(load.queue_delay, Duration::from_millis(80));
-        // Not measured: zero.
+        // Not measured: none.
         let load = m.take(t0 + Duration::from_millis(300)).unwrap();
-        assert_eq!(load.standing_delay, Duration::ZERO);
+        assert_eq!(load.standing_delay, None);
     }
 
     /// The CPU fraction is the thread's CPU time against its limit: a spinning thread reads

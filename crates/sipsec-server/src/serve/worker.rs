@@ -221,14 +221,16 @@ impl Worker {
                 self.engine.handle_load(
                     now,
                     load.load(),
-                    load.standing_delay.as_millis() as u64,
+                    load.cpu,
+                    load.standing_delay.map(|d| d.as_millis() as u64),
                     load.queue_delay.as_millis() as u64,
                 );
                 let open = self.connections.open() as u64;
                 let traffic = &self.engine.stats().traffic;
                 traffic.connections_open.store(open, Ordering::Relaxed);
                 // Kernel timestamps only near capacity, where queue delay is worth knowing.
-                let want = load.load() >= TIMESTAMPS_FROM_LOAD || !load.queue_delay.is_zero();
+                let want = load.load() >= TIMESTAMPS_FROM_LOAD
+                    || load.standing_delay.is_some_and(|d| !d.is_zero());
                 if want != timestamps {
                     timestamps = want;
                     for &fd in &fds {

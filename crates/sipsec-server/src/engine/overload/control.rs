@@ -1,60 +1,74 @@
 //! The rate-based controller of overload control (RFC 7415 §3, the server's side): from each
-//! interval's load and counts, an estimate of the worker's capacity in new requests per
-//! second, the cap local admission holds arrivals to, and the loss or rate RFC 7339
-//! neighbours are told. No clock and no I/O: the engine hands in an [`Interval`] every
+//! interval's queue delay, load and counts, an estimate of the worker's capacity in new
+//! requests per second, the cap local admission holds arrivals to, and the loss or rate RFC
+//! 7339 neighbours are told. No clock and no I/O: the engine hands in an [`Interval`] every
 //! `[overload] interval_ms` and asks [`Controller::admit`] for each new sheddable request.
 //!
-//! **The estimator.** A worker's capacity is the new requests per second it can take at its
-//! target load. Each interval in which the worker was loaded enough for the figure to mean
-//! something (load ≥ [`SAMPLE_FROM`]) gives a sample, `admitted rate × target / load` — what
-//! it took, scaled to the target by the load it took it at — and the estimate moves
-//! [`GAIN`] of the way to it. Whether the cap binds or not the sample is the same figure:
-//! where the cap binds the admitted rate is the estimate itself, so the update is
-//! `capacity × (1 + GAIN × (target/load − 1))`, a multiplicative step that rests where the
-//! load is at the target. A standing queue (CoDel's rule: the *least* a datagram waited over a
-//! whole interval, so one late batch after a hiccup does not count) beyond `max_queue_delay`
-//! reads as load over 1 in proportion to its age ([`DRAIN_MS`] per unit), which lowers the
-//! sample until the queue drains.
+//! **Saturation** is a queue that stood a whole interval: the least a datagram waited in the
+//! kernel over it was at least [`SATURATED_MS`] (CoDel's rule — one late batch after a hiccup
+//! does not count, nor the slices a CPU quota holds the worker off for). Neither the busy
+//! fraction nor CPU time can say it: a worker that batches more as load grows does more per
+//! CPU second, and measured here it read fully busy at 85% of the rate it could carry. Where
+//! no queue delay is measured (a worker with only streams, or below half load) the load
+//! reaching `target` stands in for it.
 //!
-//! Time constants: with [`GAIN`] = ½ the estimate's error halves every interval (100 ms by
-//! default), so a change of capacity is followed within three intervals to an eighth, and the
-//! noise of one interval moves it by half its size at most. The simulated step response in
-//! this file's tests states what that gives end to end.
+//! **The estimator.** While the worker is saturated, what it took is what it can take: the
+//! admitted rate is a sample of its capacity (refusals' cost included), and the estimate
+//! moves [`GAIN`] of the way to it — unless the queue stands beyond the limit, where the
+//! drain (below) holds admission down and the figure would feed the cut back into itself. While it is held back (something refused, or neighbours
+//! told to send less) and no queue stands, it could take more: the estimate grows by
+//! [`PROBE`] an interval until a queue says otherwise. The estimate thus rests where a small
+//! queue comes and goes, which is where the worker completes the most.
 //!
-//! **Local admission** takes effect once the load reaches the target, as a token bucket at
-//! the estimated capacity (depth [`BURST_S`] of it): new requests beyond it are refused
-//! before any work. It releases after [`RELEASE`] intervals below the target in which
-//! nothing was refused.
+//! Time constants: with [`GAIN`] = ½ a saturated estimate's error halves every interval (100 ms
+//! by default); probing at 5% an interval regains a tenth of capacity in two. The simulated
+//! step responses in this file's tests state what that gives end to end.
 //!
-//! **Feedback** takes effect once the load reaches `feedback_target` (below `target`, so a
-//! neighbour that honours it is never refused locally as well). Its budget for the neighbours
-//! that announced `oc` is the capacity scaled to `feedback_target`, less what other sources
-//! were admitted. A `rate` client is given an equal share of it. A `loss` client is told
-//! `1 − budget / offered`, where offered — what those neighbours would send without
-//! feedback — is what arrived from them, divided by `1 − loss` in force, times the queue's
-//! growth over the interval (a queue that grows by `g` seconds per second is fed `1 + g`
-//! times what is read from it). That loss is computed, not stepped, so it does not oscillate
-//! around capacity: it is where an honest neighbour's offered load meets the budget, reached
-//! in about as many intervals as the offered estimate takes to settle.
+//! **Local admission** takes effect when the worker saturates, as a token bucket at the
+//! estimate (depth [`BURST_S`] of it): new requests beyond it are refused before any work.
+//! A queue that stands beyond `max_queue_delay` drains: the bucket then admits only
+//! `1 − excess / DRAIN_MS` of the estimate. Control is released after [`RELEASE`] intervals in
+//! which nothing was held back.
+//!
+//! **Feedback** takes effect at the same time. Its budget for the neighbours that announced
+//! `oc` is the estimate scaled by `feedback_target / target` (a margin, so a neighbour that
+//! honours it keeps this worker short of a standing queue and is never refused locally as
+//! well), less what other sources were admitted. A `rate` client is given an equal share of
+//! it. A `loss` client is told `1 − budget / offered`, where offered — what those neighbours
+//! would send without feedback — is what arrived from them, divided by `1 − loss` in force,
+//! times the queue's growth over the interval (a queue whose delay grows by `g` seconds per
+//! second is fed `1 + g` times what is read from it). That loss is computed, not stepped, so
+//! it does not oscillate around capacity: it is where an honest neighbour's offered load
+//! meets the budget, reached in the interval after a step.
 
 use sip_core::timer::Millis;
 
-/// Loads below this give no capacity sample: fixed costs (wake-ups, timers) dominate there
-/// and scaling a light load's figure up to the target overstates what the worker can take.
-pub(crate) const SAMPLE_FROM: f64 = 0.4;
-/// Intervals with fewer new requests give no sample (too few to measure a rate).
-const MIN_SAMPLE: u64 = 4;
-/// The share of the way the estimate moves to each sample.
+/// A queue whose least delay over an interval was at least this many milliseconds stood
+/// all interval: the worker is saturated.
+pub(crate) const SATURATED_MS: u64 = 5;
+/// Until a worker first saturates, what it could take is judged from its CPU per new
+/// request (`admitted / cpu`), the best figure of recent intervals at least this loaded.
+const BASELINE_FROM: f64 = 0.3;
+/// The best figure fades by this much an interval (a tenth in about ten seconds), so one
+/// lucky interval does not stand for ever.
+const BASELINE_FADE: f64 = 0.99;
+/// Before control engages, new requests beyond this multiple of that figure are refused: a
+/// sudden flood is held to it from its first interval, which otherwise admits what one
+/// interval brings and whose calls' later messages then swamp the worker for seconds.
+pub(crate) const PREARM: f64 = 2.0;
+/// The share of the way the estimate moves to each saturated sample.
 pub(crate) const GAIN: f64 = 0.5;
+/// How much the estimate grows an interval while the worker is held back without a queue.
+pub(crate) const PROBE: f64 = 0.05;
 /// A standing queue beyond the limit is drained over about this long: admission keeps
 /// `1 − excess / DRAIN_MS` of the capacity (at least [`MIN_DRAIN`]) while it stands.
-pub(crate) const DRAIN_MS: f64 = 500.0;
+pub(crate) const DRAIN_MS: f64 = 100.0;
 /// The least share of the capacity admitted while a queue drains.
 const MIN_DRAIN: f64 = 0.1;
 /// The share of the way the estimate of what `oc` neighbours offer moves to each sample: it
 /// is a ratio of counts, not an integrator, so noise in it passes through once rather than
-/// accumulating, and a fast gain follows a step within two intervals.
-const OFFERED_GAIN: f64 = 1.0;
+/// accumulating, and following a step at once is what keeps the loss from lagging it.
+const OFFERED_GAIN: f64 = 0.7;
 /// The token bucket holds this many seconds of the capacity: a batch of datagrams read at once
 /// is not refused for arriving together.
 pub(crate) const BURST_S: f64 = 0.02;
@@ -63,6 +77,11 @@ pub(crate) const RELEASE: u32 = 3;
 /// The share of new requests never refused, however saturated: a worker flooded even with
 /// refusals still completes some calls, and learns when the flood ends.
 pub(crate) const MIN_SHARE: f64 = 0.01;
+/// Without that figure, the share of what the saturating interval took that the estimate
+/// starts from (probing regains the rest).
+const FIRST_SHARE: f64 = 0.5;
+/// Intervals with fewer new requests say nothing of their cost.
+const MIN_BASELINE: u64 = 20;
 /// The least capacity ever estimated, new requests per second.
 const MIN_CAPACITY: f64 = 1.0;
 
@@ -71,11 +90,13 @@ const MIN_CAPACITY: f64 = 1.0;
 pub(crate) struct Interval {
     /// The interval's length, seconds.
     pub(crate) elapsed_s: f64,
-    /// The worker's load: its busy fraction against the CPU it may use.
+    /// The worker's load: its busy fraction, or its CPU against the CPU it may use if more.
     pub(crate) load: f64,
-    /// The least time a datagram waited in the kernel over the interval, milliseconds (0 when
-    /// not measured): a queue that stood all interval (CoDel's rule).
-    pub(crate) standing_delay_ms: u64,
+    /// Its CPU time over the interval as a share of the CPU it may use.
+    pub(crate) cpu: f64,
+    /// The least time a datagram waited in the kernel over the interval, milliseconds (None
+    /// when not measured): a queue that stood all interval (CoDel's rule).
+    pub(crate) standing_delay_ms: Option<u64>,
     /// How long the last datagram read in the interval waited, milliseconds (0 when not
     /// measured): the queue as the interval ended.
     pub(crate) queue_delay_ms: u64,
@@ -94,9 +115,10 @@ pub(crate) struct Interval {
 /// The thresholds the controller works to (`[overload]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Targets {
-    /// The load local admission holds the worker to.
+    /// The load that counts as saturation where no queue delay is measured.
     pub(crate) target: f64,
-    /// The load feedback steers neighbours to.
+    /// With `target`, the margin feedback leaves: neighbours are given `feedback_target /
+    /// target` of the capacity.
     pub(crate) feedback_target: f64,
     /// Standing queue delay beyond which the worker counts as overloaded, milliseconds.
     pub(crate) max_delay_ms: u64,
@@ -108,12 +130,15 @@ pub(crate) struct Targets {
 /// [`Controller::feedback_on`].
 #[derive(Debug)]
 pub(crate) struct Controller {
-    /// New requests per second the worker can take at its target load (0: not measured).
+    /// New requests per second the worker can take (0: not measured).
     capacity: f64,
+    /// New requests per second its CPU would take at the rate recent intervals cost
+    /// (`admitted / cpu`, the best of them, fading), for before it first saturates.
+    baseline: f64,
     local: bool,
     feedback: bool,
-    calm_local: u32,
-    calm_feedback: u32,
+    /// Intervals in a row in which nothing was held back.
+    calm: u32,
     /// What `oc` neighbours would send without feedback, requests per second (smoothed).
     oc_offered: f64,
     /// The loss in force for `oc` neighbours (0–1).
@@ -132,10 +157,10 @@ impl Default for Controller {
     fn default() -> Controller {
         Controller {
             capacity: 0.0,
+            baseline: 0.0,
             local: false,
             feedback: false,
-            calm_local: 0,
-            calm_feedback: 0,
+            calm: 0,
             oc_offered: 0.0,
             loss: 0.0,
             rate: 0.0,
@@ -151,64 +176,74 @@ impl Controller {
     /// Takes one interval's measurements.
     pub(crate) fn update(&mut self, iv: &Interval, t: &Targets) {
         let elapsed = iv.elapsed_s.max(1e-3);
-        // A queue that stood all interval means the worker was saturated, whatever the clock
-        // says; beyond the limit it must also drain.
-        let over_ms = iv.standing_delay_ms.saturating_sub(t.max_delay_ms);
-        let load = if over_ms > 0 {
-            iv.load.max(1.0)
-        } else {
-            iv.load
+        let admitted_rate = iv.admitted as f64 / elapsed;
+        let standing = iv.standing_delay_ms.unwrap_or(0);
+        let saturated = match iv.standing_delay_ms {
+            Some(ms) => ms >= SATURATED_MS,
+            None => iv.load >= t.target,
         };
+        let over_ms = standing.saturating_sub(t.max_delay_ms);
         self.drain = (1.0 - over_ms as f64 / DRAIN_MS).clamp(MIN_DRAIN, 1.0);
+        let refused = iv.arrived.saturating_sub(iv.admitted);
+        let held_back = refused > 0 || (self.feedback && self.loss > 0.0);
         let engaged = self.local || self.feedback;
-        if iv.admitted >= MIN_SAMPLE && (load >= SAMPLE_FROM || engaged) {
-            let mut sample = iv.admitted as f64 / elapsed * t.target / load.max(0.01);
-            if self.capacity > 0.0 {
-                // A light load's figure scaled up is an overstatement: let it raise the
-                // estimate at most twofold an interval.
-                sample = sample.min(2.0 * self.capacity);
-                self.capacity += GAIN * (sample - self.capacity);
+        self.baseline *= BASELINE_FADE;
+        if !saturated && !engaged && iv.cpu >= BASELINE_FROM && iv.admitted >= MIN_BASELINE {
+            self.baseline = self.baseline.max(admitted_rate / iv.cpu);
+        }
+        if saturated && !engaged {
+            // The interval that saturated took what one interval brought, whose calls' later
+            // messages have yet to come: start from what the CPU says, when it has said.
+            self.capacity = if self.baseline > 0.0 {
+                self.baseline
             } else {
-                self.capacity = sample;
+                admitted_rate * FIRST_SHARE
+            };
+        } else if saturated && iv.admitted > 0 {
+            // Beyond the limit the drain holds admission down, so what was taken says how
+            // hard it drained, not what the worker can take: no sample.
+            if over_ms == 0 {
+                self.capacity += GAIN * (admitted_rate - self.capacity);
             }
-        } else if load >= t.target && self.capacity > 0.0 {
+        } else if saturated && self.capacity > 0.0 {
             // Saturated by work that is not new requests (responses, dialogs already in
             // progress): leave new ones less room.
             self.capacity *= 1.0 - GAIN;
+        } else if held_back {
+            self.capacity = self.capacity.max(admitted_rate) * (1.0 + PROBE);
         }
         if self.capacity > 0.0 {
             self.capacity = self.capacity.max(MIN_CAPACITY);
         }
 
-        let refused = iv.arrived.saturating_sub(iv.admitted);
-        if load >= t.target && self.capacity > 0.0 {
+        if saturated && self.capacity > 0.0 {
             if !self.local {
                 self.tokens = self.depth();
             }
             self.local = true;
-            self.calm_local = 0;
-        } else if self.local {
-            self.calm_local = if refused == 0 { self.calm_local + 1 } else { 0 };
-            if self.calm_local >= RELEASE {
+            self.feedback = true;
+            self.calm = 0;
+        } else if self.local || self.feedback {
+            self.calm = if held_back { 0 } else { self.calm + 1 };
+            if self.calm >= RELEASE {
                 self.local = false;
+                self.feedback = false;
+                self.oc_offered = 0.0;
+                self.loss = 0.0;
             }
         }
-
-        if load >= t.feedback_target && self.capacity > 0.0 {
-            self.feedback = true;
-        }
         if self.feedback {
-            self.feedback_step(iv, t, load);
+            self.feedback_step(iv, t);
         }
         self.prev_delay_ms = iv.queue_delay_ms;
     }
 
-    fn feedback_step(&mut self, iv: &Interval, t: &Targets, load: f64) {
+    fn feedback_step(&mut self, iv: &Interval, t: &Targets) {
         let elapsed = iv.elapsed_s.max(1e-3);
         // A queue whose delay grew by g seconds over the interval was fed 1 + g/elapsed
         // times what was read from it.
         let growth_s = (iv.queue_delay_ms as f64 - self.prev_delay_ms as f64) / 1000.0;
-        let fed = (1.0 + growth_s / elapsed).clamp(0.1, 10.0);
+        let fed = (1.0 + growth_s / elapsed).clamp(0.5, 2.0);
         let sent = iv.oc_arrived as f64 / elapsed * fed;
         let sample = sent / (1.0 - self.loss.min(1.0 - MIN_SHARE));
         self.oc_offered = if self.oc_offered > 0.0 {
@@ -226,15 +261,6 @@ impl Controller {
         } else {
             0.0
         };
-        if self.loss == 0.0 && load < t.feedback_target {
-            self.calm_feedback += 1;
-            if self.calm_feedback >= RELEASE {
-                self.feedback = false;
-                self.oc_offered = 0.0;
-            }
-        } else {
-            self.calm_feedback = 0;
-        }
     }
 
     /// The rate local admission holds new requests to: the capacity, less what a standing
@@ -249,12 +275,16 @@ impl Controller {
 
     /// Whether local admission takes a new sheddable request arriving at `now`.
     pub(crate) fn admit(&mut self, now: Millis) -> bool {
-        if !self.local {
+        let rate = if self.local {
+            self.cap()
+        } else if self.baseline > 0.0 {
+            PREARM * self.baseline
+        } else {
             return true;
-        }
+        };
         let dt = now.saturating_sub(self.refilled_at) as f64 / 1000.0;
         self.refilled_at = now;
-        self.tokens = (self.tokens + dt * self.cap()).min(self.depth());
+        self.tokens = (self.tokens + dt * rate).min((rate * BURST_S).max(1.0));
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -402,13 +432,14 @@ mod tests {
                 self.now_ms += 1;
             }
             iv.load = (busy / iv.elapsed_s).min(1.0);
-            iv.standing_delay_ms = if standing == u64::MAX { 0 } else { standing };
+            iv.cpu = iv.load;
+            iv.standing_delay_ms = Some(if standing == u64::MAX { 0 } else { standing });
             iv.queue_delay_ms = latest;
             self.ctl.update(&iv, &TARGETS);
             Step {
                 admitted_rate: iv.admitted as f64 / iv.elapsed_s,
                 loss: self.ctl.loss(),
-                standing_ms: iv.standing_delay_ms,
+                standing_ms: iv.standing_delay_ms.unwrap_or(0),
                 load: iv.load,
             }
         }
@@ -420,62 +451,62 @@ mod tests {
 
     const CAPACITY: f64 = 2000.0;
 
+    /// The mean admitted rate over `steps`, as a share of the capacity.
+    fn mean(steps: &[Step]) -> f64 {
+        steps.iter().map(|s| s.admitted_rate).sum::<f64>() / steps.len() as f64 / CAPACITY
+    }
+
     /// Callers that honour the loss, offered 1× the capacity, then 4×, then 1× again. The
-    /// step response: at 4× the worker takes at least 0.85 of its capacity from the sixth
-    /// interval on and settles at the feedback target (0.9) without oscillating (the loss
-    /// within 0.75–0.8 from the tenth); the queue the first intervals build never stands
-    /// beyond 200 ms; back at 1×, the loss is where it belongs from the second interval.
+    /// step response: at 1× nothing is held back; at 4× the first intervals build a queue and
+    /// the loss overshoots while it drains, then from the eighth interval the worker takes at least
+    /// 0.9 of its capacity in every interval and 0.97 on average, a queue of a few
+    /// milliseconds coming and going as the estimate probes; back at 1×, control is gone from
+    /// the third interval.
     #[test]
     fn honest_callers_settle_at_capacity_after_a_step_to_four_times_and_back() {
         let mut sim = Sim::new(CAPACITY, 0.05, true);
         let before = sim.run(CAPACITY, 30);
-        let up = sim.run(4.0 * CAPACITY, 30);
+        let up = sim.run(4.0 * CAPACITY, 40);
         let down = sim.run(CAPACITY, 30);
-        let settles = |name: &str, steps: &[Step], from: usize| {
-            for (i, s) in steps.iter().enumerate().skip(from) {
-                assert!(
-                    (0.85 * CAPACITY..=0.95 * CAPACITY).contains(&s.admitted_rate),
-                    "{name}, interval {i}: {s:?}"
-                );
-                // Below the target: honest neighbours are never refused locally as well.
-                assert!(s.load < TARGETS.target, "{name}, interval {i}: {s:?}");
-            }
-            let worst = steps.iter().map(|s| s.standing_ms).max().unwrap();
-            assert!(worst <= 200, "{name}: a queue of {worst} ms: {steps:?}");
-        };
-        settles("1x", &before, 2);
-        settles("4x", &up, 6);
-        settles("back to 1x", &down, 1);
+        assert!(before.iter().all(|s| s.loss == 0.0), "{before:?}");
+        assert!(mean(&before) >= 0.99, "{before:?}");
+        for (i, s) in up.iter().enumerate().skip(8) {
+            assert!(s.admitted_rate >= 0.9 * CAPACITY, "4x, interval {i}: {s:?}");
+        }
+        assert!(mean(&up[8..]) >= 0.97, "{up:?}");
+        let worst = up.iter().map(|s| s.standing_ms).max().unwrap();
+        assert!(worst <= 250, "4x: a queue of {worst} ms: {up:?}");
+        // At 4x the loss holds near 1 − 1/4 without oscillating far.
         let (lo, hi) = up[10..].iter().fold((1.0f64, 0.0f64), |(lo, hi), s| {
             (lo.min(s.loss), hi.max(s.loss))
         });
-        assert!(
-            lo >= 0.75 && hi <= 0.8,
-            "at 4x the loss holds at 1 − 0.9/4: {lo}..{hi}"
-        );
-        assert!(down[1..].iter().all(|s| s.loss <= 0.12), "{down:?}");
+        assert!(lo >= 0.7 && hi <= 0.8, "{lo}..{hi}");
+        assert!(down[2..].iter().all(|s| s.loss == 0.0), "{down:?}");
+        assert!(mean(&down[2..]) >= 0.99, "{down:?}");
     }
 
     /// Callers that ignore the feedback, 4× the capacity, refusals costing a twentieth of a
-    /// call: from the twelfth interval local admission keeps at least 0.9 of the bound
-    /// 1/(1 + 3r) that the cost of refusals leaves. (Slower than with honest callers: the
-    /// refusals' share of the load does not move with the cap, so each step of the estimate
-    /// closes only the admitted share of the error.)
+    /// call: from the fifth interval local admission keeps on average at least 0.9 of the
+    /// bound 1/(1 + 3r) that the cost of refusals leaves; it swings for about two seconds (a
+    /// probe overshoots, a queue stands, the drain cuts) and from the 25th interval holds at
+    /// least 0.9 of the bound in every interval,
+    /// its estimate probing up until a queue stands and following what the worker took then.
     #[test]
     fn plain_callers_keep_most_of_what_refusals_leave() {
         let r = 0.05;
         let mut sim = Sim::new(CAPACITY, r, false);
         sim.run(CAPACITY / 2.0, 10);
-        let up = sim.run(4.0 * CAPACITY, 40);
+        let up = sim.run(4.0 * CAPACITY, 50);
         let bound = 1.0 / (1.0 + 3.0 * r);
-        for (i, s) in up.iter().enumerate().skip(12) {
+        assert!(mean(&up[5..]) >= 0.9 * bound, "{up:?} (bound {bound})");
+        for (i, s) in up.iter().enumerate().skip(25) {
             assert!(
                 s.admitted_rate >= 0.9 * bound * CAPACITY,
                 "interval {i}: {s:?} (bound {bound})"
             );
         }
         let worst = up.iter().map(|s| s.standing_ms).max().unwrap();
-        assert!(worst <= 200, "a queue of {worst} ms: {up:?}");
+        assert!(worst <= 250, "a queue of {worst} ms: {up:?}");
     }
 
     /// Below the target nothing is refused and no neighbour is told anything.
@@ -484,6 +515,10 @@ mod tests {
         let mut sim = Sim::new(CAPACITY, 0.1, true);
         let steps = sim.run(0.8 * CAPACITY, 50);
         assert!(steps.iter().all(|s| s.loss == 0.0), "{steps:?}");
+        assert!(
+            steps.iter().all(|s| (s.load - 0.8).abs() < 0.02),
+            "{steps:?}"
+        );
         assert!(!sim.ctl.local_on() && !sim.ctl.feedback_on());
         let admitted: f64 = steps.iter().map(|s| s.admitted_rate).sum::<f64>() / 50.0;
         assert!(

@@ -102,7 +102,8 @@ impl Engine {
         &mut self,
         now: Millis,
         load: f64,
-        standing_delay_ms: u64,
+        cpu: f64,
+        standing_delay_ms: Option<u64>,
         queue_delay_ms: u64,
     ) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -124,6 +125,7 @@ impl Engine {
         let iv = Interval {
             elapsed_s: elapsed_ms as f64 / 1000.0,
             load,
+            cpu,
             standing_delay_ms,
             queue_delay_ms,
             oc_clients: o.rate_clients.len(),
@@ -137,6 +139,18 @@ impl Engine {
                 feedback_target: cfg.feedback_target,
                 max_delay_ms: cfg.max_queue_delay_ms,
             },
+        );
+        tracing::debug!(
+            load = iv.load,
+            standing_ms = ?iv.standing_delay_ms,
+            queue_ms = iv.queue_delay_ms,
+            arrived = iv.arrived,
+            admitted = iv.admitted,
+            oc_arrived = iv.oc_arrived,
+            capacity = o.control.capacity(),
+            local = o.control.local_on(),
+            loss = o.control.loss(),
+            "overload interval"
         );
         if o.control.feedback_on() {
             o.seq_ms = self.epoch_unix_ms + now;
@@ -170,7 +184,6 @@ impl Engine {
             }
         }
         let shed = cfg.enabled
-            && o.control.local_on()
             && !(cfg.priority
                 && cfg
                     .priority_sources
