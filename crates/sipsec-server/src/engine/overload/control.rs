@@ -265,7 +265,7 @@ impl Controller {
 
     /// The rate local admission holds new requests to: the capacity, less what a standing
     /// queue needs to drain.
-    fn cap(&self) -> f64 {
+    pub(crate) fn cap(&self) -> f64 {
         self.capacity * self.drain
     }
 

@@ -9,11 +9,13 @@
 //!
 //! **The controller** (`control`) turns that into an estimate of the worker's capacity in new
 //! requests per second at `target`, then:
-//! - local admission: once the load reaches `target`, new sheddable requests beyond that
+//! - local admission: once the worker saturates, new sheddable requests beyond that
 //!   capacity (a token bucket) are answered 503 at once, before any transaction,
-//!   authentication or location work ([`Engine::overload_shed`]);
-//! - feedback: once the load reaches the lower `feedback_target`, neighbours that announced
-//!   `oc` are told to send their share of the capacity at `feedback_target` — as a loss
+//!   authentication or location work ([`Engine::overload_shed`]); the capacity is shared
+//!   between source addresses max-min fairly (`fair`), so a source flooding far beyond its
+//!   share is refused first;
+//! - feedback: at the same time, neighbours that announced `oc` are told to send their
+//!   share of the capacity, with a margin (`feedback_target / target`) — as a loss
 //!   (`1 − budget / what they offer`) or a rate (RFC 7415). A neighbour that honours it keeps
 //!   this worker below `target`, so its requests are never shed twice; one that only
 //!   pretends to (it announces `oc` and sends everything) is shed locally like any other.
@@ -47,8 +49,10 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 mod control;
+mod fair;
 
 use control::{Controller, Interval, Targets};
+use fair::Shares;
 
 /// Next hops whose feedback is remembered, at most; beyond, feedback from new ones is ignored
 /// until old ones expire.
@@ -61,6 +65,8 @@ const MAX_RATE_CLIENTS: usize = 256;
 #[derive(Debug)]
 pub(super) struct Overload {
     control: Controller,
+    /// Each source's share of the capacity while local admission is on.
+    shares: Shares,
     /// This interval's counts, for the controller.
     interval: Interval,
     /// Neighbours that announced `oc` this interval (only while feedback is given).
@@ -79,6 +85,7 @@ impl Overload {
     pub(super) fn new() -> Overload {
         Overload {
             control: Controller::default(),
+            shares: Shares::default(),
             interval: Interval::default(),
             rate_clients: Vec::new(),
             updated_at: None,
@@ -140,6 +147,8 @@ impl Engine {
                 max_delay_ms: cfg.max_queue_delay_ms,
             },
         );
+        o.shares
+            .update(iv.elapsed_s, o.control.cap(), o.control.local_on());
         tracing::debug!(
             load = iv.load,
             standing_ms = ?iv.standing_delay_ms,
@@ -190,7 +199,13 @@ impl Engine {
                     .iter()
                     .any(|n| n.contains(source.addr.ip()))
                 && msg.other_header(b"Resource-Priority").is_some())
-            && !o.control.admit(now);
+            && match o.control.local_on() {
+                true => match o.shares.admit(source.addr.ip()) {
+                    Some(admit) => !admit,
+                    None => !o.control.admit(now),
+                },
+                false => !o.control.admit(now),
+            };
         if !shed {
             o.interval.admitted += 1;
             if oc {

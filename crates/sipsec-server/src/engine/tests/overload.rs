@@ -428,3 +428,41 @@ fn a_standing_queue_beyond_the_limit_counts_as_overload_however_busy() {
     interval(&mut e, 0, 50, 1.0, 4);
     assert!(!e.overload.control().local_on());
 }
+
+/// Under overload a source offering far more than its share is refused first: ALICE floods
+/// at ten times what another source sends, and once an interval has counted them the other
+/// source's calls all go through while ALICE's are cut to what is left (without shares, the
+/// bucket would pass the other source's calls in proportion: one in seventeen).
+#[test]
+fn a_flooding_source_cannot_take_the_capacity_of_a_well_behaved_one() {
+    const OTHER: &str = "127.0.0.9:5070";
+    let mut e = overloaded("");
+    let capacity = e.overload.control().capacity();
+    let from = |e: &mut Engine, who: &str, now: Millis, n: usize| {
+        let text = invite(n, "", "").replacen("127.0.0.2:5070", who, 1);
+        let (sent, _) = deliver(e, now, who, &text);
+        !sent.iter().any(|s| s.status() == Some(503))
+    };
+    // Two intervals of 100 ms: ALICE at 5,000/s, the other source at 100/s (under its share,
+    // half the capacity). The first interval counts them; the second is judged by it.
+    let mut n = 3_000_000;
+    let mut other_kept = 0;
+    for i in 0..2u64 {
+        let start = 1000 + i * 100;
+        for ms in 0..100 {
+            for _ in 0..5 {
+                n += 1;
+                from(&mut e, ALICE, start + ms, n);
+            }
+            if ms % 10 == 0 {
+                n += 1;
+                if from(&mut e, OTHER, start + ms, n) && i == 1 {
+                    other_kept += 1;
+                }
+            }
+        }
+        e.handle_load(start + 100, 1.0, 1.0, Some(10), 10);
+    }
+    assert!(capacity > 200.0, "{capacity}");
+    assert_eq!(other_kept, 10, "the well-behaved source lost calls");
+}
