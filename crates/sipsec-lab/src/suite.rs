@@ -1033,7 +1033,7 @@ pub(crate) const OVERLOAD_QUOTA: f64 = 0.25;
 /// The overload suite's grid: every row's goodput is measured at these multiples of one
 /// reference capacity (the uncontrolled server's peak, searched once per run), so every row
 /// is read at the same offered rates.
-pub const GRID: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 3.0];
+pub const GRID: [f64; 6] = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0];
 
 /// The grid's offered rates for a reference capacity, operations per second: what the run
 /// offers and what the report reads at.
@@ -1044,8 +1044,8 @@ pub fn grid(reference: f64) -> Vec<f64> {
 pub const REFERENCE: &str = "reference";
 
 /// Overload control (seed 004's collapse past the peak, and RFC 7339/7415): goodput against
-/// offered load up to three times the peak, for sipsec with control off and on, with a load
-/// that honours the feedback, for Kamailio, and for two sipsec hops.
+/// offered load up to four times the peak, for sipsec with control off and on, with a load
+/// that honours the feedback, over UDP and over TLS, for Kamailio, and for two sipsec hops.
 fn overload() -> Suite {
     use Setup::{Plain, Upstream};
     // Every row holds the server to the quota and is read against control off.
@@ -1072,6 +1072,25 @@ fn overload() -> Suite {
             BenchArgs {
                 oc: true,
                 ..quota()
+            },
+        ),
+        at_quota(
+            "on-tls",
+            "sipsec over TLS, local admission control",
+            Plain,
+            BenchArgs {
+                cpu_quota: Some(OVERLOAD_QUOTA),
+                ..tls(SeedMode::Chain, OnOff::On, false)
+            },
+        ),
+        at_quota(
+            "on-oc-tls",
+            "sipsec over TLS, callers honour RFC 7339 feedback",
+            Plain,
+            BenchArgs {
+                cpu_quota: Some(OVERLOAD_QUOTA),
+                oc: true,
+                ..tls(SeedMode::Chain, OnOff::On, false)
             },
         ),
         Row {
@@ -1102,10 +1121,11 @@ fn overload() -> Suite {
         about: "Seed 004 saw servers collapse past their peak: retransmissions multiply the \
                 load and the server spends itself on calls that time out. Here the server \
                 is held to a quarter of a core (a cgroup CPU quota) so one core of load can \
-                offer it three times its peak. The uncontrolled server's peak is searched \
-                once per run (the reference capacity); every row's goodput (calls completed \
-                within 500 ms per second) is then measured at the same offered rates, half \
-                to three times that reference, and read as a share of it. The CPU column is \
+                offer it four times its peak. The uncontrolled server's peak over UDP is \
+                searched once per run (the reference capacity); every row's goodput (calls \
+                completed within 500 ms per second) is then measured at the same offered \
+                rates, half to four times that reference, and read as a share of it — the \
+                TLS rows too, whose own capacity is lower. The CPU column is \
                 at a rate below the peak, where control must cost nothing.",
         rows,
         lab_build: false,

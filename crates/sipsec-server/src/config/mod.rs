@@ -494,17 +494,19 @@ impl Default for RawOverload {
 /// Overload control (`[overload]`, `engine::overload`).
 #[derive(Debug, Clone)]
 pub struct OverloadConfig {
-    /// Local admission control on.
+    /// Local admission control on: a saturated worker refuses new requests beyond its
+    /// estimated capacity.
     pub enabled: bool,
-    /// The busy fraction of a worker above which it sheds new requests itself.
+    /// The load that counts as saturation where no queue delay is measured (a worker with
+    /// only streams, or below half load).
     pub target: f64,
-    /// The busy fraction RFC 7339/7415 feedback steers neighbours to (below `target`, so a
-    /// neighbour that honours it is never shed locally as well).
+    /// RFC 7339/7415 neighbours are given `feedback_target / target` of the capacity: a
+    /// margin, so a neighbour that honours it is never shed locally as well.
     pub(crate) feedback_target: f64,
     /// How often a worker measures its load and updates what it admits, in milliseconds.
     pub interval_ms: u64,
-    /// Queue delay of datagrams (kernel receive to read) beyond which a worker counts as
-    /// over its capacity, however the busy fraction reads.
+    /// A queue of datagrams (kernel receive to read) standing longer than this drains:
+    /// admission keeps less of the capacity until it is gone.
     pub(crate) max_queue_delay_ms: u64,
     /// Methods whose out-of-dialog requests may be shed (upper case).
     pub methods: Vec<String>,
