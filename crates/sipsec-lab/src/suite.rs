@@ -1080,7 +1080,7 @@ fn overload() -> Suite {
             Plain,
             BenchArgs {
                 cpu_quota: Some(OVERLOAD_QUOTA),
-                ..tls(SeedMode::Chain, OnOff::On, false)
+                ..tls(Chain, On, false)
             },
         ),
         at_quota(
@@ -1090,7 +1090,7 @@ fn overload() -> Suite {
             BenchArgs {
                 cpu_quota: Some(OVERLOAD_QUOTA),
                 oc: true,
-                ..tls(SeedMode::Chain, OnOff::On, false)
+                ..tls(Chain, On, false)
             },
         ),
         Row {

@@ -1,5 +1,5 @@
 //! Overload control with real processes: a server made to think itself overloaded (a target
-//! busy fraction of 2%, which any real load exceeds) sheds new calls with 503s that Kamailio,
+//! load of 2%, a cap on the load that any real load exceeds) sheds new calls with 503s that Kamailio,
 //! a neighbour without RFC 7339, relays as valid SIP; a load generator that speaks RFC 7339
 //! sends less instead of being refused; and an upstream sipsec refuses the excess itself.
 //!
@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A stateful proxy on `port` routing every call to `uas`, whose overload control believes
-/// itself overloaded whenever it is more than 2% busy.
+/// itself saturated whenever its load is over 2% (a `target` below half load caps the load).
 fn overloaded_config(port: u16, uas: &str, dir: &Path, extra: &str) -> String {
     format!(
         "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\n\
@@ -122,10 +122,16 @@ fn an_overloaded_server_sheds_new_calls_with_503s_that_kamailio_relays_as_valid_
     // Every call shed was answered through Kamailio, which parsed and relayed each 503 (as
     // 500, as RFC 3261 §16.7 asks of a proxy: the 503 was not about Kamailio itself);
     // nothing else failed, and nothing stray came back.
-    assert_eq!(failures(&v, "500 Service Unavailable"), shed, "{v}");
+    // A server keeps no state for what it sheds, so an INVITE Kamailio sends again (its
+    // retransmission timer crossing the 503) is shed again: a few more sheds than calls.
+    let relayed = failures(&v, "500 Service Unavailable");
+    assert!(
+        relayed <= shed && shed <= relayed + relayed / 10,
+        "shed {shed}, relayed {relayed}: {v}"
+    );
     assert_eq!(
         n(&v, "failed"),
-        shed,
+        relayed,
         "only shed calls failed: {:?}",
         v["failures_by_reason"]
     );
@@ -133,7 +139,7 @@ fn an_overloaded_server_sheds_new_calls_with_503s_that_kamailio_relays_as_valid_
     // The calls admitted completed, BYE included, through both proxies.
     let ok = n(&v, "succeeded");
     assert!(ok > 0, "{v}");
-    assert_eq!(n(&v, "attempted"), ok + shed, "{v}");
+    assert_eq!(n(&v, "attempted"), ok + relayed, "{v}");
     // Kamailio does not speak RFC 7339: our 503s carried Retry-After, never feedback.
     assert_eq!(c.get("overload_throttled"), 0);
 }
@@ -187,10 +193,14 @@ fn an_upstream_proxy_refuses_the_excess_itself_when_its_next_hop_asks() {
         "downstream shed {}, upstream refused {throttled}",
         down.get("overload_shed")
     );
-    assert_eq!(
-        failures(&v, "503 Service Unavailable"),
-        throttled + down.get("overload_shed"),
-        "{v}"
+    // Every refusal came from one of the two (the upstream's own admission too, which a
+    // burst past its CPU figure may trip); a retransmitted INVITE shed twice downstream
+    // counts twice there.
+    let refused = failures(&v, "503 Service Unavailable");
+    let counted = throttled + down.get("overload_shed") + up.get("overload_shed");
+    assert!(
+        refused <= counted && counted <= refused + refused / 10,
+        "refused {refused}, counted {counted}: {v}"
     );
     assert!(n(&v, "succeeded") > 0, "{v}");
 }

@@ -497,8 +497,8 @@ pub struct OverloadConfig {
     /// Local admission control on: a saturated worker refuses new requests beyond its
     /// estimated capacity.
     pub enabled: bool,
-    /// The load that counts as saturation where no queue delay is measured (a worker with
-    /// only streams, or below half load).
+    /// The load that counts as saturation where no queue delay is measured (below half
+    /// load, where kernel receive timestamps are off).
     pub target: f64,
     /// RFC 7339/7415 neighbours are given `feedback_target / target` of the capacity: a
     /// margin, so a neighbour that honours it is never shed locally as well.

@@ -221,6 +221,10 @@ pub struct Connections {
     /// The domain a TLS destination was located from, which its certificate must name
     /// (RFC 5922 §4); addresses not here are checked against their IP address.
     tls_names: HashMap<SocketAddr, Arc<str>>,
+    /// Whether connections have kernel receive timestamps on (near capacity, as the UDP
+    /// sockets do), and how long what each read took had waited, until taken.
+    timestamps: bool,
+    delays: Vec<std::time::Duration>,
 }
 
 /// Domains remembered for TLS destinations, per worker.
@@ -263,6 +267,8 @@ impl Connections {
             tls_client,
             scratch: vec![0; 64 * 1024],
             tls_names: HashMap::new(),
+            timestamps: false,
+            delays: Vec::new(),
             framed: Framed::default(),
             failed: Vec::new(),
             frames: Vec::new(),
@@ -270,6 +276,24 @@ impl Connections {
             stats,
             log: LogLimiter::new(10),
         })
+    }
+
+    /// Switches kernel receive timestamps on or off for every connection, open and to come:
+    /// the stream side of a worker's queue delay (see `serve::busy`).
+    pub(crate) fn set_timestamps(&mut self, on: bool) {
+        self.timestamps = on;
+        for c in self.conns.iter().flatten() {
+            sipsec_transport::net::udp::set_timestamps(c.io.stream.as_raw_fd(), on);
+        }
+        if !on {
+            self.delays.clear();
+        }
+    }
+
+    /// How long what each read since the last call had waited in the kernel (while
+    /// timestamps are on).
+    pub(crate) fn take_delays(&mut self) -> std::vec::Drain<'_, std::time::Duration> {
+        self.delays.drain(..)
     }
 
     /// The next time [`Connections::on_tick`] has work.
@@ -406,6 +430,9 @@ impl Connections {
             }
         };
         let token = Token::Connection(slot).encode();
+        if self.timestamps {
+            sipsec_transport::net::udp::set_timestamps(stream.as_raw_fd(), true);
+        }
         if let Err(e) = epoll.add(stream.as_raw_fd(), epoll::STREAM, token) {
             self.free.push(slot);
             return Err(e);
@@ -463,6 +490,9 @@ impl Connections {
         }
         c.last_active = now;
         let end = c.io.read(&mut self.scratch);
+        if let Some(t) = c.io.take_timestamp() {
+            self.delays.push(t.elapsed().unwrap_or_default());
+        }
         if !c.established {
             if let Some(kind) = c.io.handshake_kind() {
                 c.established = true;

@@ -207,6 +207,11 @@ impl Worker {
                 }
             }
             self.receive_streams(&mut fx);
+            if timestamps {
+                for d in self.connections.take_delays() {
+                    busy.queued(d);
+                }
+            }
             let now = self.now();
             if self.engine.poll_timeout().is_some_and(|d| d <= now) {
                 self.engine.handle_timeout(now, &mut fx);
@@ -236,6 +241,7 @@ impl Worker {
                     for &fd in &fds {
                         udp::set_timestamps(fd, want);
                     }
+                    self.connections.set_timestamps(want);
                 }
             }
             self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
@@ -483,5 +489,6 @@ fn admit(
 }
 
 /// The load from which a worker has the kernel stamp its datagrams (and measures
-/// their queue delay); below it nothing is stamped.
+/// their queue delay); below it nothing is stamped. Overload control reads a `target`
+/// below it as a cap on the load (`engine::overload::control::QUEUE_MEASURED_FROM`, the same).
 const TIMESTAMPS_FROM_LOAD: f64 = 0.5;

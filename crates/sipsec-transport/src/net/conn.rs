@@ -5,8 +5,10 @@
 
 use crate::tls::{Received, Session};
 use sip_core::message::framing::{next_frame, Frame};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::SystemTime;
 
 /// One accepted or opened stream connection: its socket, its TLS session if any, and the bytes
 /// waiting to be framed or written.
@@ -20,6 +22,9 @@ pub struct StreamConn {
     /// Received plaintext not yet framed. Empty (and unallocated) on an idle connection.
     pub inbuf: Vec<u8>,
     outbuf: Vec<u8>,
+    /// When the kernel received the last segment a read took, while the socket has receive
+    /// timestamps on (`udp::set_timestamps`), until taken.
+    stamp: Option<SystemTime>,
 }
 
 /// How reading a connection ended.
@@ -57,6 +62,7 @@ impl StreamConn {
             tls: tls.map(Box::new),
             inbuf: Vec::new(),
             outbuf: Vec::new(),
+            stamp: None,
         }
     }
 
@@ -113,7 +119,7 @@ impl StreamConn {
     /// only returns EAGAIN is skipped (a later arrival raises a new edge).
     pub fn read(&mut self, scratch: &mut [u8]) -> ReadEnd {
         loop {
-            let n = match self.stream.read(scratch) {
+            let n = match self.recv(scratch) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadEnd::Drained,
                 Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return ReadEnd::Drained,
@@ -149,6 +155,37 @@ impl StreamConn {
                 return ReadEnd::Drained;
             }
         }
+    }
+
+    /// When the kernel received the last segment the latest reads took, if the socket has
+    /// receive timestamps on: how long what was read waited to be read. Taken once.
+    pub fn take_timestamp(&mut self) -> Option<SystemTime> {
+        self.stamp.take()
+    }
+
+    /// One read of the socket into `scratch` (`recvmsg`, so the kernel's receive timestamp
+    /// comes with it when the socket has them on).
+    fn recv(&mut self, scratch: &mut [u8]) -> io::Result<usize> {
+        let mut iov = libc::iovec {
+            iov_base: scratch.as_mut_ptr().cast(),
+            iov_len: scratch.len(),
+        };
+        let mut control = [0u64; 8];
+        // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
+        let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = size_of_val(&control);
+        // SAFETY: the socket is ours and open; `hdr` points at a live buffer and control area.
+        let n = unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut hdr, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if let Some(t) = crate::net::udp::timestamp_in(&hdr) {
+            self.stamp = Some(t);
+        }
+        Ok(n as usize)
     }
 
     /// Finds the whole messages and keep-alives at the front of `inbuf`; `max` bounds one
@@ -215,5 +252,59 @@ impl StreamConn {
             tls.close_notify();
         }
         self.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    /// With receive timestamps on, a read says when the kernel received what it took (the
+    /// stream side of a worker's queue delay); with them off it says nothing.
+    #[test]
+    fn a_read_carries_the_kernel_receive_time_when_timestamps_are_on() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, remote) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let mut conn = StreamConn::new(server, remote, None);
+        let mut scratch = vec![0; 4096];
+
+        client.write_all(b"OPTIONS").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(matches!(conn.read(&mut scratch), ReadEnd::Drained));
+        assert_eq!(conn.inbuf, b"OPTIONS");
+        assert_eq!(conn.take_timestamp(), None);
+
+        assert!(crate::net::udp::set_timestamps(
+            conn.stream.as_raw_fd(),
+            true
+        ));
+        // The kernel starts stamping packets a moment after the first socket asks (it switches
+        // a static key from a work queue): write until a read carries a stamp.
+        let mut stamped = None;
+        for _ in 0..50 {
+            let sent = SystemTime::now();
+            client.write_all(b" sip:x").unwrap();
+            std::thread::sleep(Duration::from_millis(30));
+            assert!(matches!(conn.read(&mut scratch), ReadEnd::Drained));
+            if let Some(stamp) = conn.take_timestamp() {
+                stamped = Some((sent, stamp));
+                break;
+            }
+        }
+        assert!(conn.inbuf.starts_with(b"OPTIONS sip:x"));
+        let (sent, stamp) = stamped.expect("a receive timestamp within 50 writes");
+        let waited = stamp.elapsed().unwrap();
+        // Received after it was sent, and it waited about the 30 ms we slept before reading.
+        assert!(
+            stamp >= sent - Duration::from_millis(1),
+            "{stamp:?} {sent:?}"
+        );
+        assert!(waited >= Duration::from_millis(25), "{waited:?}");
+        // Taken once.
+        assert_eq!(conn.take_timestamp(), None);
     }
 }

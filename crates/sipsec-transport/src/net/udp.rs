@@ -21,9 +21,9 @@ const SOCKET_BUFFER: libc::c_int = 8 << 20;
 /// 8-byte words of control buffer for the first datagram of a batch.
 const CONTROL_WORDS: usize = 8;
 
-/// Switches kernel receive timestamps (`SO_TIMESTAMPNS`) on or off for a socket. Off by
-/// default: while on, every datagram the host receives is stamped, so a worker turns them on
-/// only while it is near its capacity and queue delay is worth knowing.
+/// Switches kernel receive timestamps (`SO_TIMESTAMPNS`) on or off for a socket, UDP or TCP.
+/// Off by default: while on, every packet the host receives is stamped, so a worker turns them
+/// on only while it is near its capacity and queue delay is worth knowing.
 pub fn set_timestamps(fd: RawFd, on: bool) -> bool {
     set_int_option(
         fd,
@@ -31,6 +31,32 @@ pub fn set_timestamps(fd: RawFd, on: bool) -> bool {
         libc::SO_TIMESTAMPNS,
         libc::c_int::from(on),
     )
+}
+
+/// The kernel receive timestamp (`SCM_TIMESTAMPNS`) in the control data of a message
+/// `recvmsg` filled, if any: for a datagram, when it arrived; for a stream read, when the last
+/// segment it took did.
+pub(crate) fn timestamp_in(h: &libc::msghdr) -> Option<std::time::SystemTime> {
+    if h.msg_control.is_null() || h.msg_controllen == 0 {
+        return None;
+    }
+    // SAFETY: the header's control buffer is the caller's and the kernel set msg_controllen
+    // to what it wrote; CMSG_* walk only within it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                return Some(
+                    std::time::UNIX_EPOCH
+                        + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32),
+                );
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
 }
 
 /// Binds a non-blocking UDP socket with SO_REUSEPORT and large kernel buffers.
@@ -116,24 +142,7 @@ impl RecvBatch {
         if self.count == 0 {
             return None;
         }
-        let h = &self.headers[0].msg_hdr;
-        // SAFETY: the header's control buffer is ours and the kernel set msg_controllen to
-        // what it wrote; CMSG_* walk only within it.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(h);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
-                    let ts: libc::timespec =
-                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
-                    return Some(
-                        std::time::UNIX_EPOCH
-                            + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32),
-                    );
-                }
-                c = libc::CMSG_NXTHDR(h, c);
-            }
-        }
-        None
+        timestamp_in(&self.headers[0].msg_hdr)
     }
 
     /// Receives up to [`BATCH`] datagrams without blocking. Returns how many arrived (0 when

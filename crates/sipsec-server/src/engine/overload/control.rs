@@ -9,8 +9,9 @@
 //! does not count, nor the slices a CPU quota holds the worker off for). Neither the busy
 //! fraction nor CPU time can say it: a worker that batches more as load grows does more per
 //! CPU second, and measured here it read fully busy at 85% of the rate it could carry. Where
-//! no queue delay is measured (a worker with only streams, or below half load) the load
-//! reaching `target` stands in for it.
+//! no queue delay is measured (below half load, where the worker leaves kernel timestamps off)
+//! the load reaching `target` stands in for it; a `target` below half load is a cap on the
+//! load itself, saturation whatever the queue says.
 //!
 //! **The estimator.** While the worker is saturated, what it took is what it can take: the
 //! admitted rate is a sample of its capacity (refusals' cost included), and the estimate
@@ -56,6 +57,9 @@ const BASELINE_FADE: f64 = 0.99;
 /// sudden flood is held to it from its first interval, which otherwise admits what one
 /// interval brings and whose calls' later messages then swamp the worker for seconds.
 pub(crate) const PREARM: f64 = 2.0;
+/// The load from which the driver measures queue delay (`serve::worker` turns kernel
+/// timestamps on there).
+pub(crate) const QUEUE_MEASURED_FROM: f64 = 0.5;
 /// The share of the way the estimate moves to each saturated sample.
 pub(crate) const GAIN: f64 = 0.5;
 /// How much the estimate grows an interval while the worker is held back without a queue.
@@ -178,8 +182,12 @@ impl Controller {
         let elapsed = iv.elapsed_s.max(1e-3);
         let admitted_rate = iv.admitted as f64 / elapsed;
         let standing = iv.standing_delay_ms.unwrap_or(0);
+        // A target below the load from which the queue is measured is the operator's cap on
+        // the load itself: no queue could speak below it, so the load says saturated.
         let saturated = match iv.standing_delay_ms {
-            Some(ms) => ms >= SATURATED_MS,
+            Some(ms) => {
+                ms >= SATURATED_MS || (t.target < QUEUE_MEASURED_FROM && iv.load >= t.target)
+            }
             None => iv.load >= t.target,
         };
         let over_ms = standing.saturating_sub(t.max_delay_ms);
@@ -201,8 +209,11 @@ impl Controller {
             };
         } else if saturated && iv.admitted > 0 {
             // Beyond the limit the drain holds admission down, so what was taken says how
-            // hard it drained, not what the worker can take: no sample.
-            if over_ms == 0 {
+            // hard it drained, not what the worker can take: no sample. Nor where only the
+            // load said saturated and the cap refused: what was taken is the cap itself, and
+            // without a queue to say it was too much, taking it would only ratchet down.
+            let said_by_queue = iv.standing_delay_ms.is_some();
+            if over_ms == 0 && (said_by_queue || refused == 0) {
                 self.capacity += GAIN * (admitted_rate - self.capacity);
             }
         } else if saturated && self.capacity > 0.0 {
