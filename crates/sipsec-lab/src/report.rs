@@ -554,7 +554,15 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
     let mut md = format!(
         "Goodput ÷ the reference capacity ({reference:.0} calls/s, the uncontrolled server's \
          peak searched once), at the same offered rates for every row; {}.\n\n| {} |\n|---|{}\n",
-        stats::describe_means(rows.iter().map(|r| r.rounds).min().unwrap_or(0)),
+        // A skipped row (a peer not installed) has no rounds and no line in the table: it does
+        // not speak for the rows that were measured.
+        stats::describe_means(
+            rows.iter()
+                .filter(|r| r.skipped.is_none())
+                .map(|r| r.rounds)
+                .min()
+                .unwrap_or(0)
+        ),
         head.join(" | "),
         "---:|".repeat(grid.len())
     );
