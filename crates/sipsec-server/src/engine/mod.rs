@@ -78,6 +78,7 @@ mod gate;
 mod keepalive;
 mod locate;
 mod overload;
+pub(crate) use overload::Measured;
 mod probe;
 mod proxy;
 mod registrar;
@@ -601,20 +602,9 @@ impl Engine {
         self.drain_outputs(now, fx);
     }
 
-    /// The driver's load measurement, every `[overload] interval_ms`: the worker's load over
-    /// the last interval (its busy fraction, or its CPU against its quota, if more), its CPU
-    /// time as a share of what it may use, the least time a
-    /// datagram waited in the kernel before it was read over the interval (a standing queue;
-    /// None when not measured), and how long the last one read waited.
-    pub(crate) fn handle_load(
-        &mut self,
-        now: Millis,
-        load: f64,
-        cpu: f64,
-        standing_delay_ms: Option<u64>,
-        queue_delay_ms: u64,
-    ) {
-        self.overload_measure(now, load, cpu, standing_delay_ms, queue_delay_ms);
+    /// The driver's load measurement, every `[overload] interval_ms` (no effects).
+    pub(crate) fn handle_load(&mut self, now: Millis, measured: Measured) {
+        self.overload_measure(now, measured);
     }
 
     /// The start of a message on a stream that is over `max_message_size`: answered 513 if

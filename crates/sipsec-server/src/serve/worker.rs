@@ -28,7 +28,7 @@ use super::fetch::FetchHandle;
 use super::mailbox::{Letter, Mailbox, MailboxSender};
 use super::token::Token;
 use crate::db::store::StoreHandle;
-use crate::engine::{Effects, Engine, Mail};
+use crate::engine::{Effects, Engine, Mail, Measured};
 use crate::flood::{Flood, Verdict};
 use crate::stats::Stats;
 use bytes::Bytes;
@@ -225,10 +225,12 @@ impl Worker {
             if let Some(load) = busy.take(woke) {
                 self.engine.handle_load(
                     now,
-                    load.load(),
-                    load.cpu,
-                    load.standing_delay.map(|d| d.as_millis() as u64),
-                    load.queue_delay.as_millis() as u64,
+                    Measured {
+                        load: load.load(),
+                        cpu: load.cpu,
+                        standing_delay_ms: load.standing_delay.map(|d| d.as_millis() as u64),
+                        queue_delay_ms: load.queue_delay.as_millis() as u64,
+                    },
                 );
                 let open = self.connections.open() as u64;
                 let traffic = &self.engine.stats().traffic;

@@ -139,8 +139,8 @@ pub(crate) struct Controller {
     /// New requests per second its CPU would take at the rate recent intervals cost
     /// (`admitted / cpu`, the best of them, fading), for before it first saturates.
     baseline: f64,
-    local: bool,
-    feedback: bool,
+    /// Local admission and feedback are in force (they take effect and end together).
+    engaged: bool,
     /// Intervals in a row in which nothing was held back.
     calm: u32,
     /// What `oc` neighbours would send without feedback, requests per second (smoothed).
@@ -162,8 +162,7 @@ impl Default for Controller {
         Controller {
             capacity: 0.0,
             baseline: 0.0,
-            local: false,
-            feedback: false,
+            engaged: false,
             calm: 0,
             oc_offered: 0.0,
             loss: 0.0,
@@ -193,8 +192,8 @@ impl Controller {
         let over_ms = standing.saturating_sub(t.max_delay_ms);
         self.drain = (1.0 - over_ms as f64 / DRAIN_MS).clamp(MIN_DRAIN, 1.0);
         let refused = iv.arrived.saturating_sub(iv.admitted);
-        let held_back = refused > 0 || (self.feedback && self.loss > 0.0);
-        let engaged = self.local || self.feedback;
+        let held_back = refused > 0 || (self.engaged && self.loss > 0.0);
+        let engaged = self.engaged;
         self.baseline *= BASELINE_FADE;
         if !saturated && !engaged && iv.cpu >= BASELINE_FROM && iv.admitted >= MIN_BASELINE {
             self.baseline = self.baseline.max(admitted_rate / iv.cpu);
@@ -228,22 +227,20 @@ impl Controller {
         }
 
         if saturated && self.capacity > 0.0 {
-            if !self.local {
-                self.tokens = self.depth();
+            if !self.engaged {
+                self.tokens = depth(self.capacity);
             }
-            self.local = true;
-            self.feedback = true;
+            self.engaged = true;
             self.calm = 0;
-        } else if self.local || self.feedback {
+        } else if self.engaged {
             self.calm = if held_back { 0 } else { self.calm + 1 };
             if self.calm >= RELEASE {
-                self.local = false;
-                self.feedback = false;
+                self.engaged = false;
                 self.oc_offered = 0.0;
                 self.loss = 0.0;
             }
         }
-        if self.feedback {
+        if self.engaged {
             self.feedback_step(iv, t);
         }
         self.prev_delay_ms = iv.queue_delay_ms;
@@ -280,13 +277,9 @@ impl Controller {
         self.capacity * self.drain
     }
 
-    fn depth(&self) -> f64 {
-        (self.capacity * BURST_S).max(1.0)
-    }
-
     /// Whether local admission takes a new sheddable request arriving at `now`.
     pub(crate) fn admit(&mut self, now: Millis) -> bool {
-        let rate = if self.local {
+        let rate = if self.engaged {
             self.cap()
         } else if self.baseline > 0.0 {
             PREARM * self.baseline
@@ -295,7 +288,7 @@ impl Controller {
         };
         let dt = now.saturating_sub(self.refilled_at) as f64 / 1000.0;
         self.refilled_at = now;
-        self.tokens = (self.tokens + dt * rate).min((rate * BURST_S).max(1.0));
+        self.tokens = (self.tokens + dt * rate).min(depth(rate));
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -306,12 +299,12 @@ impl Controller {
 
     /// Whether local admission is refusing what exceeds the capacity.
     pub(crate) fn local_on(&self) -> bool {
-        self.local
+        self.engaged
     }
 
     /// Whether neighbours are being told to send less.
     pub(crate) fn feedback_on(&self) -> bool {
-        self.feedback
+        self.engaged
     }
 
     /// The share of their new requests `oc` neighbours should not send (0–1).
@@ -324,10 +317,15 @@ impl Controller {
         self.rate
     }
 
-    /// The estimated capacity, new requests per second at the target load (0: not measured).
+    /// The estimated capacity, new requests per second (0: not measured).
     pub(crate) fn capacity(&self) -> f64 {
         self.capacity
     }
+}
+
+/// What the token bucket holds at `rate`: [`BURST_S`] of it, at least one request.
+fn depth(rate: f64) -> f64 {
+    (rate * BURST_S).max(1.0)
 }
 
 #[cfg(test)]

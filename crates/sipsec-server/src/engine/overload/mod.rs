@@ -8,7 +8,7 @@
 //! the last.
 //!
 //! **The controller** (`control`) turns that into an estimate of the worker's capacity in new
-//! requests per second at `target`, then:
+//! requests per second, then:
 //! - local admission: once the worker saturates, new sheddable requests beyond that
 //!   capacity (a token bucket) are answered 503 at once, before any transaction,
 //!   authentication or location work ([`Engine::overload_shed`]); the capacity is shared
@@ -61,6 +61,20 @@ const MAX_HOPS: usize = 4096;
 /// Neighbours counted per interval to share a rate between (RFC 7415).
 const MAX_RATE_CLIENTS: usize = 256;
 
+/// One interval's load, as the driver measured it (`serve::busy`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Measured {
+    /// The worker's busy fraction, or its CPU against its share of a quota if more.
+    pub(crate) load: f64,
+    /// Its CPU time as a share of what it may use.
+    pub(crate) cpu: f64,
+    /// The least time a datagram (or a stream read's last segment) waited in the kernel over
+    /// the interval, milliseconds: a standing queue. None when not measured.
+    pub(crate) standing_delay_ms: Option<u64>,
+    /// How long the last one read waited, milliseconds (0 when not measured).
+    pub(crate) queue_delay_ms: u64,
+}
+
 /// A worker's overload control state.
 #[derive(Debug)]
 pub(super) struct Overload {
@@ -103,21 +117,14 @@ impl Overload {
 }
 
 impl Engine {
-    /// Updates the gauges and both controllers from a load measurement
+    /// Updates the gauges and the controller from a load measurement
     /// ([`Engine::handle_load`]).
-    pub(super) fn overload_measure(
-        &mut self,
-        now: Millis,
-        load: f64,
-        cpu: f64,
-        standing_delay_ms: Option<u64>,
-        queue_delay_ms: u64,
-    ) {
+    pub(super) fn overload_measure(&mut self, now: Millis, m: Measured) {
         use std::sync::atomic::Ordering::Relaxed;
         // The gauges `/metrics` reads.
         let t = &self.stats.traffic;
         t.busy_ppm
-            .store((load.clamp(0.0, 1.0) * 1e6) as u64, Relaxed);
+            .store((m.load.clamp(0.0, 1.0) * 1e6) as u64, Relaxed);
         let lingering = self.tx.lingering();
         t.transactions
             .store(self.tx.len().saturating_sub(lingering) as u64, Relaxed);
@@ -131,10 +138,10 @@ impl Engine {
         o.updated_at = Some(now);
         let iv = Interval {
             elapsed_s: elapsed_ms as f64 / 1000.0,
-            load,
-            cpu,
-            standing_delay_ms,
-            queue_delay_ms,
+            load: m.load,
+            cpu: m.cpu,
+            standing_delay_ms: m.standing_delay_ms,
+            queue_delay_ms: m.queue_delay_ms,
             oc_clients: o.rate_clients.len(),
             ..std::mem::take(&mut o.interval)
         };
@@ -199,13 +206,13 @@ impl Engine {
                     .iter()
                     .any(|n| n.contains(source.addr.ip()))
                 && msg.other_header(b"Resource-Priority").is_some())
-            && match o.control.local_on() {
-                true => match o.shares.admit(source.addr.ip()) {
-                    Some(admit) => !admit,
-                    None => !o.control.admit(now),
-                },
-                false => !o.control.admit(now),
-            };
+            // While admission is on a source's share decides first; the bucket decides the rest.
+            && !o
+                .control
+                .local_on()
+                .then(|| o.shares.admit(source.addr.ip()))
+                .flatten()
+                .unwrap_or_else(|| o.control.admit(now));
         if !shed {
             o.interval.admitted += 1;
             if oc {
@@ -298,7 +305,7 @@ impl Engine {
 
     /// A response generated here, with feedback in its top Via when the client asked for it.
     pub(super) fn overload_add_feedback(&mut self, now: Millis, data: Bytes) -> Bytes {
-        if now >= self.overload.feedback_until || !self.cfg.overload.feedback {
+        if !self.overload_feedback_on(now) {
             return data;
         }
         let Ok(msg) = Message::parse(&data) else {

@@ -27,9 +27,19 @@ fn overloaded_with(server: &str, keys: &str, via_params: &str) -> Engine {
         // Half a second fully busy without a queue (what its CPU says it can take), then
         // half a second with one standing (saturated).
         let standing = if i <= 25 { 0 } else { 10 };
-        e.handle_load(i * 20, 1.0, 1.0, Some(standing), standing);
+        e.handle_load(i * 20, measured(1.0, Some(standing), standing));
     }
     e
+}
+
+/// A measured interval: the load (CPU alike), its standing queue and last delay.
+fn measured(load: f64, standing_delay_ms: Option<u64>, queue_delay_ms: u64) -> Measured {
+    Measured {
+        load,
+        cpu: load,
+        standing_delay_ms,
+        queue_delay_ms,
+    }
 }
 
 fn invite(n: usize, via_params: &str, extra: &str) -> String {
@@ -70,7 +80,7 @@ fn offer(e: &mut Engine, now: Millis, n: usize, via_params: &str, extra: &str) -
 fn below_the_target_nothing_is_shed() {
     let mut e = engine(ROUTE);
     for i in 1..=10 {
-        e.handle_load(i * 100, 0.5, 0.5, None, 0);
+        e.handle_load(i * 100, measured(0.5, None, 0));
     }
     let shed: usize = (0..100)
         .map(|n| offer(&mut e, 1000, n, "", "").shed.len())
@@ -282,7 +292,7 @@ fn local_admission_is_released_when_the_load_falls() {
     let mut e = overloaded("");
     assert!(e.overload.control().local_on());
     for i in 51..=53 {
-        e.handle_load(i * 20, 0.5, 0.5, None, 0);
+        e.handle_load(i * 20, measured(0.5, None, 0));
     }
     assert!(!e.overload.control().local_on());
     let shed: usize = (0..100)
@@ -343,7 +353,7 @@ fn feedback_ends_with_no_reduction_once_the_load_falls() {
     let mut e = overloaded_with("", "", ";oc");
     assert!(e.overload.control().feedback_on());
     for i in 11..=80 {
-        e.handle_load(i * 100, 0.3, 0.3, None, 0);
+        e.handle_load(i * 100, measured(0.3, None, 0));
     }
     assert!(!e.overload.control().feedback_on());
     // Within the validity of the last reduction the neighbour is told 0%; later, nothing.
@@ -402,7 +412,7 @@ fn interval(e: &mut Engine, at: Millis, n: usize, load: f64, standing_ms: u64) {
         let t = at + (k * 100 / n) as Millis;
         deliver(e, t, ALICE, &invite(2_000_000 + at as usize + k, "", ""));
     }
-    e.handle_load(at + 100, load, load, Some(standing_ms), standing_ms);
+    e.handle_load(at + 100, measured(load, Some(standing_ms), standing_ms));
 }
 
 #[test]
@@ -461,7 +471,7 @@ fn a_flooding_source_cannot_take_the_capacity_of_a_well_behaved_one() {
                 }
             }
         }
-        e.handle_load(start + 100, 1.0, 1.0, Some(10), 10);
+        e.handle_load(start + 100, measured(1.0, Some(10), 10));
     }
     assert!(capacity > 200.0, "{capacity}");
     assert_eq!(other_kept, 10, "the well-behaved source lost calls");
