@@ -571,7 +571,12 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
         write!(html, "<th>{}</th>", escape(h)).ok();
     }
     html += "</tr>";
-    for r in rows.iter().filter(|r| r.skipped.is_none()) {
+    // The row refusing every call keeps no goodput: it is read below, as r.
+    let refuses = |id: &str| s.row(id).is_some_and(|r| r.bench.refuse_all);
+    for r in rows
+        .iter()
+        .filter(|r| r.skipped.is_none() && !refuses(r.id))
+    {
         let rounds: Vec<&Record> = records
             .iter()
             .filter(|x| x.suite == s.name && x.row == r.id && x.skipped.is_none())
@@ -598,8 +603,248 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
         html += "</tr>";
         writeln!(md, "| {} | {} |", r.label, cells.join(" | ")).ok();
     }
+    let mut note = String::new();
+    if let Some(b) = RefusalBound::of(s, records, reference) {
+        let cells = |values: &dyn Fn(f64) -> Vec<f64>| -> Vec<String> {
+            suite::GRID
+                .iter()
+                .map(|&k| stats::mean_interval(&values(k)).map_or("—".into(), |m| m.text(2)))
+                .collect()
+        };
+        let mut lines = vec![(
+            "r: a refusal's CPU ÷ a call's at the peak".to_string(),
+            cells(&|k| b.r_at(k)),
+        )];
+        for bound in [Bound::Stated, Bound::EveryArrivalRead] {
+            lines.push((
+                format!(
+                    "bound for callers that ignore feedback, {}",
+                    bound.formula()
+                ),
+                cells(&|k| b.bounds(bound, k)),
+            ));
+        }
+        if let Some(plain) = b.plain {
+            for bound in [Bound::Stated, Bound::EveryArrivalRead] {
+                lines.push((
+                    format!("{} ÷ {}", plain.label, bound.formula()),
+                    cells(&|k| b.shares_of_bound(bound, k)),
+                ));
+            }
+        }
+        for (label, cells) in &lines {
+            write!(html, "<tr><td>{}</td>", escape(label)).ok();
+            for c in cells {
+                write!(html, "<td class=num>{c}</td>").ok();
+            }
+            html += "</tr>";
+            writeln!(md, "| {label} | {} |", cells.join(" | ")).ok();
+        }
+        note = b.describe();
+    }
     html += "</table>";
+    if !note.is_empty() {
+        write!(html, "<p>{}</p>", escape(&note)).ok();
+        write!(md, "\n{note}\n").ok();
+    }
     Some((html, md))
+}
+
+/// What a refusal costs as a share of a call, r, from the row that refuses every call:
+/// - at the suite's rate (its CPU column), over its baseline's CPU per call at that rate,
+///   each round against the same round: both sides wake-up bound below the peak;
+/// - at each grid rate k × the reference (its curve), over what a call costs at the peak
+///   (the CPU the server may use, its quota, ÷ the reference capacity): the refusals a
+///   server offered k times its capacity answers arrive at about that rate, and are read
+///   in the batches that rate makes. This r sets the bounds on the goodput of callers that
+///   ignore feedback.
+struct RefusalBound<'a> {
+    /// r at each grid rate, by round.
+    by_round: BTreeMap<u32, Vec<Option<f64>>>,
+    /// r at the suite's rate over rounds, with its interval.
+    r: Ratio,
+    /// r at the suite's rate by callgrind's instructions (medians), where both rows were
+    /// counted.
+    r_instructions: Option<f64>,
+    /// The offered rate the suite's r was measured at.
+    rate: f64,
+    /// The row of plain callers the bounds are for (same transport, local admission on),
+    /// and its goodput ÷ the reference at each grid rate, by round.
+    plain: Option<&'a suite::Row>,
+    plain_shares: BTreeMap<u32, Vec<Option<f64>>>,
+}
+
+impl<'a> RefusalBound<'a> {
+    fn of(s: &'a Suite, records: &[Record], reference: f64) -> Option<RefusalBound<'a>> {
+        let refused = s.rows.iter().find(|r| r.bench.refuse_all)?;
+        let rounds = |id: &str| -> BTreeMap<u32, &Record> {
+            records
+                .iter()
+                .filter(|r| r.suite == s.name && r.row == id && r.skipped.is_none())
+                .map(|r| (r.round, r))
+                .collect()
+        };
+        let (mine, base) = (rounds(refused.id), rounds(refused.baseline));
+        let pairs: Vec<(&Record, &Record)> = mine
+            .iter()
+            .filter_map(|(n, m)| Some((*m, *base.get(n)?)))
+            .collect();
+        let (row_cpu, base_cpu): (Vec<f64>, Vec<f64>) =
+            pairs.iter().map(|(m, b)| (m.cpu_us, b.cpu_us)).unzip();
+        let r = stats::ratio(&row_cpu, &base_cpu)?;
+        let instructions = |recs: &BTreeMap<u32, &Record>| {
+            stats::median(
+                &recs
+                    .values()
+                    .filter_map(|r| r.instructions)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let grid = suite::grid(reference);
+        // Each grid point's figure in a record's curve, found by its offered rate.
+        let at_grid = |rec: &Record, f: &dyn Fn(usize) -> Option<f64>| -> Vec<Option<f64>> {
+            grid.iter()
+                .map(|&rate| {
+                    let i = rec
+                        .goodput_curve
+                        .iter()
+                        .position(|p| (p[0] - rate).abs() <= 0.05 * rate)?;
+                    f(i)
+                })
+                .collect()
+        };
+        let quota = refused.bench.cpu_quota.unwrap_or(1.0);
+        let call_at_peak_us = quota * 1e6 / reference;
+        let by_round = mine
+            .iter()
+            .map(|(n, rec)| {
+                let r_at = at_grid(rec, &|i| {
+                    rec.curve_cpu_us
+                        .get(i)
+                        .filter(|&&us| us > 0.0)
+                        .map(|us| us / call_at_peak_us)
+                });
+                (*n, r_at)
+            })
+            .collect();
+        let plain = s.rows.iter().find(|r| {
+            r.server == refused.server
+                && r.setup == refused.setup
+                && r.bench.overload.is_on()
+                && !r.bench.oc
+                && !r.bench.refuse_all
+                && r.bench.streams.transport == refused.bench.streams.transport
+        });
+        let plain_shares = plain
+            .map(|p| {
+                rounds(p.id)
+                    .into_iter()
+                    .map(|(n, rec)| {
+                        let shares = at_grid(rec, &|i| Some(rec.goodput_curve[i][1] / reference));
+                        (n, shares)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(RefusalBound {
+            by_round,
+            r,
+            r_instructions: instructions(&mine)
+                .zip(instructions(&base))
+                .map(|(m, b)| m / b),
+            rate: stats::median(&pairs.iter().map(|(m, _)| m.rate).collect::<Vec<_>>())
+                .unwrap_or(0.0),
+            plain,
+            plain_shares,
+        })
+    }
+
+    /// The position of multiple `k` on the grid.
+    fn index(k: f64) -> Option<usize> {
+        suite::GRID.iter().position(|&g| g == k)
+    }
+
+    /// r at `k` times the reference, each round's.
+    fn r_at(&self, k: f64) -> Vec<f64> {
+        let Some(i) = Self::index(k) else {
+            return Vec::new();
+        };
+        self.by_round.values().filter_map(|r| *r.get(i)?).collect()
+    }
+
+    /// `bound` at `k` times capacity for each round's r there.
+    fn bounds(&self, bound: Bound, k: f64) -> Vec<f64> {
+        self.r_at(k).into_iter().map(|r| bound.at(k, r)).collect()
+    }
+
+    /// The plain row's goodput at `k` times the reference as a share of the bound its own
+    /// round's r sets there.
+    fn shares_of_bound(&self, bound: Bound, k: f64) -> Vec<f64> {
+        let Some(i) = Self::index(k) else {
+            return Vec::new();
+        };
+        self.plain_shares
+            .iter()
+            .filter_map(|(n, shares)| {
+                let share = (*shares.get(i)?)?;
+                let r = (*self.by_round.get(n)?.get(i)?)?;
+                Some(share / bound.at(k, r))
+            })
+            .collect()
+    }
+
+    /// A sentence saying what r is and how it was measured.
+    fn describe(&self) -> String {
+        let interval = match self.r.interval {
+            Some((lo, hi)) => format!(" [{lo:.3}, {hi:.3}]"),
+            None => format!(" (n = {})", self.r.n),
+        };
+        let instructions = self
+            .r_instructions
+            .map(|r| format!(", by callgrind's instructions {r:.3}"))
+            .unwrap_or_default();
+        format!(
+            "r, a refusal's cost as a share of a call's: at each k, the server's CPU per call \
+             refused (INVITE, 503, ACK) by a server refusing every call offered k × the \
+             reference, over a call's at the peak (the quota ÷ the reference capacity); the \
+             bounds above use it. At {:.0}/s, below the peak, where every message wakes the \
+             server, r = {:.3}{interval} (CPU per refusal ÷ CPU per call with control off, \
+             same rounds){instructions}.",
+            self.rate, self.r.mean
+        )
+    }
+}
+
+/// The most goodput, as a share of capacity, that callers who ignore feedback can get at `k`
+/// times capacity when a refusal costs `r` of a call.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    /// As issue 37 states it, 1/(1 + (k−1)·r): (k − 1) refusals for every call completed,
+    /// which holds where k is offered ÷ goodput, and overstates the bound where k is offered
+    /// ÷ capacity, as here.
+    Stated,
+    /// With k offered ÷ capacity and every arrival read and answered: goodput g and k − g
+    /// refusals fill the CPU, g + (k − g)·r = 1, so g = (1 − k·r)/(1 − r) (0 from k·r = 1).
+    EveryArrivalRead,
+}
+
+impl Bound {
+    fn at(self, k: f64, r: f64) -> f64 {
+        if k <= 1.0 {
+            return 1.0;
+        }
+        match self {
+            Bound::Stated => 1.0 / (1.0 + (k - 1.0) * r),
+            Bound::EveryArrivalRead => ((1.0 - k * r) / (1.0 - r)).clamp(0.0, 1.0),
+        }
+    }
+
+    fn formula(self) -> &'static str {
+        match self {
+            Bound::Stated => "1/(1 + (k−1)·r)",
+            Bound::EveryArrivalRead => "(1 − k·r)/(1 − r)",
+        }
+    }
 }
 
 /// Latency CDFs of every measured row (log time axis).
@@ -868,7 +1113,12 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
                 blocks.insert(format!("{}-goodput", s.name), text);
             }
         }
-        if let Some(svg) = goodput_chart(&rows)? {
+        let curves: Vec<RowSummary> = rows
+            .iter()
+            .filter(|r| !s.row(r.id).is_some_and(|r| r.bench.refuse_all))
+            .cloned()
+            .collect();
+        if let Some(svg) = goodput_chart(&curves)? {
             html += &svg;
         }
     }
@@ -1064,6 +1314,59 @@ mod goodput_tests {
             .find(|l| l.starts_with("| sipsec, local admission control"))
             .unwrap();
         assert!(on.contains("| 0.85 [0.80, 0.90] |"), "{on}");
+    }
+
+    /// The row refusing every call gives r (its CPU per refusal over control off's per
+    /// call, round by round), and the table adds the bounds r sets at each multiple and the
+    /// plain callers' goodput as a share of each.
+    #[test]
+    fn a_refusals_cost_sets_the_bounds_read_beside_the_plain_callers() {
+        let mut reference = curve_rec(suite::REFERENCE, 0, &[]);
+        reference.peak_per_s = Some(1000.0);
+        let mut records = vec![reference];
+        for round in 1..=5 {
+            records.push(curve_rec("off", round, &[]));
+            // r = 0.2, wobbling by a few per cent round to round: at the suite's rate
+            // against control off's 100 µs a call, and at 2× and 4× against a call at the
+            // peak, the quarter core's 250 µs at 1,000 calls/s.
+            let wobble = 1.0 + 0.01 * (round as f64 - 3.0);
+            let mut refused = curve_rec("refused", round, &[[2000.0, 0.0], [4000.0, 0.0]]);
+            refused.cpu_us = 20.0 * wobble;
+            refused.curve_cpu_us = vec![50.0 * wobble, 50.0 * wobble];
+            records.push(refused);
+            // At 2×: the stated bound is 1/1.2, the work-conserving one 0.6/0.8 = 0.75.
+            records.push(curve_rec("on", round, &[[2000.0, 600.0], [4000.0, 100.0]]));
+        }
+        let s = suite::named("overload").unwrap();
+        let rows = summarise(&s, &records, Options::default());
+        let (_, md) = goodput_table(&s, &rows, &records).unwrap();
+        let line = |start: &str| {
+            md.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("{start}: {md}"))
+                .to_string()
+        };
+        let stated = line("| bound for callers that ignore feedback, 1/(1 + (k−1)·r)");
+        assert!(
+            stated.contains("| — | 0.83 [") && stated.contains("| — | 0.63 ["),
+            "{stated}"
+        );
+        let read = line("| bound for callers that ignore feedback, (1 − k·r)/(1 − r)");
+        assert!(read.contains("| 0.75 ["), "{read}");
+        // At 4× the work-conserving bound is 0.2/0.8 = 0.25; the row kept 0.1 of capacity.
+        let share = line("| sipsec, local admission control ÷ (1 − k·r)/(1 − r)");
+        assert!(
+            share.contains("| 0.80 [") && share.contains("| 0.40 ["),
+            "{share}"
+        );
+        assert!(md.contains("r = 0.200 ["), "{md}");
+        let r = line("| r: a refusal's CPU ÷ a call's at the peak");
+        assert!(r.contains("| — | 0.20 ["), "{r}");
+        // The refusing row has no line of goodput.
+        assert!(!md.contains("| sipsec refusing every new call"), "{md}");
+        // The refusing row's ratio is r itself.
+        let refused = rows.iter().find(|r| r.id == "refused").unwrap();
+        assert!((refused.ratio.as_ref().unwrap().mean - 0.2).abs() < 0.005);
     }
 
     /// A row below 99% success is marked, has no ratio and no verdict but "failures", and

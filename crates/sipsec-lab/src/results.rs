@@ -70,6 +70,10 @@ pub struct Record {
     /// overload suite's grid of absolute rates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub goodput_curve: Vec<[f64; 2]>,
+    /// The server's CPU per operation counted at each point of `goodput_curve`, µs (per
+    /// call refused in a row that refuses every call); empty in older results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub curve_cpu_us: Vec<f64>,
     /// The commit the measuring binary was built from (`git describe`, `-dirty` when the tree
     /// had changes); empty in results from before it was recorded.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -121,6 +125,7 @@ impl Record {
             latency_cdf_ms: Vec::new(),
             instructions: None,
             goodput_curve: Vec::new(),
+            curve_cpu_us: Vec::new(),
             commit: COMMIT.to_string(),
             date: today(),
             load_cpu_us: 0.0,
@@ -141,7 +146,8 @@ impl Record {
             peer_cpu_us: r.peer_cpu_us_per_op,
             wakeups: r.server_wakeups_per_op,
             succeeded: r.ops,
-            failed: r.load.failed,
+            // What ended and was not the operation counted (a refusal, in a refuse-all run).
+            failed: (r.load.succeeded + r.load.failed).saturating_sub(r.ops),
             peak_per_s: r.peak_per_s,
             counters: r.server_counters.clone(),
             latency_cdf_ms: r.load.latency_cdf_ms.clone(),
@@ -149,6 +155,11 @@ impl Record {
                 .goodput_curve
                 .iter()
                 .map(|p| [p.offered_per_s, p.goodput_per_s])
+                .collect(),
+            curve_cpu_us: r
+                .goodput_curve
+                .iter()
+                .map(|p| p.server_cpu_us_per_op)
                 .collect(),
             load_cpu_us: r.load_cpu_us_per_op,
             peak_held: r.peak_held.clone(),

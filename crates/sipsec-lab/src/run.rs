@@ -184,16 +184,7 @@ impl Workspace {
         if self.sqlite_users {
             std::fs::copy(self.path("users.db"), dir.join("bench.db"))?;
         }
-        let overload = args.overload.is_on();
-        let config = bench::default_config(
-            &dir,
-            bench::role_of(args),
-            &args.streams,
-            self.dir.path(),
-            overload,
-            args.route_by_name,
-            args.max_batch_delay_us,
-        ) + extra;
+        let config = bench::default_config(&dir, args, self.dir.path()) + extra;
         let path = dir.join("sipsec.toml");
         std::fs::write(&path, config)?;
         Ok(path)

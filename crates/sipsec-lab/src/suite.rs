@@ -1093,6 +1093,15 @@ fn overload() -> Suite {
                 ..tls(Chain, On, false)
             },
         ),
+        at_quota(
+            "refused",
+            "sipsec refusing every new call (per refusal: r)",
+            Plain,
+            BenchArgs {
+                refuse_all: true,
+                ..quota()
+            },
+        ),
         Row {
             server: Server::Kamailio,
             ..at_quota(
@@ -1126,7 +1135,10 @@ fn overload() -> Suite {
                 completed within 500 ms per second) is then measured at the same offered \
                 rates, half to four times that reference, and read as a share of it — the \
                 TLS rows too, whose own capacity is lower. The CPU column is \
-                at a rate below the peak, where control must cost nothing.",
+                at a rate below the peak, where control must cost nothing; one row refuses \
+                every call there, and its ratio is r, a refusal's cost as a share of a \
+                call's, which bounds what callers that ignore feedback can keep at k times \
+                capacity: 1/(1 + (k−1)·r).",
         rows,
         lab_build: false,
         curve: true,

@@ -170,6 +170,12 @@ pub struct BenchArgs {
     /// The load speaks overload control as a client (`sipsec load --oc`).
     #[arg(long)]
     pub oc: bool,
+    /// With the default config: the server refuses every new call (`[overload] max_rate =
+    /// 0`), and the operation counted is a refused call (INVITE, 503, ACK): the figures per
+    /// operation are what a refusal costs — the r of the bound 1/(1 + (k−1)·r) on the share
+    /// of its capacity a server keeps for callers that ignore feedback at k times it.
+    #[arg(long, conflicts_with_all = ["config", "server_pid", "find_peak", "oc"])]
+    pub refuse_all: bool,
     /// With the default config: name the callee in the default route by a host name
     /// (`uas.bench`, answered from `[routing.hosts]`), so each call goes the way of a next hop
     /// located by DNS, from the worker's cached answer, instead of an IP route.
@@ -297,6 +303,9 @@ pub struct CurvePoint {
     pub offered_per_s: f64,
     /// Operations per second that succeeded within 500 ms.
     pub goodput_per_s: f64,
+    /// The server's CPU (user plus system) per operation counted over the trial, µs: per
+    /// call completed, or per call refused where every call is (`--refuse-all`).
+    pub server_cpu_us_per_op: f64,
 }
 
 /// Multiples of the peak the goodput curve is measured at (up to `--curve-to`).
@@ -503,28 +512,22 @@ pub(crate) fn role_of(a: &BenchArgs) -> Role {
     }
 }
 
-/// The started server's config: listening on UDP and TCP at 127.0.0.1:35060 (and TLS on
-/// 35061 for TLS runs), routing calls to the UAS over the bench's transport, its control
-/// socket (where the bench asks for its counters) in `dir`.
-pub(crate) fn default_config(
-    dir: &Path,
-    role: Role,
-    s: &modes::StreamArgs,
-    tls_dir: &Path,
-    overload: bool,
-    route_by_name: bool,
-    max_batch_delay_us: Option<u64>,
-) -> String {
+/// The started server's config for the run `a` asks for: listening on UDP and TCP at
+/// 127.0.0.1:35060 (and TLS on 35061 for TLS runs), routing calls to the UAS over the bench's
+/// transport, its control socket (where the bench asks for its counters) in `dir`.
+pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> String {
+    let (s, role, overload) = (&a.streams, role_of(a), a.overload.is_on());
     let tls_listen = if s.transport == Transport::Tls {
         format!(", \"tls:{SERVER_TLS}\"")
     } else {
         String::new()
     };
     let (mut server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
-    if let Some(us) = max_batch_delay_us {
+    if let Some(us) = a.max_batch_delay_us {
         server_extra += &format!("max_batch_delay_us = {us}\n");
     }
-    let (route, hosts) = if route_by_name {
+    let refuse = if a.refuse_all { "max_rate = 0\n" } else { "" };
+    let (route, hosts) = if a.route_by_name {
         let uas: SocketAddr = UAS.parse().expect("the bench's UAS address");
         (
             format!("uas.bench:{}", uas.port()),
@@ -539,7 +542,7 @@ pub(crate) fn default_config(
          stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
          default_route = \"sip:{route};transport={}\"\n{hosts}[database]\nurl = \"sqlite://{}\"\n\
          [overload]\nenabled = {overload}\nfeedback = {overload}\nannounce = {overload}\n\
-         [control]\nsocket = \"{}\"\n{tls_table}",
+         {refuse}[control]\nsocket = \"{}\"\n{tls_table}",
         if role == Role::Redirect {
             "redirect"
         } else {
@@ -713,6 +716,9 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
              --server-pid exclude each other"
         );
     }
+    if a.refuse_all && (a.config.is_some() || !a.server_pid.is_empty() || a.find_peak || a.oc) {
+        bail!("--refuse-all configures a server started here, without --find-peak or --oc");
+    }
     if a.curve_rates.iter().any(|r| !r.is_finite() || *r <= 0.0) {
         bail!("--curve-rates must be positive rates");
     }
@@ -765,19 +771,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             Some(p) => std::path::absolute(p)?,
             None => {
                 let p = dir.path().join("sipsec.toml");
-                let overload = a.overload.is_on();
-                std::fs::write(
-                    &p,
-                    default_config(
-                        dir.path(),
-                        role_of(&a),
-                        s,
-                        &tls_dir,
-                        overload,
-                        a.route_by_name,
-                        a.max_batch_delay_us,
-                    ),
-                )?;
+                std::fs::write(&p, default_config(dir.path(), &a, &tls_dir))?;
                 p
             }
         };
@@ -868,7 +862,13 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         eprintln!("sipsec bench: warming up with {warmup} {scenario} operations at {rate}/s");
     }
     let warm = load::execute(&warm_plan, &mut bound, stop)?;
-    if warm.succeeded == 0 {
+    // Where every call is refused, the warm-up's refusals are its successes.
+    let warmed = if a.refuse_all {
+        warm.failed
+    } else {
+        warm.succeeded
+    };
+    if warmed == 0 {
         bail!(
             "no {scenario} succeeded during warm-up ({:?}): is the server at {target} routing to \
              the UAS at {}?",
@@ -930,7 +930,12 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     };
     drop(idle);
     let used = server1.since(server0);
-    let ops = summary.succeeded;
+    // A refusal is the operation where every call is refused.
+    let ops = if a.refuse_all {
+        summary.failed
+    } else {
+        summary.succeeded
+    };
     let per_op = |s: f64| if ops == 0 { 0.0 } else { s * 1e6 / ops as f64 };
 
     let load_us = per_op(own1.since(own0).total_s());
@@ -1008,11 +1013,19 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             duration: Some(a.step_s),
             ..base.clone()
         })?;
+        let cpu0 = cpu::cpu_of(&pids);
         let s = load::execute(&trial, &mut bound, stop)?;
+        let cpu_s = cpu::cpu_of(&pids).since(cpu0).total_s();
+        let ops = if a.refuse_all { s.failed } else { s.succeeded };
         goodput_curve.push(CurvePoint {
             rate: r,
             offered_per_s: s.attempted as f64 / a.step_s,
             goodput_per_s: s.on_time as f64 / a.step_s,
+            server_cpu_us_per_op: if ops == 0 {
+                0.0
+            } else {
+                cpu_s * 1e6 / ops as f64
+            },
         });
     }
     drop(peak_quota);
@@ -1075,8 +1088,11 @@ mod tests {
     /// The default config of `sipsec bench` with no options, overload control on, the
     /// coalescing cap `cap`.
     fn plain_config(dir: &Path, cap: Option<u64>) -> String {
-        let a = BenchArgs::default();
-        default_config(dir, role_of(&a), &a.streams, dir, true, false, cap)
+        let a = BenchArgs {
+            max_batch_delay_us: cap,
+            ..BenchArgs::default()
+        };
+        default_config(dir, &a, dir)
     }
 
     /// `--max-batch-delay-us` lands in the started server's `[server]` table, where the

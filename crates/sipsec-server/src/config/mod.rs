@@ -452,6 +452,7 @@ struct RawOverload {
     feedback_target: f64,
     interval_ms: u64,
     max_queue_delay_ms: u64,
+    max_rate: Option<f64>,
     methods: Vec<String>,
     retry_after_s: u32,
     priority: bool,
@@ -470,6 +471,7 @@ impl Default for RawOverload {
             feedback_target: 0.9,
             interval_ms: 100,
             max_queue_delay_ms: 20,
+            max_rate: None,
             methods: [
                 "INVITE",
                 "SUBSCRIBE",
@@ -508,6 +510,10 @@ pub struct OverloadConfig {
     /// A queue of datagrams (kernel receive to read) standing longer than this drains:
     /// admission keeps less of the capacity until it is gone.
     pub(crate) max_queue_delay_ms: u64,
+    /// New sheddable requests the server admits per second at most, whatever its load,
+    /// shared equally between its workers (a fixed limit, as Kamailio's `ratelimit` keeps);
+    /// 0 admits none, for a node being drained. None: no fixed limit.
+    pub(crate) max_rate: Option<f64>,
     /// Methods whose out-of-dialog requests may be shed (upper case).
     pub methods: Vec<String>,
     /// `Retry-After` of the 503s that shed a request (0: none), for clients that do not
@@ -544,6 +550,9 @@ impl RawOverload {
         if !(1..=10_000).contains(&self.max_queue_delay_ms) {
             bail!("overload.max_queue_delay_ms: between 1 and 10000");
         }
+        if self.max_rate.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
+            bail!("overload.max_rate: new requests per second, 0 or more");
+        }
         if self.retry_after_s > 3600 {
             bail!("overload.retry_after_s: at most 3600");
         }
@@ -567,6 +576,7 @@ impl RawOverload {
             feedback_target: self.feedback_target,
             interval_ms: self.interval_ms,
             max_queue_delay_ms: self.max_queue_delay_ms,
+            max_rate: self.max_rate,
             methods,
             retry_after_s: self.retry_after_s,
             priority: self.priority,

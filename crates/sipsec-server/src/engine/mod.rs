@@ -737,22 +737,25 @@ impl Engine {
                 }
             }
         }
-        // From and To are parsed once, for requests that are not retransmissions; the
-        // decisions below use the tags.
-        let facts = RequestFacts::of(msg);
-        let from_ok = facts.is_some();
-        let to_tagged = facts.is_some_and(|f| f.to_tag.is_some());
-        if self.cfg.stateful && method == Method::Cancel && from_ok {
+        // To alone first: its tag is all that absorbing the ACK of an answer made here and
+        // refusing new work need, so neither parses From or hashes the request for loops.
+        let to_tag = msg.to().ok().map(|to| to.tag());
+        if self.cfg.stateful && method == Method::Cancel && to_tag.is_some() && msg.from().is_ok() {
             self.proxy_cancel(now, source, msg, fx);
             return;
         }
-        if self.reply_is_local_ack(msg, facts.and_then(|f| f.to_tag)) {
+        if self.reply_is_local_ack(msg, to_tag.flatten()) {
             inc(&self.stats.local_answer_acks);
             return;
         }
-        if from_ok && self.overload_shed(now, source, msg, to_tagged, fx) {
-            return;
+        if let Some(to_tag) = to_tag {
+            if self.overload_shed(now, source, msg, to_tag.is_some(), fx) {
+                return;
+            }
         }
+        // From and the loop hash, once, for requests that go on.
+        let facts = RequestFacts::of(msg);
+        let from_ok = facts.is_some();
         if self.cfg.stateful
             && method != Method::Ack
             && self.tx.len() >= self.cfg.max_transactions

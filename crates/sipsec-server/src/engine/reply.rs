@@ -179,14 +179,11 @@ impl Engine {
 }
 
 /// A deterministic To tag for responses generated here: a retransmitted request gets the
-/// same tag, even from a stateless server (RFC 3261 §16.11).
+/// same tag, even from a stateless server (RFC 3261 §16.11). Of the Call-ID and the top
+/// Via's branch, which the ACK of a non-2xx answer repeats (RFC 3261 §17.1.1.3), so that
+/// ACK is recognised without parsing its From.
 pub(super) fn local_tag(msg: &Message<'_>) -> LocalTag {
-    let from_tag = msg.from().ok().and_then(|f| f.tag()).unwrap_or_default();
-    let h = branch::fnv1a(&[
-        msg.call_id(),
-        from_tag,
-        msg.top_via().branch.unwrap_or_default(),
-    ]);
+    let h = branch::fnv1a(&[msg.call_id(), msg.top_via().branch.unwrap_or_default()]);
     let mut tag = *b"sS0000000000000000";
     for (i, digit) in tag[2..].iter_mut().enumerate() {
         *digit = b"0123456789abcdef"[(h >> (60 - 4 * i)) as usize & 0xf];

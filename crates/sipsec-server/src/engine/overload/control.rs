@@ -153,8 +153,7 @@ pub(crate) struct Controller {
     prev_delay_ms: u64,
     /// The share of the capacity admitted while a standing queue drains (1: none).
     drain: f64,
-    tokens: f64,
-    refilled_at: Millis,
+    bucket: Bucket,
 }
 
 impl Default for Controller {
@@ -169,8 +168,7 @@ impl Default for Controller {
             rate: 0.0,
             prev_delay_ms: 0,
             drain: 1.0,
-            tokens: 0.0,
-            refilled_at: 0,
+            bucket: Bucket::default(),
         }
     }
 }
@@ -228,7 +226,7 @@ impl Controller {
 
         if saturated && self.capacity > 0.0 {
             if !self.engaged {
-                self.tokens = depth(self.capacity);
+                self.bucket.fill(self.capacity);
             }
             self.engaged = true;
             self.calm = 0;
@@ -286,15 +284,7 @@ impl Controller {
         } else {
             return true;
         };
-        let dt = now.saturating_sub(self.refilled_at) as f64 / 1000.0;
-        self.refilled_at = now;
-        self.tokens = (self.tokens + dt * rate).min(depth(rate));
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.bucket.admit(now, rate)
     }
 
     /// Whether local admission is refusing what exceeds the capacity.
@@ -320,6 +310,34 @@ impl Controller {
     /// The estimated capacity, new requests per second (0: not measured).
     pub(crate) fn capacity(&self) -> f64 {
         self.capacity
+    }
+}
+
+/// A token bucket that admits at a rate given at each call: [`BURST_S`] of it deep, at least
+/// one request (none at rate 0, once the first is taken).
+#[derive(Debug, Default)]
+pub(crate) struct Bucket {
+    tokens: f64,
+    refilled_at: Millis,
+}
+
+impl Bucket {
+    /// Whether a request arriving at `now` is admitted at `rate` requests per second.
+    pub(crate) fn admit(&mut self, now: Millis, rate: f64) -> bool {
+        let dt = now.saturating_sub(self.refilled_at) as f64 / 1000.0;
+        self.refilled_at = now;
+        self.tokens = (self.tokens + dt * rate).min(depth(rate));
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Fills the bucket to its depth at `rate`.
+    pub(crate) fn fill(&mut self, rate: f64) {
+        self.tokens = depth(rate);
     }
 }
 

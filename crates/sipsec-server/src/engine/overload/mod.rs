@@ -51,7 +51,7 @@ use std::net::SocketAddr;
 mod control;
 mod fair;
 
-use control::{Controller, Interval, Targets};
+use control::{Bucket, Controller, Interval, Targets};
 use fair::Shares;
 
 /// Next hops whose feedback is remembered, at most; beyond, feedback from new ones is ignored
@@ -81,6 +81,8 @@ pub(super) struct Overload {
     control: Controller,
     /// Each source's share of the capacity while local admission is on.
     shares: Shares,
+    /// The fixed limit's bucket (`[overload] max_rate`).
+    fixed: Bucket,
     /// This interval's counts, for the controller.
     interval: Interval,
     /// Neighbours that announced `oc` this interval (only while feedback is given).
@@ -100,6 +102,7 @@ impl Overload {
         Overload {
             control: Controller::default(),
             shares: Shares::default(),
+            fixed: Bucket::default(),
             interval: Interval::default(),
             rate_clients: Vec::new(),
             updated_at: None,
@@ -199,20 +202,26 @@ impl Engine {
                 o.rate_clients.push(source.addr);
             }
         }
-        let shed = cfg.enabled
-            && !(cfg.priority
-                && cfg
-                    .priority_sources
-                    .iter()
-                    .any(|n| n.contains(source.addr.ip()))
-                && msg.other_header(b"Resource-Priority").is_some())
-            // While admission is on a source's share decides first; the bucket decides the rest.
-            && !o
-                .control
-                .local_on()
-                .then(|| o.shares.admit(source.addr.ip()))
-                .flatten()
-                .unwrap_or_else(|| o.control.admit(now));
+        let priority = cfg.priority
+            && cfg
+                .priority_sources
+                .iter()
+                .any(|n| n.contains(source.addr.ip()))
+            && msg.other_header(b"Resource-Priority").is_some();
+        let workers = self.cfg.workers.max(1) as f64;
+        // The fixed limit first, then, while admission is on, a source's share; the
+        // controller's bucket decides the rest.
+        let shed = !priority
+            && (cfg
+                .max_rate
+                .is_some_and(|rate| !o.fixed.admit(now, rate / workers))
+                || (cfg.enabled
+                    && !o
+                        .control
+                        .local_on()
+                        .then(|| o.shares.admit(source.addr.ip()))
+                        .flatten()
+                        .unwrap_or_else(|| o.control.admit(now))));
         if !shed {
             o.interval.admitted += 1;
             if oc {

@@ -199,6 +199,37 @@ fn calls_in_progress_and_emergency_calls_are_never_shed() {
     assert!(shed > 50, "{shed}");
 }
 
+/// A fixed limit holds new requests to its rate whatever the load, even with adaptive
+/// control off; 0 refuses every new one (a node being drained) but not calls in progress.
+#[test]
+fn a_fixed_limit_admits_its_rate_and_zero_admits_none() {
+    // 200 a second shared by the test engine's two workers, offered 1,000 a second for a
+    // second: a second's worth of a worker's 100, and the bucket's depth (20 ms of the rate:
+    // at least one request) at the start.
+    let mut e = engine(&format!(
+        "{ROUTE}[overload]\nenabled = false\nmax_rate = 200\n"
+    ));
+    let admitted = (0..1000)
+        .filter(|&n| offer(&mut e, 1000 + n as u64, n, "", "").shed.is_empty())
+        .count();
+    assert!((99..=101).contains(&admitted), "{admitted}");
+    let mut e = engine(&format!("{ROUTE}[overload]\nmax_rate = 0\n"));
+    for n in 0..50 {
+        let o = offer(&mut e, 1000 + n as u64 * 10, n, "", "");
+        assert_eq!((o.shed.len(), o.forwarded.len()), (1, 0));
+    }
+    let bye = request("BYE", "sip:bob@127.0.0.3:5080", "z9hG4bKb1", "");
+    let (sent, _) = deliver(&mut e, 2000, ALICE, &bye);
+    assert!(sent.iter().all(|s| s.status() != Some(503)));
+    assert_eq!(sent.len(), 1);
+    // Emergency calls from a trusted network pass even so.
+    let mut e = engine(&format!(
+        "{ROUTE}[overload]\nmax_rate = 0\npriority_sources = [\"127.0.0.0/24\"]\n"
+    ));
+    let o = offer(&mut e, 1000, 1, "", "Resource-Priority: esnet.0\r\n");
+    assert_eq!((o.shed.len(), o.forwarded.len()), (0, 1));
+}
+
 /// How many of 100 new INVITEs from ALICE carrying `extra` an overloaded worker configured
 /// with `keys` sheds.
 fn shed_of_100(keys: &str, extra: &str) -> usize {
