@@ -156,6 +156,8 @@ impl Worker {
         let interval = Duration::from_millis(self.engine.overload_interval_ms());
         let mut busy = BusyMeter::new(interval, Instant::now(), self.workers.len());
         let mut timestamps = false;
+        // The last pass read a full batch from some socket: more is waiting already.
+        let mut backlog = false;
         while !self.shutdown.load(Ordering::Relaxed) {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
             // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
@@ -176,8 +178,11 @@ impl Worker {
             let woke = Instant::now();
             busy.idle(woke.saturating_duration_since(wait_start));
             let delay = self.coalescer.delay(self.millis(woke));
-            if n > 0 && !delay.is_zero() {
-                // Under load, let datagrams accumulate briefly so one batch takes them.
+            if n > 0 && !delay.is_zero() && !backlog {
+                // Under load, let datagrams accumulate briefly so one batch takes them; not
+                // while a backlog waits, which would only be drained slower (measured: a
+                // worker that slept before every batch sat idle a seventh of the time while
+                // a queue of 5–30 ms stood, at 70% of a core).
                 std::thread::sleep(delay);
                 busy.idle(delay);
             }
@@ -189,10 +194,11 @@ impl Worker {
             // idle worker's replica is never more than one wait (200 ms) behind. (Each receive
             // batch takes the mail again first, for what came during the pass.)
             self.take_mail(&mut fx);
+            backlog = false;
             for (token, ev) in tokens() {
                 match token {
                     Some(Token::Udp(i)) if i < fds.len() => {
-                        self.receive_udp(i, fds[i], &mut batch, &mut fx);
+                        backlog |= self.receive_udp(i, fds[i], &mut batch, &mut fx) == udp::BATCH;
                         if timestamps {
                             if let Some(t) = batch.first_timestamp() {
                                 busy.queued(t.elapsed().unwrap_or_default());
@@ -286,9 +292,16 @@ impl Worker {
     }
 
     /// One `recvmmsg` batch from UDP socket number `socket`, which the wait found readable.
-    fn receive_udp(&mut self, socket: usize, fd: RawFd, batch: &mut RecvBatch, fx: &mut Effects) {
+    /// Returns how many datagrams it took.
+    fn receive_udp(
+        &mut self,
+        socket: usize,
+        fd: RawFd,
+        batch: &mut RecvBatch,
+        fx: &mut Effects,
+    ) -> usize {
         match batch.recv(fd) {
-            Ok(0) => {}
+            Ok(0) => 0,
             Ok(n) => {
                 // A binding posted before this batch was read must be applied before it: the
                 // other worker posts it before its 200 OK leaves, so a request the client sent
@@ -309,8 +322,12 @@ impl Worker {
                         self.engine.handle_message(now, source, data, fx);
                     }
                 }
+                n
             }
-            Err(e) => tracing::warn!("receive failed: {e}"),
+            Err(e) => {
+                tracing::warn!("receive failed: {e}");
+                0
+            }
         }
     }
 
