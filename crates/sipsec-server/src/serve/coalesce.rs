@@ -5,7 +5,9 @@
 //! little after waking, so more datagrams arrive for one `recvmmsg` and more bytes for each
 //! connection's read. It waits about as long as [`TARGET_BATCH`] messages take to arrive at the
 //! measured rate, never longer than the configured cap (`server.max_batch_delay_us`), and only
-//! above [`MIN_RATE`], so an idle or lightly loaded server adds no latency.
+//! above [`MIN_RATE`], so an idle or lightly loaded server adds no latency. Nor does it wait
+//! while a backlog does (the worker's last read took a full batch): the next batch is
+//! already there, and a wait would only drain it slower.
 //!
 //! Whether waiting pays depends on the machine and on how the traffic arrives, so the worker
 //! measures it instead of assuming it. The wait is a timer wake-up of its own: on the VMs this
