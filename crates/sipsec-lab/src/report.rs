@@ -223,15 +223,15 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("—".into(), |v| format!("{v:.digits$}"))
 }
 
-fn ratio_text(r: Option<Ratio>) -> String {
+fn ratio_text(r: Option<Ratio>, digits: usize) -> String {
     match r {
         None => "—".into(),
         Some(Ratio {
             mean,
             interval: Some((low, high)),
             ..
-        }) => format!("{mean:.2} [{low:.2}, {high:.2}]"),
-        Some(r) => format!("{:.2} (n = {})", r.mean, r.n),
+        }) => format!("{mean:.digits$} [{low:.digits$}, {high:.digits$}]"),
+        Some(r) => format!("{:.digits$} (n = {})", r.mean, r.n),
     }
 }
 
@@ -305,7 +305,7 @@ pub(crate) fn markdown_table(rows: &[RowSummary]) -> String {
             opt(r.rate, 0),
             success_text(r, true),
             opt(r.cpu_us, 1),
-            ratio_text(r.ratio),
+            ratio_text(r.ratio, 2),
             r.verdict(),
             r.seed.unwrap_or(""),
             opt(r.seed_ratio, 2),
@@ -361,7 +361,7 @@ fn html_table(rows: &[RowSummary]) -> String {
             opt(r.rate, 0),
             success_text(r, false),
             opt(r.cpu_us, 1),
-            ratio_text(r.ratio),
+            ratio_text(r.ratio, 2),
             r.verdict().replace(' ', "-"),
             r.verdict(),
             r.seed.unwrap_or(""),
@@ -571,11 +571,10 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
         write!(html, "<th>{}</th>", escape(h)).ok();
     }
     html += "</tr>";
-    // The row refusing every call keeps no goodput: it is read below, as r.
-    let refuses = |id: &str| s.row(id).is_some_and(|r| r.bench.refuse_all);
+    // The row refusing every call is read below, as r.
     for r in rows
         .iter()
-        .filter(|r| r.skipped.is_none() && !refuses(r.id))
+        .filter(|r| r.skipped.is_none() && !refuses_all(s, r.id))
     {
         let rounds: Vec<&Record> = records
             .iter()
@@ -586,12 +585,7 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
             .map(|&rate| {
                 let shares: Vec<f64> = rounds
                     .iter()
-                    .filter_map(|x| {
-                        x.goodput_curve
-                            .iter()
-                            .find(|p| (p[0] - rate).abs() <= 0.05 * rate)
-                            .map(|p| p[1] / reference)
-                    })
+                    .filter_map(|x| Some(x.goodput_curve[curve_point(x, rate)?][1] / reference))
                     .collect();
                 stats::mean_interval(&shares).map_or("—".into(), |m| m.text(2))
             })
@@ -650,6 +644,19 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
     Some((html, md))
 }
 
+/// The point of `rec`'s goodput curve offered `rate` (within 5%: what the load generator
+/// started per second of a trial asked for that rate), if it has one.
+fn curve_point(rec: &Record, rate: f64) -> Option<usize> {
+    rec.goodput_curve
+        .iter()
+        .position(|p| (p[0] - rate).abs() <= 0.05 * rate)
+}
+
+/// Whether row `id` of `s` refuses every call: it keeps no goodput, and is read as r.
+fn refuses_all(s: &Suite, id: &str) -> bool {
+    s.row(id).is_some_and(|r| r.bench.refuse_all)
+}
+
 /// What a refusal costs as a share of a call, r, from the row that refuses every call:
 /// - at the suite's rate (its CPU column), over its baseline's CPU per call at that rate,
 ///   each round against the same round: both sides wake-up bound below the peak;
@@ -704,13 +711,7 @@ impl<'a> RefusalBound<'a> {
         // Each grid point's figure in a record's curve, found by its offered rate.
         let at_grid = |rec: &Record, f: &dyn Fn(usize) -> Option<f64>| -> Vec<Option<f64>> {
             grid.iter()
-                .map(|&rate| {
-                    let i = rec
-                        .goodput_curve
-                        .iter()
-                        .position(|p| (p[0] - rate).abs() <= 0.05 * rate)?;
-                    f(i)
-                })
+                .map(|&rate| f(curve_point(rec, rate)?))
                 .collect()
         };
         let quota = refused.bench.cpu_quota.unwrap_or(1.0);
@@ -795,10 +796,6 @@ impl<'a> RefusalBound<'a> {
 
     /// A sentence saying what r is and how it was measured.
     fn describe(&self) -> String {
-        let interval = match self.r.interval {
-            Some((lo, hi)) => format!(" [{lo:.3}, {hi:.3}]"),
-            None => format!(" (n = {})", self.r.n),
-        };
         let instructions = self
             .r_instructions
             .map(|r| format!(", by callgrind's instructions {r:.3}"))
@@ -808,9 +805,10 @@ impl<'a> RefusalBound<'a> {
              refused (INVITE, 503, ACK) by a server refusing every call offered k × the \
              reference, over a call's at the peak (the quota ÷ the reference capacity); the \
              bounds above use it. At {:.0}/s, below the peak, where every message wakes the \
-             server, r = {:.3}{interval} (CPU per refusal ÷ CPU per call with control off, \
-             same rounds){instructions}.",
-            self.rate, self.r.mean
+             server, r = {} (CPU per refusal ÷ CPU per call with control off, same \
+             rounds){instructions}.",
+            self.rate,
+            ratio_text(Some(self.r), 3)
         )
     }
 }
@@ -1115,7 +1113,7 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
         }
         let curves: Vec<RowSummary> = rows
             .iter()
-            .filter(|r| !s.row(r.id).is_some_and(|r| r.bench.refuse_all))
+            .filter(|r| !refuses_all(&s, r.id))
             .cloned()
             .collect();
         if let Some(svg) = goodput_chart(&curves)? {

@@ -555,6 +555,25 @@ pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> Strin
     )
 }
 
+/// The operations a run counts: those that succeeded, or, where the server refuses every
+/// call (`--refuse-all`), the calls refused.
+fn counted(a: &BenchArgs, s: &Summary) -> u64 {
+    if a.refuse_all {
+        s.failed
+    } else {
+        s.succeeded
+    }
+}
+
+/// `seconds` of CPU per operation of `ops`, in µs (0 where there were none).
+fn us_per_op(seconds: f64, ops: u64) -> f64 {
+    if ops == 0 {
+        0.0
+    } else {
+        seconds * 1e6 / ops as f64
+    }
+}
+
 /// Starts `sipsec serve` pinned to `cpu` and waits for its banner.
 fn start_sipsec(
     config: &Path,
@@ -862,13 +881,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         eprintln!("sipsec bench: warming up with {warmup} {scenario} operations at {rate}/s");
     }
     let warm = load::execute(&warm_plan, &mut bound, stop)?;
-    // Where every call is refused, the warm-up's refusals are its successes.
-    let warmed = if a.refuse_all {
-        warm.failed
-    } else {
-        warm.succeeded
-    };
-    if warmed == 0 {
+    if counted(&a, &warm) == 0 {
         bail!(
             "no {scenario} succeeded during warm-up ({:?}): is the server at {target} routing to \
              the UAS at {}?",
@@ -930,13 +943,8 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     };
     drop(idle);
     let used = server1.since(server0);
-    // A refusal is the operation where every call is refused.
-    let ops = if a.refuse_all {
-        summary.failed
-    } else {
-        summary.succeeded
-    };
-    let per_op = |s: f64| if ops == 0 { 0.0 } else { s * 1e6 / ops as f64 };
+    let ops = counted(&a, &summary);
+    let per_op = |s: f64| us_per_op(s, ops);
 
     let load_us = per_op(own1.since(own0).total_s());
     // The peak search (and the curve) under a server-set limit: the server held to its
@@ -1016,16 +1024,11 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         let cpu0 = cpu::cpu_of(&pids);
         let s = load::execute(&trial, &mut bound, stop)?;
         let cpu_s = cpu::cpu_of(&pids).since(cpu0).total_s();
-        let ops = if a.refuse_all { s.failed } else { s.succeeded };
         goodput_curve.push(CurvePoint {
             rate: r,
             offered_per_s: s.attempted as f64 / a.step_s,
             goodput_per_s: s.on_time as f64 / a.step_s,
-            server_cpu_us_per_op: if ops == 0 {
-                0.0
-            } else {
-                cpu_s * 1e6 / ops as f64
-            },
+            server_cpu_us_per_op: us_per_op(cpu_s, counted(&a, &s)),
         });
     }
     drop(peak_quota);
