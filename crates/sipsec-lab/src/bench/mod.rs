@@ -236,8 +236,12 @@ pub struct Report {
     pub(crate) idle_connections: usize,
     /// The offered rate of the measured run, in operations started per second.
     pub rate: f64,
-    /// Operations that succeeded in the measured run: what the per-operation figures divide by.
+    /// Operations that succeeded in the measured run (calls refused, with `refuse_all`): what
+    /// the per-operation figures divide by.
     pub ops: u64,
+    /// The server refused every call (`--refuse-all`): `ops` counts refusals.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) refuse_all: bool,
     /// The server's CPU time (user plus system, all its processes and threads) per successful
     /// operation, in µs.
     pub server_cpu_us_per_op: f64,
@@ -664,11 +668,16 @@ pub fn main(a: BenchArgs) -> Result<()> {
 pub fn print(report: &Report) {
     let (scenario, rate) = (&report.scenario, report.rate);
     println!(
-        "{} {scenario} at {rate}/s: {} of {} succeeded; server CPU {:.1} µs/op \
+        "{} {scenario} at {rate}/s: {} of {} {}; server CPU {:.1} µs/op \
          (user {:.1}, sys {:.1}); load generator {:.1} µs/op{}",
         report.server,
         report.ops,
         report.load.attempted,
+        if report.refuse_all {
+            "refused"
+        } else {
+            "succeeded"
+        },
         report.server_cpu_us_per_op,
         report.server_user_us_per_op,
         report.server_sys_us_per_op,
@@ -1053,6 +1062,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         idle_connections: s.idle_connections,
         rate: a.rate,
         ops,
+        refuse_all: a.refuse_all,
         server_cpu_us_per_op: per_op(used.total_s()),
         server_user_us_per_op: per_op(used.split_s().0),
         server_sys_us_per_op: per_op(used.split_s().1),
