@@ -92,9 +92,13 @@ fn serve_check_validates_without_binding_connecting_or_creating() {
         ),
     )
     .unwrap();
-    // The UDP port is taken while the check runs: a server would refuse to start; the
+    // Every port it names is taken while the check runs: a server would refuse to start; the
     // check, which binds nothing, does not notice.
-    let held = std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
+    let held = (
+        std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap(),
+        std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(),
+        std::net::TcpListener::bind(("127.0.0.1", port + 1)).unwrap(),
+    );
     let before = listing(d);
     let out = sipsec(d, &["serve", "--check", "-c", "good.toml"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -113,9 +117,6 @@ fn serve_check_validates_without_binding_connecting_or_creating() {
     }
     assert_eq!(listing(d), before, "the check created files");
     drop(held);
-    // Nothing is left bound either.
-    std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-    std::net::TcpListener::bind(("127.0.0.1", port + 1)).unwrap();
 
     // A database that is not there is not connected to; its password is not printed.
     std::fs::write(
@@ -195,7 +196,6 @@ fn authd_check_validates_without_binding_or_creating() {
     assert!(said.contains("metrics off\n"), "{said}");
     assert_eq!(listing(d), before, "the check created files");
     drop(held);
-    std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
 
     let conf = std::fs::read_to_string(d.join("authd.toml")).unwrap();
     std::fs::write(d.join("authd.toml"), format!("{conf}hash = \"SHA-1\"\n")).unwrap();
