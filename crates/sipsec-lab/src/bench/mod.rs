@@ -192,6 +192,10 @@ pub struct BenchArgs {
     /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
     #[arg(long, conflicts_with_all = ["server_pid", "find_peak"])]
     pub instructions: bool,
+    /// With `--instructions`: keep callgrind's dump of the measured run here, to read with
+    /// `callgrind_annotate` (which functions the instructions per operation went to).
+    #[arg(long, requires = "instructions")]
+    pub callgrind_out: Option<PathBuf>,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -389,7 +393,7 @@ impl Started {
     /// it, ends dump 2 — the measured run alone. No `callgrind_control`: its `vgdb` must
     /// interrupt a process blocked in a system call, which not every sandbox allows (it then
     /// reports no run, and nothing is counted).
-    fn stop(mut self) -> Result<Option<u64>> {
+    fn stop(mut self, keep: Option<&Path>) -> Result<Option<u64>> {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
@@ -411,6 +415,10 @@ impl Started {
             })
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .with_context(|| format!("no totals in {}", path.display()))?;
+        if let Some(keep) = keep {
+            std::fs::copy(&path, keep)
+                .with_context(|| format!("cannot keep callgrind's dump as {}", keep.display()))?;
+        }
         Ok(Some(total))
     }
 
@@ -1047,7 +1055,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         cpu_throttled_s: q.throttled().1,
     });
     let instructions = match started {
-        Some(s) => s.stop()?,
+        Some(s) => s.stop(a.callgrind_out.as_deref())?,
         None => None,
     };
     let report = Report {
