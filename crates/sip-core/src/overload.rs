@@ -14,7 +14,6 @@
 //! algorithm spreads its refusals evenly (an error-diffusion counter) instead of drawing
 //! random numbers, so a test sees exactly what a given feedback does.
 
-use crate::message::values::Params;
 use crate::message::Via;
 
 /// What a client adds to its Via to say it supports overload control, and the algorithm it
@@ -57,11 +56,8 @@ impl Algorithm {
 /// present, without a value): RFC 7339 §5.1. Unknown algorithms are skipped; an announcement
 /// without `oc-algo` means `loss`, the one every implementation has.
 pub fn offered(via: &Via<'_>) -> Option<Offer> {
-    offered_in(via.params)
-}
-
-fn offered_in(params: Params<'_>) -> Option<Offer> {
-    params.get(b"oc")?;
+    via.oc()?;
+    let params = via.params;
     let mut offer = Offer::default();
     match params.get(b"oc-algo").flatten() {
         None => offer.loss = true,
@@ -135,11 +131,10 @@ pub enum FeedbackError {
 impl Feedback {
     /// The feedback in a response's top Via (the client's own), if any.
     pub fn from_via(via: &Via<'_>) -> Result<Feedback, FeedbackError> {
-        Feedback::from_params(via.params)
-    }
-
-    fn from_params(params: Params<'_>) -> Result<Feedback, FeedbackError> {
-        let value = params.get(b"oc").flatten().ok_or(FeedbackError::Absent)?;
+        // The common case, a response to a request that announced `oc` from a next hop that
+        // gives no feedback, ends here without a parameter lookup.
+        let value = via.oc().flatten().ok_or(FeedbackError::Absent)?;
+        let params = via.params;
         let value = number(value).ok_or(FeedbackError::BadValue)?;
         let algorithm = match params.get(b"oc-algo").flatten() {
             None => Algorithm::Loss,
@@ -384,6 +379,9 @@ mod tests {
         assert_eq!(only_loss.choose(Algorithm::Rate), Some(Algorithm::Loss));
         let m = top_via("SIP/2.0/UDP 10.0.0.1;branch=z9hG4bK1");
         assert_eq!(offered(m.top_via()), None);
+        // Parameter names are case-insensitive, wherever `oc` stands.
+        let m = top_via("SIP/2.0/UDP 10.0.0.1;OC;rport;branch=z9hG4bK1");
+        assert!(offered(m.top_via()).is_some_and(|o| o.loss));
     }
 
     #[test]
@@ -426,6 +424,7 @@ mod tests {
         assert_eq!(bad(";oc=101"), Err(FeedbackError::BadValue));
         assert_eq!(bad(";oc=-3"), Err(FeedbackError::BadValue));
         assert_eq!(bad(";oc=5;oc-seq=x"), Err(FeedbackError::BadValue));
+        assert!(bad(";rport=9;Oc=5").is_ok_and(|f| f.value == 5));
         assert_eq!(
             bad(";oc=5;oc-algo=\"A\""),
             Err(FeedbackError::UnknownAlgorithm)

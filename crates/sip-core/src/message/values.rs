@@ -67,6 +67,7 @@ pub struct Via<'a> {
     rport: Option<Option<&'a [u8]>>,
     received: Option<&'a [u8]>,
     maddr: Option<&'a [u8]>,
+    oc: Option<Option<&'a [u8]>>,
     /// Absolute offsets of this via-parm in the buffer.
     pub start: usize,
     /// Absolute offset just past the via-parm.
@@ -104,6 +105,14 @@ impl<'a> Via<'a> {
     /// The `maddr` parameter: the address a response goes to instead of sent-by (RFC 3261 §18.2.2).
     pub fn maddr(&self) -> Option<&'a [u8]> {
         self.maddr
+    }
+
+    /// `oc` as written (RFC 7339): `None` absent, `Some(None)` a client announcing overload
+    /// control, `Some(Some(v))` a server's feedback. A server reads it on every request and a
+    /// client on every response, so it is found while parsing; the other `oc-*` parameters
+    /// are in `params`.
+    pub fn oc(&self) -> Option<Option<&'a [u8]>> {
+        self.oc
     }
 
     /// True when the branch carries the RFC 3261 magic cookie.
@@ -158,9 +167,10 @@ pub(crate) fn parse_via<'a>(c: &mut Cursor<'a>) -> Result<Via<'a>, ParseError> {
     };
     split_hostport(host).map_err(|_| ParseError::header(H, "bad sent-by"))?;
     // The first of each parameter counts, as a lookup by name would find it.
-    let (mut branch, mut rport, mut received, mut maddr) = (None, None, None, None);
+    let (mut branch, mut rport, mut received, mut maddr, mut oc) = (None, None, None, None, None);
     let params = parse_params(c, H, |name, value| {
         let slot = match name.len() {
+            2 if eq_ic(name, b"oc") => &mut oc,
             6 if eq_ic(name, b"branch") => &mut branch,
             5 if eq_ic(name, b"rport") => &mut rport,
             8 if eq_ic(name, b"received") => &mut received,
@@ -181,6 +191,7 @@ pub(crate) fn parse_via<'a>(c: &mut Cursor<'a>) -> Result<Via<'a>, ParseError> {
         rport,
         received: received.flatten(),
         maddr: maddr.flatten(),
+        oc,
         start,
         end: c.pos,
     })
