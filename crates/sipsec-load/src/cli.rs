@@ -197,6 +197,10 @@ pub struct LoadArgs {
     /// Host of Request-URIs, From and To (default: the target's address).
     #[arg(long)]
     pub domain: Option<String>,
+    /// What INVITEs offer and 200s answer: plain RTP, or a WebRTC description a browser
+    /// accepts (calls to and from browsers over `wss:`).
+    #[arg(long, value_enum, default_value = "plain")]
+    pub sdp: crate::ua::Sdp,
     /// Callee user when no --users file is given.
     #[arg(long, default_value = "service")]
     pub service: String,
@@ -287,16 +291,18 @@ impl Default for LoadArgs {
     }
 }
 
-/// `[udp:|tcp:|tls:]ip:port`; the transport when one is named.
+/// `[udp:|tcp:|tls:|ws:|wss:]ip:port`; the transport when one is named.
 pub(crate) fn parse_endpoint(s: &str) -> Result<(Option<Transport>, SocketAddr)> {
     let (transport, rest) = match s.split_once(':') {
         Some(("udp", r)) => (Some(Transport::Udp), r),
         Some(("tcp", r)) => (Some(Transport::Tcp), r),
         Some(("tls", r)) => (Some(Transport::Tls), r),
+        Some(("ws", r)) => (Some(Transport::Ws), r),
+        Some(("wss", r)) => (Some(Transport::Wss), r),
         _ => (None, s),
     };
     let addr = rest.parse::<SocketAddr>().with_context(|| {
-        format!("{s:?} is not [udp|tcp|tls:]ip:port (IP literals only; no DNS)")
+        format!("{s:?} is not [udp|tcp|tls|ws|wss:]ip:port (IP literals only; no DNS)")
     })?;
     Ok((transport, addr))
 }

@@ -1,8 +1,9 @@
-//! TCP and TLS for the load generator: outbound connections for the caller — one per target
-//! reused by every call (`--connection persistent`), or one per call closed when the call ends
-//! (`per-call`) — and a listener for the callee that answers on the connection a request came
-//! in on. Messages are framed by Content-Length (RFC 3261 §18.3); CRLF keep-alives are
-//! skipped and a double-CRLF ping is answered.
+//! TCP, TLS and WebSocket for the load generator: outbound connections for the caller — one
+//! per target reused by every call (`--connection persistent`), or one per call closed when the
+//! call ends (`per-call`) — and a listener for the callee that answers on the connection a
+//! request came in on. Messages are framed by Content-Length (RFC 3261 §18.3); CRLF keep-alives
+//! are skipped and a double-CRLF ping is answered. Over `ws`/`wss` each connection first
+//! upgrades (as a browser would, without an Origin) and messages are WebSocket messages.
 //!
 //! TLS is a `tls::Session` (rustls, or OpenSSL with the `openssl` feature) fed by hand from the
 //! same non-blocking sockets, so one loop serves both and the handshakes, full or resumed, are
@@ -84,6 +85,8 @@ pub(crate) struct StreamLinks {
     /// Flows that closed and are not yet reported to the UA (their slots are reused only
     /// once it knows).
     closed_flows: Vec<usize>,
+    /// SIP over WebSocket (RFC 7118): connections upgrade first, messages are frames.
+    websocket: Option<std::sync::Arc<sipsec_transport::net::ws::Policy>>,
 }
 
 impl StreamLinks {
@@ -108,6 +111,19 @@ impl StreamLinks {
             closed_flows: Vec::new(),
             flow_ip: None,
             sources: None,
+            websocket: None,
+        }
+    }
+
+    /// The same links speaking SIP over WebSocket when `on`.
+    pub(crate) fn with_websocket(self, on: bool) -> StreamLinks {
+        let policy = sipsec_transport::net::ws::Policy {
+            max_message: MAX_MESSAGE,
+            ..Default::default()
+        };
+        StreamLinks {
+            websocket: on.then(|| std::sync::Arc::new(policy)),
+            ..self
         }
     }
 
@@ -196,6 +212,9 @@ impl StreamLinks {
         };
         let mut conn = Conn::new(socket.into(), remote, tls);
         conn.call = call;
+        if let Some(policy) = &self.websocket {
+            conn.io.open_websocket(policy.clone(), &remote.to_string());
+        }
         self.counters.connections_opened += 1;
         Ok(self.insert(conn))
     }
@@ -271,7 +290,11 @@ impl StreamLinks {
                 None => None,
             };
             self.counters.connections_accepted += 1;
-            self.insert(Conn::new(stream, remote, tls));
+            let mut conn = Conn::new(stream, remote, tls);
+            if let Some(policy) = &self.websocket {
+                conn.io.serve_websocket(policy.clone());
+            }
+            self.insert(conn);
         }
     }
 
@@ -367,8 +390,9 @@ impl Links for StreamLinks {
                 // a ping: on a flow the server answers pings, it does not send them (RFC 5626
                 // §4.4.1).
                 let framed_len: usize = framed.messages.iter().map(|&(_, len)| len).sum();
-                let mut pong = c.flow && !framed.ping && framed.consumed > framed_len;
-                if c.flow && c.io.inbuf[framed.consumed..] == *b"\r\n" {
+                let crlf = c.flow && self.websocket.is_none();
+                let mut pong = crlf && !framed.ping && framed.consumed > framed_len;
+                if crlf && c.io.inbuf[framed.consumed..] == *b"\r\n" {
                     framed.consumed += 2;
                     pong = true;
                 }
@@ -380,7 +404,9 @@ impl Links for StreamLinks {
                     addr: c.io.remote,
                 };
                 for &(s, len) in &framed.messages {
-                    ua.on_message(now_us, from, &c.io.inbuf[s..s + len], out);
+                    if let Some(message) = c.io.message(s, len) {
+                        ua.on_message(now_us, from, message, out);
+                    }
                 }
                 messages += framed.messages.len();
                 c.io.consume(framed.consumed);

@@ -158,8 +158,8 @@ impl Plan {
             || !args.tls_key_exchange.is_empty()
             || args.tls_backend != tls::Backend::Rustls
             || args.tls_client_auth != tls::ClientAuth::None;
-        if tls_options && transport != Transport::Tls {
-            bail!("the --tls-* options need --transport tls");
+        if tls_options && !transport.secure() {
+            bail!("the --tls-* options need --transport tls or wss");
         }
         if args.tls_cert.is_some() != args.tls_key.is_some() {
             bail!("--tls-cert and --tls-key go together");
@@ -196,7 +196,7 @@ impl Plan {
             (None, Role::Uas) => None,
         };
         let originate = args.role != Role::Uas;
-        let tls = if transport == Transport::Tls {
+        let tls = if transport.secure() {
             // A registering callee is a TLS client of the registrar.
             stream_tls(&args, originate || args.register, uas.is_some())?
         } else {
@@ -351,7 +351,8 @@ pub fn bind(plan: &Plan) -> Result<Bound> {
             _ => {
                 let per_call = plan.args.connection == ConnectionArg::PerCall;
                 let links = connections::StreamLinks::new(None, per_call, caller, plan.tls.clone())
-                    .with_flows_from(at.ip());
+                    .with_flows_from(at.ip())
+                    .with_websocket(plan.transport.websocket());
                 (Box::new(links), caller.map(|ip| SocketAddr::new(ip, 5060)))
             }
         };
@@ -405,7 +406,8 @@ fn bind_stream(plan: &Plan) -> Result<Bound> {
         listener = Some(l);
     }
     let per_call = plan.args.connection == ConnectionArg::PerCall;
-    let mut links = connections::StreamLinks::new(listener, per_call, local_ip, plan.tls.clone());
+    let mut links = connections::StreamLinks::new(listener, per_call, local_ip, plan.tls.clone())
+        .with_websocket(plan.transport.websocket());
     if let Some(sources) = uac_local.filter(|s| s.count() > 1) {
         links = links.with_sources(sources);
     }
@@ -447,6 +449,7 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         report_ended: plan.transport != Transport::Udp
             && plan.args.connection == ConnectionArg::PerCall,
         auth_reuse: plan.args.auth_reuse,
+        sdp: plan.args.sdp,
         proxychain: plan.args.proxychain.then(|| {
             plan.args
                 .proxychain_realm

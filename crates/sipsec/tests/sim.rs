@@ -110,6 +110,7 @@ fn ua_config(scenario: Scenario, local: &str, users: &[&str], auth: Auth) -> UaC
         auth_reuse: false,
         proxychain: (auth == Auth::Proxychain).then(|| REALM.to_string()),
         register: None,
+        sdp: sipsec_load::ua::Sdp::Plain,
     }
 }
 

@@ -529,10 +529,18 @@ pub(crate) fn role_of(a: &BenchArgs) -> Role {
 /// transport, its control socket (where the bench asks for its counters) in `dir`.
 pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> String {
     let (s, role, overload) = (&a.streams, role_of(a), a.overload.is_on());
-    let tls_listen = if s.transport == Transport::Tls {
-        format!(", \"tls:{SERVER_TLS}\"")
+    let tls_listen = match s.transport {
+        Transport::Tls | Transport::Ws | Transport::Wss => {
+            format!(", \"{}:{SERVER_TLS}\"", s.transport)
+        }
+        Transport::Udp | Transport::Tcp => String::new(),
+    };
+    // Over WebSocket the callee registers and is called over its own connections (the server
+    // opens none), so the route is never taken; it names a transport a route may.
+    let route_transport = if s.transport.websocket() {
+        Transport::Udp
     } else {
-        String::new()
+        s.transport
     };
     let (mut server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
     if let Some(us) = a.max_batch_delay_us {
@@ -561,7 +569,7 @@ pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> Strin
             "proxy"
         },
         role == Role::StatefulProxy,
-        s.transport,
+        route_transport,
         dir.join("bench.db").display(),
         dir.join("control.sock").display()
     )
@@ -776,7 +784,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let tls_dir = match &s.tls_dir {
         Some(d) => d.clone(),
         None => {
-            if s.transport == Transport::Tls {
+            if s.transport.secure() {
                 modes::make_certs(certs_dir.path(), s.tls_cert_type)?;
             }
             certs_dir.path().to_path_buf()
@@ -849,7 +857,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let domain = match (&a.domain, a.scenario) {
         (Some(d), _) => Some(d.clone()),
         (None, BenchScenario::Call | BenchScenario::Redirect) => None,
-        (None, _) => Some("bench.test".to_string()),
+        (None, _) => Some(modes::BENCH_DOMAIN.to_string()),
     };
     let mut base = LoadArgs {
         target: Some(target.clone()),
@@ -873,6 +881,16 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         });
     }
     s.configure_load(&mut base, &tls_dir);
+    if s.transport.websocket() && a.scenario == BenchScenario::Call {
+        // The callee registers these users over its WebSocket flows; each call is to
+        // another of them, through the server's location table.
+        let users = certs_dir.path().join("websocket-users.csv");
+        let list: String = (1..=16).map(|i| format!("ws{i},unused\n")).collect();
+        std::fs::write(&users, list)?;
+        base.register = true;
+        base.users.get_or_insert(users);
+        base.domain = Some(modes::BENCH_DOMAIN.into());
+    }
     if noop.tls() {
         base.lab_noop = noop.to_arg();
     }

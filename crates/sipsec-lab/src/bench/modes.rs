@@ -11,6 +11,9 @@ use sipsec_transport::tls::{certs, ClientAuth};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 
+/// The domain the bench's server registers and locates users of.
+pub(crate) const BENCH_DOMAIN: &str = "bench.test";
+
 /// Seed 000's connection modes, as (caller's connections, proxy's outbound connections).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SeedMode {
@@ -41,7 +44,8 @@ impl SeedMode {
 /// `sipsec bench` transport options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StreamArgs {
-    /// Transport of the calls, both sides of the proxy.
+    /// Transport of the calls, both sides of the proxy. Over `ws` and `wss` the callee
+    /// registers 16 users over its own connections, as browsers do, and is called over them.
     #[arg(long, value_enum, default_value = "udp")]
     pub transport: Transport,
     /// Seed 000's connection mode over TCP and TLS (ignored for UDP).
@@ -109,10 +113,10 @@ impl StreamArgs {
         )
     }
 
-    /// The `[tls]` table for the started server (empty unless the transport is TLS).
+    /// The `[tls]` table for the started server (empty unless the transport is TLS or WSS).
     pub(crate) fn tls_table(&self, tls_dir: &Path) -> String {
         let mut text = String::new();
-        if self.transport == Transport::Tls {
+        if self.transport.secure() {
             let p = |f: &str| tls_dir.join(f).display().to_string();
             text += &format!(
                 "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nclient_auth = \"{}\"\n\
@@ -147,7 +151,7 @@ impl StreamArgs {
         } else {
             ConnectionArg::Persistent
         };
-        if self.transport == Transport::Tls {
+        if self.transport.secure() {
             load.tls_ca = Some(tls_dir.join(certs::CA));
             load.tls_cert = Some(tls_dir.join(certs::SERVER));
             load.tls_key = Some(tls_dir.join(certs::SERVER_KEY));

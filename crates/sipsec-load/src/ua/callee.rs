@@ -116,7 +116,7 @@ impl Ua {
             }
         }
         extra.extend_from_slice(b"Content-Type: application/sdp\r\n");
-        let ok = self.respond(now, id, msg, 200, Some(&tag), &extra, SDP);
+        let ok = self.respond(now, id, msg, 200, Some(&tag), &extra, self.cfg.sdp.answer());
         let t1 = self.cfg.timers.t1;
         let reliable = self.cfg.transport.reliable();
         let timer = self.wheel.insert(

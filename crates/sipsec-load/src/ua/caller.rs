@@ -150,7 +150,11 @@ impl Ua {
         if let Some((name, value)) = auth {
             let _ = write!(m, "{name}: {value}\r\n");
         }
-        let body: &[u8] = if method == "INVITE" { SDP } else { b"" };
+        let body: &[u8] = if method == "INVITE" {
+            self.cfg.sdp.offer()
+        } else {
+            b""
+        };
         if !body.is_empty() {
             m.extend_from_slice(b"Content-Type: application/sdp\r\n");
         }

@@ -112,6 +112,38 @@ pub struct UaConfig {
     pub proxychain: Option<String>,
     /// The callee registers each user with the target and takes calls over those flows.
     pub register: Option<Registering>,
+    /// What INVITEs offer and 200s answer (`--sdp`).
+    pub sdp: Sdp,
+}
+
+/// The session descriptions the load's calls carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Sdp {
+    /// Plain RTP audio, the size of SIPp's, so servers see realistic messages.
+    #[default]
+    Plain,
+    /// A WebRTC description (ICE, DTLS-SRTP, one bundled Opus stream), which a browser's
+    /// `RTCPeerConnection` accepts as an offer or an answer: for calls to and from browsers.
+    /// Its ICE has no candidates, so no media flows; signalling is what is measured.
+    Webrtc,
+}
+
+impl Sdp {
+    /// The offer an INVITE carries.
+    pub(crate) fn offer(self) -> &'static [u8] {
+        match self {
+            Sdp::Plain => SDP,
+            Sdp::Webrtc => WEBRTC_OFFER,
+        }
+    }
+
+    /// The answer a 200 carries.
+    pub(crate) fn answer(self) -> &'static [u8] {
+        match self {
+            Sdp::Plain => SDP,
+            Sdp::Webrtc => WEBRTC_ANSWER,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -232,6 +264,31 @@ const PC_MAX_TRIES: u8 = 6;
 /// An SDP offer/answer the size of SIPp's, so servers see realistic messages.
 const SDP: &[u8] = b"v=0\r\no=user1 53655765 2353687637 IN IP4 127.0.0.1\r\ns=-\r\n\
 c=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 6000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n";
+
+/// The WebRTC description up to its DTLS role: one audio stream (mid 0, as a browser's first
+/// transceiver), bundled, RTCP multiplexed, with ICE credentials and a certificate
+/// fingerprint of the right form.
+macro_rules! webrtc_sdp {
+    ($setup:literal) => {
+        concat!(
+            "v=0\r\no=- 4611731400430051336 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n",
+            "a=group:BUNDLE 0\r\na=msid-semantic: WMS\r\n",
+            "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\n",
+            "a=rtcp:9 IN IP4 0.0.0.0\r\na=ice-ufrag:sIpS\r\n",
+            "a=ice-pwd:sipsecloadgeneratoricepwd0\r\n",
+            "a=fingerprint:sha-256 4A:AD:B9:B1:3F:82:18:3B:54:02:12:DF:3E:5D:49:6B:",
+            "19:E5:7C:AB:4A:AD:B9:B1:3F:82:18:3B:54:02:12:DF\r\n",
+            "a=setup:",
+            $setup,
+            "\r\na=mid:0\r\na=sendrecv\r\na=rtcp-mux\r\na=rtpmap:111 opus/48000/2\r\n"
+        )
+        .as_bytes()
+    };
+}
+/// A WebRTC offer (either DTLS role).
+const WEBRTC_OFFER: &[u8] = webrtc_sdp!("actpass");
+/// A WebRTC answer (the DTLS client, as browsers answer).
+const WEBRTC_ANSWER: &[u8] = webrtc_sdp!("active");
 
 /// The load generator's UA: UAC, UAS, or both.
 pub struct Ua {

@@ -540,7 +540,11 @@ impl Ua {
     }
 
     /// Schedules flow `flow`'s next keep-alive at 80–100% of its interval (RFC 5626 §4.4.1).
+    /// Not over WebSocket, whose server keeps the connection with Pings (answered below SIP).
     fn schedule_keepalive(&mut self, now_us: u64, flow: u32) {
+        if self.cfg.transport.websocket() {
+            return;
+        }
         let fraction = 0.8 + 0.2 * self.random_fraction();
         let f = &mut self.flows[flow as usize];
         let at = ms(now_us) + (f.keepalive_ms as f64 * fraction) as u64;

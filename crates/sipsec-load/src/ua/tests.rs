@@ -34,6 +34,7 @@ pub(super) fn config(scenario: Scenario, users: Users) -> UaConfig {
         auth_reuse: false,
         proxychain: None,
         register: None,
+        sdp: Sdp::Plain,
     }
 }
 

@@ -7,6 +7,7 @@
 mod cluster;
 mod nat;
 mod routing;
+mod websocket;
 
 pub use cluster::ClusterConfig;
 use cluster::RawCluster;
@@ -14,6 +15,7 @@ use nat::RawNat;
 pub use nat::{NatConfig, NatMode, NatPing};
 use routing::RawRouting;
 pub use routing::{Next, Route, RoutingConfig};
+pub use websocket::WebSocketConfig;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -39,13 +41,14 @@ impl std::fmt::Display for Listen {
     }
 }
 
-/// Parses `udp:127.0.0.1:5060`, `tcp:[::1]:5060`, `tls:127.0.0.1:5061`.
+/// Parses `udp:127.0.0.1:5060`, `tcp:[::1]:5060`, `tls:127.0.0.1:5061`, `ws:0.0.0.0:8080`,
+/// `wss:0.0.0.0:8443`.
 pub(crate) fn parse_listen(s: &str) -> Result<Listen, String> {
     let (transport, addr) = s
         .split_once(':')
         .ok_or_else(|| format!("'{s}' is not transport:ip:port"))?;
     let transport = Transport::parse(transport.as_bytes())
-        .ok_or_else(|| format!("unknown transport '{transport}' (udp, tcp or tls)"))?;
+        .ok_or_else(|| format!("unknown transport '{transport}' (udp, tcp, tls, ws or wss)"))?;
     let addr: SocketAddr = addr
         .parse()
         .map_err(|_| format!("'{addr}' is not an ip:port address"))?;
@@ -427,7 +430,7 @@ impl TlsConfig {
     }
 }
 
-/// Connection handling for TCP and TLS (`[server]` keys).
+/// Connection handling for TCP, TLS and WebSocket (`[server]` keys, and `[websocket]`'s).
 #[derive(Debug, Clone)]
 pub struct StreamConfig {
     /// Whether connections to the next hop are kept per target or opened per call
@@ -442,6 +445,11 @@ pub struct StreamConfig {
     /// Connections accepted from one IP address, per worker, beyond which that address's
     /// new ones are refused (so one host cannot take every slot).
     pub(crate) max_per_ip_per_worker: usize,
+    /// What a WebSocket upgrade must carry (`[websocket]`).
+    pub(crate) websocket: std::sync::Arc<sipsec_transport::net::ws::Policy>,
+    /// A quiet WebSocket is pinged after this long, and closed if still silent this long
+    /// after the ping (`[websocket] ping_interval_s`; 0: idleness closes it).
+    pub(crate) websocket_ping_ms: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -708,6 +716,7 @@ struct RawConfig {
     nat: RawNat,
     flood: RawFlood,
     cluster: RawCluster,
+    websocket: websocket::RawWebSocket,
 }
 
 /// Registrar limits (`[registrar]`).
@@ -784,6 +793,8 @@ pub struct Config {
     pub nat: NatConfig,
     /// Per-source flood limits (`[flood]`).
     pub flood: FloodConfig,
+    /// Who may open SIP over WebSocket, and keep-alives (`[websocket]`).
+    pub websocket: WebSocketConfig,
     /// Sharing registrations with other nodes through PostgreSQL (`[cluster]`), if on.
     pub cluster: Option<ClusterConfig>,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
@@ -987,6 +998,9 @@ impl Config {
             .map(|d| d.to_ascii_lowercase())
             .collect();
         let auth = raw.auth.validate(&domains, &listen)?;
+        let websocket = raw
+            .websocket
+            .validate(&domains, raw.server.max_message_size)?;
         let cluster = raw.cluster.validate(&url, &listen)?;
         if raw.server.mode == Mode::Dispatcher {
             if routing.default_routes.is_empty() {
@@ -1033,6 +1047,8 @@ impl Config {
             message_timeout_ms: server.message_timeout_ms,
             max_connections_per_worker: server.max_connections.div_ceil(workers),
             max_per_ip_per_worker: server.max_connections_per_ip.div_ceil(workers),
+            websocket: websocket.policy.clone(),
+            websocket_ping_ms: websocket.ping_interval_ms,
         };
         let t = raw.tls;
         if t.cert.is_some() != t.key.is_some() {
@@ -1053,8 +1069,13 @@ impl Config {
                 noop: sipsec_transport::ablation::server(),
             },
         };
-        if listen.iter().any(|l| l.transport == Transport::Tls) && tls.cert.is_none() {
-            bail!("tls.cert: a tls listener needs a certificate and key ([tls] cert, key)");
+        if let Some(l) = listen.iter().find(|l| l.transport.secure()) {
+            if tls.cert.is_none() {
+                bail!(
+                    "tls.cert: a {} listener needs a certificate and key ([tls] cert, key)",
+                    l.transport
+                );
+            }
         }
         Ok(Config {
             listen,
@@ -1092,6 +1113,7 @@ impl Config {
             overload,
             nat,
             flood,
+            websocket,
             cluster,
         })
     }

@@ -226,6 +226,12 @@ fn route(key: &str, uri: String, priority: u16, weight: u16, listen: &[Listen]) 
         }
     };
     if let Some(t) = fixed {
+        if t.websocket() {
+            bail!(
+                "{key}: '{uri}' is reached over {t}, which only a browser opens: a route goes \
+                 over udp, tcp or tls"
+            );
+        }
         if !listen.iter().any(|l| l.transport == t) {
             bail!("{key}: '{uri}' is reached over {t}, but server.listen has no {t} address");
         }

@@ -300,6 +300,9 @@ pub(crate) fn naptr_service(transport: Transport) -> &'static [u8] {
         Transport::Udp => b"SIP+D2U",
         Transport::Tcp => b"SIP+D2T",
         Transport::Tls => b"SIPS+D2T",
+        // RFC 7118 §7: named, though no lookup asks for them (a WebSocket is never opened).
+        Transport::Ws => b"SIP+D2W",
+        Transport::Wss => b"SIPS+D2W",
     }
 }
 
@@ -309,6 +312,8 @@ pub(crate) fn srv_prefix(transport: Transport) -> &'static str {
         Transport::Udp => "_sip._udp.",
         Transport::Tcp => "_sip._tcp.",
         Transport::Tls => "_sips._tcp.",
+        Transport::Ws => "_sip._ws.",
+        Transport::Wss => "_sips._ws.",
     }
 }
 

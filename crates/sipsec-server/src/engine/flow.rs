@@ -49,6 +49,8 @@ fn transport_byte(t: Transport) -> u8 {
         Transport::Udp => b'u',
         Transport::Tcp => b't',
         Transport::Tls => b's',
+        Transport::Ws => b'w',
+        Transport::Wss => b'W',
     }
 }
 
@@ -157,6 +159,8 @@ fn verify(written: &[u8]) -> Option<Peer> {
         b'u' => Transport::Udp,
         b't' => Transport::Tcp,
         b's' => Transport::Tls,
+        b'w' => Transport::Ws,
+        b'W' => Transport::Wss,
         _ => return None,
     };
     let conn = ConnId::from_be_bytes(body.get(1..5)?.try_into().ok()?);

@@ -1,6 +1,7 @@
-//! A worker's TCP and TLS connections: its listeners (one SO_REUSEPORT socket per worker per
-//! `tcp:`/`tls:` address, so the kernel spreads connections across workers), the connections
-//! it accepted or opened, their framing, TLS and timeouts.
+//! A worker's TCP, TLS and WebSocket connections: its listeners (one SO_REUSEPORT socket per
+//! worker per `tcp:`/`tls:`/`ws:`/`wss:` address, so the kernel spreads connections across
+//! workers), the connections it accepted or opened, their framing, TLS, WebSocket upgrade,
+//! keep-alives and timeouts.
 //!
 //! Costs that must not grow with the number of connections (seed 000 found OpenSIPS spending
 //! half its CPU scanning its connection table for timeouts): readiness comes from the worker's
@@ -23,11 +24,17 @@
 //! registered over a connection and accepts no other) is never reopened: a request for it
 //! goes over the connection named or fails at once.
 //!
+//! A WebSocket connection (RFC 7118) is only ever accepted — a browser opens it and is reached
+//! over it, as a flow. Until its upgrade is answered it is a handshake like TLS's; once open,
+//! a quiet one is sent a Ping every `[websocket] ping_interval_s` and closed if it stays silent
+//! through the next, instead of being closed for idleness.
+//!
 //! Hostile peers: a connection past `max_connections`, or past `max_connections_per_ip` from
-//! one address, is refused at accept; a handshake or a
+//! one address, is refused at accept; a handshake (TLS, or a WebSocket upgrade) or a
 //! message begun but not finished within `message_timeout_ms` (slowloris) closes the
-//! connection; bytes that are not SIP framing close it; TLS failures close it. Each is counted
-//! and logged at a bounded rate.
+//! connection; bytes that are not SIP framing close it; TLS failures close it; an upgrade the
+//! `[websocket]` policy forbids is answered 4xx and closed. Each is counted and logged at a
+//! bounded rate.
 
 use super::token::Token;
 use crate::config::{OutboundConnections, StreamConfig};
@@ -135,6 +142,8 @@ struct Conn {
     drain: Option<Close>,
     /// Queued output waits for this pass's flush.
     dirty: bool,
+    /// WebSocket keep-alive: when a Ping went to this quiet connection, unanswered so far.
+    pinged: Option<Millis>,
     /// Requests queued on an outbound connection before it was up (connected, and for TLS
     /// through its handshake): if it fails instead, each is handed back to the engine as a
     /// transport error, which fails its branch at once (RFC 3261 §8.1.3.1).
@@ -142,12 +151,21 @@ struct Conn {
 }
 
 impl Conn {
-    /// When the connection's time runs out: its pending handshake or message, else idleness.
+    /// When the connection's time runs out: its pending handshake or message, else its
+    /// keep-alive's next step (a WebSocket), else idleness.
     fn deadline(&self, cfg: &StreamConfig) -> Millis {
         match self.pending_since {
             Some(t) => t + cfg.message_timeout_ms,
+            None if self.kept_alive(cfg) => {
+                self.pinged.unwrap_or(self.last_active) + cfg.websocket_ping_ms
+            }
             None => self.last_active + cfg.idle_timeout_ms,
         }
+    }
+
+    /// A WebSocket, which is pinged while quiet instead of closed for idleness.
+    fn kept_alive(&self, cfg: &StreamConfig) -> bool {
+        self.transport.websocket() && cfg.websocket_ping_ms > 0
     }
 }
 
@@ -161,6 +179,8 @@ enum Close {
     Framing(&'static str),
     Tls,
     CallOver,
+    /// A WebSocket upgrade refused (answered 4xx), for this reason.
+    Upgrade(&'static str),
 }
 
 /// A message framed on a connection this pass, for the worker to hand to the engine.
@@ -187,10 +207,14 @@ struct Read {
     consumed: usize,
     ping: bool,
     invalid: Option<&'static str>,
+    /// The peer closed its WebSocket with a Close frame.
+    closed: bool,
+    /// What was invalid was a WebSocket upgrade (refused), not a message.
+    refused: bool,
     end: ReadEnd,
 }
 
-/// A worker's TCP and TLS connections and listeners.
+/// A worker's TCP, TLS and WebSocket connections and listeners.
 pub struct Connections {
     worker: usize,
     cfg: StreamConfig,
@@ -372,7 +396,7 @@ impl Connections {
             }
             let _ = stream.set_nodelay(true);
             let tls = match (transport, &self.tls_server) {
-                (Transport::Tls, Some(cfg)) => match cfg.accept() {
+                (Transport::Tls | Transport::Wss, Some(cfg)) => match cfg.accept() {
                     Ok(session) => Some(session),
                     Err(e) => {
                         inc(&self.stats.tls_failures);
@@ -384,7 +408,8 @@ impl Connections {
                 },
                 _ => None,
             };
-            let pending = tls.is_some().then_some(now);
+            // A handshake (TLS's, or the WebSocket upgrade) must finish in time.
+            let pending = (tls.is_some() || transport.websocket()).then_some(now);
             match self.insert(now, transport, stream, remote, tls, None, pending, epoll) {
                 Ok(slot) => {
                     inc(&self.stats.connections_accepted);
@@ -392,6 +417,9 @@ impl Connections {
                     *self.per_ip.entry(remote.ip()).or_default() += 1;
                     if let Some(c) = self.conns[slot].as_mut() {
                         c.accepted = true;
+                        if transport.websocket() {
+                            c.io.serve_websocket(self.cfg.websocket.clone());
+                        }
                     }
                 }
                 Err(e) => {
@@ -441,7 +469,7 @@ impl Connections {
             io: StreamConn::new(stream, remote, tls),
             transport,
             call,
-            established: transport != Transport::Tls,
+            established: !transport.secure(),
             connecting: false,
             accepted: false,
             last_active: now,
@@ -451,6 +479,7 @@ impl Connections {
             closing: false,
             drain: None,
             dirty: false,
+            pinged: None,
             unconfirmed: Vec::new(),
         };
         let at = c.deadline(&self.cfg);
@@ -489,6 +518,7 @@ impl Connections {
             return;
         }
         c.last_active = now;
+        c.pinged = None;
         let end = c.io.read(&mut self.scratch);
         if let Some(t) = c.io.take_timestamp() {
             self.delays.push(t.elapsed().unwrap_or_default());
@@ -515,7 +545,11 @@ impl Connections {
             }
         }
         let framed = &mut self.framed;
+        let was_up = c.io.upgraded();
         c.io.frame(self.max_message, framed);
+        if !was_up && c.io.upgraded() {
+            inc(&self.stats.websocket_upgrades);
+        }
         for &(start, len) in &framed.messages {
             self.frames.push(Frame {
                 slot,
@@ -538,6 +572,8 @@ impl Connections {
             consumed: framed.consumed,
             ping: framed.ping,
             invalid: framed.invalid,
+            closed: framed.closed,
+            refused: !was_up && framed.invalid.is_some(),
             end,
         });
     }
@@ -562,7 +598,7 @@ impl Connections {
             conn: conn_id(self.worker, f.slot),
             flow: false,
         };
-        let data = c.io.inbuf.get(f.start..f.start + f.len)?;
+        let data = c.io.message(f.start, f.len)?;
         Some(if f.oversize {
             Received::Oversize(peer, data)
         } else {
@@ -583,22 +619,30 @@ impl Connections {
                 c.io.queue(b"\r\n");
             }
             c.io.consume(r.consumed);
-            c.pending_since = if !c.established {
+            c.pending_since = if !c.established || !c.io.upgraded() {
                 c.pending_since.or(Some(now))
-            } else if c.io.inbuf.is_empty() {
+            } else if !c.io.partial() {
                 None
             } else if r.consumed > 0 {
                 Some(now)
             } else {
                 c.pending_since.or(Some(now))
             };
+            let abrupt = c.transport.websocket() && c.io.upgraded() && !c.io.closed_cleanly();
             if c.io.has_output() {
                 self.mark_dirty(r.slot);
             }
             match (r.end, r.invalid) {
+                (_, Some(why)) if r.refused => self.drain(now, r.slot, Close::Upgrade(why)),
                 (_, Some(why)) => self.drain(now, r.slot, Close::Framing(why)),
+                (ReadEnd::Drained, None) if r.closed => self.drain(now, r.slot, Close::Peer),
                 (ReadEnd::Drained, None) => self.rearm_if_earlier(r.slot),
-                (ReadEnd::Closed, None) => self.drain(now, r.slot, Close::Peer),
+                (ReadEnd::Closed, None) => {
+                    if abrupt {
+                        inc(&self.stats.websocket_closed_abruptly);
+                    }
+                    self.drain(now, r.slot, Close::Peer);
+                }
                 (ReadEnd::TlsError(why), None) => {
                     if self.log.allow(now) {
                         let remote = self.conns[r.slot].as_ref().map(|c| c.io.remote);
@@ -752,6 +796,12 @@ impl Connections {
             }
             Transport::Tcp => None,
             Transport::Udp => return Err(io::Error::other("UDP is not a stream")),
+            // RFC 7118 §5: the browser opens the connection; there is no reaching it otherwise.
+            Transport::Ws | Transport::Wss => {
+                return Err(io::Error::other(
+                    "a WebSocket peer is reached only over the connection it opened",
+                ))
+            }
         };
         let socket = Socket::new(Domain::for_address(to.addr), Type::STREAM, None)?;
         socket.set_nonblocking(true)?;
@@ -876,6 +926,15 @@ impl Connections {
             if at > now {
                 c.timer = Some(self.timers.insert(at, slot));
                 c.timer_at = at;
+            } else if c.pending_since.is_none() && c.kept_alive(&self.cfg) && c.pinged.is_none() {
+                // Quiet: ask it to answer, and close it if it does not by the next interval.
+                c.io.ping();
+                c.pinged = Some(now);
+                let at = c.deadline(&self.cfg);
+                c.timer = Some(self.timers.insert(at, slot));
+                c.timer_at = at;
+                inc(&self.stats.websocket_pings);
+                self.mark_dirty(slot);
             } else if c.pending_since.is_some() {
                 self.close(now, slot, Close::MessageTimeout);
             } else {
@@ -926,12 +985,13 @@ impl Connections {
             Close::MessageTimeout => Some(&self.stats.message_timeouts),
             Close::Framing(_) => Some(&self.stats.framing_errors),
             Close::Tls => Some(&self.stats.tls_failures),
+            Close::Upgrade(_) => Some(&self.stats.websocket_refused),
         };
         if let Some(counter) = counter {
             inc(counter);
         }
         let problem = match why {
-            Close::Framing(f) => Some(f),
+            Close::Framing(f) | Close::Upgrade(f) => Some(f),
             Close::MessageTimeout if !c.established => Some("handshake not finished in time"),
             Close::MessageTimeout => Some("message not finished in time"),
             Close::Idle => {

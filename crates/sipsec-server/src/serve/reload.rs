@@ -33,11 +33,10 @@ impl std::fmt::Debug for Reloaded {
     }
 }
 
-/// The TLS of a configuration: the server side when there is a `tls:` listener, the client
+/// The TLS of a configuration: the server side when there is a `tls:` or `wss:` listener, the client
 /// side when connections we open can be verified (or verification is off).
 pub fn tls(cfg: &Config) -> Result<(Option<ServerTls>, Option<ClientTls>)> {
-    use sipsec_transport::net::transport::Transport;
-    let server = match cfg.listen.iter().any(|l| l.transport == Transport::Tls) {
+    let server = match cfg.listen.iter().any(|l| l.transport.secure()) {
         true => Some(cfg.tls.server()?),
         false => None,
     };

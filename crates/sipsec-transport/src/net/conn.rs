@@ -1,13 +1,16 @@
-//! One TCP or TLS connection's bytes: plaintext queued out, bytes read in, TLS (a
+//! One TCP, TLS or WebSocket connection's bytes: plaintext queued out, bytes read in, TLS (a
 //! `tls::Session` fed the socket's bytes by hand, so one loop serves TCP and TLS alike, with
-//! either TLS backend, and handshakes are seen where they finish), and stream framing
-//! (RFC 3261 §18.3 by Content-Length, RFC 5626 CRLF keep-alives).
+//! either TLS backend, and handshakes are seen where they finish), and framing: on a plain
+//! stream RFC 3261 §18.3's by Content-Length with RFC 5626 CRLF keep-alives, on a WebSocket
+//! one message per WebSocket message ([`super::ws`]).
 
+use super::ws::{Policy, Sink, WebSocket};
 use crate::tls::{Received, Session};
 use sip_core::message::framing::{next_frame, Frame};
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 /// One accepted or opened stream connection: its socket, its TLS session if any, and the bytes
@@ -19,6 +22,8 @@ pub struct StreamConn {
     pub remote: SocketAddr,
     /// TLS state; plaintext goes through it instead of `outbuf`.
     pub tls: Option<Box<Session>>,
+    /// WebSocket state (`ws:`, `wss:`): between the plaintext and SIP.
+    ws: Option<Box<WebSocket>>,
     /// Received plaintext not yet framed. Empty (and unallocated) on an idle connection.
     pub inbuf: Vec<u8>,
     outbuf: Vec<u8>,
@@ -51,6 +56,8 @@ pub struct Framed {
     pub invalid: Option<&'static str>,
     /// What made it invalid was a message over the size limit, starting at `consumed`.
     pub too_large: bool,
+    /// The peer closed the WebSocket with a Close frame (answered); the connection ends.
+    pub closed: bool,
 }
 
 impl StreamConn {
@@ -60,17 +67,68 @@ impl StreamConn {
             stream,
             remote,
             tls: tls.map(Box::new),
+            ws: None,
             inbuf: Vec::new(),
             outbuf: Vec::new(),
             stamp: None,
         }
     }
 
-    /// Queues plaintext for the peer.
+    /// Speaks SIP over WebSocket as the server: the peer's first bytes must be the upgrade.
+    pub fn serve_websocket(&mut self, policy: Arc<Policy>) {
+        self.ws = Some(Box::new(WebSocket::server(policy)));
+    }
+
+    /// Speaks SIP over WebSocket as the client: the upgrade request, naming `host`, is
+    /// queued now, and messages queued wait for its answer.
+    pub fn open_websocket(&mut self, policy: Arc<Policy>, host: &str) {
+        let ws = WebSocket::client(policy, host, &mut sink(&mut self.tls, &mut self.outbuf));
+        self.ws = Some(Box::new(ws));
+    }
+
+    /// Queues one SIP message (or, on a plain stream, any bytes) for the peer.
     pub fn queue(&mut self, data: &[u8]) {
-        match &mut self.tls {
-            Some(tls) => tls.send(data),
-            None => self.outbuf.extend_from_slice(data),
+        let mut out = sink(&mut self.tls, &mut self.outbuf);
+        match &mut self.ws {
+            Some(ws) => {
+                ws.send(data, &mut out);
+            }
+            None => {
+                let _ = out.write_all(data);
+            }
+        }
+    }
+
+    /// A keep-alive the peer answers: a WebSocket Ping (nothing on other streams, whose
+    /// clients send the keep-alives).
+    pub fn ping(&mut self) {
+        if let Some(ws) = &mut self.ws {
+            ws.ping(&mut sink(&mut self.tls, &mut self.outbuf));
+        }
+    }
+
+    /// Whether SIP can flow: always on a plain stream, after the upgrade on a WebSocket.
+    pub fn upgraded(&self) -> bool {
+        self.ws.as_ref().is_none_or(|ws| ws.is_open())
+    }
+
+    /// A message has begun and not ended: bytes wait to be framed, or a WebSocket message's
+    /// fragments are not all here.
+    pub fn partial(&self) -> bool {
+        !self.inbuf.is_empty() || self.ws.as_ref().is_some_and(|ws| ws.partial())
+    }
+
+    /// A WebSocket connection that ended with a Close frame either way (false on others).
+    pub fn closed_cleanly(&self) -> bool {
+        self.ws.as_ref().is_some_and(|ws| ws.closed_cleanly())
+    }
+
+    /// The message [`StreamConn::frame`] listed at `(start, len)`: in `inbuf`, or on a
+    /// WebSocket among the messages it decoded.
+    pub fn message(&self, start: usize, len: usize) -> Option<&[u8]> {
+        match &self.ws {
+            Some(ws) => ws.message(start, len),
+            None => self.inbuf.get(start..start + len),
         }
     }
 
@@ -189,13 +247,19 @@ impl StreamConn {
     }
 
     /// Finds the whole messages and keep-alives at the front of `inbuf`; `max` bounds one
-    /// message. The caller handles the messages, then calls [`StreamConn::consume`].
-    pub fn frame(&self, max: usize, out: &mut Framed) {
+    /// message (on a WebSocket, the policy's limit does). The caller handles the messages
+    /// (by [`StreamConn::message`]), then calls [`StreamConn::consume`].
+    pub fn frame(&mut self, max: usize, out: &mut Framed) {
         out.messages.clear();
         out.consumed = 0;
         out.ping = false;
         out.invalid = None;
         out.too_large = false;
+        out.closed = false;
+        if let Some(ws) = &mut self.ws {
+            ws.decode(&self.inbuf, &mut sink(&mut self.tls, &mut self.outbuf), out);
+            return;
+        }
         loop {
             match next_frame(&self.inbuf[out.consumed..], max) {
                 Frame::Incomplete => break,
@@ -228,8 +292,12 @@ impl StreamConn {
         }
     }
 
-    /// Drops the first `n` bytes of `inbuf`, and its allocation once it is empty and large.
+    /// Drops the first `n` bytes of `inbuf` (and the messages a WebSocket decoded), and its
+    /// allocation once it is empty and large.
     pub fn consume(&mut self, n: usize) {
+        if let Some(ws) = &mut self.ws {
+            ws.clear();
+        }
         self.inbuf.drain(..n);
         if self.inbuf.is_empty() && self.inbuf.capacity() > 64 * 1024 {
             self.inbuf = Vec::new();
@@ -246,12 +314,24 @@ impl StreamConn {
         self.tls.as_ref().is_some_and(|t| t.client_certified())
     }
 
-    /// Sends a TLS close_notify (nothing on TCP) and writes what it can.
+    /// Sends a WebSocket Close (going away) and a TLS close_notify, as the connection has
+    /// them, and writes what it can.
     pub fn close_notify(&mut self) {
+        if let Some(ws) = &mut self.ws {
+            ws.close(&mut sink(&mut self.tls, &mut self.outbuf));
+        }
         if let Some(tls) = &mut self.tls {
             tls.close_notify();
         }
         self.flush();
+    }
+}
+
+/// Where bytes for the peer go: TLS if the connection has it, else the output buffer.
+fn sink<'a>(tls: &'a mut Option<Box<Session>>, outbuf: &'a mut Vec<u8>) -> Sink<'a> {
+    match tls {
+        Some(tls) => Sink::Tls(tls),
+        None => Sink::Plain(outbuf),
     }
 }
 

@@ -1,11 +1,12 @@
 //! I/O building blocks shared by the server's workers and the load generator: epoll, and one
-//! TCP or TLS connection's buffers and framing.
+//! TCP, TLS or WebSocket connection's buffers and framing.
 
 pub mod conn;
 pub mod epoll;
 pub mod names;
 pub mod transport;
 pub mod udp;
+pub mod ws;
 
 /// Sets an integer socket option (`setsockopt` at `level`); whether the kernel took it.
 pub fn set_int_option(

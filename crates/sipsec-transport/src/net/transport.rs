@@ -14,6 +14,11 @@ pub enum Transport {
     Tcp,
     /// SIP over TLS on TCP, port 5061 by default (RFC 3261 §26.2.1).
     Tls,
+    /// SIP over WebSocket (RFC 7118), port 80 by default: browsers' SIP. The server only
+    /// accepts it — a browser opens the connection, and is reached over it.
+    Ws,
+    /// SIP over secure WebSocket (WebSocket on TLS), port 443 by default.
+    Wss,
 }
 
 impl Transport {
@@ -22,12 +27,25 @@ impl Transport {
         self != Transport::Udp
     }
 
+    /// Carried in TLS (`tls`, `wss`).
+    pub fn secure(self) -> bool {
+        matches!(self, Transport::Tls | Transport::Wss)
+    }
+
+    /// Carried in WebSocket messages (`ws`, `wss`): the connection begins with an HTTP
+    /// upgrade, and only a client (a browser) opens one.
+    pub fn websocket(self) -> bool {
+        matches!(self, Transport::Ws | Transport::Wss)
+    }
+
     /// The token in a Via (`SIP/2.0/UDP`).
     pub fn via_token(self) -> &'static str {
         match self {
             Transport::Udp => "UDP",
             Transport::Tcp => "TCP",
             Transport::Tls => "TLS",
+            Transport::Ws => "WS",
+            Transport::Wss => "WSS",
         }
     }
 
@@ -37,6 +55,8 @@ impl Transport {
             Transport::Udp => "udp",
             Transport::Tcp => "tcp",
             Transport::Tls => "tls",
+            Transport::Ws => "ws",
+            Transport::Wss => "wss",
         }
     }
 
@@ -47,30 +67,47 @@ impl Transport {
             Transport::Udp => "",
             Transport::Tcp => ";transport=tcp",
             Transport::Tls => ";transport=tls",
+            Transport::Ws => ";transport=ws",
+            Transport::Wss => ";transport=wss",
         }
     }
 
-    /// The transport named `name` (`udp`, `tcp`, `tls`, case-insensitive), as in a Via or a
-    /// `transport=` parameter.
+    /// Every transport.
+    pub const ALL: [Transport; 5] = [
+        Transport::Udp,
+        Transport::Tcp,
+        Transport::Tls,
+        Transport::Ws,
+        Transport::Wss,
+    ];
+
+    /// The transport named `name` (`udp`, `tcp`, `tls`, `ws`, `wss`, case-insensitive), as in
+    /// a Via or a `transport=` parameter.
     pub fn parse(name: &[u8]) -> Option<Transport> {
-        [Transport::Udp, Transport::Tcp, Transport::Tls]
+        Transport::ALL
             .into_iter()
             .find(|t| t.name().as_bytes().eq_ignore_ascii_case(name))
     }
 
-    /// The port when a URI or Via names none (RFC 3261 §19.1.2, §18.2.2).
+    /// The port when a URI or Via names none (RFC 3261 §19.1.2, §18.2.2; RFC 7118 §5).
     pub fn default_port(self) -> u16 {
         match self {
             Transport::Tls => 5061,
+            Transport::Ws => 80,
+            Transport::Wss => 443,
             _ => 5060,
         }
     }
 
     /// The transport a URI asks for without DNS: its `transport` parameter, else TLS for
-    /// `sips:`, else UDP (a name's NAPTR/SRV choice is `dns`'s).
+    /// `sips:`, else UDP (a name's NAPTR/SRV choice is `dns`'s). `sips:` with
+    /// `transport=ws` is secure WebSocket (RFC 7118 §5.2).
     pub(crate) fn of_uri(uri: &Uri<'_>) -> Option<Transport> {
         match uri.param(b"transport").flatten() {
-            Some(t) => Transport::parse(t),
+            Some(t) => match Transport::parse(t)? {
+                Transport::Ws if uri.scheme == Scheme::Sips => Some(Transport::Wss),
+                t => Some(t),
+            },
             None if uri.scheme == Scheme::Sips => Some(Transport::Tls),
             None => Some(Transport::Udp),
         }
@@ -219,13 +256,27 @@ mod tests {
             peer("sip:u@[::1]:5062;transport=tls"),
             p(Transport::Tls, "[::1]:5062")
         );
+        assert_eq!(
+            peer("sip:u@10.0.0.1;transport=ws"),
+            p(Transport::Ws, "10.0.0.1:80")
+        );
+        assert_eq!(
+            peer("sips:u@10.0.0.1:8443;transport=ws"),
+            p(Transport::Wss, "10.0.0.1:8443")
+        );
         assert_eq!(peer("sip:u@10.0.0.1;transport=sctp"), None);
         assert_eq!(peer("sip:u@example.com"), None);
     }
 
     #[test]
     fn peers_print_and_parse_back() {
-        for s in ["udp:1.2.3.4:5060", "tcp:[::1]:5070", "tls:10.0.0.1:5061"] {
+        for s in [
+            "udp:1.2.3.4:5060",
+            "tcp:[::1]:5070",
+            "tls:10.0.0.1:5061",
+            "ws:10.0.0.1:80",
+            "wss:10.0.0.1:443",
+        ] {
             assert_eq!(Peer::parse(s).unwrap().to_string(), s);
         }
         assert_eq!(
