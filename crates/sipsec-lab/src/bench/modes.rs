@@ -45,7 +45,7 @@ impl SeedMode {
 #[derive(clap::Args, Debug, Clone)]
 pub struct StreamArgs {
     /// Transport of the calls, both sides of the proxy. Over `ws` and `wss` the callee
-    /// registers 16 users over its own connections, as browsers do, and is called over them.
+    /// registers over its own connection, as a browser does, and is called over it.
     #[arg(long, value_enum, default_value = "udp")]
     pub transport: Transport,
     /// Seed 000's connection mode over TCP and TLS (ignored for UDP).
