@@ -182,15 +182,11 @@ fn a_browser_registers_calls_and_is_called_over_its_own_websocket() {
     let phone_contact = format!("sip:bob@{}", phone.addr);
     phone.send(&udp, &register("UDP", "bob", &phone_contact, "reg2"));
     assert!(phone.recv_until("SIP/2.0 ").starts_with("SIP/2.0 200"));
-    phone.send(
-        &udp,
-        &invite(
-            "alice",
-            &format!("SIP/2.0/UDP {}", phone.addr),
-            &phone_contact,
-            "call1",
-        ),
-    );
+    let phone_calls = |user: &str, call: &str| {
+        let via = format!("SIP/2.0/UDP {}", phone.addr);
+        phone.send(&udp, &invite(user, &via, &phone_contact, call));
+    };
+    phone_calls("alice", "call1");
     let inv = next(&mut browser);
     assert!(
         inv.starts_with("INVITE sip:alice@df7jal23ls0d.invalid"),
@@ -236,15 +232,7 @@ fn a_browser_registers_calls_and_is_called_over_its_own_websocket() {
     let contact = "sip:carol@k3n5m2p1q9r4.invalid;transport=ws";
     send(&mut secure, &register("WSS", "carol", contact, "reg3"));
     assert!(next(&mut secure).starts_with("SIP/2.0 200"));
-    phone.send(
-        &udp,
-        &invite(
-            "carol",
-            &format!("SIP/2.0/UDP {}", phone.addr),
-            &phone_contact,
-            "call3",
-        ),
-    );
+    phone_calls("carol", "call3");
     let inv = next(&mut secure);
     assert!(header(&inv, "via")[0].starts_with("SIP/2.0/WSS "), "{inv}");
     send(&mut secure, &ok(&inv, contact));

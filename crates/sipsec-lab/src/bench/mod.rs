@@ -529,7 +529,8 @@ pub(crate) fn role_of(a: &BenchArgs) -> Role {
 /// transport, its control socket (where the bench asks for its counters) in `dir`.
 pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> String {
     let (s, role, overload) = (&a.streams, role_of(a), a.overload.is_on());
-    let tls_listen = match s.transport {
+    // TLS and WebSocket runs add their listener on the bench's second port.
+    let stream_listen = match s.transport {
         Transport::Tls | Transport::Ws | Transport::Wss => {
             format!(", \"{}:{SERVER_TLS}\"", s.transport)
         }
@@ -557,7 +558,7 @@ pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> Strin
         (UAS.to_string(), String::new())
     };
     format!(
-        "[server]\nlisten = [\"udp:{SERVER}\", \"tcp:{SERVER}\"{tls_listen}]\n\
+        "[server]\nlisten = [\"udp:{SERVER}\", \"tcp:{SERVER}\"{stream_listen}]\n\
          domains = [\"bench.test\"]\nmode = \"{}\"\n\
          stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
          default_route = \"sip:{route};transport={}\"\n{hosts}[database]\nurl = \"sqlite://{}\"\n\

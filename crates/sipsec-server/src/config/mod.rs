@@ -445,11 +445,8 @@ pub struct StreamConfig {
     /// Connections accepted from one IP address, per worker, beyond which that address's
     /// new ones are refused (so one host cannot take every slot).
     pub(crate) max_per_ip_per_worker: usize,
-    /// What a WebSocket upgrade must carry (`[websocket]`).
-    pub(crate) websocket: std::sync::Arc<sipsec_transport::net::ws::Policy>,
-    /// A quiet WebSocket is pinged after this long, and closed if still silent this long
-    /// after the ping (`[websocket] ping_interval_s`; 0: idleness closes it).
-    pub(crate) websocket_ping_ms: u64,
+    /// Who may open SIP over WebSocket, and keep-alives (`[websocket]`).
+    pub websocket: WebSocketConfig,
 }
 
 #[derive(Debug, Deserialize)]
@@ -793,8 +790,6 @@ pub struct Config {
     pub nat: NatConfig,
     /// Per-source flood limits (`[flood]`).
     pub flood: FloodConfig,
-    /// Who may open SIP over WebSocket, and keep-alives (`[websocket]`).
-    pub websocket: WebSocketConfig,
     /// Sharing registrations with other nodes through PostgreSQL (`[cluster]`), if on.
     pub cluster: Option<ClusterConfig>,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
@@ -1047,8 +1042,7 @@ impl Config {
             message_timeout_ms: server.message_timeout_ms,
             max_connections_per_worker: server.max_connections.div_ceil(workers),
             max_per_ip_per_worker: server.max_connections_per_ip.div_ceil(workers),
-            websocket: websocket.policy.clone(),
-            websocket_ping_ms: websocket.ping_interval_ms,
+            websocket,
         };
         let t = raw.tls;
         if t.cert.is_some() != t.key.is_some() {
@@ -1113,7 +1107,6 @@ impl Config {
             overload,
             nat,
             flood,
-            websocket,
             cluster,
         })
     }

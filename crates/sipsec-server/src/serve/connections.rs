@@ -157,7 +157,7 @@ impl Conn {
         match self.pending_since {
             Some(t) => t + cfg.message_timeout_ms,
             None if self.kept_alive(cfg) => {
-                self.pinged.unwrap_or(self.last_active) + cfg.websocket_ping_ms
+                self.pinged.unwrap_or(self.last_active) + cfg.websocket.ping_interval_ms
             }
             None => self.last_active + cfg.idle_timeout_ms,
         }
@@ -165,7 +165,7 @@ impl Conn {
 
     /// A WebSocket, which is pinged while quiet instead of closed for idleness.
     fn kept_alive(&self, cfg: &StreamConfig) -> bool {
-        self.transport.websocket() && cfg.websocket_ping_ms > 0
+        self.transport.websocket() && cfg.websocket.ping_interval_ms > 0
     }
 }
 
@@ -418,7 +418,7 @@ impl Connections {
                     if let Some(c) = self.conns[slot].as_mut() {
                         c.accepted = true;
                         if transport.websocket() {
-                            c.io.serve_websocket(self.cfg.websocket.clone());
+                            c.io.serve_websocket(self.cfg.websocket.policy.clone());
                         }
                     }
                 }
@@ -922,23 +922,29 @@ impl Connections {
                 continue;
             };
             c.timer = None;
-            let at = c.deadline(&self.cfg);
+            let mut at = c.deadline(&self.cfg);
+            // A quiet WebSocket is asked to answer, and closed if it does not by the next
+            // interval (its deadline, from the ping).
+            let ping = at <= now
+                && c.pending_since.is_none()
+                && c.kept_alive(&self.cfg)
+                && c.pinged.is_none();
+            if ping {
+                c.io.ping();
+                c.pinged = Some(now);
+                at = c.deadline(&self.cfg);
+            }
             if at > now {
                 c.timer = Some(self.timers.insert(at, slot));
                 c.timer_at = at;
-            } else if c.pending_since.is_none() && c.kept_alive(&self.cfg) && c.pinged.is_none() {
-                // Quiet: ask it to answer, and close it if it does not by the next interval.
-                c.io.ping();
-                c.pinged = Some(now);
-                let at = c.deadline(&self.cfg);
-                c.timer = Some(self.timers.insert(at, slot));
-                c.timer_at = at;
-                inc(&self.stats.websocket_pings);
-                self.mark_dirty(slot);
             } else if c.pending_since.is_some() {
                 self.close(now, slot, Close::MessageTimeout);
             } else {
                 self.close(now, slot, Close::Idle);
+            }
+            if ping {
+                inc(&self.stats.websocket_pings);
+                self.mark_dirty(slot);
             }
         }
         expired.clear();

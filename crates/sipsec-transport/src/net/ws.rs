@@ -213,10 +213,7 @@ impl WebSocket {
             }
             _ => return false,
         };
-        let message = match std::str::from_utf8(data) {
-            Ok(text) => Message::text(text),
-            Err(_) => Message::binary(data.to_vec()),
-        };
+        let message = sip_message(data.to_vec());
         let mut pipe = Pipe { input: &[], sink };
         ctx.write(&mut pipe, message).is_ok() && ctx.flush(&mut pipe).is_ok()
     }
@@ -233,14 +230,7 @@ impl WebSocket {
     /// Starts the close handshake (1001, going away) if the WebSocket is open.
     pub fn close(&mut self, sink: &mut Sink<'_>) {
         if let State::Open(ctx) = &mut self.state {
-            let mut pipe = Pipe { input: &[], sink };
-            let _ = ctx.close(
-                &mut pipe,
-                Some(CloseFrame {
-                    code: CloseCode::Away,
-                    reason: "".into(),
-                }),
-            );
+            send_close(ctx, sink, CloseCode::Away);
             self.closed_cleanly = true;
         }
     }
@@ -280,11 +270,7 @@ impl WebSocket {
                     let mut ctx = Box::new(WebSocketContext::new(role, Some(config)));
                     let mut pipe = Pipe { input: &[], sink };
                     for held in self.held.drain(..) {
-                        let message = match String::from_utf8(held) {
-                            Ok(text) => Message::text(text),
-                            Err(e) => Message::binary(e.into_bytes()),
-                        };
-                        let _ = ctx.write(&mut pipe, message);
+                        let _ = ctx.write(&mut pipe, sip_message(held));
                     }
                     let _ = ctx.flush(&mut pipe);
                     self.state = State::Open(ctx);
@@ -312,7 +298,7 @@ impl WebSocket {
                 } else {
                     CloseCode::Protocol
                 };
-                fail(ctx, sink, code);
+                send_close(ctx, sink, code);
                 *state = State::Closed;
                 out.consumed = input.len();
                 out.invalid = Some(why);
@@ -354,7 +340,7 @@ impl WebSocket {
         let _ = ctx.flush(&mut pipe);
         out.consumed = whole;
         if let Some((code, why)) = failure {
-            fail(ctx, pipe.sink, code);
+            send_close(ctx, pipe.sink, code);
             out.invalid = Some(why);
             out.consumed = input.len();
         }
@@ -366,9 +352,9 @@ impl WebSocket {
 
 const TOO_LARGE: &str = "message too large";
 
-/// Tells the peer why the connection ends (a Close frame with `code`), as RFC 6455 §7.1.7
-/// asks of an endpoint that fails the WebSocket connection.
-fn fail(ctx: &mut WebSocketContext, sink: &mut Sink<'_>, code: CloseCode) {
+/// Tells the peer why the connection ends (a Close frame with `code`): going away, or, as
+/// RFC 6455 §7.1.7 asks of an endpoint that fails the WebSocket connection, what failed.
+fn send_close(ctx: &mut WebSocketContext, sink: &mut Sink<'_>, code: CloseCode) {
     let mut pipe = Pipe { input: &[], sink };
     let _ = ctx.close(
         &mut pipe,
@@ -377,6 +363,14 @@ fn fail(ctx: &mut WebSocketContext, sink: &mut Sink<'_>, code: CloseCode) {
             reason: "".into(),
         }),
     );
+}
+
+/// A SIP message as a WebSocket message: text when it is UTF-8, else binary (RFC 7118 §4).
+fn sip_message(data: Vec<u8>) -> Message {
+    match String::from_utf8(data) {
+        Ok(text) => Message::text(text),
+        Err(e) => Message::binary(e.into_bytes()),
+    }
 }
 
 fn push(decoded: &mut Vec<u8>, message: &[u8], out: &mut Framed) {
@@ -423,18 +417,9 @@ fn refuse(sink: &mut Sink<'_>, status: &str, extra: &str, why: &'static str) -> 
 /// The server's side of the upgrade (RFC 6455 §4.2, RFC 7118 §4): a GET asking for
 /// `websocket` version 13 with the `sip` subprotocol, from a Host and Origin the policy allows.
 fn upgrade_request(policy: &Policy, input: &[u8], sink: &mut Sink<'_>) -> Upgrade {
-    let Some(end) = memchr::memmem::find(input, b"\r\n\r\n") else {
-        if input.len() > MAX_HEAD {
-            return refuse(
-                sink,
-                "431 Request Header Fields Too Large",
-                "",
-                "an upgrade request too large",
-            );
-        }
-        return Upgrade::Incomplete;
-    };
-    if end + 4 > MAX_HEAD {
+    // Where the head ends, or (while it has not) how long it is so far.
+    let end = memchr::memmem::find(input, b"\r\n\r\n");
+    if end.map_or(input.len(), |e| e + 4) > MAX_HEAD {
         return refuse(
             sink,
             "431 Request Header Fields Too Large",
@@ -442,6 +427,9 @@ fn upgrade_request(policy: &Policy, input: &[u8], sink: &mut Sink<'_>) -> Upgrad
             "an upgrade request too large",
         );
     }
+    let Some(end) = end else {
+        return Upgrade::Incomplete;
+    };
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(&input[..end + 4]) {
