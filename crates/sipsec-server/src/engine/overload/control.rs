@@ -16,7 +16,10 @@
 //! **The estimator.** While the worker is saturated, what it took is what it can take: the
 //! admitted rate is a sample of its capacity (refusals' cost included), and the estimate
 //! moves [`GAIN`] of the way to it — unless the queue stands beyond the limit, where the
-//! drain (below) holds admission down and the figure would feed the cut back into itself. While it is held back (something refused, or neighbours
+//! drain (below) holds admission down and the figure would feed the cut back into itself.
+//! Where only the load said saturated (no queue measured, or a `target` that caps the load),
+//! the sample is the admitted rate scaled by `target / load`: the rate at which the load
+//! would sit at the target. While it is held back (something refused, or neighbours
 //! told to send less) and no queue stands, it could take more: the estimate grows by
 //! [`PROBE`] an interval until a queue says otherwise. The estimate thus rests where a small
 //! queue comes and goes, which is where the worker completes the most.
@@ -181,11 +184,18 @@ impl Controller {
         let standing = iv.standing_delay_ms.unwrap_or(0);
         // A target below the load from which the queue is measured is the operator's cap on
         // the load itself: no queue could speak below it, so the load says saturated.
-        let saturated = match iv.standing_delay_ms {
-            Some(ms) => {
-                ms >= SATURATED_MS || (t.target < QUEUE_MEASURED_FROM && iv.load >= t.target)
-            }
-            None => iv.load >= t.target,
+        let queue_says = standing >= SATURATED_MS;
+        let load_says = iv.load >= t.target
+            && (iv.standing_delay_ms.is_none() || t.target < QUEUE_MEASURED_FROM);
+        let saturated = queue_says || load_says;
+        // What the worker could take: what it took, when a queue stood; when only the load
+        // said so, what it took scaled to where the load would meet the target (the load
+        // grows with the rate taken), so that a cap that refused — and so took exactly the
+        // cap — samples the cap itself only when the load it left sits at the target.
+        let sample = if queue_says || iv.load <= 0.0 {
+            admitted_rate
+        } else {
+            admitted_rate * t.target / iv.load
         };
         let over_ms = standing.saturating_sub(t.max_delay_ms);
         self.drain = (1.0 - over_ms as f64 / DRAIN_MS).clamp(MIN_DRAIN, 1.0);
@@ -201,17 +211,16 @@ impl Controller {
             // messages have yet to come: start from what the CPU says, when it has said.
             self.capacity = if self.baseline > 0.0 {
                 self.baseline
-            } else {
+            } else if queue_says {
                 admitted_rate * FIRST_SHARE
+            } else {
+                sample
             };
         } else if saturated && iv.admitted > 0 {
             // Beyond the limit the drain holds admission down, so what was taken says how
-            // hard it drained, not what the worker can take: no sample. Nor where only the
-            // load said saturated and the cap refused: what was taken is the cap itself, and
-            // without a queue to say it was too much, taking it would only ratchet down.
-            let said_by_queue = iv.standing_delay_ms.is_some();
-            if over_ms == 0 && (said_by_queue || refused == 0) {
-                self.capacity += GAIN * (admitted_rate - self.capacity);
+            // hard it drained, not what the worker can take: no sample.
+            if over_ms == 0 {
+                self.capacity += GAIN * (sample - self.capacity);
             }
         } else if saturated && self.capacity > 0.0 {
             // Saturated by work that is not new requests (responses, dialogs already in
@@ -367,6 +376,7 @@ mod tests {
         /// A refusal's cost as a share of an admitted request's.
         r: f64,
         honour: bool,
+        targets: Targets,
         ctl: Controller,
         queue: VecDeque<f64>,
         /// Arrivals owed (fractional), and the callers' refusals owed (error diffusion).
@@ -392,6 +402,7 @@ mod tests {
                 capacity,
                 r,
                 honour,
+                targets: TARGETS,
                 ctl: Controller::default(),
                 queue: VecDeque::new(),
                 due: 0.0,
@@ -462,7 +473,7 @@ mod tests {
             iv.cpu = iv.load;
             iv.standing_delay_ms = Some(if standing == u64::MAX { 0 } else { standing });
             iv.queue_delay_ms = latest;
-            self.ctl.update(&iv, &TARGETS);
+            self.ctl.update(&iv, &self.targets);
             Step {
                 admitted_rate: iv.admitted as f64 / iv.elapsed_s,
                 loss: self.ctl.loss(),
@@ -534,6 +545,27 @@ mod tests {
         }
         let worst = up.iter().map(|s| s.standing_ms).max().unwrap();
         assert!(worst <= 250, "a queue of {worst} ms: {up:?}");
+    }
+
+    /// A `target` below half load caps the load itself (no queue speaks there): honest
+    /// callers offering the worker's full capacity are told the loss that leaves it at the
+    /// cap, and the estimate settles where the load meets it, not wherever the first
+    /// saturated interval happened to put it.
+    #[test]
+    fn a_target_below_half_load_caps_the_load() {
+        let mut sim = Sim::new(CAPACITY, 0.05, true);
+        sim.targets = Targets {
+            target: 0.2,
+            feedback_target: 0.2,
+            max_delay_ms: 20,
+        };
+        let steps = sim.run(CAPACITY, 40);
+        let settled = &steps[10..];
+        let load = settled.iter().map(|s| s.load).sum::<f64>() / settled.len() as f64;
+        assert!((load - 0.2).abs() < 0.03, "load {load}: {steps:?}");
+        for s in settled {
+            assert!((s.loss - 0.8).abs() < 0.05, "{s:?}: {steps:?}");
+        }
     }
 
     /// Below the target nothing is refused and no neighbour is told anything.
