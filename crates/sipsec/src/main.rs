@@ -73,15 +73,10 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Bench helper: holds idle TCP connections open in a process of their own (so they do
-    /// not count against the bench's own file limit) until stdin closes.
+    /// Bench helper: holds idle connections (TCP, TLS, WS or WSS) open in a process of their
+    /// own (so they do not count against the bench's own file limit) until stdin closes.
     #[command(hide = true)]
-    HoldConnections {
-        /// The TCP address to connect to.
-        to: std::net::SocketAddr,
-        /// How many connections to hold.
-        count: usize,
-    },
+    HoldConnections(bench::idle::HoldArgs),
 }
 
 /// The log on stderr: its level from `SIPSEC_LOG` (default info), its format from
@@ -138,7 +133,7 @@ fn main() -> ExitCode {
         Command::Man { out } => man(out.as_deref()),
         Command::DelayRelay(args) => bench::relay::run(args),
         Command::Users(args) => users::run(args),
-        Command::HoldConnections { to, count } => bench::modes::hold_idle(to, count),
+        Command::HoldConnections(a) => bench::idle::hold(&a),
         Command::Ctl(args) => {
             return match ctl::run(&args) {
                 Ok(Ok(text)) => {

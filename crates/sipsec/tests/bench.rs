@@ -152,6 +152,36 @@ fn bench_counts_the_servers_instructions_per_call_with_callgrind() {
     );
 }
 
+/// `--idle-connections` over WSS: each finishes its TLS handshake and WebSocket upgrade in a
+/// holder process, the calls go through beside them, and the report gives the server's
+/// resident memory before and with them.
+#[test]
+fn bench_holds_idle_websocket_connections_and_reports_their_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = bench_json(
+        dir.path(),
+        &[
+            "--transport",
+            "wss",
+            "--idle-connections",
+            "300",
+            "--rate",
+            "200",
+            "--calls",
+            "400",
+            "--warmup-calls",
+            "50",
+        ],
+    );
+    assert_eq!(v["load"]["succeeded"], 400, "{v}");
+    assert_eq!(v["idle_connections"], 300, "{v}");
+    let m = &v["idle_memory"];
+    let kb = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let (before, with) = (kb("rss_kb_before"), kb("rss_kb_with"));
+    // 300 TLS sessions with their WebSocket state: some kB each, not megabytes.
+    assert!(with > before && with - before < 300 * 1000, "{v}");
+}
+
 /// `--goodput-curve` offers 0.5 to 2 times the peak it found and records the goodput.
 #[test]
 fn bench_measures_goodput_past_the_peak() {

@@ -408,3 +408,75 @@ fn hostile_websocket_clients_are_refused_or_closed_and_counted() {
     );
     assert_eq!(c.get("registrations"), 1);
 }
+
+/// Reads whatever comes until the peer closes; whether it did within `wait`.
+fn ends_within(c: &TcpStream, wait: Duration) -> bool {
+    let until = Instant::now() + wait;
+    c.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    while Instant::now() < until {
+        match (&*c).read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => {}
+        }
+    }
+    false
+}
+
+/// WebSocket keep-alive (`ping_interval_s = 1`): a quiet browser that answers Pings is
+/// pinged every second and kept; one that stays silent is closed a second after its Ping.
+#[test]
+fn a_quiet_websocket_is_pinged_and_closed_only_if_it_stays_silent() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let port = ports(30400);
+    let server = Server::start_logged(d, &format!("{}ping_interval_s = 1\n", config(d, port)));
+    let ws = port + 1;
+
+    let mut alive = ws_connect(ws);
+    alive
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let silent = TcpStream::connect(("127.0.0.1", ws)).unwrap();
+    timed(&silent);
+    (&silent)
+        .write_all(upgrade("", "Sec-WebSocket-Protocol: sip\r\n").as_bytes())
+        .unwrap();
+
+    // The browser that answers: three Pings in 3.5 s, each answered (tungstenite queues the
+    // Pong when it reads the Ping; flush sends it).
+    let (started, mut pings) = (Instant::now(), 0);
+    while started.elapsed() < Duration::from_millis(3500) {
+        match alive.read() {
+            Ok(Message::Ping(_)) => pings += 1,
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("the answering browser's connection failed: {e}"),
+        }
+        alive.flush().unwrap();
+    }
+    assert!((3..=4).contains(&pings), "{pings} pings in 3.5 s");
+    // The silent one was closed (Pinged at 1 s, closed at 2 s).
+    assert!(ends_within(&silent, Duration::from_secs(2)));
+    // The answering one still carries SIP.
+    alive.get_ref().set_read_timeout(None).unwrap();
+    timed(alive.get_ref());
+    send(
+        &mut alive,
+        &register(
+            "WS",
+            "erin",
+            "sip:erin@k3ep4l1v3.invalid;transport=ws",
+            "ka",
+        ),
+    );
+    assert!(next(&mut alive).starts_with("SIP/2.0 200"));
+
+    let c = server.stop_counters();
+    assert!(c.get("websocket_pings") >= 4, "{:?}", c.0);
+    assert_eq!(c.get("idle_closed"), 1, "{:?}", c.0);
+}

@@ -8,6 +8,7 @@
 //! figures come from the same load and the same arithmetic.
 
 pub mod cpu;
+pub mod idle;
 pub mod modes;
 pub mod peak;
 pub mod quota;
@@ -226,7 +227,7 @@ pub struct Report {
     pub server: String,
     /// The operation measured: `call`, `register`, `redirect` or `options`.
     pub scenario: String,
-    /// The transport of the calls: `udp`, `tcp` or `tls`.
+    /// The transport of the calls: `udp`, `tcp`, `tls`, `ws` or `wss`.
     pub transport: String,
     /// Seed 000's connection mode (TCP and TLS).
     pub mode: String,
@@ -238,6 +239,9 @@ pub struct Report {
     /// The cipher suite every side was limited to, if one was.
     pub(crate) tls_cipher_suite: Option<String>,
     pub(crate) idle_connections: usize,
+    /// `--idle-connections`: the server's resident memory before and after they opened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) idle_memory: Option<idle::Memory>,
     /// The offered rate of the measured run, in operations started per second.
     pub rate: f64,
     /// Operations that succeeded in the measured run (calls refused, with `refuse_all`): what
@@ -804,9 +808,12 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             .context("--server-pid needs --target ip:port (where that server listens)")?;
         if s.idle_connections > 0 {
             let t = sipsec_transport::net::transport::Peer::parse(&target)
-                .filter(|p| p.transport == Transport::Tcp)
-                .context("--idle-connections with --server-pid needs a tcp: --target")?;
-            idle_to = Some(t.addr);
+                .filter(|p| p.transport != Transport::Udp)
+                .context(
+                    "--idle-connections with --server-pid needs a stream --target (tcp:, tls:, \
+                     ws: or wss:)",
+                )?;
+            idle_to = Some((t.addr, t.transport));
         }
         (target, a.server_pid.clone(), "external".to_string())
     } else {
@@ -825,7 +832,12 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             None => format!("{}:{}", s.transport, config_listen(&config, s.transport)?),
         };
         if s.idle_connections > 0 {
-            idle_to = Some(config_listen(&config, Transport::Tcp)?);
+            // Connections of the run's own transport; TCP ones beside UDP calls.
+            let t = match s.transport {
+                Transport::Udp => Transport::Tcp,
+                t => t,
+            };
+            idle_to = Some((config_listen(&config, t)?, t));
         }
         // A peak search without overload control reloads the server's config with it off,
         // so the server runs from a copy in its scratch directory, never the caller's file.
@@ -936,14 +948,29 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             a.calls
         );
     }
-    let idle = match idle_to {
-        Some(to) => {
-            let held = modes::IdleConnections::open(to, s.idle_connections)?;
-            // Let the server accept them all before measuring.
+    let (idle, idle_memory) = match idle_to {
+        Some((to, transport)) => {
+            let before = idle::resident_kb(&pids);
+            let held = idle::IdleConnections::open(
+                to,
+                s.idle_connections,
+                transport,
+                &tls_dir.join(sipsec_transport::tls::certs::CA),
+            )?;
+            // Let the server settle with them before measuring.
             std::thread::sleep(std::time::Duration::from_secs(2));
-            Some(held)
+            let with = idle::resident_kb(&pids);
+            let memory = idle::Memory::new(before, with, s.idle_connections);
+            if !a.quiet {
+                eprintln!(
+                    "sipsec bench: {} idle {transport} connections held; server resident \
+                     memory {before} kB -> {with} kB ({:.1} kB a connection)",
+                    s.idle_connections, memory.kb_per_connection
+                );
+            }
+            (Some(held), Some(memory))
         }
-        None => None,
+        None => (None, None),
     };
     let peers = a
         .peer_pid
@@ -1087,6 +1114,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         tls_backend: format!("{:?}", s.tls_backend).to_lowercase(),
         tls_cipher_suite: s.tls_cipher_suite.clone(),
         idle_connections: s.idle_connections,
+        idle_memory,
         rate: a.rate,
         ops,
         refuse_all: a.refuse_all,

@@ -1,14 +1,13 @@
-//! Bench options for TCP and TLS: the transport, both sides' connection policies (seed 000's
-//! four modes), mutual TLS and resumption, and idle connections held open during the run —
+//! Bench options for the stream transports: the transport, both sides' connection policies
+//! (seed 000's four modes), mutual TLS and resumption, and how many idle connections to hold,
 //! turned into the started server's config and the load generator's options, so one bench
 //! command sets up one mode.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use sipsec_load::cli::{ConnectionArg, LoadArgs, OnOff};
 use sipsec_server::config::OutboundConnections;
 use sipsec_transport::net::transport::Transport;
 use sipsec_transport::tls::{certs, ClientAuth};
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 
 /// The domain the bench's server registers and locates users of.
@@ -79,7 +78,8 @@ pub struct StreamArgs {
     /// default: made here for the run.
     #[arg(long)]
     pub(crate) tls_dir: Option<PathBuf>,
-    /// TCP connections opened to the server and held idle during the measured run.
+    /// Connections opened to the server and held idle during the measured run, over the
+    /// run's transport (TCP for a UDP run): TLS handshaken, WebSocket upgraded.
     #[arg(long, default_value_t = 0)]
     pub(crate) idle_connections: usize,
 }
@@ -165,77 +165,4 @@ impl StreamArgs {
             load.tls_versions = self.tls_version.iter().cloned().collect();
         }
     }
-}
-
-/// Idle TCP connections held open by a child process (`sipsec hold-connections`): this
-/// machine's hard limit of open files per process would leave the bench itself no room for
-/// its calls. Dropping it closes them.
-pub(crate) struct IdleConnections {
-    child: std::process::Child,
-}
-
-impl IdleConnections {
-    /// Opens `n` connections to `to` and returns once all are open.
-    pub(crate) fn open(to: SocketAddr, n: usize) -> Result<IdleConnections> {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(std::env::current_exe()?)
-            .args(["hold-connections", &to.to_string(), &n.to_string()])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .context("start the idle-connection holder")?;
-        let mut line = String::new();
-        let stdout = child.stdout.take().context("the holder's stdout")?;
-        std::io::BufReader::new(stdout).read_line(&mut line)?;
-        if line.trim() != "ready" {
-            let _ = child.wait();
-            anyhow::bail!("could not open {n} idle connections to {to} (see above)");
-        }
-        Ok(IdleConnections { child })
-    }
-}
-
-impl Drop for IdleConnections {
-    fn drop(&mut self) {
-        // Closing its stdin tells the holder to exit.
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-    }
-}
-
-/// `sipsec hold-connections`: opens `n` TCP connections to `to`, says `ready`, and holds them
-/// until stdin closes.
-pub fn hold_idle(to: SocketAddr, n: usize) -> Result<()> {
-    use std::io::{Read, Write};
-    sipsec_transport::net::raise_fd_limit();
-    let held = (0..n)
-        .map(|i| {
-            TcpStream::connect(to)
-                .with_context(|| format!("idle connection {} of {n} to {to}", i + 1))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    // Held means still open once the server has seen them all (a server at its connection
-    // limit accepts and closes).
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    let mut byte = [0u8; 1];
-    let closed = held
-        .iter()
-        .filter(|c| {
-            let _ = c.set_nonblocking(true);
-            match c.peek(&mut byte) {
-                Ok(n) => n == 0,
-                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-            }
-        })
-        .count();
-    if closed > 0 {
-        anyhow::bail!(
-            "the server closed {closed} of {n} idle connections (its connection limits?)"
-        );
-    }
-    println!("ready");
-    std::io::stdout().flush()?;
-    let _ = std::io::stdin().read_to_end(&mut Vec::new());
-    drop(held);
-    Ok(())
 }
