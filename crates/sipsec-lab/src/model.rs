@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 /// The building blocks, in the order units are reported.
-pub(crate) const BLOCKS: [&str; 17] = [
+pub(crate) const BLOCKS: [&str; 19] = [
     "datagram",
     "message forwarded",
     "request forwarded statefully",
@@ -51,6 +51,8 @@ pub(crate) const BLOCKS: [&str; 17] = [
     "Proxychain check",
     "credential fetch",
     "registration written",
+    "WebSocket message",
+    "WebSocket upgrade",
     "wake-up",
 ];
 const N: usize = BLOCKS.len();
@@ -107,6 +109,8 @@ pub(crate) const WAKE_TERMS: [&str; W] = [
     BLOCKS[13],
     BLOCKS[14],
     BLOCKS[15],
+    BLOCKS[16],
+    BLOCKS[17],
     "operation (its timers)",
     "second (1 / rate)",
 ];
@@ -163,7 +167,10 @@ fn handshakes(r: &Record, kind: &str) -> (f64, f64) {
 
 /// Block counts per operation of one round's record, all from the server's counters:
 /// messages on streams are counted apart from datagrams, and a TLS stream's messages are
-/// told apart by the row's transport (the counters say handshakes, not records). A client
+/// told apart by the row's transport (the counters say handshakes, not records; WSS is
+/// TLS). A WebSocket message is a stream message too: its block is what the framing layer
+/// adds (the unit a WSS message costs beyond a TLS one), as the upgrade's is what a WebSocket
+/// connection costs beyond its TCP connection and TLS handshake. A client
 /// certificate is counted where the server accepted one; in the lab's mutual rows the
 /// server also presents its own to the callee, so the block's unit is both sides' extra.
 /// A credential fetch is a user-database query (digest without the cache) or a chain asked
@@ -178,6 +185,7 @@ pub fn counts(r: &Record, stateful: bool) -> [f64; N] {
     let (full_accepted, full_opened) = handshakes(r, "full");
     let (resumed_accepted, resumed_opened) = handshakes(r, "resumed");
     let tls = r.transport == "tls"
+        || r.transport == "wss"
         || full_accepted + full_opened + resumed_accepted + resumed_opened > 0.0;
     [
         messages - stream,
@@ -200,6 +208,8 @@ pub fn counts(r: &Record, stateful: bool) -> [f64; N] {
         r.per_op("proxychain_checks"),
         r.per_op("credential_fetches"),
         r.per_op("registrations"),
+        r.per_op("websocket_messages_in"),
+        r.per_op("websocket_upgrades"),
         r.wakeups,
     ]
 }

@@ -58,7 +58,8 @@ pub struct RunArgs {
     /// comparing builds.
     #[arg(long)]
     pub instructions: bool,
-    /// Only the rows whose id contains this text (and their baselines).
+    /// Only the rows whose id contains this text, or one of these comma-separated texts
+    /// (and their baselines).
     #[arg(long)]
     pub only: Option<String>,
 }
@@ -570,15 +571,20 @@ fn measure(
     Ok(Some(record))
 }
 
-/// The rows of `suite` that `only` selects, with their baselines.
+/// The rows of `suite` that `only` selects (see [`RunArgs::only`]), with their baselines.
 fn selected<'s>(suite: &'s Suite, only: Option<&str>) -> Vec<&'s Row> {
     let Some(only) = only else {
         return suite.rows.iter().collect();
     };
+    let texts: Vec<&str> = only
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect();
     let chosen: HashSet<&str> = suite
         .rows
         .iter()
-        .filter(|r| r.id.contains(only))
+        .filter(|r| texts.iter().any(|t| r.id.contains(t)))
         .flat_map(|r| [r.id, r.baseline])
         .collect();
     suite
@@ -793,5 +799,13 @@ mod tests {
             .collect();
         assert_eq!(ids, ["udp-auth", "local-tls-mutual"]);
         assert_eq!(selected(&s, None).len(), s.rows.len());
+        let ids: Vec<_> = selected(&s, Some("wss, tls-plain"))
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(
+            ids,
+            ["udp", "chain-wss", "outbound-tls-plain", "outbound-wss"]
+        );
     }
 }

@@ -196,6 +196,15 @@ fn tls(mode: SeedMode, resumption: OnOff, mutual: bool) -> BenchArgs {
     b
 }
 
+/// Calls over secure WebSocket (RFC 7118, browsers' SIP), the callers' connections in
+/// `mode`; the callee registers and is called over its own connection, as a browser is (the
+/// server opens none, so only the callers' side of seed 000's modes applies).
+fn wss(mode: SeedMode) -> BenchArgs {
+    let mut b = tls(mode, Off, false);
+    b.streams.transport = Transport::Wss;
+    b
+}
+
 #[allow(
     clippy::too_many_arguments,
     reason = "the suite tables are written as one call per row, a column per argument"
@@ -225,7 +234,8 @@ fn row(
 }
 
 /// Seed 000 (Shen et al.): every cell of its tables II–V (20 distinct configurations; the
-/// paper speaks of 18 peak measurements), a stateful
+/// paper speaks of 18 peak measurements), and secure WebSocket (issue 38) beside its TLS in
+/// the two modes a browser has, all through a stateful
 /// record-routing proxy between a caller and a callee, with the seed's peak throughput (cps)
 /// and its cost relative to UDP (UDP's peak over the row's). Rows without "resumption" have
 /// it off, as the seed's plain "TLS" columns did; auth rows are relative to UDP with auth.
@@ -259,6 +269,15 @@ fn seed000() -> Suite {
             "udp",
             Some("695 cps (AES)"),
             r(2400.0, 695.0),
+        ),
+        row(
+            "chain-wss",
+            "chain WSS",
+            Plain,
+            wss(Chain),
+            "udp",
+            None,
+            None,
         ),
         row(
             "udp-auth",
@@ -304,6 +323,26 @@ fn seed000() -> Suite {
             "udp-auth",
             Some("151 cps"),
             r(462.0, 151.0),
+        ),
+        // Without authentication, beside a TLS row the seed did not have: the bench's
+        // WebSocket callee registers its one user unchallenged.
+        row(
+            "outbound-tls-plain",
+            "outbound TLS",
+            Plain,
+            tls(Outbound, Off, false),
+            "udp",
+            None,
+            None,
+        ),
+        row(
+            "outbound-wss",
+            "outbound WSS",
+            Plain,
+            wss(Outbound),
+            "udp",
+            None,
+            None,
         ),
         row(
             "outbound-tls-mutual",

@@ -30,8 +30,9 @@ macro_rules! counters {
 }
 
 counters! {
-    messages_in: "messages received (datagrams, and messages framed on TCP and TLS streams)",
-    stream_messages_in: "of those, messages received on TCP and TLS streams",
+    messages_in: "messages received (datagrams, and messages framed on TCP, TLS and WebSocket streams)",
+    stream_messages_in: "of those, messages received on TCP, TLS and WebSocket streams",
+    websocket_messages_in: "of the stream messages, those received over WebSocket (ws: and wss:)",
     requests_in: "requests parsed",
     responses_in: "responses parsed",
     malformed: "messages rejected by the parser (answered 400/505 where possible)",

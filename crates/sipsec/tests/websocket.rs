@@ -480,3 +480,91 @@ fn a_quiet_websocket_is_pinged_and_closed_only_if_it_stays_silent() {
     assert!(c.get("websocket_pings") >= 4, "{:?}", c.0);
     assert_eq!(c.get("idle_closed"), 1, "{:?}", c.0);
 }
+
+const KAMAILIO_WS_MODULE: &str = "/usr/lib/x86_64-linux-gnu/kamailio/modules/websocket.so";
+
+fn have_kamailio_websocket() -> bool {
+    let ok = std::process::Command::new("kamailio")
+        .arg("-v")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+        && Path::new(KAMAILIO_WS_MODULE).exists();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "Kamailio's websocket module (Debian kamailio-websocket-modules) is required under CI"
+        );
+        eprintln!(
+            "skipped: Kamailio's websocket module is not installed (kamailio-websocket-modules)"
+        );
+    }
+    ok
+}
+
+/// Kamailio's websocket module as an independent server for sipsec's WebSocket client:
+/// `sipsec load --transport ws` registers its callee over one WebSocket and calls it over
+/// another, through Kamailio (`peers/kamailio/websocket.cfg`), which reaches the callee over
+/// the connection it registered on.
+#[test]
+fn sipsec_load_registers_and_calls_over_websocket_through_kamailio() {
+    if !have_kamailio_websocket() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let port = ports(30400);
+    let run = d.join("kamailio-run");
+    std::fs::create_dir_all(&run).unwrap();
+    let log = std::fs::File::create(d.join("kamailio.log")).unwrap();
+    let child = std::process::Command::new("kamailio")
+        .args(["-DD", "-E", "-f"])
+        .arg(repo_dir().join("peers/kamailio/websocket.cfg"))
+        .args(["-m", "64", "-M", "16", "-Y"])
+        .arg(&run)
+        .arg("-w")
+        .arg(&run)
+        .arg("-A")
+        .arg(format!("LISTEN=tcp:127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(log))
+        .spawn()
+        .expect("start kamailio");
+    let _k = Kamailio(child);
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "Kamailio did not listen: {}",
+            std::fs::read_to_string(d.join("kamailio.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(d.join("users.csv"), "alice,unused\nbob,unused\n").unwrap();
+    let target = format!("ws:127.0.0.1:{port}");
+    let run = load(
+        d,
+        &[
+            &target,
+            "--role",
+            "both",
+            "--register",
+            "--users",
+            "users.csv",
+            "--domain",
+            "example.test",
+            "--rate",
+            "20",
+            "--calls",
+            "40",
+        ],
+    );
+    let (code, v, err) = &run;
+    assert_eq!(
+        (*code, n(v, "succeeded")),
+        (0, 40),
+        "calls over WebSocket through Kamailio: {err}\n{v}\n{}",
+        std::fs::read_to_string(d.join("kamailio.log")).unwrap_or_default()
+    );
+}

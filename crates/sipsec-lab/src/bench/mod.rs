@@ -547,7 +547,7 @@ pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> Strin
     } else {
         s.transport
     };
-    let (mut server_extra, tls_table) = (s.server_keys(), s.tls_table(tls_dir));
+    let (mut server_extra, tables) = (s.server_keys(), s.tls_table(tls_dir) + &s.websocket_table());
     if let Some(us) = a.max_batch_delay_us {
         server_extra += &format!("max_batch_delay_us = {us}\n");
     }
@@ -567,7 +567,7 @@ pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> Strin
          stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
          default_route = \"sip:{route};transport={}\"\n{hosts}[database]\nurl = \"sqlite://{}\"\n\
          [overload]\nenabled = {overload}\nfeedback = {overload}\nannounce = {overload}\n\
-         {refuse}[control]\nsocket = \"{}\"\n{tls_table}",
+         {refuse}[control]\nsocket = \"{}\"\n{tables}",
         if role == Role::Redirect {
             "redirect"
         } else {

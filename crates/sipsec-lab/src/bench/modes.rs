@@ -82,6 +82,10 @@ pub struct StreamArgs {
     /// run's transport (TCP for a UDP run): TLS handshaken, WebSocket upgraded.
     #[arg(long, default_value_t = 0)]
     pub(crate) idle_connections: usize,
+    /// The started server's `[websocket] ping_interval_s` (its default, 30, unless given;
+    /// 0: no keep-alive Pings).
+    #[arg(long)]
+    pub(crate) ws_ping_interval_s: Option<u64>,
 }
 
 /// Makes certificates for the bench topology (server, caller and UAS addresses) in `dir`.
@@ -111,6 +115,13 @@ impl StreamArgs {
             "outbound_connections = \"{outbound}\"\nmax_connections_per_ip = {per_ip}\n\
              max_connections = {per_ip}\n"
         )
+    }
+
+    /// The `[websocket]` table for the started server (empty unless a ping interval is given).
+    pub(crate) fn websocket_table(&self) -> String {
+        self.ws_ping_interval_s
+            .map(|s| format!("[websocket]\nping_interval_s = {s}\n"))
+            .unwrap_or_default()
     }
 
     /// The `[tls]` table for the started server (empty unless the transport is TLS or WSS).

@@ -673,6 +673,9 @@ impl Engine {
         inc(&self.stats.messages_in);
         if source.transport != Transport::Udp {
             inc(&self.stats.stream_messages_in);
+            if source.transport.websocket() {
+                inc(&self.stats.websocket_messages_in);
+            }
         }
         if data
             .iter()
