@@ -447,10 +447,10 @@ fn a_quiet_websocket_is_pinged_and_closed_only_if_it_stays_silent() {
         .write_all(upgrade("", "Sec-WebSocket-Protocol: sip\r\n").as_bytes())
         .unwrap();
 
-    // The browser that answers: three Pings in 3.5 s, each answered (tungstenite queues the
-    // Pong when it reads the Ping; flush sends it).
+    // The browser that answers: a Ping a second, each answered (tungstenite queues the Pong
+    // when it reads the Ping; flush sends it).
     let (started, mut pings) = (Instant::now(), 0);
-    while started.elapsed() < Duration::from_millis(3500) {
+    while started.elapsed() < Duration::from_secs(4) {
         match alive.read() {
             Ok(Message::Ping(_)) => pings += 1,
             Ok(other) => panic!("unexpected {other:?}"),
@@ -459,7 +459,7 @@ fn a_quiet_websocket_is_pinged_and_closed_only_if_it_stays_silent() {
         }
         alive.flush().unwrap();
     }
-    assert!((3..=4).contains(&pings), "{pings} pings in 3.5 s");
+    assert!((3..=4).contains(&pings), "{pings} pings in 4 s");
     // The silent one was closed (Pinged at 1 s, closed at 2 s).
     assert!(ends_within(&silent, Duration::from_secs(2)));
     // The answering one still carries SIP.

@@ -951,11 +951,16 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let (idle, idle_memory) = match idle_to {
         Some((to, transport)) => {
             let before = idle::resident_kb(&pids);
+            let (cert, key) = (
+                tls_dir.join(sipsec_transport::tls::certs::SERVER),
+                tls_dir.join(sipsec_transport::tls::certs::SERVER_KEY),
+            );
             let held = idle::IdleConnections::open(
                 to,
                 s.idle_connections,
                 transport,
                 &tls_dir.join(sipsec_transport::tls::certs::CA),
+                s.mutual.then_some((cert.as_path(), key.as_path())),
             )?;
             // Let the server settle with them before measuring.
             std::thread::sleep(std::time::Duration::from_secs(2));

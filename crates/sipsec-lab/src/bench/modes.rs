@@ -47,7 +47,8 @@ pub struct StreamArgs {
     /// registers over its own connection, as a browser does, and is called over it.
     #[arg(long, value_enum, default_value = "udp")]
     pub transport: Transport,
-    /// Seed 000's connection mode over TCP and TLS (ignored for UDP).
+    /// Seed 000's connection mode over TCP, TLS, WS and WSS (ignored for UDP; over WS and
+    /// WSS only the callers' side applies: the server opens no WebSocket).
     #[arg(long, value_enum, default_value = "chain")]
     pub mode: SeedMode,
     /// TLS: the proxy demands client certificates and the UAS demands the proxy's.

@@ -17,7 +17,7 @@
 //! admitted rate is a sample of its capacity (refusals' cost included), and the estimate
 //! moves [`GAIN`] of the way to it — unless the queue stands beyond the limit, where the
 //! drain (below) holds admission down and the figure would feed the cut back into itself.
-//! Where only the load said saturated (no queue measured, or a `target` that caps the load),
+//! Where the load said saturated (no queue measured, or a `target` that caps the load),
 //! the sample is the admitted rate scaled by `target / load`: the rate at which the load
 //! would sit at the target. While it is held back (something refused, or neighbours
 //! told to send less) and no queue stands, it could take more: the estimate grows by
@@ -54,7 +54,8 @@ pub(crate) const SATURATED_MS: u64 = 5;
 /// request (`admitted / cpu`), the best figure of recent intervals at least this loaded.
 const BASELINE_FROM: f64 = 0.3;
 /// The best figure fades by this much each interval that measures a new one (a tenth in
-/// about ten seconds of load), so one lucky interval does not stand for ever. Only those: a
+/// about a second of load at the default 100 ms interval), so one lucky interval does not
+/// stand for ever. Only those: a
 /// quiet spell measures nothing, and a figure that faded through it would cap the first calls
 /// after it at a fraction of what the worker takes (it did: after twenty seconds of TLS
 /// handshakes and no calls, 2,000 calls/s at a quarter of a core were refused two in three).
@@ -191,14 +192,15 @@ impl Controller {
         let load_says = iv.load >= t.target
             && (iv.standing_delay_ms.is_none() || t.target < QUEUE_MEASURED_FROM);
         let saturated = queue_says || load_says;
-        // What the worker could take: what it took, when a queue stood; when only the load
-        // said so, what it took scaled to where the load would meet the target (the load
-        // grows with the rate taken), so that a cap that refused — and so took exactly the
-        // cap — samples the cap itself only when the load it left sits at the target.
-        let sample = if queue_says || iv.load <= 0.0 {
-            admitted_rate
-        } else {
+        // What the worker could take: what it took, when a queue stood; when the load said
+        // so (alone, or as a cap below half load whatever the queue says), what it took
+        // scaled to where the load would meet the target (the load grows with the rate
+        // taken), so that a cap that refused — and so took exactly the cap — samples the cap
+        // itself only when the load it left sits at the target.
+        let sample = if load_says && iv.load > 0.0 {
             admitted_rate * t.target / iv.load
+        } else {
+            admitted_rate
         };
         let over_ms = standing.saturating_sub(t.max_delay_ms);
         self.drain = (1.0 - over_ms as f64 / DRAIN_MS).clamp(MIN_DRAIN, 1.0);
@@ -213,10 +215,10 @@ impl Controller {
             // messages have yet to come: start from what the CPU says, when it has said.
             self.capacity = if self.baseline > 0.0 {
                 self.baseline
-            } else if queue_says {
-                admitted_rate * FIRST_SHARE
-            } else {
+            } else if load_says {
                 sample
+            } else {
+                admitted_rate * FIRST_SHARE
             };
         } else if saturated && iv.admitted > 0 {
             // Beyond the limit the drain holds admission down, so what was taken says how
