@@ -144,6 +144,11 @@ struct Conn {
     dirty: bool,
     /// WebSocket keep-alive: when a Ping went to this quiet connection, unanswered so far.
     pinged: Option<Millis>,
+    /// How much sooner than `ping_interval_s` this connection's next Ping is due: up to a
+    /// tenth of the interval, drawn afresh at each Ping ([`ping_early`]), so connections
+    /// opened together (browsers reconnecting after a restart) drift out of step instead of
+    /// being Pinged in one burst every interval for as long as they stay.
+    ping_early: Millis,
     /// Requests queued on an outbound connection before it was up (connected, and for TLS
     /// through its handshake): if it fails instead, each is handed back to the engine as a
     /// transport error, which fails its branch at once (RFC 3261 §8.1.3.1).
@@ -156,9 +161,11 @@ impl Conn {
     fn deadline(&self, cfg: &StreamConfig) -> Millis {
         match self.pending_since {
             Some(t) => t + cfg.message_timeout_ms,
-            None if self.kept_alive(cfg) => {
-                self.pinged.unwrap_or(self.last_active) + cfg.websocket.ping_interval_ms
-            }
+            None if self.kept_alive(cfg) => match self.pinged {
+                // Unanswered: closed if still silent a whole interval after the Ping.
+                Some(at) => at + cfg.websocket.ping_interval_ms,
+                None => self.last_active + cfg.websocket.ping_interval_ms - self.ping_early,
+            },
             None => self.last_active + cfg.idle_timeout_ms,
         }
     }
@@ -480,6 +487,10 @@ impl Connections {
             drain: None,
             dirty: false,
             pinged: None,
+            ping_early: ping_early(
+                (u64::from(remote.port()) << 32) | slot as u64,
+                self.cfg.websocket.ping_interval_ms,
+            ),
             unconfirmed: Vec::new(),
         };
         let at = c.deadline(&self.cfg);
@@ -932,6 +943,10 @@ impl Connections {
             if ping {
                 c.io.ping();
                 c.pinged = Some(now);
+                c.ping_early = ping_early(
+                    now ^ ((slot as u64) << 32) ^ c.ping_early,
+                    self.cfg.websocket.ping_interval_ms,
+                );
                 at = c.deadline(&self.cfg);
             }
             if at > now {
@@ -1017,6 +1032,16 @@ impl Connections {
     }
 }
 
+/// A share of up to a tenth of `interval`, spread evenly over `seed` (SplitMix64's finalizer:
+/// no clock or randomness needed, only seeds that differ between connections and Pings).
+fn ping_early(seed: u64, interval: Millis) -> Millis {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    z % (interval / 10 + 1)
+}
+
 fn fmt_remote(remote: Option<SocketAddr>) -> String {
     remote.map_or_else(|| "a peer".into(), |r| r.to_string())
 }
@@ -1028,6 +1053,35 @@ fn call_hash(data: &[u8]) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     msg.call_id().hash(&mut h);
     Some(h.finish())
+}
+
+#[cfg(test)]
+mod ping_tests {
+    use super::ping_early;
+    use sip_core::timer::Millis;
+
+    /// Keep-alive Pings come up to a tenth of the interval early, spread evenly: 10,000
+    /// connections opened in one millisecond (slots 0..10,000) are Pinged over the whole
+    /// tenth, not at once, and each Ping draws its connection a new offset.
+    #[test]
+    fn pings_of_connections_opened_together_are_spread_over_a_tenth_of_the_interval() {
+        let interval = 30_000;
+        let offsets: Vec<Millis> = (0..10_000u64)
+            .map(|slot| ping_early((40_000 << 32) | slot, interval))
+            .collect();
+        assert!(offsets.iter().all(|&o| o <= interval / 10));
+        // Every 300 ms bucket of the 3 s window holds about a tenth of them.
+        let mut buckets = [0u32; 10];
+        for &o in &offsets {
+            buckets[(o * 10 / (interval / 10 + 1)) as usize] += 1;
+        }
+        assert!(
+            buckets.iter().all(|&n| (850..=1150).contains(&n)),
+            "{buckets:?}"
+        );
+        let next = ping_early(1_000 ^ (7 << 32) ^ offsets[7], interval);
+        assert_ne!(next, offsets[7]);
+    }
 }
 
 #[cfg(test)]
