@@ -6,6 +6,7 @@
 //! `sip-core`, with no I/O; sockets and TLS are `sipsec-transport`. The modules here, lowest first;
 //! each imports only from those crates and the modules before it in this list:
 //!
+//! - `hash`: non-cryptographic mixing (SplitMix64's finalizer) to spread keys and timers.
 //! - [`dns`]: locating next hops by name (RFC 3263): queries, answers, the order to try
 //!   them in, and the resolver that asks DNS.
 //! - [`auth`]: the checks of a request's credentials, digest and Proxychain side by side.
@@ -34,6 +35,7 @@ pub mod db;
 pub mod dns;
 pub mod engine;
 pub mod flood;
+mod hash;
 pub mod location;
 pub mod metrics;
 pub mod serve;

@@ -160,10 +160,7 @@ impl Locator {
         let score = |r: &Route| {
             // FNV-1a spreads short keys poorly in its high bits: finished with splitmix64's
             // mixer.
-            let mut z = branch::fnv1a(&[key, r.uri.as_bytes()]);
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
+            crate::hash::mix64(branch::fnv1a(&[key, r.uri.as_bytes()]))
         };
         let mut out: SmallVec<[&Route; 4]> = routes.iter().collect();
         out.sort_by_cached_key(|r| (r.priority, std::cmp::Reverse(score(r))));

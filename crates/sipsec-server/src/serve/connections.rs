@@ -1032,14 +1032,10 @@ impl Connections {
     }
 }
 
-/// A share of up to a tenth of `interval`, spread evenly over `seed` (SplitMix64's finalizer:
-/// no clock or randomness needed, only seeds that differ between connections and Pings).
+/// A share of up to a tenth of `interval`, spread evenly over `seed` (a SplitMix64 step: no
+/// clock or randomness needed, only seeds that differ between connections and Pings).
 fn ping_early(seed: u64, interval: Millis) -> Millis {
-    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    z % (interval / 10 + 1)
+    crate::hash::mix64(seed.wrapping_add(0x9e37_79b9_7f4a_7c15)) % (interval / 10 + 1)
 }
 
 fn fmt_remote(remote: Option<SocketAddr>) -> String {
