@@ -13,26 +13,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TLS_MODULE: &str = "/usr/lib/x86_64-linux-gnu/kamailio/modules/tls.so";
-
-fn have_kamailio_tls() -> bool {
-    let ok = Command::new("kamailio")
-        .arg("-v")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-        && Path::new(TLS_MODULE).exists();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "Kamailio with TLS (Debian kamailio, kamailio-tls-modules) is required under CI"
-        );
-        eprintln!("skipped: Kamailio with TLS is not installed (kamailio, kamailio-tls-modules)");
-    }
-    ok
-}
-
 /// Kamailio on `tls:127.0.0.1:port` running the reference proxy (`peers/kamailio`), relaying every
 /// initial INVITE to `next_hop`. `mutual`: it demands client certificates and presents its
 /// own when it connects out.
@@ -123,7 +103,7 @@ fn calls_into(dir: &Path, first: u16, calls: u64) -> (i32, serde_json::Value, St
     ignore = "Kamailio with TLS is not installed (kamailio, kamailio-tls-modules)"
 )]
 fn sipsec_and_kamailio_chained_over_tls_both_ways_with_and_without_client_certificates() {
-    if !have_kamailio_tls() {
+    if !have_kamailio(&["tls"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -202,7 +182,7 @@ fn sipsec_and_kamailio_chained_over_tls_both_ways_with_and_without_client_certif
     ignore = "Kamailio with TLS is not installed (kamailio, kamailio-tls-modules)"
 )]
 fn a_kamailio_without_a_client_certificate_is_refused_when_one_is_required() {
-    if !have_kamailio_tls() {
+    if !have_kamailio(&["tls"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -481,35 +481,13 @@ fn a_quiet_websocket_is_pinged_and_closed_only_if_it_stays_silent() {
     assert_eq!(c.get("idle_closed"), 1, "{:?}", c.0);
 }
 
-const KAMAILIO_WS_MODULE: &str = "/usr/lib/x86_64-linux-gnu/kamailio/modules/websocket.so";
-
-fn have_kamailio_websocket() -> bool {
-    let ok = std::process::Command::new("kamailio")
-        .arg("-v")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-        && Path::new(KAMAILIO_WS_MODULE).exists();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "Kamailio's websocket module (Debian kamailio-websocket-modules) is required under CI"
-        );
-        eprintln!(
-            "skipped: Kamailio's websocket module is not installed (kamailio-websocket-modules)"
-        );
-    }
-    ok
-}
-
 /// Kamailio's websocket module as an independent server for sipsec's WebSocket client:
 /// `sipsec load --transport ws` registers its callee over one WebSocket and calls it over
 /// another, through Kamailio (`peers/kamailio/websocket.cfg`), which reaches the callee over
 /// the connection it registered on.
 #[test]
 fn sipsec_load_registers_and_calls_over_websocket_through_kamailio() {
-    if !have_kamailio_websocket() {
+    if !have_kamailio(&["websocket"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -80,6 +80,35 @@ pub(crate) fn have_sipp() -> bool {
     ok
 }
 
+/// True when Kamailio can run here with each of `modules` (`tls`, `websocket`: Debian's
+/// `kamailio-NAME-modules`). Under CI a missing one is a failure, not a skip.
+pub(crate) fn have_kamailio(modules: &[&str]) -> bool {
+    let ok = Command::new("kamailio")
+        .arg("-v")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+        && modules.iter().all(|m| {
+            Path::new(&format!(
+                "/usr/lib/x86_64-linux-gnu/kamailio/modules/{m}.so"
+            ))
+            .exists()
+        });
+    if !ok {
+        let packages: Vec<String> = std::iter::once("kamailio".to_string())
+            .chain(modules.iter().map(|m| format!("kamailio-{m}-modules")))
+            .collect();
+        let packages = packages.join(" ");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "Kamailio (Debian {packages}) is required under CI"
+        );
+        eprintln!("skipped: Kamailio is not installed (apt-get install {packages})");
+    }
+    ok
+}
+
 /// A running `sipsec serve`, stopped with SIGTERM on drop.
 pub(crate) struct Server {
     pub child: Child,
