@@ -18,10 +18,14 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The modules a crate root lists in its doc, in order: lines `//! - [`name`]…`.
+/// The modules a crate root lists in its doc, in order: lines `//! - [`name`]…`, or
+/// `//! - `name`…` for a private module (rustdoc links no private item from a public doc).
 fn listed(lib: &str) -> Vec<String> {
     lib.lines()
-        .filter_map(|line| line.strip_prefix("//! - [`"))
+        .filter_map(|line| {
+            line.strip_prefix("//! - [`")
+                .or_else(|| line.strip_prefix("//! - `"))
+        })
         .map(|rest| rest.chars().take_while(|c| *c != '`').collect())
         .collect()
 }
