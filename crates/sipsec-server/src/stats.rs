@@ -191,6 +191,9 @@ pub struct Traffic {
     /// Overload control's estimate of the new requests per second the worker can take at
     /// its target load (0 until measured).
     pub(crate) capacity: AtomicU64,
+    /// What a refusal costs as a share of an admitted request, as overload control's cost
+    /// model reads it, in millionths (0 until it has read it).
+    pub(crate) refusal_cost_ppm: AtomicU64,
     /// Sources this worker's flood limits refuse now.
     pub(crate) flood_banned: AtomicU64,
 }

@@ -473,7 +473,7 @@ impl Default for RawOverload {
         RawOverload {
             enabled: true,
             target: 0.95,
-            feedback_target: 0.9,
+            feedback_target: 0.93,
             interval_ms: 100,
             max_queue_delay_ms: 20,
             max_rate: None,

@@ -238,6 +238,18 @@ impl Collector for ServeMetrics {
                 )
             }),
         )?;
+        w.gauges(
+            "sipsec_worker_refusal_cost",
+            "What refusing a new request costs each worker, as a share of what admitting one \
+             costs (r), as overload control reads it from the worker's CPU (0 until read)",
+            self.workers.iter().enumerate().map(|(i, s)| {
+                let worker = i.to_string();
+                (
+                    [("worker", worker)],
+                    s.traffic.refusal_cost_ppm.load(Relaxed) as f64 / 1e6,
+                )
+            }),
+        )?;
         self.histogram(
             w,
             "sipsec_invite_first_response",

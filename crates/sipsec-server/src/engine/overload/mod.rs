@@ -167,6 +167,7 @@ impl Engine {
             admitted = iv.admitted,
             oc_arrived = iv.oc_arrived,
             capacity = o.control.capacity(),
+            admissible = o.control.cap(),
             local = o.control.local_on(),
             loss = o.control.loss(),
             "overload interval"
@@ -176,6 +177,8 @@ impl Engine {
             o.feedback_until = now + Millis::from(cfg.validity_ms);
         }
         t.capacity.store(o.control.capacity() as u64, Relaxed);
+        let r = o.control.refusal_cost().unwrap_or(0.0);
+        t.refusal_cost_ppm.store((r * 1e6) as u64, Relaxed);
     }
 
     /// Whether a request must be shed: it is new work of a sheddable kind and local
