@@ -454,7 +454,8 @@ pub struct StreamConfig {
 struct RawOverload {
     enabled: bool,
     target: f64,
-    feedback_target: f64,
+    /// None: [`FEEDBACK_MARGIN`] of `target`, whatever `target` is set to.
+    feedback_target: Option<f64>,
     interval_ms: u64,
     max_queue_delay_ms: u64,
     max_rate: Option<f64>,
@@ -473,7 +474,7 @@ impl Default for RawOverload {
         RawOverload {
             enabled: true,
             target: 0.95,
-            feedback_target: 0.93,
+            feedback_target: None,
             interval_ms: 100,
             max_queue_delay_ms: 20,
             max_rate: None,
@@ -541,12 +542,20 @@ pub struct OverloadConfig {
     pub announce: bool,
 }
 
+/// Where `[overload] feedback_target` is not set, RFC 7339/7415 neighbours are given this
+/// share of the capacity (`feedback_target = FEEDBACK_MARGIN · target`): a 2% margin, enough
+/// with a capacity read from the CPU; a set `target` keeps it.
+const FEEDBACK_MARGIN: f64 = 0.98;
+
 impl RawOverload {
     fn validate(self) -> Result<OverloadConfig> {
         if !(self.target > 0.0 && self.target <= 1.0) {
             bail!("overload.target: a busy fraction above 0 and at most 1");
         }
-        if !(self.feedback_target > 0.0 && self.feedback_target <= self.target) {
+        let feedback_target = self
+            .feedback_target
+            .unwrap_or(FEEDBACK_MARGIN * self.target);
+        if !(feedback_target > 0.0 && feedback_target <= self.target) {
             bail!("overload.feedback_target: a busy fraction above 0 and at most overload.target");
         }
         if !(10..=10_000).contains(&self.interval_ms) {
@@ -578,7 +587,7 @@ impl RawOverload {
         Ok(OverloadConfig {
             enabled: self.enabled,
             target: self.target,
-            feedback_target: self.feedback_target,
+            feedback_target,
             interval_ms: self.interval_ms,
             max_queue_delay_ms: self.max_queue_delay_ms,
             max_rate: self.max_rate,
@@ -1250,6 +1259,21 @@ mod tests {
             }
         }
         assert!(shown >= 2, "{shown}");
+    }
+
+    /// A `target` set alone brings the feedback margin with it (a fixed default above a low
+    /// target refused the config, and a SIGHUP's reload); one set beyond it is refused.
+    #[test]
+    fn feedback_target_follows_target_unless_set() {
+        let base = "[server]\nlisten = [\"udp:127.0.0.1:5060\"]\n[overload]\n";
+        let c = Config::from_toml(&format!("{base}target = 0.5\n")).unwrap();
+        assert!((c.overload.feedback_target - 0.49).abs() < 1e-9);
+        let c = Config::from_toml(base).unwrap();
+        assert!((c.overload.feedback_target - 0.98 * 0.95).abs() < 1e-9);
+        let c = Config::from_toml(&format!("{base}target = 0.9\nfeedback_target = 0.8\n")).unwrap();
+        assert!((c.overload.feedback_target - 0.8).abs() < 1e-9);
+        let e = Config::from_toml(&format!("{base}target = 0.9\nfeedback_target = 0.95\n"));
+        assert!(format!("{:#}", e.unwrap_err()).contains("feedback_target"));
     }
 
     #[test]
