@@ -29,8 +29,8 @@
 //! admitted request costs (`a`) and a refusal (`b`, so r = `b / a`, published as
 //! `sipsec_worker_refusal_cost`). The capacity, and what local admission holds new requests
 //! to, is then `trim / a`. The trim is the queue's say: down while a queue stands
-//! beyond the limit, up while requests are held back and none stands, steady between — so
-//! a short queue stands and the worker reads full batches, where a call costs least. The
+//! beyond the limit, up while requests are held back and none stands or the worker waited,
+//! steady between — so a short queue stands and the worker reads full batches, where a call costs least. The
 //! probe-and-sample estimator above remains for before the model speaks; on its own it
 //! never sampled at four times capacity (the queue leapt past the limit within an interval)
 //! and probed to five times the worker's capacity while the drain alone held it.
@@ -203,12 +203,6 @@ pub(crate) struct Controller {
     /// does not say — that a call costs less where batches are fuller, a cost that lags its
     /// call by more than the model's memory — shows in the queue.
     trim: f64,
-    /// New sheddable requests arriving per second (smoothed), for what refusing the excess
-    /// of them costs.
-    arriving: f64,
-    /// The rate local admission holds new requests to before any drain: the capacity, less
-    /// what refusing the rest costs (0: not measured).
-    admissible: f64,
     /// The share of the capacity admitted while a standing queue drains (1: none).
     drain: f64,
     bucket: Bucket,
@@ -227,8 +221,6 @@ impl Default for Controller {
             prev_delay_ms: 0,
             cost: Cost::default(),
             trim: 1.0,
-            arriving: 0.0,
-            admissible: 0.0,
             drain: 1.0,
             bucket: Bucket::default(),
         }
@@ -282,7 +274,6 @@ impl Controller {
             self.cost
                 .add(admitted_rate, arrived_rate - admitted_rate, iv.cpu.min(1.0));
         }
-        self.arriving += 0.5 * (arrived_rate - self.arriving);
         // The CPU the estimate fills: all of it where a standing queue says saturation, the
         // target where the load says it (a target below half load caps the load itself).
         let full = if t.target < QUEUE_MEASURED_FROM {
@@ -291,10 +282,10 @@ impl Controller {
             1.0
         };
         let fit = self.cost.fit();
-        if let (Some((a, _)), true) = (fit, saturated || engaged) {
+        if let Some((a, _)) = fit.filter(|_| saturated || engaged) {
             // The cost model speaks: the capacity is what the CPU takes at the cost admitted
-            // requests have had, and admission leaves room for the refusals of the rest; the
-            // queue trims it, so the estimate rests where a small queue comes and goes.
+            // requests have had, trimmed by the queue, so the estimate rests where a short
+            // queue stands and the worker never waits.
             if queue_measured {
                 if over_ms > 0 {
                     let stood = standing as f64 / t.max_delay_ms.max(1) as f64;
@@ -304,12 +295,11 @@ impl Controller {
                 }
                 self.trim = self.trim.clamp(TRIM_RANGE.0, TRIM_RANGE.1);
             }
-            // Not less the refusals' cost (`(trim − b · arriving) / (a − b)`): where refusals
-            // never varied `b` is the prior's, and at four times capacity that left nothing
-            // to admit (plain callers kept 0.69 of what they did without it, 5 rounds); the
-            // trim finds what refusals leave from the queue instead.
+            // Admission is not cut by the refusals' cost as well (`(trim − b · arriving) /
+            // (a − b)`): where refusals never varied `b` is the prior's, and at four times
+            // capacity that left nothing to admit (plain callers kept 0.69 of what they did
+            // without it, 5 rounds); the trim finds what refusals leave from the queue.
             self.capacity = (self.trim * full / a).max(MIN_CAPACITY);
-            self.admissible = self.capacity;
         } else if saturated && !engaged {
             // The interval that saturated took what one interval brought, whose calls' later
             // messages have yet to come: start from what the CPU says, when it has said.
@@ -335,9 +325,6 @@ impl Controller {
         }
         if self.capacity > 0.0 {
             self.capacity = self.capacity.max(MIN_CAPACITY);
-        }
-        if fit.is_none() || !(saturated || engaged) {
-            self.admissible = self.capacity;
         }
 
         if saturated && self.capacity > 0.0 {
@@ -374,7 +361,7 @@ impl Controller {
             sample
         };
         let others = iv.admitted.saturating_sub(iv.oc_admitted) as f64 / elapsed;
-        let budget = (self.admissible * self.drain * t.feedback_target / t.target - others)
+        let budget = (self.capacity * self.drain * t.feedback_target / t.target - others)
             .max(self.capacity * MIN_SHARE)
             .max(MIN_CAPACITY);
         self.rate = budget / iv.oc_clients.max(1) as f64;
@@ -385,10 +372,10 @@ impl Controller {
         };
     }
 
-    /// The rate local admission holds new requests to: the capacity, less what refusing the
-    /// rest costs and what a standing queue needs to drain.
+    /// The rate local admission holds new requests to: the capacity, less what a standing
+    /// queue needs to drain.
     pub(crate) fn cap(&self) -> f64 {
-        self.admissible * self.drain
+        self.capacity * self.drain
     }
 
     /// Whether local admission takes a new sheddable request arriving at `now`.

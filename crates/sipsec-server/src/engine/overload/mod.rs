@@ -167,7 +167,7 @@ impl Engine {
             admitted = iv.admitted,
             oc_arrived = iv.oc_arrived,
             capacity = o.control.capacity(),
-            admissible = o.control.cap(),
+            cap = o.control.cap(),
             local = o.control.local_on(),
             loss = o.control.loss(),
             "overload interval"
