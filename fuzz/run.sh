@@ -3,10 +3,10 @@
 # to run long (README.md, "Fuzzing"). Needs cargo-fuzz (`cargo install cargo-fuzz`); stable
 # Rust is enough, as no sanitizer is used.
 #
-#   fuzz/run.sh [SECONDS] [TARGET...]      targets: parser framing digest proxychain engine
+#   fuzz/run.sh [SECONDS] [TARGET...]      targets: parser framing digest proxychain engine identity
 #
 # Corpora grow in fuzz/corpus/TARGET (not committed); the parser and framing start from the
-# RFC 4475 torture messages, digest and proxychain from fuzz/seeds/. A crash stops the run
+# RFC 4475 torture messages, digest, proxychain and identity from fuzz/seeds/. A crash stops the run
 # with the input in fuzz/artifacts/TARGET/; `cargo fuzz run --sanitizer none -O -a TARGET
 # FILE` replays it.
 set -euo pipefail
@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 secs=${1:-30}
 shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(parser framing digest proxychain engine); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(parser framing digest proxychain engine identity); fi
 torture=../testdata/rfc4475
 if [ ! -d "$torture" ]; then
   echo "fuzz/run.sh: $torture (the RFC 4475 messages) is missing" >&2
@@ -27,7 +27,7 @@ for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
   case $t in
     parser | framing) seeds=("$torture") ;;
-    digest | proxychain) seeds=("seeds/$t") ;;
+    digest | proxychain | identity) seeds=("seeds/$t") ;;
     *) seeds=() ;;
   esac
   echo "fuzz/run.sh: $t for ${secs}s"

@@ -1,6 +1,7 @@
 //! The `sipsec` command line: one binary whose subcommands dispatch to the workspace's crates
-//! (`sipsec-server`, `sipsec-load`, `sipsec-lab`, `sipsec-transport`).
+//! (`sipsec-server`, `sipsec-load`, `sipsec-lab`, `sipsec-transport`, `sipsec-identity`).
 
+use sipsec_identity::sti;
 use sipsec_lab::{self as lab, bench};
 use sipsec_load as load;
 use sipsec_server::cmd::{check, ctl, users};
@@ -45,8 +46,14 @@ enum Command {
     /// The seeds' experiments: run suites in rounds, report them (HTML), fit the cost model.
     #[command(subcommand)]
     Lab(lab::LabCommand),
-    /// Make a test CA and a server and a client certificate signed by it (PEM files).
-    Certs(certs::CertsArgs),
+    /// Make a test CA and a server and a client certificate signed by it (PEM files); with
+    /// `--shaken`, also a test STI-CA and a STIR/SHAKEN signing certificate.
+    Certs {
+        #[command(flatten)]
+        tls: certs::CertsArgs,
+        #[command(flatten)]
+        shaken: sti::ShakenArgs,
+    },
     /// Manage the users digest and Proxychain authentication check: add, remove, list,
     /// import a CSV.
     Users(users::UsersArgs),
@@ -118,7 +125,18 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::main(*args),
         Command::Lab(command) => lab::main(command),
-        Command::Certs(args) => certs::run(&args),
+        Command::Certs { tls, shaken } => certs::run(&tls).and_then(|()| {
+            if shaken.shaken {
+                sti::make(&tls.out, &shaken.authority()?)?;
+                println!(
+                    "made a STIR/SHAKEN signing certificate {} (key {}) issued by the test STI-CA {}",
+                    tls.out.join(sti::SHAKEN_CERT).display(),
+                    tls.out.join(sti::SHAKEN_KEY).display(),
+                    tls.out.join(sti::STI_CA).display()
+                );
+            }
+            Ok(())
+        }),
         Command::Authd(args) if args.check => match args.command {
             Some(_) => Err(anyhow::anyhow!(
                 "--check checks the authority's configuration: give it no subcommand"

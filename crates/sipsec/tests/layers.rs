@@ -60,7 +60,7 @@ fn layered_crates() -> Vec<PathBuf> {
 }
 
 #[test]
-fn the_server_and_the_transport_order_their_modules() {
+fn the_server_the_transport_and_identity_order_their_modules() {
     let names: Vec<String> = layered_crates()
         .iter()
         .map(|src| {
@@ -72,7 +72,7 @@ fn the_server_and_the_transport_order_their_modules() {
                 .into()
         })
         .collect();
-    for expected in ["sipsec-server", "sipsec-transport"] {
+    for expected in ["sipsec-identity", "sipsec-server", "sipsec-transport"] {
         assert!(
             names.iter().any(|n| n == expected),
             "{expected} lost its order: {names:?}"
