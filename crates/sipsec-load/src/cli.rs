@@ -204,6 +204,17 @@ pub struct LoadArgs {
     /// Callee user when no --users file is given.
     #[arg(long, default_value = "service")]
     pub service: String,
+    /// Caller user when no --users file is given.
+    #[arg(long, default_value = "sipsec")]
+    pub caller: String,
+    /// STIR/SHAKEN: sign each INVITE with this ES256 key (PEM; `sipsec certs --shaken` makes
+    /// one), an Identity header naming the caller's and callee's numbers (--caller and
+    /// --service, or --users' names) with attestation A. Needs --x5u.
+    #[arg(long, requires = "x5u")]
+    pub identity_key: Option<PathBuf>,
+    /// Where verifiers fetch the signing certificate (an https: URL), with --identity-key.
+    #[arg(long, requires = "identity_key")]
+    pub x5u: Option<String>,
     /// Expires of REGISTER.
     #[arg(long, default_value_t = 3600)]
     pub expires: u32,

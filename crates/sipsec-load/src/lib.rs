@@ -120,6 +120,8 @@ pub struct Plan {
     pub uas: Option<SocketAddr>,
     /// The users and credentials from `--users` (none without it).
     pub users: Arc<Users>,
+    /// The STIR/SHAKEN key INVITEs are signed with (`--identity-key`, `--x5u`).
+    pub identity: Option<Arc<sipsec_identity::SigningKey>>,
 }
 
 impl Plan {
@@ -264,6 +266,31 @@ impl Plan {
                 bail!("--domain {d:?} is not a valid host");
             }
         }
+        if args.caller.is_empty() || args.caller.contains(['@', ':', ' ', '<', '>', ';']) {
+            bail!("--caller {:?} is not a user name", args.caller);
+        }
+        let identity = match (&args.identity_key, &args.x5u) {
+            (None, None) => None,
+            (Some(key), Some(x5u)) => {
+                if users.is_empty()
+                    && (sipsec_identity::tn::canonical(&args.caller).is_none()
+                        || sipsec_identity::tn::canonical(&args.service).is_none())
+                {
+                    bail!(
+                        "--identity-key signs calls between telephone numbers: give --caller \
+                         and --service numbers (or --users whose names are numbers)"
+                    );
+                }
+                let pem = std::fs::read(key)
+                    .with_context(|| format!("--identity-key: cannot read {}", key.display()))?;
+                let key = sipsec_identity::SigningKey::from_pem(&pem, x5u)
+                    .with_context(|| format!("--identity-key {}", key.display()))?;
+                Some(Arc::new(key))
+            }
+            _ => {
+                bail!("--identity-key and --x5u go together: the key, and where its certificate is")
+            }
+        };
         Ok(Plan {
             args,
             transport,
@@ -271,6 +298,7 @@ impl Plan {
             target,
             uas,
             users: Arc::new(users),
+            identity,
         })
     }
 
@@ -438,6 +466,8 @@ fn ua_config(plan: &Plan, bound: &Bound, epoch: u32) -> UaConfig {
         }),
         users: plan.users.clone(),
         service: plan.args.service.clone(),
+        caller: plan.args.caller.clone(),
+        identity: plan.identity.clone(),
         hold_ms: plan.args.hold_ms,
         expires: plan.args.expires,
         register_contact: plan.args.register_contact.clone(),

@@ -98,6 +98,8 @@ fn ua_config(scenario: Scenario, local: &str, users: &[&str], auth: Auth) -> UaC
         domain: REALM.into(),
         users: Arc::new(Users::new(users.iter().map(|n| user(n)).collect())),
         service: "service".into(),
+        caller: "sipsec".into(),
+        identity: None,
         hold_ms: 0,
         expires: 600,
         register_contact: None,

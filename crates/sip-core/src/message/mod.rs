@@ -565,6 +565,19 @@ impl<'a> Message<'a> {
             .map(|h| self.value(h))
     }
 
+    /// The values of every line of a header the core has no name for, case-insensitively, in
+    /// order.
+    pub fn other_headers<'s>(&'s self, name: &'s [u8]) -> impl Iterator<Item = &'a [u8]> + 's {
+        self.headers
+            .iter()
+            .filter(move |h| {
+                h.name == HeaderName::Other
+                    && self.buf[h.name_start as usize..h.name_end as usize]
+                        .eq_ignore_ascii_case(name)
+            })
+            .map(|h| self.value(h))
+    }
+
     /// All comma-separated values of a list header, across its lines.
     pub fn list_values(&self, name: HeaderName) -> impl Iterator<Item = &'a [u8]> + '_ {
         let buf = self.buf;

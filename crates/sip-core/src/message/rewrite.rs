@@ -268,6 +268,14 @@ impl<'m, 'a> Rewriter<'m, 'a> {
         });
     }
 
+    /// Adds a header line after all others: `name: value`.
+    pub fn append_header(&mut self, name: &[u8], value: &[u8]) {
+        let at = self.msg.headers_end();
+        self.splice.replace_with(at, at, |t| {
+            push_all(t, &[name, b": ", value, b"\r\n"]);
+        });
+    }
+
     /// Replaces the Request-URI.
     pub fn set_request_uri(&mut self, uri: &[u8]) {
         if let Some((s, e)) = self.msg.request_uri_range() {
@@ -343,7 +351,30 @@ pub(super) fn find_param(_src: &[u8], params: &[u8], name: &[u8]) -> Option<usiz
 
 #[cfg(test)]
 mod tests {
-    use super::push_ip;
+    use super::{push_ip, Rewriter, Splice};
+    use crate::message::Message;
+
+    #[test]
+    fn an_appended_header_is_the_last_before_the_body() {
+        for (text, body) in [
+            (&b"INVITE sip:b@h SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:b@h>\r\nCall-ID: x\r\nCSeq: 1 INVITE\r\nContent-Length: 2\r\n\r\nhi"[..], &b"hi"[..]),
+            // A datagram without Content-Length gets one, after the appended header.
+            (&b"INVITE sip:b@h SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\nFrom: <sip:a@h>;tag=1\r\nTo: <sip:b@h>\r\nCall-ID: x\r\nCSeq: 1 INVITE\r\n\r\nhi"[..], &b"hi"[..]),
+        ] {
+            let msg = Message::parse(text).unwrap();
+            let mut splice = Splice::new();
+            let mut rw = Rewriter::new(&msg, &mut splice);
+            rw.append_header(b"Identity", b"a.b.c;info=<https://x/c>");
+            let mut out = Vec::new();
+            rw.finish(&mut out);
+            let again = Message::parse(&out).unwrap();
+            assert_eq!(
+                again.other_header(b"identity"),
+                Some(&b"a.b.c;info=<https://x/c>"[..])
+            );
+            assert_eq!(again.body(), body);
+        }
+    }
 
     #[test]
     fn addresses_are_written_as_std_writes_them() {

@@ -71,7 +71,11 @@ impl Ua {
     }
 
     pub(super) fn aor(&self, user: usize) -> String {
-        let name = self.cfg.users.get(user).map_or("sipsec", |u| &u.username);
+        let name = self
+            .cfg
+            .users
+            .get(user)
+            .map_or(self.cfg.caller.as_str(), |u| &u.username);
         format!("sip:{name}@{}", self.domain_of(user))
     }
 
@@ -114,7 +118,7 @@ impl Ua {
             .cfg
             .users
             .get(caller)
-            .map_or("sipsec", |u| u.username.as_str());
+            .map_or(self.cfg.caller.as_str(), |u| u.username.as_str());
         match method {
             "INVITE" => {
                 let _ = write!(
@@ -149,6 +153,13 @@ impl Ua {
         };
         if let Some((name, value)) = auth {
             let _ = write!(m, "{name}: {value}\r\n");
+        }
+        if method == "INVITE" {
+            if let Some(key) = &self.cfg.identity {
+                if let Some(value) = identity(key, &self.aor(caller), &uri) {
+                    let _ = write!(m, "Identity: {value}\r\n");
+                }
+            }
         }
         let body: &[u8] = if method == "INVITE" {
             self.cfg.sdp.offer()
@@ -461,4 +472,22 @@ impl Ua {
         call.auth_tries = 0;
         self.send_request(now_us, number, None);
     }
+}
+
+/// The Identity header of an INVITE from `from` (the caller's AOR) to `uri`, signed with
+/// `key` now; `None` when either names no telephone number.
+fn identity(key: &sipsec_identity::SigningKey, from: &str, uri: &str) -> Option<String> {
+    use sipsec_identity::{header, passport, tn, Attest, Claims};
+    let (orig, dest) = (tn::from_uri(from)?, tn::from_uri(uri)?);
+    let iat = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let claims = Claims {
+        attest: Attest::A,
+        orig,
+        dest: vec![dest],
+        iat,
+        origid: passport::new_origid(),
+    };
+    Some(header::value(key, &claims))
 }

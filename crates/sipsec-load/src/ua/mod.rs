@@ -86,6 +86,11 @@ pub struct UaConfig {
     pub users: Arc<Users>,
     /// Callee user when no user file is given.
     pub service: String,
+    /// Caller user when no user file is given.
+    pub caller: String,
+    /// STIR/SHAKEN: the key INVITEs are signed with (an Identity header naming the caller's
+    /// and callee's numbers, attestation A), when given.
+    pub identity: Option<Arc<sipsec_identity::SigningKey>>,
     /// Milliseconds a call stays established before the UAC hangs up.
     pub hold_ms: u64,
     /// Seconds asked for in a REGISTER's Expires.

@@ -707,7 +707,7 @@ impl Ua {
         self.cfg
             .users
             .get(user)
-            .map_or("sipsec", |u| u.username.as_str())
+            .map_or(self.cfg.caller.as_str(), |u| u.username.as_str())
     }
 
     /// 16 random bytes.

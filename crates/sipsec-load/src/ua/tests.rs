@@ -22,6 +22,8 @@ pub(super) fn config(scenario: Scenario, users: Users) -> UaConfig {
         domain: "example.test".into(),
         users: Arc::new(users),
         service: "service".into(),
+        caller: "sipsec".into(),
+        identity: None,
         hold_ms: 0,
         expires: 600,
         register_contact: None,

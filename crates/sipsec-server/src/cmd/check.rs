@@ -22,6 +22,8 @@ pub fn serve(path: Option<&Path>) -> Result<String> {
     // What start-up builds from the file before it binds anything.
     crate::serve::reload::tls(&cfg)?;
     crate::serve::start_proxychain(&cfg)?;
+    crate::serve::start_signing(&cfg)?;
+    crate::serve::fetch_settings(&cfg)?;
     let mut out = header(path);
     for l in &cfg.listen {
         let _ = writeln!(out, "listen {l}");
@@ -34,6 +36,26 @@ pub fn serve(path: Option<&Path>) -> Result<String> {
     let _ = writeln!(out, "database {}", redacted(&cfg.database_url));
     if let Some(c) = &cfg.cluster {
         let _ = writeln!(out, "cluster node {} at {}", c.node, c.advertise);
+    }
+    if let Some(sign) = &cfg.identity.sign {
+        let _ = writeln!(
+            out,
+            "identity signs with {} for {}",
+            sign.key.display(),
+            sign.x5u
+        );
+    }
+    if let Some(v) = &cfg.identity.verify {
+        let _ = writeln!(
+            out,
+            "identity verifies against {}, fetching from {}",
+            v.roots.display(),
+            if v.fetch_allow.is_empty() {
+                "nowhere".to_string()
+            } else {
+                v.fetch_allow.join(", ")
+            }
+        );
     }
     if cfg.mode == crate::config::Mode::Dispatcher {
         let nodes: Vec<&str> = cfg

@@ -5,12 +5,14 @@
 //! start instead of being silently ignored.
 
 mod cluster;
+mod identity;
 mod nat;
 mod routing;
 mod websocket;
 
 pub use cluster::ClusterConfig;
 use cluster::RawCluster;
+pub use identity::{IdentityConfig, Policy as IdentityPolicy, SignConfig, VerifyConfig};
 use nat::RawNat;
 pub use nat::{NatConfig, NatMode, NatPing};
 use routing::RawRouting;
@@ -723,6 +725,7 @@ struct RawConfig {
     flood: RawFlood,
     cluster: RawCluster,
     websocket: websocket::RawWebSocket,
+    identity: identity::RawIdentity,
 }
 
 /// Registrar limits (`[registrar]`).
@@ -801,6 +804,8 @@ pub struct Config {
     pub flood: FloodConfig,
     /// Sharing registrations with other nodes through PostgreSQL (`[cluster]`), if on.
     pub cluster: Option<ClusterConfig>,
+    /// STIR/SHAKEN: signing our callers' INVITEs, verifying others' (`[identity]`).
+    pub identity: IdentityConfig,
     /// Where Prometheus metrics are served (`[metrics] listen`), if anywhere.
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// The Unix socket `sipsec ctl` talks to (`[control] socket`), if any.
@@ -835,6 +840,15 @@ impl Config {
         }
         if let Some(s) = cfg.control_socket.as_mut() {
             *s = base.join(&*s);
+        }
+        if let Some(sign) = cfg.identity.sign.as_mut() {
+            sign.key = base.join(&sign.key);
+        }
+        if let Some(verify) = cfg.identity.verify.as_mut() {
+            verify.roots = base.join(&verify.roots);
+            if let Some(ca) = verify.fetch_ca.as_mut() {
+                *ca = base.join(&*ca);
+            }
         }
         Ok(cfg)
     }
@@ -887,6 +901,8 @@ impl Config {
             ("cluster", a.cluster != b.cluster),
             ("metrics.listen", a.metrics_listen != b.metrics_listen),
             ("control.socket", a.control_socket != b.control_socket),
+            // The signing key, the roots and the fetcher are set up once, at start.
+            ("identity", a.identity != b.identity),
             (
                 "registrar.durable",
                 a.registrar.durable != b.registrar.durable,
@@ -1019,6 +1035,7 @@ impl Config {
         }
         let overload = raw.overload.validate()?;
         let flood = raw.flood.validate(&auth.scope.trusted)?;
+        let identity = raw.identity.validate()?;
         let reg = raw.registrar;
         if reg.min_expires > reg.max_expires {
             bail!("registrar.min_expires: must not exceed registrar.max_expires");
@@ -1117,6 +1134,7 @@ impl Config {
             nat,
             flood,
             cluster,
+            identity,
         })
     }
 }

@@ -108,8 +108,13 @@ impl Gate {
     ) -> Passage {
         let ip = source.addr.ip();
         // Unchallenged: a trusted source is vouched for, a method not challenged is not.
-        let unchallenged =
-            |trusted: bool| Passage::Pass(if trusted { Vouched::Yes } else { Vouched::No });
+        let unchallenged = |trusted: bool| {
+            Passage::Pass(if trusted {
+                Vouched::Source
+            } else {
+                Vouched::No
+            })
+        };
         let verdict = if let Some(pc) = self.proxychain.as_mut() {
             if pc.exempt(msg, ip) {
                 return unchallenged(pc.trusts(ip));
@@ -129,7 +134,7 @@ impl Gate {
             fetches.append(&mut digest.fetches);
             v
         } else {
-            return Passage::Pass(Vouched::Yes);
+            return Passage::Pass(Vouched::Source);
         };
         let verdict = match verdict {
             Verdict::Wait { user } if !self.rerunning && self.park(&user, source, msg, stats) => {
@@ -147,7 +152,7 @@ impl Gate {
         } = verdict
         else {
             inc(&stats.auth_passed);
-            return Passage::Pass(Vouched::Yes);
+            return Passage::Pass(Vouched::User);
         };
         inc(match why {
             Why::NoCredentials => &stats.auth_challenged,

@@ -23,7 +23,7 @@
 //! - `Engine::handle_oversize`: the start of a stream message over `max_message_size`;
 //! - [`Engine::handle_mail`]: [`Mail`] from another worker (a handed-off message, a binding
 //!   change, a route's destination found down or up), from the store (commits), from a
-//!   credential fetcher or from DNS (an answer is in);
+//!   credential fetcher, from DNS or from the certificate fetcher (an answer is in);
 //! - [`Engine::handle_saved`]: what [`Mail::Saved`] carries (the store's commits), for a
 //!   driver that has it without mail;
 //! - [`Engine::handle_transport_error`]: a request the driver could not deliver;
@@ -37,7 +37,8 @@
 //! batch of them) and then clears: messages to send, mail for other workers, binding changes
 //! for the other workers and the store (before any message of the same batch leaves: a 200 OK
 //! to REGISTER must not overtake its binding), calls whose per-call connections may close,
-//! credentials to fetch, names to look up in DNS, and the domains TLS destinations must prove
+//! credentials to fetch, names to look up in DNS, STIR/SHAKEN certificates to fetch, and the
+//! domains TLS destinations must prove
 //! (before any connection to them is opened).
 //!
 //! Timers: after any input, [`Engine::poll_timeout`] may have moved; the driver must call
@@ -55,6 +56,8 @@
 //! and the state a concern owns is its own type there (`gate::Gate`, `durable::Durable`,
 //! `locate::Locator`, `overload::Overload`, `probe::Prober`):
 //! - `gate`: the auth gate (digest or Proxychain, and requests parked for credentials);
+//! - `identity`: STIR/SHAKEN: the Identity header our callers' INVITEs leave with, and the
+//!   verification of those that arrive with one (INVITEs waiting for certificates);
 //! - `relay`: who may be forwarded where (and the dialog tokens in our Record-Route);
 //! - `routing`: what a request needs (answer, register, redirect, forward), and the Route walk;
 //! - `locate`: where its next hop is (DNS answers, requests waiting for them, destinations
@@ -75,6 +78,8 @@ mod durable;
 mod failover;
 mod flow;
 mod gate;
+mod identity;
+pub use identity::{Fetched, ReplayTable};
 mod keepalive;
 mod locate;
 mod overload;
@@ -156,6 +161,13 @@ pub enum Mail {
         /// What DNS answered, or why it did not.
         resolution: Arc<crate::dns::Resolution>,
     },
+    /// A STIR/SHAKEN certificate fetch ended: INVITEs waiting for it are verified now.
+    Certificate {
+        /// The `x5u` URL fetched.
+        url: Arc<str>,
+        /// The certificate, checked, or why not; and how long to keep it.
+        fetched: Arc<Fetched>,
+    },
 }
 
 /// What the engine asks its driver to do: five kinds of output (see the module doc for the
@@ -180,6 +192,9 @@ pub struct Effects {
     /// TLS destinations located from a domain, which their certificates must name (RFC 5922):
     /// the driver checks connections it opens to them against it.
     pub(crate) tls_names: Vec<(SocketAddr, Arc<str>)>,
+    /// STIR/SHAKEN certificates to fetch (`x5u` URLs): the answers come back as
+    /// [`Mail::Certificate`].
+    pub cert_fetches: Vec<Arc<str>>,
 }
 
 impl Effects {
@@ -192,6 +207,7 @@ impl Effects {
             && self.fetches.is_empty()
             && self.lookups.is_empty()
             && self.tls_names.is_empty()
+            && self.cert_fetches.is_empty()
     }
 }
 
@@ -315,6 +331,8 @@ struct Forward {
     /// the last of its values to remove ends.
     pop_route: SmallVec<[(HeaderField, usize); 2]>,
     record_route: bool,
+    /// The Identity header every branch carries (STIR/SHAKEN signing, see `identity`).
+    identity: Option<Arc<str>>,
 }
 
 /// The most bindings `sipsec ctl bindings` lists.
@@ -372,6 +390,10 @@ pub struct Engine {
     log: LogLimiter,
     /// The auth gate: the authenticator and the requests waiting for credentials (`gate`).
     gate: gate::Gate,
+    /// STIR/SHAKEN's authentication service, when `[identity] sign` is on (`identity`).
+    signing: Option<identity::Signing>,
+    /// STIR/SHAKEN's verification service, when `[identity] verify` is on (`identity`).
+    verifying: Option<identity::Verifying>,
     /// Binding changes handed to the store and the answers waiting for it (`durable`).
     durable: durable::Durable,
     /// Overload control: what this worker admits, tells neighbours and was told by next hops.
@@ -460,6 +482,8 @@ impl Engine {
             stats,
             log: LogLimiter::new(10),
             gate: gate::Gate::new(),
+            signing: None,
+            verifying: None,
             durable: durable::Durable::default(),
             overload: overload::Overload::new(),
             locator: locate::Locator::default(),
@@ -590,6 +614,10 @@ impl Engine {
             Mail::HoldDown { peer, until } => self.locator.hold_until(peer, until, false),
             Mail::Resolved { query, resolution } => {
                 self.locate_resolved(now, query, resolution, fx);
+                self.drain_outputs(now, fx);
+            }
+            Mail::Certificate { url, fetched } => {
+                self.identity_certificate(now, url, fetched, fx);
                 self.drain_outputs(now, fx);
             }
         }
@@ -785,6 +813,21 @@ impl Engine {
         } else {
             Vouched::No
         };
+        if from_ok && method == Method::Invite && to_tag == Some(None) && self.identity_verifies() {
+            match self.identity_verify(now, source, msg, (vouched, None), fx) {
+                identity::Verified::Stop => return,
+                identity::Verified::Go(None) => {}
+                identity::Verified::Go(Some(marked)) => {
+                    // Routed as marked with its verstat (as it came, should the mark not parse).
+                    if let Ok(marked) = Message::parse(&marked) {
+                        if let Some(facts) = RequestFacts::of(&marked) {
+                            self.route_request(now, source, &marked, (facts, vouched), None, fx);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
         match facts {
             Some(facts) => self.route_request(now, source, msg, (facts, vouched), None, fx),
             None if method != Method::Ack => {
@@ -887,7 +930,10 @@ impl Engine {
                     self.reply(now, ReplyTo::Sender(source), msg, &answer, fx);
                 }
             }
-            Decision::Forward(forward) => {
+            Decision::Forward(mut forward) => {
+                if !in_dialog {
+                    forward.identity = self.identity_sign(now, msg, vouched);
+                }
                 // What a next hop's feedback may refuse: what local admission may shed.
                 let new_work =
                     self.overload_sheddable(msg) && !self.overload_in_our_dialog(msg, in_dialog);

@@ -44,6 +44,8 @@ pub(super) struct BranchPlan {
     pub(crate) flow_back: Option<Arc<str>>,
     /// A forwarded REGISTER's flow token, for the Path we add (see `flow`).
     pub(crate) path: Option<Arc<str>>,
+    /// The Identity header we add (STIR/SHAKEN signing, see `identity`).
+    pub(crate) identity: Option<Arc<str>>,
 }
 
 /// One target of a request being forwarded: the destination chosen, our side that reaches
@@ -102,6 +104,7 @@ impl Engine {
             targets,
             pop_route,
             record_route,
+            identity,
         } = forward;
         let record_route = *record_route;
         let method = msg.method();
@@ -242,6 +245,7 @@ impl Engine {
                 route_set: target.route_set.clone(),
                 flow_back: flow_back.clone(),
                 path: path.clone(),
+                identity: identity.clone(),
             };
             let failover = (!rest.is_empty()).then(|| {
                 Box::new(Failover {
@@ -325,6 +329,9 @@ impl Engine {
             }
             if let Some(ruri) = &plan.request_uri {
                 rw.set_request_uri(ruri.as_bytes());
+            }
+            if let Some(identity) = &plan.identity {
+                rw.append_header(b"Identity", identity.as_bytes());
             }
             rw.finish(&mut out);
         }

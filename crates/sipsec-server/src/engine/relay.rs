@@ -74,9 +74,11 @@ pub(super) fn keyed_mac() -> Hmac<Sha256> {
 /// Who vouches for a request the gate let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Vouched {
-    /// Authenticated, from a trusted network, or authentication is off (an open proxy by
-    /// configuration): forwarded wherever routing says.
-    Yes,
+    /// Its caller authenticated (digest or Proxychain): forwarded wherever routing says.
+    User,
+    /// From a trusted network, or authentication is off (an open proxy by configuration):
+    /// forwarded wherever routing says.
+    Source,
     /// Let through unchallenged (its method is not challenged): only to registered contacts,
     /// configured routes, or the hop its dialog token names.
     No,

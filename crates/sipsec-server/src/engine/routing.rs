@@ -172,6 +172,7 @@ impl Engine {
                         }],
                         pop_route,
                         record_route,
+                        identity: None,
                     });
                 }
             }
@@ -237,6 +238,7 @@ impl Engine {
                         targets,
                         pop_route,
                         record_route,
+                        identity: None,
                     });
                 }
                 (_, Some(_)) => {}
@@ -391,6 +393,7 @@ fn forward_located(
             }],
             pop_route,
             record_route,
+            identity: None,
         }),
     }
 }

@@ -11,12 +11,14 @@
 //!   fraction overload control steers by;
 //! - [`fetch`]: credential fetches off the workers' threads, and the user-database fetcher;
 //!   [`authority`]: the Proxychain authority's channel; [`dns`]: DNS lookups (RFC 3263);
+//!   [`certs`]: STIR/SHAKEN certificate fetches (`[identity] verify`);
 //! - [`metrics`]: what `/metrics` exposes (`[metrics] listen`); [`reload`]: SIGHUP and
 //!   `sipsec ctl reload`; [`control`]: the socket `sipsec ctl` talks to (`[control] socket`);
 //! - `cluster`: with `[cluster]`, the other nodes' registrations in, and the heartbeat.
 
 pub mod authority;
 pub mod busy;
+pub mod certs;
 pub(crate) mod cluster;
 pub(crate) mod coalesce;
 pub mod connections;
@@ -183,6 +185,13 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
     }
     let auth = start_auth(&cfg, &runtime)?;
     let proxychain = start_proxychain(&cfg)?;
+    let signing = start_signing(&cfg)?;
+    if let Some(sign) = &cfg.identity.sign {
+        tracing::info!(
+            "STIR/SHAKEN: signing our callers' INVITEs (certificate at {})",
+            sign.x5u
+        );
+    }
 
     let signals = crate::signals::Signals::install()?;
     let control = match &cfg.control_socket {
@@ -208,12 +217,20 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
         _ => None,
     };
     let resolver = dns::spawn(&runtime, dns::settings(&cfg), senders.clone());
+    let verifying = fetch_settings(&cfg)?.map(|(settings, entries)| {
+        (
+            certs::spawn(&runtime, settings, senders.clone()),
+            Arc::new(crate::engine::ReplayTable::new(entries)),
+        )
+    });
     let common = Common {
         cfg: &cfg,
         tls_server: &tls_server,
         tls_client: &tls_client,
         digest: &auth,
         proxychain: proxychain.as_ref().map(|(shared, _)| shared),
+        signing: &signing,
+        verifying: &verifying,
         loaded: &loaded,
         epoch_unix_ms,
         started,
@@ -352,6 +369,92 @@ pub fn run(mut cfg: Config, path: Option<std::path::PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// STIR/SHAKEN's signing key (`[identity] sign`), loaded once for every worker, and the
+/// `origid` this server signs with (a UUID made at start).
+pub(crate) fn start_signing(
+    cfg: &Config,
+) -> Result<Option<(Arc<sipsec_identity::SigningKey>, Arc<str>)>> {
+    let Some(sign) = &cfg.identity.sign else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(&sign.key)
+        .with_context(|| format!("identity.key: cannot read {}", sign.key.display()))?;
+    let key = sipsec_identity::SigningKey::from_pem(&pem, &sign.x5u)
+        .with_context(|| format!("identity.key: {}", sign.key.display()))?;
+    Ok(Some((
+        Arc::new(key),
+        sipsec_identity::passport::new_origid().into(),
+    )))
+}
+
+/// STIR/SHAKEN's verification service (`[identity] verify`): the fetcher's settings — the
+/// STI-CA roots, the HTTPS client (the system's CAs and `fetch_ca`), the allow-list and the
+/// limits — and how many tokens the replay table holds.
+pub(crate) fn fetch_settings(cfg: &Config) -> Result<Option<(certs::FetchSettings, usize)>> {
+    let Some(v) = &cfg.identity.verify else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(&v.roots)
+        .with_context(|| format!("identity.roots: cannot read {}", v.roots.display()))?;
+    let roots = sipsec_identity::Roots::from_pem(&pem)
+        .with_context(|| format!("identity.roots: {}", v.roots.display()))?;
+    let allow = sipsec_identity::fetch::Allow::new(&v.fetch_allow)
+        .map_err(|e| anyhow::anyhow!("identity.fetch_allow: {e}"))?;
+    let mut store = rustls::RootCertStore::empty();
+    // The system's CAs, where Debian keeps them: x5u URLs are public HTTPS servers.
+    let system = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
+    let mut files: Vec<&std::path::Path> = Vec::new();
+    if system.exists() {
+        files.push(system);
+    }
+    if let Some(ca) = &v.fetch_ca {
+        files.push(ca);
+    }
+    for file in files {
+        use rustls::pki_types::pem::PemObject;
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(file)
+            .with_context(|| format!("identity.fetch_ca: cannot read {}", file.display()))?;
+        for cert in certs.flatten() {
+            // A CA the TLS library cannot use is skipped, as browsers skip it.
+            let _ = store.add(cert);
+        }
+    }
+    if store.is_empty() {
+        bail!(
+            "identity.verify: no CA to check certificate servers with (no {} and no \
+             identity.fetch_ca)",
+            system.display()
+        );
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS for certificate fetches")?
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    if allow.is_empty() {
+        tracing::warn!(
+            "identity.verify with an empty identity.fetch_allow: no certificate can be \
+             fetched, so every Identity fails (436)"
+        );
+    }
+    Ok(Some((
+        certs::FetchSettings {
+            allow,
+            roots: Arc::new(roots),
+            tls: Arc::new(tls),
+            timeout: Duration::from_millis(v.fetch_timeout_ms),
+            max_bytes: v.fetch_max_bytes,
+            concurrency: v.fetch_concurrency,
+            default_ttl_s: v.cert_ttl_s,
+            max_ttl_s: v.cert_max_ttl_s,
+            failure_ttl_s: v.cert_failure_ttl_s,
+        },
+        v.replay_entries,
+    )))
+}
+
 /// Logs the counters SIGUSR1 asked for (`counters; name=value ...`, the line `sipsec bench`
 /// reads). Never inlined, so that `valgrind --tool=callgrind --dump-before=*report_counters*`
 /// (`bench --instructions`) can cut the server's instruction count at each report, without
@@ -368,6 +471,8 @@ struct Common<'a> {
     tls_client: &'a Option<sipsec_transport::tls::ClientTls>,
     digest: &'a Option<Arc<crate::auth::digest::DigestShared>>,
     proxychain: Option<&'a Arc<crate::auth::proxychain::PcShared>>,
+    signing: &'a Option<(Arc<sipsec_identity::SigningKey>, Arc<str>)>,
+    verifying: &'a Option<(certs::CertHandle, Arc<crate::engine::ReplayTable>)>,
     loaded: &'a store::Loaded,
     epoch_unix_ms: u64,
     started: Instant,
@@ -422,6 +527,12 @@ impl Common<'_> {
         if let Some(shared) = self.proxychain {
             engine.enable_proxychain(shared.clone());
         }
+        if let Some((key, origid)) = self.signing {
+            engine.enable_identity(key.clone(), origid.clone());
+        }
+        if let Some((_, replays)) = self.verifying {
+            engine.enable_verify(replays.clone());
+        }
         for aor in &self.loaded.known_aors {
             engine.know_aor(aor);
         }
@@ -442,6 +553,7 @@ impl Common<'_> {
             store: Some(self.store.clone()),
             fetcher: self.fetcher.clone(),
             resolver: Some(self.resolver.clone()),
+            certs: self.verifying.as_ref().map(|(handle, _)| handle.clone()),
             coalescer: coalesce::Coalescer::new(Duration::from_micros(cfg.max_batch_delay_us)),
             flood: crate::flood::Flood::new(&cfg.flood, 0),
             shutdown: self.shutdown.clone(),

@@ -15,7 +15,8 @@
 //! 5. everything the engine asked for ([`Effects`]): binding changes posted to the other
 //!    workers (without waking them: step 2 takes them first) and the store before any answer
 //!    leaves, datagrams with one `sendmmsg` per
-//!    socket, one write per connection, mail, credential fetches, DNS lookups.
+//!    socket, one write per connection, mail, credential fetches, DNS lookups, certificate
+//!    fetches.
 //!
 //! A busy worker does not sleep between passes, and no pass makes a system call that can
 //! only answer "nothing". Under load it also lets datagrams accumulate briefly after waking
@@ -59,6 +60,8 @@ pub(crate) struct Parts {
     pub(crate) fetcher: Option<FetchHandle>,
     /// Where names to locate by DNS go.
     pub(crate) resolver: Option<super::dns::LookupHandle>,
+    /// Where STIR/SHAKEN certificates to fetch go (`[identity] verify`).
+    pub(crate) certs: Option<super::certs::CertHandle>,
     pub(crate) coalescer: Coalescer,
     /// The worker's own flood limits.
     pub(crate) flood: Flood,
@@ -81,6 +84,7 @@ pub(crate) struct Worker {
     store: Option<StoreHandle>,
     fetcher: Option<FetchHandle>,
     resolver: Option<super::dns::LookupHandle>,
+    certs: Option<super::certs::CertHandle>,
     coalescer: Coalescer,
     flood: Flood,
     shutdown: Arc<AtomicBool>,
@@ -114,6 +118,7 @@ impl Worker {
             store: p.store,
             fetcher: p.fetcher,
             resolver: p.resolver,
+            certs: p.certs,
             coalescer: p.coalescer,
             flood: p.flood,
             shutdown: p.shutdown,
@@ -476,6 +481,11 @@ impl Worker {
         for query in fx.lookups.drain(..) {
             if let Some(resolver) = &self.resolver {
                 resolver.lookup(query, self.index);
+            }
+        }
+        for url in fx.cert_fetches.drain(..) {
+            if let Some(certs) = &self.certs {
+                certs.fetch(url, self.index);
             }
         }
     }

@@ -62,6 +62,25 @@ pub(crate) fn scenario(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// True when `command version_arg` runs here (Debian `package`). Under CI a missing one is a
+/// failure, not a skip.
+pub(crate) fn have_tool(command: &str, version_arg: &str, package: &str) -> bool {
+    let ok = Command::new(command)
+        .arg(version_arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{command} (Debian package {package}) is required under CI"
+        );
+        eprintln!("skipped: {command} is not installed (apt-get install {package})");
+    }
+    ok
+}
+
 /// True when SIPp can run here. Under CI a missing SIPp is a failure, not a skip.
 pub(crate) fn have_sipp() -> bool {
     let ok = Command::new("sipp")

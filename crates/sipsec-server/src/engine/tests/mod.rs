@@ -6,6 +6,7 @@ use crate::config::Config;
 use sipsec_transport::net::transport::{Peer, Transport};
 
 mod dispatcher;
+mod identity;
 mod nat;
 mod overload;
 mod registrar;
@@ -45,6 +46,26 @@ impl Sent {
     fn method(&self) -> Method {
         self.msg().method()
     }
+}
+
+/// `aor` registered at `contact`, reached at `target` (UDP), as the store would load it.
+fn preload_binding(e: &mut Engine, aor: &str, contact: &str, target: &str) {
+    e.preload(&BindingChange::Upsert {
+        aor: aor.into(),
+        binding: crate::location::Binding {
+            contact: contact.into(),
+            target: Peer::udp(addr(target)),
+            expires_at: 2_000_000_000,
+            q: None,
+            call_id: "reg".into(),
+            cseq: 1,
+            received: None,
+            outbound: None,
+            path: None,
+            node: None,
+            via: None,
+        },
+    });
 }
 
 fn deliver(e: &mut Engine, now: Millis, from: &str, text: &str) -> (Vec<Sent>, Effects) {

@@ -42,22 +42,7 @@ fn digest_engine(extra: &str) -> Engine {
 
 /// Bob registered at BOB1.
 fn with_bob(e: &mut Engine) {
-    e.preload(&BindingChange::Upsert {
-        aor: "bob@example.test".into(),
-        binding: crate::location::Binding {
-            contact: format!("sip:bob@{BOB1}").into(),
-            target: Peer::udp(addr(BOB1)),
-            expires_at: 2_000_000_000,
-            q: None,
-            call_id: "reg".into(),
-            cseq: 1,
-            received: None,
-            outbound: None,
-            path: None,
-            node: None,
-            via: None,
-        },
-    });
+    preload_binding(e, "bob@example.test", &format!("sip:bob@{BOB1}"), BOB1);
 }
 
 /// A MESSAGE (not challenged by default) to `ruri`, with `extra` header lines, from `from`.
