@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{have_tool, ports, Endpoint, Server};
+use common::{have_tool, load, n, ports, Endpoint, Server};
 use sipsec_identity::{cert, header, passport, sti, Attest, Claims, Roots, Signer, SigningKey};
 use std::path::Path;
 use std::process::Command;
@@ -642,6 +642,62 @@ fn marking_policy_passes_failures_marked_and_strips_forged_marks() {
         "{stripped}"
     );
     server.stop();
+}
+
+#[test]
+fn calls_sipsec_load_signs_all_verify_through_a_verifying_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let certs = CertServer::start(dir.path(), Vec::new());
+    let port = ports(30900);
+    let uas = format!("127.0.0.3:{}", port + 1);
+    let config = format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
+         [routing]\ndefault_route = \"sip:{uas}\"\n[database]\nurl = \"sqlite://{}\"\n\
+         [identity]\nverify = true\nroots = \"{}\"\nfetch_allow = [\"127.0.0.1\"]\n\
+         fetch_ca = \"ca.pem\"\npolicy = \"reject\"\n",
+        dir.path().join("load.db").display(),
+        sti::STI_CA
+    );
+    let server = Server::start_logged(dir.path(), &config);
+    let key = dir.path().join(sti::SHAKEN_KEY);
+    let x5u = certs.url("/shaken.pem");
+    let run = load(
+        dir.path(),
+        &[
+            &format!("127.0.0.1:{port}"),
+            "--role",
+            "both",
+            "--uas",
+            &uas,
+            "--rate",
+            "100",
+            "--calls",
+            "200",
+            "--caller",
+            "+15551234567",
+            "--service",
+            "+15557654321",
+            "--identity-key",
+            key.to_str().unwrap(),
+            "--x5u",
+            &x5u,
+        ],
+    );
+    assert_eq!(
+        (run.0, n(&run.1, "succeeded")),
+        (0, 200),
+        "{}\n{}",
+        run.2,
+        run.1
+    );
+    let counters = server.stop_counters();
+    assert_eq!(counters.get("identity_verified"), 200);
+    assert_eq!(counters.get("identity_failed"), 0);
+    // One fetch per worker at most (each asks until the first answer reaches it), and the
+    // certificate server saw no more.
+    assert!(counters.get("identity_fetches") <= 2);
+    assert!((1..=2).contains(&certs.fetches()), "{}", certs.fetches());
 }
 
 fn base64_url(text: &str) -> String {
