@@ -455,10 +455,10 @@ impl Engine {
             return Verified::Go(with_verstat(msg, None));
         };
         let outcome = match self.identity_check(now, msg, value) {
-            Ok(Some(())) => Ok(()),
-            Ok(None) => {
+            Ok(None) => Ok(()),
+            Ok(Some(url)) => {
                 // The certificate is to be fetched: wait for it.
-                return self.identity_park(now, source, msg, (vouched, server), fx);
+                return self.identity_park(now, source, msg, url, (vouched, server), fx);
             }
             Err(f) => Err(f),
         };
@@ -484,7 +484,7 @@ impl Engine {
         }
     }
 
-    /// The checks: `Ok(Some(()))` verified, `Ok(None)` when the certificate must be fetched
+    /// The checks: `Ok(None)` verified, `Ok(Some(x5u))` when the certificate must be fetched
     /// first (every check that needs none has passed), or why it failed. Cheap checks come
     /// first, so a token that cannot pass never costs a fetch.
     fn identity_check(
@@ -492,7 +492,7 @@ impl Engine {
         now: Millis,
         msg: &Message<'_>,
         value: &[u8],
-    ) -> Result<Option<()>, Failure> {
+    ) -> Result<Option<Arc<str>>, Failure> {
         let now_s = self.unix_ms(now) / 1000;
         let v = self.verifying.as_mut().expect("verification is on");
         let text = std::str::from_utf8(value)
@@ -522,13 +522,13 @@ impl Engine {
             Some(Cert::Failed { error, until }) if *until >= now => {
                 return Err(error.clone().into());
             }
-            Some(Cert::Asked) => return Ok(None),
+            Some(Cert::Asked) => return Ok(Some(url.into())),
             _ => {
                 // Not had, or expired: fetch it, if the allow-list lets us.
                 if let Err(e) = v.allow.target(url) {
                     return Err(e.into());
                 }
-                return Ok(None);
+                return Ok(Some(url.into()));
             }
         };
         signer.authorises(orig.as_deref().unwrap_or_default())?;
@@ -541,36 +541,31 @@ impl Engine {
             inc(&self.stats.identity_replayed);
             return Err(e.into());
         }
-        Ok(Some(()))
+        Ok(None)
     }
 
-    /// Parks an INVITE until its certificate comes, asking for it unless asked already.
+    /// Parks an INVITE until the certificate at `url` comes, asking for it unless asked
+    /// already.
     fn identity_park(
         &mut self,
         now: Millis,
         source: Peer,
         msg: &Message<'_>,
+        url: Arc<str>,
         (vouched, server): (Vouched, Option<TxId>),
         fx: &mut Effects,
     ) -> Verified {
-        // The URL again: decoding was checked just before.
-        let url: Option<Arc<str>> = msg
-            .other_header(b"Identity")
-            .or_else(|| msg.other_header(b"y"))
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|t| header::decode(t).ok())
-            .map(|t| t.x5u.into());
         let full = self
             .verifying
             .as_ref()
             .is_none_or(|v| v.waiting_total >= MAX_WAITING);
-        let Some(url) = url.filter(|_| !full) else {
+        if full {
             inc(&self.stats.overload_rejected);
             let busy = Answer::new(503, "Service Unavailable").with_headers("Retry-After: 5\r\n");
             let to = server.map_or(ReplyTo::Sender(source), ReplyTo::Transaction);
             self.reply(now, to, msg, &busy, fx);
             return Verified::Stop;
-        };
+        }
         let server = match server {
             Some(id) => Some(id),
             None if self.cfg.stateful => Some(self.proxy_open_server(now, source, msg)),
