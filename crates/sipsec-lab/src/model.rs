@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 /// The building blocks, in the order units are reported.
-pub(crate) const BLOCKS: [&str; 19] = [
+pub(crate) const BLOCKS: [&str; 22] = [
     "datagram",
     "message forwarded",
     "request forwarded statefully",
@@ -53,6 +53,9 @@ pub(crate) const BLOCKS: [&str; 19] = [
     "registration written",
     "WebSocket message",
     "WebSocket upgrade",
+    "PASSporT signed",
+    "PASSporT verified",
+    "certificate fetch",
     "wake-up",
 ];
 const N: usize = BLOCKS.len();
@@ -111,6 +114,9 @@ pub(crate) const WAKE_TERMS: [&str; W] = [
     BLOCKS[15],
     BLOCKS[16],
     BLOCKS[17],
+    BLOCKS[18],
+    BLOCKS[19],
+    BLOCKS[20],
     "operation (its timers)",
     "second (1 / rate)",
 ];
@@ -177,7 +183,10 @@ fn handshakes(r: &Record, kind: &str) -> (f64, f64) {
 /// of the Proxychain authority: the server's side of it, not the round trip's wait. A
 /// request forwarded by a `stateful` proxy is counted again as one forwarded statefully: the
 /// transaction it opens (matching, timers, the answers it absorbs), which a stateless proxy
-/// does not pay.
+/// does not pay. STIR/SHAKEN: a PASSporT signed (an ES256 signature and the Identity header
+/// written), one verified (whether it passed or failed: the checks and the signature's
+/// verification), and a certificate fetched (the HTTPS request, its TLS handshake, and the
+/// chain's validation against the STI-CA roots).
 pub fn counts(r: &Record, stateful: bool) -> [f64; N] {
     let messages = r.per_op("requests_in") + r.per_op("responses_in");
     let stream = r.per_op("stream_messages_in");
@@ -210,6 +219,9 @@ pub fn counts(r: &Record, stateful: bool) -> [f64; N] {
         r.per_op("registrations"),
         r.per_op("websocket_messages_in"),
         r.per_op("websocket_upgrades"),
+        r.per_op("identity_signed"),
+        r.per_op("identity_verified") + r.per_op("identity_failed"),
+        r.per_op("identity_fetches"),
         r.wakeups,
     ]
 }

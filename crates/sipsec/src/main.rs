@@ -66,6 +66,9 @@ enum Command {
     Authd(authd::AuthdArgs),
     /// Lab helper: a TCP relay that adds a fixed round-trip time (the proxy-authority WAN).
     DelayRelay(bench::relay::RelayArgs),
+    /// Lab helper: an HTTPS server of one directory's files (STIR/SHAKEN signing certificates
+    /// for verifiers to fetch from a token's x5u), each answer cacheable for --max-age-s.
+    CertServer(bench::certserver::CertServerArgs),
     /// Print a shell completion script for sipsec (e.g. `sipsec completions bash >
     /// /usr/share/bash-completion/completions/sipsec`).
     Completions {
@@ -150,6 +153,7 @@ fn main() -> ExitCode {
         }
         Command::Man { out } => man(out.as_deref()),
         Command::DelayRelay(args) => bench::relay::run(args),
+        Command::CertServer(args) => bench::certserver::run(args),
         Command::Users(args) => users::run(args),
         Command::HoldConnections(a) => bench::idle::hold(&a),
         Command::Ctl(args) => {

@@ -7,7 +7,9 @@
 //! generator pinned to another) and any external server given by PID (Kamailio), so the two
 //! figures come from the same load and the same arithmetic.
 
+pub mod certserver;
 pub mod cpu;
+pub mod identity;
 pub mod idle;
 pub mod modes;
 pub mod peak;
@@ -197,6 +199,12 @@ pub struct BenchArgs {
     /// `callgrind_annotate` (which functions the instructions per operation went to).
     #[arg(long, requires = "instructions")]
     pub callgrind_out: Option<PathBuf>,
+    /// With the default config: STIR/SHAKEN in the server — `sign` every call's INVITE,
+    /// `verify` the INVITEs the load signs with the certificate fetched once and cached, or
+    /// `verify-fetch` with a fetch per call (from a `sipsec cert-server` started here, beside
+    /// the load, its CPU reported as a peer's). Calls go between two telephone numbers.
+    #[arg(long, value_enum, default_value = "off", conflicts_with_all = ["config", "server_pid"])]
+    pub identity: identity::IdentityMode,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -779,6 +787,10 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             );
         }
     }
+    if a.identity != identity::IdentityMode::Off && (a.config.is_some() || !a.server_pid.is_empty())
+    {
+        bail!("--identity configures a server started here, without --config or --server-pid");
+    }
     let cpus = cpu::cpu_count();
     if a.server_cpu >= cpus || a.load_cpu >= cpus {
         bail!("--server-cpu and --load-cpu must be below {cpus} (the CPUs online)");
@@ -789,12 +801,14 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let tls_dir = match &s.tls_dir {
         Some(d) => d.clone(),
         None => {
-            if s.transport.secure() {
+            // The certificate repository of an identity run serves over TLS too.
+            if s.transport.secure() || a.identity != identity::IdentityMode::Off {
                 modes::make_certs(certs_dir.path(), s.tls_cert_type)?;
             }
             certs_dir.path().to_path_buf()
         }
     };
+    let shaken = identity::Identity::start(a.identity, certs_dir.path(), &tls_dir, a.load_cpu)?;
     let mut started = None;
     let mut peak_configs = None;
     let mut idle_to = None;
@@ -823,7 +837,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             Some(p) => std::path::absolute(p)?,
             None => {
                 let p = dir.path().join("sipsec.toml");
-                std::fs::write(&p, default_config(dir.path(), &a, &tls_dir))?;
+                std::fs::write(&p, default_config(dir.path(), &a, &tls_dir) + &shaken.table)?;
                 p
             }
         };
@@ -894,6 +908,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         });
     }
     s.configure_load(&mut base, &tls_dir);
+    identity::Identity::configure_load(a.identity, certs_dir.path(), &mut base);
     if s.transport.websocket() && a.scenario == BenchScenario::Call {
         // The callee registers one user over one WebSocket flow, and every call is to it
         // through the server's location table: one connection each side, as over TCP and
@@ -977,8 +992,8 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         }
         None => (None, None),
     };
-    let peers = a
-        .peer_pid
+    let peer_pids: Vec<u32> = a.peer_pid.iter().copied().chain(shaken.pid()).collect();
+    let peers = peer_pids
         .iter()
         .flat_map(|&p| cpu::process_tree(p))
         .collect::<Vec<_>>();
@@ -1136,7 +1151,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         peer_cpu_us_per_op: per_op(peers1.since(peers0).total_s()),
         measured_s,
         server_pids: pids,
-        peer_pids: a.peer_pid.clone(),
+        peer_pids,
         peak_per_s: peak_search.as_ref().and_then(|s| s.peak_per_s),
         load: summary,
         peak_search,
