@@ -9,10 +9,10 @@ use plotters::prelude::*;
 
 /// Colours by index: the model's blocks (one colour each, the wake-up last in grey), then
 /// lines of a multi-series chart.
-pub(crate) const PALETTE: [RGBColor; 22] = rgb([
+pub(crate) const PALETTE: [RGBColor; 19] = rgb([
     0x1f77b4, 0x6baed6, 0x08519c, 0x3182bd, 0xff7f0e, 0x2ca02c, 0xd62728, 0x9467bd, 0x8c564b,
     0xe377c2, 0x7f7f7f, 0xbcbd22, 0x17becf, 0xffd700, 0x393b79, 0xad494a, 0x31a354, 0xfd8d3c,
-    0x843c39, 0x637939, 0xe7969c, 0xc7c7c7,
+    0xc7c7c7,
 ]);
 
 /// Colours from `0xRRGGBB` values.
