@@ -19,7 +19,8 @@ use std::sync::Arc;
 /// `sipsec lab run` options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Suites to run (default: all): seed000, seed001, seed002, seed003, seed004, overload;
+    /// Suites to run (default: all): seed000, seed001, seed002, seed003, seed004, overload,
+    /// identity (STIR/SHAKEN);
     /// and `cluster`, the cluster testbed (root), only when named.
     pub suites: Vec<String>,
     /// Directory for results.jsonl (created if missing).
