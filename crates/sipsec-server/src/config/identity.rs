@@ -103,7 +103,8 @@ pub struct VerifyConfig {
     pub freshness_s: u64,
     /// What a failure does (`policy`).
     pub policy: Policy,
-    /// INVITEs without Identity from sources nobody vouches for are answered 428 (`require`).
+    /// INVITEs without Identity are answered 428, but for authenticated users' and trusted
+    /// networks'; with authentication off, everyone's (`require`).
     pub require: bool,
     /// All of one fetch, ms (`fetch_timeout_ms`).
     pub fetch_timeout_ms: u64,

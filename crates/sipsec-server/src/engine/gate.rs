@@ -134,7 +134,7 @@ impl Gate {
             fetches.append(&mut digest.fetches);
             v
         } else {
-            return Passage::Pass(Vouched::Source);
+            return Passage::Pass(Vouched::Open);
         };
         let verdict = match verdict {
             Verdict::Wait { user } if !self.rerunning && self.park(&user, source, msg, stats) => {

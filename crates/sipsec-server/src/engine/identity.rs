@@ -113,7 +113,7 @@ impl Engine {
                 Some(user) if user == orig => signing.attest,
                 _ => signing.attest.min(Attest::B),
             },
-            Vouched::Source | Vouched::No => signing.attest_trusted,
+            Vouched::Source | Vouched::Open | Vouched::No => signing.attest_trusted,
         };
         let claims = Claims {
             attest,
@@ -443,15 +443,17 @@ impl Engine {
             .other_header(b"Identity")
             .or_else(|| msg.other_header(b"y"))
         else {
-            if require && vouched == Vouched::No {
+            // Exempt: our own authenticated users and trusted networks (whose calls we sign,
+            // not verify). An open proxy's callers are anyone: `require` holds for all.
+            if require && matches!(vouched, Vouched::No | Vouched::Open) {
                 inc(&self.stats.identity_missing);
                 let (code, reason) = sipsec_identity::error::USE_IDENTITY_HEADER;
                 let to = server.map_or(ReplyTo::Sender(source), ReplyTo::Transaction);
                 self.reply(now, to, msg, &Answer::new(code, reason), fx);
                 return Verified::Stop;
             }
-            // A verstat is ours to set: one that came with the request goes (with
-            // authentication off every caller is "trusted", so no source is exempt).
+            // A verstat is ours to set: one that came with the request goes (from any
+            // source: a trusted network's verstat is not ours either).
             return Verified::Go(with_verstat(msg, None));
         };
         let outcome = match self.identity_check(now, msg, value) {

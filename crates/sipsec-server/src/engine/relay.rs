@@ -76,9 +76,13 @@ pub(super) fn keyed_mac() -> Hmac<Sha256> {
 pub(super) enum Vouched {
     /// Its caller authenticated (digest or Proxychain): forwarded wherever routing says.
     User,
-    /// From a trusted network, or authentication is off (an open proxy by configuration):
-    /// forwarded wherever routing says.
+    /// From a trusted network: forwarded wherever routing says.
     Source,
+    /// Authentication is off (an open proxy by configuration): forwarded wherever routing
+    /// says and signed as from a trusted network, but not exempt from a verifier that
+    /// requires Identity — with no one authenticated and no network named, any host is a
+    /// caller.
+    Open,
     /// Let through unchallenged (its method is not challenged): only to registered contacts,
     /// configured routes, or the hop its dialog token names.
     No,
