@@ -2,11 +2,14 @@
 //! the Go library behind Kamailio's `secsipid` module): it verifies the Identity headers
 //! sipsec signs, and sipsec verifies the ones it signs, both with the STI-CA and signing
 //! certificate `sipsec certs --shaken` makes — and the INVITE a signing `sipsec serve`
-//! forwards verifies there. Under CI a missing `secsipidx` is a failure.
+//! forwards verifies there. Kamailio's `secsipid` module (the same library inside a SIP
+//! server, `peers/kamailio/proxy.cfg` with `SHAKEN_SIGN`/`SHAKEN_VERIFY`) is the peer on the
+//! wire both ways: it verifies the calls a signing sipsec forwards, and sipsec verifies the
+//! calls it signs. Under CI a missing `secsipidx` or Kamailio module is a failure.
 
 mod common;
 
-use common::{have_tool, load, n, ports, Endpoint, Server};
+use common::{have_kamailio, have_tool, load, n, ports, Endpoint, Kamailio, Server};
 use sipsec_identity::{cert, header, passport, sti, Attest, Claims, Roots, Signer, SigningKey};
 use std::path::Path;
 use std::process::Command;
@@ -712,4 +715,178 @@ fn base64_url(text: &str) -> String {
         }
     }
     out
+}
+
+/// How many of a `sipsec load` run's calls failed with `status` (e.g. `428`).
+fn failed_with(v: &serde_json::Value, status: &str) -> u64 {
+    v["failures_by_reason"]
+        .as_object()
+        .map(|by| {
+            by.iter()
+                .filter(|(reason, _)| reason.starts_with(status))
+                .filter_map(|(_, n)| n.as_u64())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// `sipsec load` calls from +1 555 123 4567 to +1 555 765 4321 into `target`, answered by its
+/// own callee on `uas`; `extra` adds options (a signing key and x5u).
+fn numbered_calls(
+    dir: &Path,
+    target: &str,
+    uas: &str,
+    calls: u64,
+    extra: &[&str],
+) -> (i32, serde_json::Value, String) {
+    let calls = calls.to_string();
+    let mut args = vec![
+        target,
+        "--role",
+        "both",
+        "--uas",
+        uas,
+        "--rate",
+        "50",
+        "--calls",
+        &calls,
+        "--caller",
+        "+15551234567",
+        "--service",
+        "+15557654321",
+    ];
+    args.extend(extra);
+    load(dir, &args)
+}
+
+/// sipsec signs, Kamailio's `secsipid_check_identity` verifies: calls through a signing
+/// sipsec and then a verifying Kamailio all connect, and the same calls sent to Kamailio
+/// directly (unsigned, or signed with another STI-CA's key) are refused by it — so the
+/// calls that connected were the ones it verified.
+#[test]
+fn kamailio_secsipid_verifies_the_calls_a_signing_sipsec_forwards() {
+    if !have_kamailio(&["secsipid"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    make_certs(d);
+    let other = tempfile::tempdir().unwrap();
+    make_certs(other.path());
+    let port = ports(31000);
+    let (kamailio, uas) = (port + 1, format!("127.0.0.3:{}", port + 2));
+    let config = format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
+         [routing]\ndefault_route = \"sip:127.0.0.1:{kamailio}\"\n[database]\nurl = \"sqlite://{}\"\n\
+         [identity]\nsign = true\nkey = \"{}\"\nx5u = \"{X5U}\"\n",
+        d.join("s.db").display(),
+        sti::SHAKEN_KEY
+    );
+    let server = Server::start_logged(d, &config);
+    let _k = Kamailio::proxy(
+        d,
+        &format!("udp:127.0.0.1:{kamailio}"),
+        &format!("sip:{uas}"),
+        &[format!(
+            "SHAKEN_VERIFY=\"{}\"",
+            d.join(sti::SHAKEN_CERT).display()
+        )],
+    );
+    let log =
+        || std::fs::read_to_string(d.join(format!("kamailio-{kamailio}.log"))).unwrap_or_default();
+    let run = numbered_calls(d, &format!("127.0.0.1:{port}"), &uas, 40, &[]);
+    assert_eq!(
+        (run.0, n(&run.1, "succeeded")),
+        (0, 40),
+        "through sipsec, then Kamailio: {}\n{}\n{}",
+        run.2,
+        run.1,
+        log()
+    );
+    assert_eq!(server.stop_counters().get("identity_signed"), 40);
+
+    let kamailio_target = format!("127.0.0.1:{kamailio}");
+    let unsigned = numbered_calls(d, &kamailio_target, &uas, 10, &[]);
+    assert_eq!(
+        (n(&unsigned.1, "succeeded"), failed_with(&unsigned.1, "428")),
+        (0, 10),
+        "unsigned, straight to Kamailio: {}",
+        unsigned.1
+    );
+    let foreign_key = other.path().join(sti::SHAKEN_KEY);
+    let foreign = numbered_calls(
+        d,
+        &kamailio_target,
+        &uas,
+        10,
+        &[
+            "--identity-key",
+            foreign_key.to_str().unwrap(),
+            "--x5u",
+            X5U,
+        ],
+    );
+    assert_eq!(
+        (n(&foreign.1, "succeeded"), failed_with(&foreign.1, "438")),
+        (0, 10),
+        "signed by another STI-CA's key, straight to Kamailio: {}",
+        foreign.1
+    );
+}
+
+/// Kamailio's `secsipid_add_identity` signs (as its documentation's example does, with the
+/// From user as it stands: `+15551234567`), sipsec verifies — fetching the certificate from
+/// the x5u Kamailio put in the token, checking its chain, the numbers and the signature —
+/// and refuses the same calls when they reach it unsigned.
+#[test]
+fn sipsec_verifies_the_calls_kamailio_secsipid_signs() {
+    if !have_kamailio(&["secsipid"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    make_certs(d);
+    let certs = CertServer::start(d, Vec::new());
+    let port = ports(31100);
+    let (kamailio, uas_addr) = (port + 1, format!("127.0.0.3:{}", port + 2));
+    let config = format!(
+        "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
+         [routing]\ndefault_route = \"sip:{uas_addr}\"\n[database]\nurl = \"sqlite://{}\"\n\
+         [identity]\nverify = true\nroots = \"{}\"\nfetch_allow = [\"127.0.0.1\"]\n\
+         fetch_ca = \"ca.pem\"\npolicy = \"reject\"\nrequire = true\n",
+        d.join("v.db").display(),
+        sti::STI_CA
+    );
+    let server = Server::start_logged(d, &config);
+    let _k = Kamailio::proxy(
+        d,
+        &format!("udp:127.0.0.1:{kamailio}"),
+        &format!("sip:127.0.0.1:{port}"),
+        &[
+            format!("SHAKEN_SIGN=\"{}\"", d.join(sti::SHAKEN_KEY).display()),
+            format!("SHAKEN_X5U=\"{}\"", certs.url("/shaken.pem")),
+        ],
+    );
+    let log =
+        || std::fs::read_to_string(d.join(format!("kamailio-{kamailio}.log"))).unwrap_or_default();
+    let run = numbered_calls(d, &format!("127.0.0.1:{kamailio}"), &uas_addr, 40, &[]);
+    assert_eq!(
+        (run.0, n(&run.1, "succeeded")),
+        (0, 40),
+        "through Kamailio, then sipsec: {}\n{}\n{}\n{}",
+        run.2,
+        run.1,
+        log(),
+        server.log()
+    );
+    let unsigned = numbered_calls(d, &format!("127.0.0.1:{port}"), &uas_addr, 10, &[]);
+    assert_eq!(
+        (n(&unsigned.1, "succeeded"), failed_with(&unsigned.1, "428")),
+        (0, 10),
+        "unsigned, straight to sipsec: {}",
+        unsigned.1
+    );
+    let counters = server.stop_counters();
+    assert_eq!(counters.get("identity_verified"), 40);
+    assert!((1..=2).contains(&certs.fetches()), "{}", certs.fetches());
 }

@@ -8,10 +8,7 @@
 mod common;
 
 use common::*;
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// Kamailio on `tls:127.0.0.1:port` running the reference proxy (`peers/kamailio`), relaying every
 /// initial INVITE to `next_hop`. `mutual`: it demands client certificates and presents its
@@ -40,36 +37,15 @@ ca_list = {}\n{client_cert}",
     );
     let tls_path = dir.join(format!("kamailio-tls-{port}.cfg"));
     std::fs::write(&tls_path, tls_cfg).unwrap();
-    let run = dir.join(format!("kamailio-run-{port}"));
-    std::fs::create_dir_all(&run).unwrap();
-    let log = std::fs::File::create(dir.join(format!("kamailio-{port}.log"))).unwrap();
-    let child = Command::new("kamailio")
-        .args(["-DD", "-E", "-f"])
-        .arg(kamailio_proxy_cfg())
-        .args(["-m", "64", "-M", "16", "-Y"])
-        .arg(&run)
-        .arg("-w")
-        .arg(&run)
-        .args(["-A", "WITH_TLS", "-A"])
-        .arg(format!("TLS_CFG=\"{}\"", tls_path.display()))
-        .arg("-A")
-        .arg(format!("LISTEN=tls:127.0.0.1:{port}"))
-        .arg("-A")
-        .arg(format!("NEXT_HOP=\"{next_hop}\""))
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("start kamailio");
-    let k = Kamailio(child);
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "Kamailio did not listen on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    k
+    Kamailio::proxy(
+        dir,
+        &format!("tls:127.0.0.1:{port}"),
+        next_hop,
+        &[
+            "WITH_TLS".into(),
+            format!("TLS_CFG=\"{}\"", tls_path.display()),
+        ],
+    )
 }
 
 fn sipsec_config(dir: &Path, port: u16, next_hop: &str, client_auth: &str) -> String {

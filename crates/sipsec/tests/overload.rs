@@ -12,8 +12,6 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// A stateful proxy on `port` routing every call to `uas`, whose overload control believes
 /// itself saturated whenever its load is over 2% (a `target` below half load caps the load).
@@ -29,38 +27,6 @@ fn overloaded_config(port: u16, uas: &str, dir: &Path, extra: &str) -> String {
 
 fn failures(v: &Value, reason: &str) -> u64 {
     v["failures_by_reason"][reason].as_u64().unwrap_or(0)
-}
-
-/// Kamailio 5.6 on UDP `port` running the reference proxy (`peers/kamailio`), relaying every initial
-/// INVITE to `next_hop`; stopped on drop.
-fn start_kamailio(dir: &Path, port: u16, next_hop: &str) -> Kamailio {
-    let child = Command::new("kamailio")
-        .args(["-DD", "-E", "-f"])
-        .arg(kamailio_proxy_cfg())
-        .args(["-m", "256", "-M", "32", "-Y"])
-        .arg(dir)
-        .arg("-w")
-        .arg(dir)
-        .arg("-A")
-        .arg(format!("LISTEN=udp:127.0.0.1:{port}"))
-        .arg("-A")
-        .arg(format!("NEXT_HOP=\"{next_hop}\""))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start kamailio");
-    // Ready when its port is taken.
-    let start = Instant::now();
-    while std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "Kamailio did not listen on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // Its children start after the main process binds.
-    std::thread::sleep(Duration::from_millis(500));
-    Kamailio(child)
 }
 
 /// Calls at 1,500/s for 3 s from `target` to the UAS at `uas`: the load's summary.
@@ -93,10 +59,11 @@ fn an_overloaded_server_sheds_new_calls_with_503s_that_kamailio_relays_as_valid_
     let port = ports(29900);
     let (kamailio_port, uas) = (port + 1, format!("127.0.0.3:{}", port + 2));
     let server = Server::start_logged(dir.path(), &overloaded_config(port, &uas, dir.path(), ""));
-    let _k = start_kamailio(
+    let _k = Kamailio::proxy(
         dir.path(),
-        kamailio_port,
+        &format!("udp:127.0.0.1:{kamailio_port}"),
         &format!("sip:127.0.0.1:{port};transport=udp"),
+        &[],
     );
     let v = calls(dir.path(), &format!("127.0.0.1:{kamailio_port}"), &uas, &[]);
     let c = server.stop_counters();

@@ -288,6 +288,64 @@ impl Counters {
 /// A running Kamailio, stopped with SIGTERM (which stops its children too) on drop.
 pub(crate) struct Kamailio(pub Child);
 
+impl Kamailio {
+    /// The reference proxy (`peers/kamailio/proxy.cfg`) on `listen` (`udp:`, `tcp:` or
+    /// `tls:` `127.0.0.1:PORT`), relaying every initial INVITE to `next_hop`, with the
+    /// config's other `-A` options in `defines` (`WITH_TLS`, `SHAKEN_SIGN="key.pem"`, ...).
+    /// Logs to `dir/kamailio-PORT.log`; returns once it listens.
+    pub(crate) fn proxy(dir: &Path, listen: &str, next_hop: &str, defines: &[String]) -> Kamailio {
+        let port: u16 = listen
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("listen is proto:ip:port");
+        let run = dir.join(format!("kamailio-run-{port}"));
+        std::fs::create_dir_all(&run).unwrap();
+        let log_path = dir.join(format!("kamailio-{port}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut command = Command::new("kamailio");
+        command
+            .args(["-DD", "-E", "-f"])
+            .arg(kamailio_proxy_cfg())
+            .args(["-m", "256", "-M", "32", "-Y"])
+            .arg(&run)
+            .arg("-w")
+            .arg(&run)
+            .arg("-A")
+            .arg(format!("LISTEN={listen}"))
+            .arg("-A")
+            .arg(format!("NEXT_HOP=\"{next_hop}\""));
+        for define in defines {
+            command.arg("-A").arg(define);
+        }
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start kamailio");
+        let k = Kamailio(child);
+        let listening = || {
+            if listen.starts_with("udp:") {
+                UdpSocket::bind(("127.0.0.1", port)).is_err()
+            } else {
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            }
+        };
+        let start = std::time::Instant::now();
+        while !listening() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "Kamailio did not listen on {listen}: {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Its children start after the main process binds.
+        std::thread::sleep(Duration::from_millis(500));
+        k
+    }
+}
+
 impl Drop for Kamailio {
     fn drop(&mut self) {
         // SAFETY: signalling our own child.
