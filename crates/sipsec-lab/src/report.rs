@@ -24,6 +24,8 @@ pub(crate) struct RowSummary {
     pub id: &'static str,
     pub label: &'static str,
     pub baseline: &'static str,
+    /// What its set-up latency is read against (`baseline` unless the row says otherwise).
+    pub(crate) latency_baseline: &'static str,
     pub rounds: usize,
     /// The median offered rate of its rounds, operations per second.
     pub rate: Option<f64>,
@@ -43,6 +45,10 @@ pub(crate) struct RowSummary {
     /// User-space instructions per operation (callgrind, `lab run --instructions`).
     pub instructions: Option<f64>,
     pub latency_cdf_ms: Vec<[f64; 2]>,
+    /// Set-up latency, the median over rounds of each round's p50 and p99, ms.
+    pub(crate) latency_ms: [Option<f64>; 2],
+    /// The p99 against the baseline's, paired by round (as `ratio` is for CPU).
+    pub(crate) p99_ratio: Option<Ratio>,
     /// `[offered/s, goodput/s]`, the median over rounds at each multiple of the peak.
     pub goodput_curve: Vec<[f64; 2]>,
     pub skipped: Option<String>,
@@ -103,17 +109,36 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
                 .collect();
             let base: BTreeMap<u32, f64> =
                 base_rounds.iter().map(|r| (r.round, r.cpu_us)).collect();
+            let latency_baseline = row.latency_baseline.unwrap_or(row.baseline);
+            let base_p99: BTreeMap<u32, f64> = of(latency_baseline)
+                .into_iter()
+                .filter(|r| r.skipped.is_none())
+                .filter_map(|r| Some((r.round, r.latency_at(0.99)?)))
+                .collect();
             let success = results::pooled_success(measured.iter().copied());
             let ok = |share: Option<f64>| share.is_none_or(|s| s >= results::MIN_SUCCESS);
             let comparable = opts.with_failures
                 || (ok(success) && ok(results::pooled_success(base_rounds.iter().copied())));
             let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+            let (mut my_p99, mut their_p99) = (Vec::new(), Vec::new());
             for r in &measured {
                 if let Some(b) = base.get(&r.round) {
                     mine.push(r.cpu_us);
                     theirs.push(*b);
                 }
+                if let (Some(p), Some(b)) = (r.latency_at(0.99), base_p99.get(&r.round)) {
+                    my_p99.push(p);
+                    their_p99.push(*b);
+                }
             }
+            let latency = |q: f64| {
+                stats::median(
+                    &measured
+                        .iter()
+                        .filter_map(|r| r.latency_at(q))
+                        .collect::<Vec<_>>(),
+                )
+            };
             let count = |f: fn(&Record) -> f64| med(&|r| f(r));
             // Per core, so rows searched under different shares of one compare.
             let peaks: Vec<f64> = measured.iter().filter_map(|r| r.peak_per_core()).collect();
@@ -121,6 +146,7 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
                 id: row.id,
                 label: row.label,
                 baseline: row.baseline,
+                latency_baseline,
                 rounds: measured.len(),
                 rate: med(&|r| r.rate),
                 success,
@@ -148,6 +174,8 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
                     .find(|r| !r.latency_cdf_ms.is_empty())
                     .map(|r| r.latency_cdf_ms.clone())
                     .unwrap_or_default(),
+                latency_ms: [latency(0.5), latency(0.99)],
+                p99_ratio: stats::ratio(&my_p99, &their_p99).filter(|_| comparable),
                 goodput_curve: median_curve(&measured),
                 skipped: if measured.is_empty() {
                     rs.iter().find_map(|r| r.skipped.clone())
@@ -321,6 +349,69 @@ pub(crate) fn markdown_table(rows: &[RowSummary]) -> String {
         .unwrap();
     }
     t
+}
+
+/// A suite's set-up latency ([`Suite::latency`]) by row: p50, p99, the p99's ratio to the
+/// baseline's, and the baseline's name.
+fn latency_cells(rows: &[RowSummary]) -> Vec<[String; 5]> {
+    rows.iter()
+        .filter(|r| r.skipped.is_none())
+        .map(|r| {
+            let base = rows
+                .iter()
+                .find(|b| b.id == r.latency_baseline)
+                .map_or(r.latency_baseline, |b| b.label);
+            [
+                r.label.to_string(),
+                opt(r.latency_ms[0], 2),
+                opt(r.latency_ms[1], 2),
+                ratio_text(r.p99_ratio, 2),
+                if r.id == r.latency_baseline {
+                    "—"
+                } else {
+                    base
+                }
+                .to_string(),
+            ]
+        })
+        .collect()
+}
+
+const LATENCY_HEADS: [&str; 5] = [
+    "configuration",
+    "set-up p50 ms",
+    "set-up p99 ms",
+    "p99 × baseline [95% CI]",
+    "baseline",
+];
+
+/// The markdown table of [`latency_cells`].
+pub(crate) fn latency_table(rows: &[RowSummary]) -> String {
+    let mut t = format!(
+        "| {} |\n|---|---:|---:|---|---|\n",
+        LATENCY_HEADS.join(" | ")
+    );
+    for cells in latency_cells(rows) {
+        writeln!(t, "| {} |", cells.join(" | ")).unwrap();
+    }
+    t
+}
+
+/// The HTML table of [`latency_cells`].
+fn latency_html(rows: &[RowSummary]) -> String {
+    let mut t = String::from("<table><tr>");
+    for h in LATENCY_HEADS {
+        write!(t, "<th>{h}</th>").unwrap();
+    }
+    t += "</tr>\n";
+    for cells in latency_cells(rows) {
+        t += "<tr>";
+        for c in cells {
+            write!(t, "<td>{}</td>", escape(&c)).unwrap();
+        }
+        t += "</tr>\n";
+    }
+    t + "</table>\n"
 }
 
 fn escape(s: &str) -> String {
@@ -1035,6 +1126,12 @@ pub fn render(records: &[Record], m: &Model, opts: Options) -> Result<Rendered> 
         )?;
         html += &html_table(&rows);
         let mut block = format!("{method} {source}\n\n{}", markdown_table(&rows));
+        if s.latency {
+            let latency = latency_table(&rows);
+            block += "\n";
+            block += &latency;
+            html += &latency_html(&rows);
+        }
         let notes = notes(&rows);
         for n in &notes {
             write!(html, "<p>{}</p>", escape(n))?;

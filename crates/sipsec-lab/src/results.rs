@@ -195,6 +195,14 @@ impl Record {
         Some(self.peak_per_s? / share)
     }
 
+    /// The load's set-up latency at quantile `q` (a point of its recorded CDF), ms.
+    pub fn latency_at(&self, q: f64) -> Option<f64> {
+        self.latency_cdf_ms
+            .iter()
+            .find(|p| (p[0] - q).abs() < 1e-9)
+            .map(|p| p[1])
+    }
+
     /// A counter per successful operation.
     pub fn per_op(&self, counter: &str) -> f64 {
         if self.succeeded == 0 {

@@ -572,7 +572,8 @@ fn measure(
     Ok(Some(record))
 }
 
-/// The rows of `suite` that `only` selects (see [`RunArgs::only`]), with their baselines.
+/// The rows of `suite` that `only` selects (see [`RunArgs::only`]), with their baselines
+/// (for CPU, and for latency where a row names one).
 fn selected<'s>(suite: &'s Suite, only: Option<&str>) -> Vec<&'s Row> {
     let Some(only) = only else {
         return suite.rows.iter().collect();
@@ -586,7 +587,8 @@ fn selected<'s>(suite: &'s Suite, only: Option<&str>) -> Vec<&'s Row> {
         .rows
         .iter()
         .filter(|r| texts.iter().any(|t| r.id.contains(t)))
-        .flat_map(|r| [r.id, r.baseline])
+        .flat_map(|r| [Some(r.id), Some(r.baseline), r.latency_baseline])
+        .flatten()
         .collect();
     suite
         .rows

@@ -77,6 +77,9 @@ pub struct Row {
     pub bench: BenchArgs,
     /// The row this one's ratio is taken against (itself for a baseline).
     pub baseline: &'static str,
+    /// The row its set-up latency is read against in a [`Suite::latency`] table, where
+    /// that is not `baseline` (a row asking whether something beside it makes calls wait).
+    pub(crate) latency_baseline: Option<&'static str>,
     /// The seed's figure for this configuration, as the seed states it.
     pub seed: Option<&'static str>,
     /// The seed's cost relative to its baseline (the inverse of its throughput ratio), to
@@ -148,6 +151,9 @@ pub struct Suite {
     /// Every row measures its goodput curve past the peak (as `lab run --curve` asks of
     /// the other suites).
     pub curve: bool,
+    /// The report adds each row's set-up latency (p50, p99) and its p99's ratio to the
+    /// baseline's, paired by round: for rows whose question is whether calls wait.
+    pub latency: bool,
 }
 
 impl Suite {
@@ -227,6 +233,7 @@ fn row(
         setup,
         bench,
         baseline,
+        latency_baseline: None,
         seed,
         seed_ratio,
         unavailable: None,
@@ -485,6 +492,7 @@ fn seed000() -> Suite {
         rows,
         lab_build: false,
         curve: false,
+        latency: false,
     }
 }
 
@@ -574,6 +582,7 @@ fn seed001() -> Suite {
         rows,
         lab_build: false,
         curve: false,
+        latency: false,
     }
 }
 
@@ -673,6 +682,7 @@ fn seed002() -> Suite {
         rows,
         lab_build: true,
         curve: false,
+        latency: false,
     }
 }
 
@@ -807,6 +817,7 @@ fn seed003() -> Suite {
         rows,
         lab_build: false,
         curve: false,
+        latency: false,
     }
 }
 
@@ -1065,6 +1076,7 @@ fn seed004() -> Suite {
         rows,
         lab_build: false,
         curve: false,
+        latency: false,
     }
 }
 
@@ -1183,6 +1195,7 @@ fn overload() -> Suite {
         rows,
         lab_build: false,
         curve: true,
+        latency: false,
     }
 }
 
@@ -1230,6 +1243,18 @@ fn identity() -> Suite {
             None,
             None,
         ),
+        Row {
+            latency_baseline: Some("verify"),
+            ..row(
+                "verify-hostile",
+                "verifies as above while 50 hostile INVITEs/s wait on fetches that never answer",
+                Plain,
+                with(IdentityMode::VerifyHostile),
+                "unsigned",
+                None,
+                None,
+            )
+        },
         at(
             200.0,
             row(
@@ -1267,10 +1292,15 @@ fn identity() -> Suite {
                 Each row is server CPU per call as a ratio to the same proxy without \
                 STIR/SHAKEN at the same rate, calls between the same telephone numbers; the \
                 fetch per call is read at 200 calls/s, where fetches are per call (at \
-                2,000 a call arriving during a fetch waits for it).",
+                2,000 a call arriving during a fetch waits for it). In the hostile row, beside \
+                the same calls, 50 INVITEs a second each name a certificate of their own at \
+                a host that takes connections and never answers (each fetch waits its 2 s \
+                time-out): whether the good calls wait is read in the latency table, its \
+                set-up p99 against verification's alone (issue 39: within 10%).",
         rows,
         lab_build: false,
         curve: false,
+        latency: true,
     }
 }
 
@@ -1288,6 +1318,13 @@ mod tests {
             for r in &s.rows {
                 let base = s.row(r.baseline).unwrap_or_else(|| panic!("{}", r.id));
                 assert_eq!(base.baseline, base.id, "{}: a baseline is its own", r.id);
+                if let Some(l) = r.latency_baseline {
+                    assert!(
+                        s.latency && s.row(l).is_some(),
+                        "{}: latency against {l}",
+                        r.id
+                    );
+                }
             }
         }
     }

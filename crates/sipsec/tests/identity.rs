@@ -580,6 +580,61 @@ fn a_verifying_proxy_passes_good_calls_and_refuses_every_hostile_one() {
     let held = final_response(&caller, "held");
     assert!(held.starts_with("SIP/2.0 436"), "{held}");
     assert_eq!(certs.fetches(), 1);
+    // A flood of certificates that never come, each at a URL of its own (so no remembered
+    // failure answers them), three times what may be fetched at once: each INVITE is
+    // answered within twice the fetch time-out (1 s) — none queues behind the others'
+    // time-outs — and so is an honest call whose certificate is new to the verifier.
+    let flood: Vec<String> = (0..24).map(|i| format!("flood-{i}")).collect();
+    let started = std::time::Instant::now();
+    for call in &flood {
+        let value = header::value(&key_at(&format!("/silent?{call}")), &claims(now()));
+        caller.send(
+            &proxy,
+            &signed_invite(&caller, call, "+15551234567", Some(&value)),
+        );
+    }
+    let fresh = header::value(&key_at("/shaken.pem?fresh"), &claims(now()));
+    caller.send(
+        &proxy,
+        &signed_invite(&caller, "fresh", "+15551234567", Some(&fresh)),
+    );
+    let within = std::time::Duration::from_millis(2_800);
+    let mut waiting: std::collections::BTreeSet<String> = flood.iter().cloned().collect();
+    let mut fresh_refused = false;
+    while !waiting.is_empty() {
+        let m = caller.recv();
+        let call = m.lines().find_map(|l| l.strip_prefix("Call-ID: "));
+        match call {
+            _ if m.starts_with("SIP/2.0 100") => continue,
+            Some("fresh") => fresh_refused = m.starts_with("SIP/2.0 436"),
+            Some(call) if waiting.contains(call) => {
+                assert!(m.starts_with("SIP/2.0 436"), "{call}: {m}");
+                waiting.remove(call);
+            }
+            _ => {}
+        }
+        assert!(
+            started.elapsed() < within,
+            "still unanswered after {:?}: {waiting:?}",
+            started.elapsed()
+        );
+    }
+    // The honest call got a slot in time and went on, or was refused in time.
+    let is_fresh = |m: &String| m.contains("Call-ID: fresh\r\n");
+    let wait = std::time::Duration::from_millis(20);
+    while !fresh_refused {
+        if uas.try_recv(wait).is_some_and(|m| is_fresh(&m)) {
+            break;
+        }
+        fresh_refused = caller
+            .try_recv(wait)
+            .is_some_and(|m| is_fresh(&m) && m.starts_with("SIP/2.0 436"));
+        assert!(
+            started.elapsed() < within,
+            "the honest call is neither on its way nor refused after {:?}",
+            started.elapsed()
+        );
+    }
     // Without an Identity the call goes on unmarked (require is off).
     caller.send(
         &proxy,

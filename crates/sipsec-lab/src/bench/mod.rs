@@ -250,6 +250,10 @@ pub struct Report {
     /// `--idle-connections`: the server's resident memory before and after they opened.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) idle_memory: Option<idle::Memory>,
+    /// `--identity verify-hostile`: the hostile INVITEs sent beside the calls, and their
+    /// answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) identity_hostile: Option<identity::HostileReport>,
     /// The offered rate of the measured run, in operations started per second.
     pub rate: f64,
     /// Operations that succeeded in the measured run (calls refused, with `refuse_all`): what
@@ -791,6 +795,10 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     {
         bail!("--identity configures a server started here, without --config or --server-pid");
     }
+    if a.identity == identity::IdentityMode::VerifyHostile && a.streams.transport != Transport::Udp
+    {
+        bail!("--identity verify-hostile sends its hostile INVITEs over UDP: --transport udp");
+    }
     let cpus = cpu::cpu_count();
     if a.server_cpu >= cpus || a.load_cpu >= cpus {
         bail!("--server-cpu and --load-cpu must be below {cpus} (the CPUs online)");
@@ -1007,9 +1015,14 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     }
     let wakeups0 = cpu::wakeups_of(&pids);
     let (server0, own0, peers0) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
+    let hostile = match sipsec_transport::net::transport::Peer::parse(&target) {
+        Some(to) => shaken.start_hostile(to.addr)?,
+        None => None,
+    };
     let began = std::time::Instant::now();
     let summary = load::execute(&plan, &mut bound, stop)?;
     let measured_s = began.elapsed().as_secs_f64();
+    // The server's CPU is read at once; the hostile sender then waits for its last answers.
     let (server1, own1, peers1) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
     let wakeups = cpu::wakeups_of(&pids).saturating_sub(wakeups0);
     if let Some(s) = &started {
@@ -1025,6 +1038,13 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         _ => Counters::new(),
     };
     drop(idle);
+    let identity_hostile = hostile.map(identity::Hostile::finish).transpose()?;
+    if let (Some(h), false) = (&identity_hostile, a.quiet) {
+        eprintln!(
+            "sipsec bench: {} hostile INVITEs sent, answered {:?}",
+            h.sent, h.answered
+        );
+    }
     let used = server1.since(server0);
     let ops = counted(&a, &summary);
     let per_op = |s: f64| us_per_op(s, ops);
@@ -1135,6 +1155,7 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         tls_cipher_suite: s.tls_cipher_suite.clone(),
         idle_connections: s.idle_connections,
         idle_memory,
+        identity_hostile,
         rate: a.rate,
         ops,
         refuse_all: a.refuse_all,

@@ -8,7 +8,8 @@
 //! URLs whose host `[identity] fetch_allow` permits, connected to the address checked
 //! (public, or listed) — never a name resolved twice —, at most `fetch_max_bytes` read,
 //! `fetch_timeout_ms` for all of it (connect, TLS, request, body), `fetch_concurrency` at
-//! once, `MAX_PENDING` URLs waiting; no redirect is followed. HTTP/1.1 over rustls by hyper's
+//! once, `MAX_PENDING` URLs waiting and none waiting for a slot longer than a fetch may
+//! take; no redirect is followed. HTTP/1.1 over rustls by hyper's
 //! client connection (no pool: one certificate, one connection), so the address it connects
 //! to is ours to choose.
 
@@ -95,10 +96,23 @@ pub fn spawn(
                     pending.insert(url.clone(), vec![worker]);
                     let (s, done, permits) = (settings.clone(), done_tx.clone(), permits.clone());
                     tokio::spawn(async move {
-                        let fetched = match permits.acquire().await {
-                            Ok(_permit) => fetch_checked(&url, &s).await,
-                            Err(_) => Fetched {
+                        // A URL waits for a fetch slot no longer than a fetch may take: a
+                        // flood of certificates that never come, each at a URL of its own,
+                        // must not queue an honest one behind minutes of time-outs. Not
+                        // getting a slot is no fault of the URL: nothing is remembered.
+                        let slot = tokio::time::timeout(s.timeout, permits.acquire()).await;
+                        let fetched = match slot {
+                            Ok(Ok(_permit)) => fetch_checked(&url, &s).await,
+                            Ok(Err(_)) => Fetched {
                                 signer: Err(CertError::Fetch("the fetcher stopped".into())),
+                                ttl_s: 0,
+                            },
+                            Err(_) => Fetched {
+                                signer: Err(CertError::Fetch(format!(
+                                    "no fetch slot free within {} ms ({} fetches at once)",
+                                    s.timeout.as_millis(),
+                                    s.concurrency
+                                ))),
                                 ttl_s: 0,
                             },
                         };

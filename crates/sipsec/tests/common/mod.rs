@@ -488,6 +488,18 @@ impl Endpoint {
         String::from_utf8_lossy(&buf[..n]).into_owned()
     }
 
+    /// A datagram if one comes within `wait` (the usual 3 s wait is kept for `recv`).
+    pub(crate) fn try_recv(&self, wait: Duration) -> Option<String> {
+        let mut buf = vec![0u8; 65_536];
+        self.socket.set_read_timeout(Some(wait)).unwrap();
+        let got = self.socket.recv_from(&mut buf);
+        self.socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        got.ok()
+            .map(|(n, _)| String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
     /// Receives until a message whose first line starts with `prefix`.
     pub(crate) fn recv_until(&self, prefix: &str) -> String {
         loop {
