@@ -457,6 +457,55 @@ mod tests {
         }
     }
 
+    /// The STIR working group's published PASSporT example (draft-ietf-stir-passport-05,
+    /// Appendix A: a P-256 key as SEC1 PEM, its public key, and a token its authors signed
+    /// with it). Our key loading reads the key to the published public key, and our
+    /// signature check accepts that token — an ES256 JWS another implementation made — over
+    /// its signing input and nothing else. As SHAKEN the token is refused: a base PASSporT
+    /// (no `ppt`, a URI destination, `iat` a string), not one a SHAKEN verifier accepts.
+    #[test]
+    fn the_passport_drafts_published_example_verifies() {
+        const KEY: &str = "-----BEGIN EC PRIVATE KEY-----\n\
+            MHcCAQEEIFeZ1R208QCvcu5GuYyMfG4W7sH4m99/7eHSDLpdYllFoAoGCCqGSM49\n\
+            AwEHoUQDQgAE8HNbQd/TmvCKwPKHkMF9fScavGeH78YTU8qLS8I5HLHSSmlATLcs\n\
+            lQMhNC/OhlWBYC626nIlo7XeebYS7Sb37g==\n\
+            -----END EC PRIVATE KEY-----\n";
+        const PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\n\
+            MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE8HNbQd/TmvCKwPKHkMF9fScavGeH\n\
+            78YTU8qLS8I5HLHSSmlATLcslQMhNC/OhlWBYC626nIlo7XeebYS7Sb37g==\n\
+            -----END PUBLIC KEY-----\n";
+        const TOKEN: &str = "eyJhbGciOiJFUzI1NiIsInR5cCI6InBhc3Nwb3J0IiwieDV1IjoiaHR0cHM6Ly9j\
+            ZXJ0LmV4YW1wbGUub3JnL3Bhc3Nwb3J0LmNlciJ9.eyJkZXN0Ijp7InVyaSI6WyJzaXA6YWxpY2VAZXhhbXBs\
+            ZS5jb20iXX0sImlhdCI6IjE0NDMyMDgzNDUiLCJvcmlnIjp7InRuIjoiMTIxNTU1NTEyMTIifX0.rq3pjT1ho\
+            RwakEGjHCnWSwUnshd0-zJ6F1VOgFWSjHBr8Qjpjlk-cpFYpFYsojNCpTzO3QfPOlckGaS6hEck7w";
+        use rustls_pki_types::pem::PemObject;
+        let key =
+            SigningKey::from_pem(KEY.as_bytes(), "https://cert.example.org/passport.cer").unwrap();
+        let spki =
+            rustls_pki_types::SubjectPublicKeyInfoDer::from_pem_slice(PUBLIC.as_bytes()).unwrap();
+        // The SubjectPublicKeyInfo ends with the uncompressed point.
+        assert!(spki.as_ref().ends_with(key.public_key()));
+        let (signed, sig) = TOKEN.rsplit_once('.').unwrap();
+        let mut signature = [0u8; 64];
+        signature.copy_from_slice(&B64.decode(sig).unwrap());
+        let token = Token {
+            signed,
+            signature,
+            x5u: key.x5u().to_string(),
+            claims: claims(),
+        };
+        token.check_signature(&public(&key)).unwrap();
+        let shorter = Token {
+            signed: &signed[..signed.len() - 1],
+            ..token.clone()
+        };
+        assert_eq!(
+            shorter.check_signature(&public(&key)),
+            Err(Invalid::Signature)
+        );
+        assert!(matches!(Token::decode(TOKEN), Err(Invalid::Extension(_))));
+    }
+
     #[test]
     fn another_key_or_a_changed_byte_fails_the_signature() {
         let (k, other) = (key(), key());

@@ -251,9 +251,10 @@ pub(crate) fn observations(records: &[Record]) -> Vec<Observation> {
     // STIR/SHAKEN's rows are measured side by side in a sitting of their own, and their
     // costs (a signature, a verification, a certificate fetch) are in no other suite's rows:
     // fitted with the rest, every µs by which that sitting's machine ran slower than the
-    // others' went to those blocks (its baseline ran 1.44 times seed 004's identical
-    // configuration, and the fit made a signature 97 µs where the rows' own difference is
-    // 41). The suite's table reads each block as its row less its baseline, measured together.
+    // others' went to those blocks (in e6ffc92's sitting its baseline ran 1.44 times seed
+    // 004's identical configuration, and the fit made a signature 97 µs where the rows' own
+    // difference was 41). The suite's table reads each block as its row less its baseline,
+    // measured together.
     let mut by_row: BTreeMap<(String, String, u64), Vec<&Record>> = BTreeMap::new();
     for r in records {
         if r.skipped.is_none()

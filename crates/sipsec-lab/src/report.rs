@@ -352,8 +352,9 @@ pub(crate) fn markdown_table(rows: &[RowSummary]) -> String {
 }
 
 /// A suite's set-up latency ([`Suite::latency`]) by row: p50, p99, the p99's ratio to the
-/// baseline's, and the baseline's name.
-fn latency_cells(rows: &[RowSummary]) -> Vec<[String; 5]> {
+/// baseline's with its rounds (rows may have more than the suite's header says), and the
+/// baseline's name.
+fn latency_cells(rows: &[RowSummary]) -> Vec<[String; 6]> {
     rows.iter()
         .filter(|r| r.skipped.is_none())
         .map(|r| {
@@ -366,6 +367,7 @@ fn latency_cells(rows: &[RowSummary]) -> Vec<[String; 5]> {
                 opt(r.latency_ms[0], 2),
                 opt(r.latency_ms[1], 2),
                 ratio_text(r.p99_ratio, 2),
+                r.p99_ratio.map_or("—".into(), |q| q.n.to_string()),
                 if r.id == r.latency_baseline {
                     "—"
                 } else {
@@ -377,18 +379,19 @@ fn latency_cells(rows: &[RowSummary]) -> Vec<[String; 5]> {
         .collect()
 }
 
-const LATENCY_HEADS: [&str; 5] = [
+const LATENCY_HEADS: [&str; 6] = [
     "configuration",
     "set-up p50 ms",
     "set-up p99 ms",
     "p99 × baseline [95% CI]",
+    "rounds",
     "baseline",
 ];
 
 /// The markdown table of [`latency_cells`].
 pub(crate) fn latency_table(rows: &[RowSummary]) -> String {
     let mut t = format!(
-        "| {} |\n|---|---:|---:|---|---|\n",
+        "| {} |\n|---|---:|---:|---|---:|---|\n",
         LATENCY_HEADS.join(" | ")
     );
     for cells in latency_cells(rows) {
