@@ -200,9 +200,11 @@ pub struct BenchArgs {
     #[arg(long, requires = "instructions")]
     pub callgrind_out: Option<PathBuf>,
     /// With the default config: STIR/SHAKEN in the server — `sign` every call's INVITE,
-    /// `verify` the INVITEs the load signs with the certificate fetched once and cached, or
+    /// `verify` the INVITEs the load signs with the certificate fetched once and cached,
     /// `verify-fetch` with a fetch per call (from a `sipsec cert-server` started here, beside
-    /// the load, its CPU reported as a peer's). Calls go between two telephone numbers.
+    /// the load, its CPU reported as a peer's), or `verify-hostile`: `verify` while 50 INVITEs
+    /// a second name certificates at a host that never answers (UDP only). Calls go between
+    /// two telephone numbers; `unsigned` is the same calls without STIR/SHAKEN.
     #[arg(long, value_enum, default_value = "off", conflicts_with_all = ["config", "server_pid"])]
     pub identity: identity::IdentityMode,
     /// Write the report as JSON here.
