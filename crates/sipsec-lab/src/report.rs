@@ -110,9 +110,12 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
             let base: BTreeMap<u32, f64> =
                 base_rounds.iter().map(|r| (r.round, r.cpu_us)).collect();
             let latency_baseline = row.latency_baseline.unwrap_or(row.baseline);
-            let base_p99: BTreeMap<u32, f64> = of(latency_baseline)
+            let latency_rounds: Vec<&Record> = of(latency_baseline)
                 .into_iter()
                 .filter(|r| r.skipped.is_none())
+                .collect();
+            let base_p99: BTreeMap<u32, f64> = latency_rounds
+                .iter()
                 .filter_map(|r| Some((r.round, r.latency_at(0.99)?)))
                 .collect();
             let success = results::pooled_success(measured.iter().copied());
@@ -175,7 +178,11 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
                     .map(|r| r.latency_cdf_ms.clone())
                     .unwrap_or_default(),
                 latency_ms: [latency(0.5), latency(0.99)],
-                p99_ratio: stats::ratio(&my_p99, &their_p99).filter(|_| comparable),
+                p99_ratio: stats::ratio(&my_p99, &their_p99).filter(|_| {
+                    opts.with_failures
+                        || (ok(success)
+                            && ok(results::pooled_success(latency_rounds.iter().copied())))
+                }),
                 goodput_curve: median_curve(&measured),
                 skipped: if measured.is_empty() {
                     rs.iter().find_map(|r| r.skipped.clone())

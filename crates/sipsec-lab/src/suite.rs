@@ -1294,8 +1294,8 @@ fn identity() -> Suite {
                 fetch per call is read at 200 calls/s, where fetches are per call (at \
                 2,000 a call arriving during a fetch waits for it). In the hostile row, beside \
                 the same calls, 50 INVITEs a second each name a certificate of their own at \
-                a host that takes connections and never answers (each fetch waits its 2 s \
-                time-out): whether the good calls wait is read in the latency table, its \
+                a host that takes connections and never answers (each fetch, or the wait \
+                for a fetch slot, lasts its 2 s time-out): whether the good calls wait is read in the latency table, its \
                 set-up p99 against verification's alone (issue 39: within 10%).",
         rows,
         lab_build: false,

@@ -583,7 +583,9 @@ fn a_verifying_proxy_passes_good_calls_and_refuses_every_hostile_one() {
     // A flood of certificates that never come, each at a URL of its own (so no remembered
     // failure answers them), three times what may be fetched at once: each INVITE is
     // answered within twice the fetch time-out (1 s) — none queues behind the others'
-    // time-outs — and so is an honest call whose certificate is new to the verifier.
+    // time-outs — and so is an honest call whose certificate is new to the verifier. That
+    // one is usually refused (its wait for a slot ends first): bounded, not fair — the
+    // slots are first come, first served.
     let flood: Vec<String> = (0..24).map(|i| format!("flood-{i}")).collect();
     let started = std::time::Instant::now();
     for call in &flood {
@@ -713,7 +715,7 @@ fn calls_sipsec_load_signs_all_verify_through_a_verifying_proxy() {
         "[server]\nlisten = [\"udp:127.0.0.1:{port}\"]\ndomains = [\"example.test\"]\nworkers = 2\n\
          [routing]\ndefault_route = \"sip:{uas}\"\n[database]\nurl = \"sqlite://{}\"\n\
          [identity]\nverify = true\nroots = \"{}\"\nfetch_allow = [\"127.0.0.1\"]\n\
-         fetch_ca = \"ca.pem\"\npolicy = \"reject\"\n",
+         fetch_ca = \"ca.pem\"\npolicy = \"reject\"\nrequire = true\n",
         dir.path().join("load.db").display(),
         sti::STI_CA
     );
@@ -749,8 +751,17 @@ fn calls_sipsec_load_signs_all_verify_through_a_verifying_proxy() {
         run.2,
         run.1
     );
+    // Authentication is off, so nobody is exempt from `require`: unsigned calls are refused.
+    let unsigned = numbered_calls(dir.path(), &format!("127.0.0.1:{port}"), &uas, 10, &[]);
+    assert_eq!(
+        (n(&unsigned.1, "succeeded"), failed_with(&unsigned.1, "428")),
+        (0, 10),
+        "{}",
+        unsigned.1
+    );
     let counters = server.stop_counters();
     assert_eq!(counters.get("identity_verified"), 200);
+    assert_eq!(counters.get("identity_missing"), 10);
     assert_eq!(counters.get("identity_failed"), 0);
     // One fetch per worker at most (each asks until the first answer reaches it), and the
     // certificate server saw no more.

@@ -35,7 +35,8 @@ const TARPIT: &str = "127.0.0.1:35444";
 const HOSTILE_FROM: &str = "127.0.0.4:0";
 
 /// Hostile INVITEs a second in `verify-hostile`: each names a certificate URL of its own, so
-/// no cached failure answers it and every one is a fetch that waits its whole time-out.
+/// no cached failure answers it: each is a fetch that waits its whole time-out, or, with the
+/// verifier's fetch slots all taken, waits that long for a slot and is refused.
 pub(crate) const HOSTILE_RATE: f64 = 50.0;
 
 /// The numbers the load calls from and to in an identity run: a token names telephone
@@ -61,8 +62,9 @@ pub enum IdentityMode {
     /// unless calls arrive while one is under way (they wait for it).
     VerifyFetch,
     /// Verifies as `verify` while a hostile sender offers 50 INVITEs a second, each signed
-    /// with an x5u of its own at a host the allow-list admits and that never answers: every
-    /// one a fetch that waits its whole time-out (2 s), eight at once, the rest waiting.
+    /// with an x5u of its own at a host the allow-list admits and that never answers: eight
+    /// fetches at once, each waiting its whole time-out (2 s), the rest waiting as long for a
+    /// slot and refused.
     VerifyHostile,
 }
 
@@ -209,22 +211,34 @@ impl Identity {
         let stop = Arc::new(AtomicBool::new(false));
         let (pem, flag) = (pem.clone(), stop.clone());
         let thread = std::thread::spawn(move || hostile(&socket, target, &pem, &flag));
-        Ok(Some(Hostile { stop, thread }))
+        Ok(Some(Hostile {
+            stop,
+            thread: Some(thread),
+        }))
     }
 }
 
-/// The hostile sender of a `verify-hostile` run.
+/// The hostile sender of a `verify-hostile` run; dropped without [`Hostile::finish`] (the
+/// run failed), it stops sending all the same.
 pub(crate) struct Hostile {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Result<HostileReport>>,
+    thread: Option<JoinHandle<Result<HostileReport>>>,
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Hostile {
     /// Stops sending (answers already on their way are still read for the fetch time-out
     /// and a little more) and says what came back.
-    pub(crate) fn finish(self) -> Result<HostileReport> {
+    pub(crate) fn finish(mut self) -> Result<HostileReport> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
+            .take()
+            .expect("joined once")
             .join()
             .map_err(|_| anyhow::anyhow!("the hostile sender panicked"))?
     }

@@ -1019,6 +1019,9 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
     let (server0, own0, peers0) = (cpu::cpu_of(&pids), cpu::own_cpu(), cpu::cpu_of(&peers));
     let hostile = match sipsec_transport::net::transport::Peer::parse(&target) {
         Some(to) => shaken.start_hostile(to.addr)?,
+        None if a.identity == identity::IdentityMode::VerifyHostile => {
+            bail!("--identity verify-hostile needs the server's address, not {target}")
+        }
         None => None,
     };
     let began = std::time::Instant::now();

@@ -444,7 +444,9 @@ impl Engine {
             .or_else(|| msg.other_header(b"y"))
         else {
             // Exempt: our own authenticated users and trusted networks (whose calls we sign,
-            // not verify). An open proxy's callers are anyone: `require` holds for all.
+            // not verify). An open proxy's callers are anyone: `require` holds for all, so an
+            // open proxy that also signs has nothing left to sign (unsigned INVITEs are
+            // refused here, signed ones keep their Identity).
             if require && matches!(vouched, Vouched::No | Vouched::Open) {
                 inc(&self.stats.identity_missing);
                 let (code, reason) = sipsec_identity::error::USE_IDENTITY_HEADER;
