@@ -120,8 +120,12 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
                 .collect();
             let success = results::pooled_success(measured.iter().copied());
             let ok = |share: Option<f64>| share.is_none_or(|s| s >= results::MIN_SUCCESS);
-            let comparable = opts.with_failures
-                || (ok(success) && ok(results::pooled_success(base_rounds.iter().copied())));
+            // A ratio is kept where neither side failed (unless the report keeps failures).
+            let comparable_with = |base: &[&Record]| {
+                opts.with_failures
+                    || (ok(success) && ok(results::pooled_success(base.iter().copied())))
+            };
+            let comparable = comparable_with(&base_rounds);
             let (mut mine, mut theirs) = (Vec::new(), Vec::new());
             let (mut my_p99, mut their_p99) = (Vec::new(), Vec::new());
             for r in &measured {
@@ -178,11 +182,8 @@ fn summarise(s: &Suite, records: &[Record], opts: Options) -> Vec<RowSummary> {
                     .map(|r| r.latency_cdf_ms.clone())
                     .unwrap_or_default(),
                 latency_ms: [latency(0.5), latency(0.99)],
-                p99_ratio: stats::ratio(&my_p99, &their_p99).filter(|_| {
-                    opts.with_failures
-                        || (ok(success)
-                            && ok(results::pooled_success(latency_rounds.iter().copied())))
-                }),
+                p99_ratio: stats::ratio(&my_p99, &their_p99)
+                    .filter(|_| comparable_with(&latency_rounds)),
                 goodput_curve: median_curve(&measured),
                 skipped: if measured.is_empty() {
                     rs.iter().find_map(|r| r.skipped.clone())

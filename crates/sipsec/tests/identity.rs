@@ -851,7 +851,7 @@ fn kamailio_secsipid_verifies_the_calls_a_signing_sipsec_forwards() {
         sti::SHAKEN_KEY
     );
     let server = Server::start_logged(d, &config);
-    let _k = Kamailio::proxy(
+    let k = Kamailio::proxy(
         d,
         &format!("udp:127.0.0.1:{kamailio}"),
         &format!("sip:{uas}"),
@@ -860,8 +860,6 @@ fn kamailio_secsipid_verifies_the_calls_a_signing_sipsec_forwards() {
             d.join(sti::SHAKEN_CERT).display()
         )],
     );
-    let log =
-        || std::fs::read_to_string(d.join(format!("kamailio-{kamailio}.log"))).unwrap_or_default();
     let run = numbered_calls(d, &format!("127.0.0.1:{port}"), &uas, 40, &[]);
     assert_eq!(
         (run.0, n(&run.1, "succeeded")),
@@ -869,7 +867,7 @@ fn kamailio_secsipid_verifies_the_calls_a_signing_sipsec_forwards() {
         "through sipsec, then Kamailio: {}\n{}\n{}",
         run.2,
         run.1,
-        log()
+        k.log()
     );
     assert_eq!(server.stop_counters().get("identity_signed"), 40);
 
@@ -926,7 +924,7 @@ fn sipsec_verifies_the_calls_kamailio_secsipid_signs() {
         sti::STI_CA
     );
     let server = Server::start_logged(d, &config);
-    let _k = Kamailio::proxy(
+    let k = Kamailio::proxy(
         d,
         &format!("udp:127.0.0.1:{kamailio}"),
         &format!("sip:127.0.0.1:{port}"),
@@ -935,8 +933,6 @@ fn sipsec_verifies_the_calls_kamailio_secsipid_signs() {
             format!("SHAKEN_X5U=\"{}\"", certs.url("/shaken.pem")),
         ],
     );
-    let log =
-        || std::fs::read_to_string(d.join(format!("kamailio-{kamailio}.log"))).unwrap_or_default();
     let run = numbered_calls(d, &format!("127.0.0.1:{kamailio}"), &uas_addr, 40, &[]);
     assert_eq!(
         (run.0, n(&run.1, "succeeded")),
@@ -944,7 +940,7 @@ fn sipsec_verifies_the_calls_kamailio_secsipid_signs() {
         "through Kamailio, then sipsec: {}\n{}\n{}\n{}",
         run.2,
         run.1,
-        log(),
+        k.log(),
         server.log()
     );
     let unsigned = numbered_calls(d, &format!("127.0.0.1:{port}"), &uas_addr, 10, &[]);

@@ -493,32 +493,12 @@ fn sipsec_load_registers_and_calls_over_websocket_through_kamailio() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let port = ports(30400);
-    let run = d.join("kamailio-run");
-    std::fs::create_dir_all(&run).unwrap();
-    let log = std::fs::File::create(d.join("kamailio.log")).unwrap();
-    let child = std::process::Command::new("kamailio")
-        .args(["-DD", "-E", "-f"])
-        .arg(repo_dir().join("peers/kamailio/websocket.cfg"))
-        .args(["-m", "64", "-M", "16", "-Y"])
-        .arg(&run)
-        .arg("-w")
-        .arg(&run)
-        .arg("-A")
-        .arg(format!("LISTEN=tcp:127.0.0.1:{port}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::from(log))
-        .spawn()
-        .expect("start kamailio");
-    let _k = Kamailio(child);
-    let started = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "Kamailio did not listen: {}",
-            std::fs::read_to_string(d.join("kamailio.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let k = Kamailio::start(
+        d,
+        &repo_dir().join("peers/kamailio/websocket.cfg"),
+        &format!("tcp:127.0.0.1:{port}"),
+        &[],
+    );
     std::fs::write(d.join("users.csv"), "alice,unused\nbob,unused\n").unwrap();
     let target = format!("ws:127.0.0.1:{port}");
     let run = load(
@@ -543,6 +523,6 @@ fn sipsec_load_registers_and_calls_over_websocket_through_kamailio() {
         (*code, n(v, "succeeded")),
         (0, 40),
         "calls over WebSocket through Kamailio: {err}\n{v}\n{}",
-        std::fs::read_to_string(d.join("kamailio.log")).unwrap_or_default()
+        k.log()
     );
 }

@@ -286,14 +286,17 @@ impl Counters {
 }
 
 /// A running Kamailio, stopped with SIGTERM (which stops its children too) on drop.
-pub(crate) struct Kamailio(pub Child);
+pub(crate) struct Kamailio {
+    child: Child,
+    log: PathBuf,
+}
 
 impl Kamailio {
-    /// The reference proxy (`peers/kamailio/proxy.cfg`) on `listen` (`udp:`, `tcp:` or
-    /// `tls:` `127.0.0.1:PORT`), relaying every initial INVITE to `next_hop`, with the
-    /// config's other `-A` options in `defines` (`WITH_TLS`, `SHAKEN_SIGN="key.pem"`, ...).
-    /// Logs to `dir/kamailio-PORT.log`; returns once it listens.
-    pub(crate) fn proxy(dir: &Path, listen: &str, next_hop: &str, defines: &[String]) -> Kamailio {
+    /// Kamailio running `cfg` (one of `peers/kamailio/`) on `listen` (`udp:`, `tcp:` or
+    /// `tls:` `127.0.0.1:PORT`, the config's `LISTEN`), with its other `-A` options in
+    /// `defines`. Logs to `dir/kamailio-PORT.log` ([`Kamailio::log`]); returns once it
+    /// listens and its children have had time to start.
+    pub(crate) fn start(dir: &Path, cfg: &Path, listen: &str, defines: &[String]) -> Kamailio {
         let port: u16 = listen
             .rsplit(':')
             .next()
@@ -301,29 +304,26 @@ impl Kamailio {
             .expect("listen is proto:ip:port");
         let run = dir.join(format!("kamailio-run-{port}"));
         std::fs::create_dir_all(&run).unwrap();
-        let log_path = dir.join(format!("kamailio-{port}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
+        let log = dir.join(format!("kamailio-{port}.log"));
         let mut command = Command::new("kamailio");
         command
             .args(["-DD", "-E", "-f"])
-            .arg(kamailio_proxy_cfg())
+            .arg(cfg)
             .args(["-m", "256", "-M", "32", "-Y"])
             .arg(&run)
             .arg("-w")
             .arg(&run)
             .arg("-A")
-            .arg(format!("LISTEN={listen}"))
-            .arg("-A")
-            .arg(format!("NEXT_HOP=\"{next_hop}\""));
+            .arg(format!("LISTEN={listen}"));
         for define in defines {
             command.arg("-A").arg(define);
         }
         let child = command
             .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
             .expect("start kamailio");
-        let k = Kamailio(child);
+        let k = Kamailio { child, log };
         let listening = || {
             if listen.starts_with("udp:") {
                 UdpSocket::bind(("127.0.0.1", port)).is_err()
@@ -336,7 +336,7 @@ impl Kamailio {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "Kamailio did not listen on {listen}: {}",
-                std::fs::read_to_string(&log_path).unwrap_or_default()
+                k.log()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -344,17 +344,31 @@ impl Kamailio {
         std::thread::sleep(Duration::from_millis(500));
         k
     }
+
+    /// The reference proxy (`peers/kamailio/proxy.cfg`) on `listen`, relaying every initial
+    /// INVITE to `next_hop`, with the config's other `-A` options in `defines` (`WITH_TLS`,
+    /// `SHAKEN_SIGN="key.pem"`, ...).
+    pub(crate) fn proxy(dir: &Path, listen: &str, next_hop: &str, defines: &[String]) -> Kamailio {
+        let mut all = vec![format!("NEXT_HOP=\"{next_hop}\"")];
+        all.extend_from_slice(defines);
+        Kamailio::start(dir, &kamailio_proxy_cfg(), listen, &all)
+    }
+
+    /// What it has logged so far.
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
 }
 
 impl Drop for Kamailio {
     fn drop(&mut self) {
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let start = std::time::Instant::now();
-        while self.0.try_wait().ok().flatten().is_none() {
+        while self.child.try_wait().ok().flatten().is_none() {
             if start.elapsed() > Duration::from_secs(5) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
+                let _ = self.child.kill();
+                let _ = self.child.wait();
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
