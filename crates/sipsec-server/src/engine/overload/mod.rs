@@ -214,17 +214,27 @@ impl Engine {
         let workers = self.cfg.workers.max(1) as f64;
         // The fixed limit first, then, while admission is on, a source's share; the
         // controller's bucket decides the rest.
+        let in_interval_s = o
+            .updated_at
+            .map_or(0.0, |t| now.saturating_sub(t) as f64 / 1000.0);
         let shed = !priority
             && (cfg
                 .max_rate
                 .is_some_and(|rate| !o.fixed.admit(now, rate / workers))
-                || (cfg.enabled
-                    && !o
-                        .control
-                        .local_on()
-                        .then(|| o.shares.admit(source.addr.ip()))
-                        .flatten()
-                        .unwrap_or_else(|| o.control.admit(now))));
+                || (cfg.enabled && o.control.local_on() && {
+                    // The source's arrival is counted for its share either way.
+                    let share = o.shares.admit(source.addr.ip());
+                    if oc
+                        && o.control
+                            .oc_within_budget(o.interval.oc_admitted, in_interval_s)
+                    {
+                        o.control.charge(now);
+                        false
+                    } else {
+                        !share.unwrap_or_else(|| o.control.admit(now))
+                    }
+                })
+                || (cfg.enabled && !o.control.local_on() && !o.control.admit(now)));
         if !shed {
             o.interval.admitted += 1;
             if oc {

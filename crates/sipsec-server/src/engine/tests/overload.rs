@@ -352,7 +352,8 @@ fn a_neighbour_that_announces_oc_is_told_what_to_send_and_gets_no_retry_after() 
     assert!(!shed.text.contains("Retry-After"), "{}", shed.text);
     let fb = feedback_in(&shed);
     assert_eq!(fb.algorithm, sip_core::overload::Algorithm::Loss);
-    assert!(fb.value >= 80, "{fb:?}");
+    // Told to send well under what it offers (its 100 at once is five times its 500/s).
+    assert!(fb.value >= 50, "{fb:?}");
     assert_eq!(fb.validity_ms, 500);
     assert_eq!(fb.seq_ms, 1_000_000 + 1000);
     // Only the Via the neighbour announced in carries the answer; its announcement is gone.
