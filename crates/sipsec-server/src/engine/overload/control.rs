@@ -42,8 +42,12 @@
 //! **Local admission** takes effect when the worker saturates, as a token bucket at the
 //! estimate (depth [`BURST_S`] of it): new requests beyond it are refused before any work.
 //! A queue that stands beyond `max_queue_delay` drains: the bucket then admits only
-//! `1 − excess / DRAIN_MS` of the estimate. Control is released after [`RELEASE`] intervals in
-//! which nothing was held back.
+//! `1 − excess / DRAIN_MS` of the estimate. Requests from neighbours that announced `oc` are
+//! not judged by it while those neighbours stay within the budget they were given (over the
+//! interval so far, with [`OC_BURST_S`] and [`OC_SLACK`] to spare,
+//! [`Controller::oc_within_budget`]): the bucket sees requests at the rate the worker reads
+//! them, which outruns the rate they arrived at whenever it catches up on a queue. Control is
+//! released after [`RELEASE`] intervals in which nothing was held back.
 //!
 //! **Feedback** takes effect at the same time. Its budget for the neighbours that announced
 //! `oc` is the estimate scaled by `feedback_target / target` (a margin, so a neighbour that

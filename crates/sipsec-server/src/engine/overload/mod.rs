@@ -17,8 +17,10 @@
 //! - feedback: at the same time, neighbours that announced `oc` are told to send their
 //!   share of the capacity, with a margin (`feedback_target / target`) — as a loss
 //!   (`1 − budget / what they offer`) or a rate (RFC 7415). A neighbour that honours it keeps
-//!   this worker below `target`, so its requests are never shed twice; one that only
-//!   pretends to (it announces `oc` and sends everything) is shed locally like any other.
+//!   this worker below `target`, and its requests are not shed locally while the `oc`
+//!   neighbours stay within their budget (with a slack), so they are never shed twice; one
+//!   that only pretends to (it announces `oc` and sends everything) is shed locally like any
+//!   other beyond that slack.
 //!
 //! What is never shed: responses, ACK, CANCEL, BYE, a request inside a dialog this server
 //! is in, a retransmission of a request already in progress (its transaction absorbs it
