@@ -3,8 +3,8 @@
 
 The lab's overload table reads every row's goodput as a share of one reference capacity,
 searched once at the start of the run; a run of the suite takes an hour, and on a shared
-machine the server's CPU per call drifts by ±15% over minutes (measured: 54-89 us a call for
-the same binary and configuration within half an hour). This reads each round's rows against
+machine the server's CPU per call drifts by ±15% over minutes (measured: 54-80 us a call for
+one binary and configuration over five runs in ten minutes). This reads each round's rows against
 that round's capacity instead: the CPU quota divided by what a call cost the uncontrolled
 server offered the reference rate in the same round (the `off` row's CPU per call at 1x,
 measured minutes before the other rows of its round). Rounds where that row did not carry
@@ -16,21 +16,9 @@ Prints, per row and grid point, the mean over rounds with a 95% Student's t-inte
 """
 import argparse
 import json
-import math
-import statistics
 from collections import defaultdict
 
-# Two-sided 95% Student's t quantiles by degrees of freedom.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228}
-
-
-def interval(xs):
-    m = statistics.mean(xs)
-    if len(xs) < 2:
-        return m, math.nan, math.nan
-    h = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return m, m - h, m + h
+from kit import t_interval
 
 
 def main():
@@ -69,8 +57,8 @@ def main():
         for j in range(len(grid)):
             xs = [rounds[n][row]["goodput_curve"][j][1] / capacity[n]
                   for n in capacity if row in rounds[n]]
-            m, lo, hi = interval(xs)
-            cells.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}]")
+            m, h = t_interval(xs)
+            cells.append(f"{m:.2f} [{m - h:.2f}, {m + h:.2f}]")
         print(f"| {row} | " + " | ".join(cells) + " |")
 
 

@@ -542,9 +542,7 @@ pub(crate) struct Bucket {
 impl Bucket {
     /// Whether a request arriving at `now` is admitted at `rate` requests per second.
     pub(crate) fn admit(&mut self, now: Millis, rate: f64) -> bool {
-        let dt = now.saturating_sub(self.refilled_at) as f64 / 1000.0;
-        self.refilled_at = now;
-        self.tokens = (self.tokens + dt * rate).min(depth(rate));
+        self.refill(now, rate);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -556,10 +554,15 @@ impl Bucket {
     /// Takes a token for a request admitted regardless, owing it if there is none (to at
     /// most the depth).
     pub(crate) fn charge(&mut self, now: Millis, rate: f64) {
+        self.refill(now, rate);
+        self.tokens = (self.tokens - 1.0).max(-depth(rate));
+    }
+
+    /// Adds what `rate` brought since the last refill, up to the depth.
+    fn refill(&mut self, now: Millis, rate: f64) {
         let dt = now.saturating_sub(self.refilled_at) as f64 / 1000.0;
         self.refilled_at = now;
-        let depth = depth(rate);
-        self.tokens = ((self.tokens + dt * rate).min(depth) - 1.0).max(-depth);
+        self.tokens = (self.tokens + dt * rate).min(depth(rate));
     }
 
     /// Fills the bucket to its depth at `rate`.
@@ -757,7 +760,8 @@ mod tests {
         // Judged against what they were told, not against the capacity at the rate they
         // are read, honest callers are hardly ever refused here.
         let refused: u64 = up[14..].iter().map(|s| s.refused).sum();
-        let admitted: f64 = up[14..].iter().map(|s| s.admitted_rate * 0.1).sum();
+        let interval_s = INTERVAL_MS as f64 / 1000.0;
+        let admitted: f64 = up[14..].iter().map(|s| s.admitted_rate * interval_s).sum();
         assert!(
             refused as f64 <= 0.005 * admitted,
             "{refused} refused: {up:?}"

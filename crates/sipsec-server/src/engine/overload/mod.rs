@@ -223,20 +223,22 @@ impl Engine {
             && (cfg
                 .max_rate
                 .is_some_and(|rate| !o.fixed.admit(now, rate / workers))
-                || (cfg.enabled && o.control.local_on() && {
-                    // The source's arrival is counted for its share either way.
-                    let share = o.shares.admit(source.addr.ip());
-                    if oc
-                        && o.control
-                            .oc_within_budget(o.interval.oc_admitted, in_interval_s)
-                    {
-                        o.control.charge(now);
-                        false
+                || (cfg.enabled
+                    && if !o.control.local_on() {
+                        !o.control.admit(now)
                     } else {
-                        !share.unwrap_or_else(|| o.control.admit(now))
-                    }
-                })
-                || (cfg.enabled && !o.control.local_on() && !o.control.admit(now)));
+                        // The source's arrival is counted for its share either way.
+                        let share = o.shares.admit(source.addr.ip());
+                        if oc
+                            && o.control
+                                .oc_within_budget(o.interval.oc_admitted, in_interval_s)
+                        {
+                            o.control.charge(now);
+                            false
+                        } else {
+                            !share.unwrap_or_else(|| o.control.admit(now))
+                        }
+                    }));
         if !shed {
             o.interval.admitted += 1;
             if oc {
