@@ -673,6 +673,7 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
         write!(html, "<th>{}</th>", escape(h)).ok();
     }
     html += "</tr>";
+    let mut any_load_bound = false;
     // The row refusing every call is read below, as r.
     for r in rows
         .iter()
@@ -685,11 +686,22 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
         let cells: Vec<String> = grid
             .iter()
             .map(|&rate| {
-                let shares: Vec<f64> = rounds
+                let points: Vec<(&Record, usize)> = rounds
                     .iter()
-                    .filter_map(|x| Some(x.goodput_curve[curve_point(x, rate)?][1] / reference))
+                    .filter_map(|x| Some((*x, curve_point(x, rate)?)))
                     .collect();
-                stats::mean_interval(&shares).map_or("—".into(), |m| m.text(2))
+                let shares: Vec<f64> = points
+                    .iter()
+                    .map(|(x, i)| x.goodput_curve[*i][1] / reference)
+                    .collect();
+                let load_bound = points.iter().any(|(x, i)| {
+                    x.curve_load_share
+                        .get(*i)
+                        .is_some_and(|&l| l >= results::LOAD_BOUND)
+                });
+                any_load_bound |= load_bound;
+                let mark = if load_bound { LOAD_BOUND_MARK } else { "" };
+                stats::mean_interval(&shares).map_or("—".into(), |m| m.text(2) + mark)
             })
             .collect();
         write!(html, "<tr><td>{}</td>", escape(r.label)).ok();
@@ -739,12 +751,29 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
         note = b.describe();
     }
     html += "</table>";
+    if any_load_bound {
+        let load = format!(
+            "{LOAD_BOUND_MARK} In at least one round the load generator used {:.0}% or more of \
+             its core at this point: its own delays, not the server's, may have made calls late, \
+             so the cell bounds the server's goodput from below.",
+            results::LOAD_BOUND * 100.0
+        );
+        note = if note.is_empty() {
+            load
+        } else {
+            format!("{note}\n\n{load}")
+        };
+    }
     if !note.is_empty() {
         write!(html, "<p>{}</p>", escape(&note)).ok();
         write!(md, "\n{note}\n").ok();
     }
     Some((html, md))
 }
+
+/// Marks a goodput cell where the load generator may have been the limit
+/// ([`results::LOAD_BOUND`]).
+const LOAD_BOUND_MARK: &str = "†";
 
 /// The point of `rec`'s goodput curve offered `rate` (within 5%: what the load generator
 /// started per second of a trial asked for that rate), if it has one.
@@ -1420,6 +1449,26 @@ mod goodput_tests {
             .find(|l| l.starts_with("| sipsec, local admission control"))
             .unwrap();
         assert!(on.contains("| 0.85 [0.80, 0.90] |"), "{on}");
+        assert!(!md.contains(LOAD_BOUND_MARK), "{md}");
+
+        // One round's load generator near the end of its core at 2×: that cell, and only it,
+        // is marked, and the note says what the mark means.
+        let i = records
+            .iter()
+            .position(|r| r.row == "on" && r.round == 4)
+            .unwrap();
+        records[i].curve_load_share = vec![0.3, 0.4, 0.5, 0.95, 0.6];
+        let (_, md) = goodput_table(&s, &rows, &records).unwrap();
+        let on = md
+            .lines()
+            .find(|l| l.starts_with("| sipsec, local admission control"))
+            .unwrap();
+        assert_eq!(on.matches(LOAD_BOUND_MARK).count(), 1, "{on}");
+        assert!(on.contains("| 0.85 [0.80, 0.90]† |"), "{on}");
+        assert!(
+            md.contains("† In at least one round the load generator used 90%"),
+            "{md}"
+        );
     }
 
     /// The row refusing every call gives r (its CPU per refusal over control off's per

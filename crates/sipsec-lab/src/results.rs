@@ -74,6 +74,10 @@ pub struct Record {
     /// call refused in a row that refuses every call); empty in older results.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub curve_cpu_us: Vec<f64>,
+    /// The load generator's CPU at each point of `goodput_curve`, as a share of its core
+    /// (≥ [`LOAD_BOUND`]: the point may measure the load generator); empty in older results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub curve_load_share: Vec<f64>,
     /// The commit the measuring binary was built from (`git describe`, `-dirty` when the tree
     /// had changes); empty in results from before it was recorded.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -93,6 +97,10 @@ pub struct Record {
 /// The least share of a row's operations that must succeed for its figures to be a result:
 /// below it the row is marked in the report and left out of ratios and of the model's fit.
 pub const MIN_SUCCESS: f64 = 0.99;
+/// The load generator's share of its core at a curve point from which the point may measure
+/// it rather than the server: one thread that near its core's end delays every message it
+/// sends and reads, so calls come late whatever the server does (the report marks them).
+pub const LOAD_BOUND: f64 = 0.9;
 
 /// The commit this binary was built from (see `build.rs`).
 pub const COMMIT: &str = env!("SIPSEC_LAB_COMMIT");
@@ -126,6 +134,7 @@ impl Record {
             instructions: None,
             goodput_curve: Vec::new(),
             curve_cpu_us: Vec::new(),
+            curve_load_share: Vec::new(),
             commit: COMMIT.to_string(),
             date: today(),
             load_cpu_us: 0.0,
@@ -161,6 +170,7 @@ impl Record {
                 .iter()
                 .map(|p| p.server_cpu_us_per_op)
                 .collect(),
+            curve_load_share: r.goodput_curve.iter().map(|p| p.load_cpu_share).collect(),
             load_cpu_us: r.load_cpu_us_per_op,
             peak_held: r.peak_held.clone(),
             ..Record::skipped(suite, row, round, String::new())

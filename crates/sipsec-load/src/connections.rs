@@ -17,7 +17,7 @@ use super::driver::{pollfd, LinkCounters, Links};
 use super::sources::Sources;
 use super::ua::{self, Endpoint, Transmit, Ua};
 use sipsec_transport::net::conn::{Framed, ReadEnd, StreamConn};
-use sipsec_transport::net::set_int_option;
+use sipsec_transport::net::{set_int_option, unsent_in_kernel};
 use sipsec_transport::tls::{ClientTls, HandshakeKind, ServerTls, Session};
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::collections::HashMap;
@@ -27,6 +27,12 @@ use std::os::fd::AsRawFd;
 
 /// Largest message accepted from a stream.
 const MAX_MESSAGE: usize = 65_535;
+/// Unsent bytes on the caller's connection — queued here or in the kernel's send queue —
+/// beyond which new operations fail unsent ([`Links::backlogged`]); Kamailio's default
+/// `tcp_conn_wq_max` is the same size. Past the server's read rate
+/// the excess then fails here at once instead of queueing without limit and reaching the
+/// server seconds late, when every call it carries is lost whatever the server does.
+const MAX_QUEUED: usize = 32 * 1024;
 
 struct Conn {
     io: StreamConn,
@@ -87,6 +93,8 @@ pub(crate) struct StreamLinks {
     closed_flows: Vec<usize>,
     /// SIP over WebSocket (RFC 7118): connections upgrade first, messages are frames.
     websocket: Option<std::sync::Arc<sipsec_transport::net::ws::Policy>>,
+    /// After the last send, the caller's connection held more than [`MAX_QUEUED`] unsent.
+    backlogged: bool,
 }
 
 impl StreamLinks {
@@ -112,6 +120,7 @@ impl StreamLinks {
             flow_ip: None,
             sources: None,
             websocket: None,
+            backlogged: false,
         }
     }
 
@@ -427,6 +436,10 @@ impl Links for StreamLinks {
         messages
     }
 
+    fn backlogged(&self) -> bool {
+        self.backlogged
+    }
+
     fn send(&mut self, out: &mut Vec<Transmit>) -> usize {
         let mut failed = 0;
         let mut touched = Vec::new();
@@ -451,6 +464,12 @@ impl Links for StreamLinks {
                 self.close(i);
             }
         }
+        self.backlogged = !self.per_call
+            && self.by_remote.values().any(|&i| {
+                self.conns[i].as_ref().is_some_and(|c| {
+                    c.io.queued_bytes() + unsent_in_kernel(c.io.stream.as_raw_fd()) > MAX_QUEUED
+                })
+            });
         failed
     }
 

@@ -17,6 +17,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+/// Why an operation failed without being sent while its connection was backlogged.
+pub const BACKLOGGED: &str = "not sent: connection backlogged";
+
 /// A set of local endpoints the UA sends and receives on.
 pub trait Links {
     /// Appends the descriptors to wait on, with POLLOUT where output is waiting.
@@ -25,6 +28,13 @@ pub trait Links {
     fn receive(&mut self, ua: &mut Ua, now_us: u64, out: &mut Vec<Transmit>) -> usize;
     /// Sends (or queues) every transmission in `out`, emptying it. Returns how many failed.
     fn send(&mut self, out: &mut Vec<Transmit>) -> usize;
+    /// Whether a new operation must not be started now: the connection it would take holds
+    /// more unsent bytes than a sender should queue (the peer reads slower than it is sent
+    /// to). A real proxy fails such a request locally (Kamailio's `tcp_conn_wq_max`) rather
+    /// than let it age in its own buffer, where no overload control can shed it.
+    fn backlogged(&self) -> bool {
+        false
+    }
     /// Operations that ended (their per-call connections can close).
     fn release_calls(&mut self, ended: &mut Vec<u64>) {
         ended.clear();
@@ -539,7 +549,11 @@ pub fn run(
         }
         if opts.originate && !interrupted {
             for _ in 0..pacer.take_due(t) {
-                ua.start(now, &mut out);
+                if links.backlogged() {
+                    ua.refuse_start(BACKLOGGED);
+                } else {
+                    ua.start(now, &mut out);
+                }
             }
             if pacer.finished(t) {
                 schedule_done_at.get_or_insert(t);

@@ -550,6 +550,46 @@ fn bad_arguments_are_refused_with_a_clear_error() {
     }
 }
 
+/// A server that stops reading: past what its connection holds unsent (its own queue and the
+/// kernel's), the caller fails new calls at once, unsent, rather than queueing them without
+/// limit to arrive seconds late; it stays within a bounded amount of memory for that.
+#[test]
+fn a_peer_that_stops_reading_backs_new_calls_off_unsent() {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(27000);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    // A small window, so the caller's kernel holds what this side does not read.
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.bind(&SockAddr::from(addr)).unwrap();
+    socket.listen(8).unwrap();
+    let listener: std::net::TcpListener = socket.into();
+    // Accepts and holds the connection, never reading from it.
+    let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
+    let (code, v, err) = load(
+        dir.path(),
+        &[
+            &format!("tcp:{addr}"),
+            "--calls",
+            "2000",
+            "--rate",
+            "1000",
+            "--drain-s",
+            "1",
+        ],
+    );
+    assert_eq!(code, 1, "{err}\n{v}");
+    let backlogged = v["failures_by_reason"]["not sent: connection backlogged"]
+        .as_u64()
+        .unwrap_or(0);
+    // About 32 KiB unsent (some 60 INVITEs) are let through before the rest back off.
+    assert!(backlogged >= 1500, "{backlogged} backed off: {v}");
+    assert_eq!(n(&v, "attempted"), 2000, "{v}");
+    assert_eq!(n(&v, "succeeded"), 0, "{v}");
+    drop(held.join().unwrap());
+}
+
 #[test]
 #[cfg_attr(
     sipsec_skip_sipp,

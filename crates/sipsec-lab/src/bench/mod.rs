@@ -332,6 +332,9 @@ pub struct CurvePoint {
     /// The server's CPU (user plus system) per operation counted over the trial, µs: per
     /// call completed, or per call refused where every call is (`--refuse-all`).
     pub server_cpu_us_per_op: f64,
+    /// The load generator's CPU over the trial, as a share of its one core: near 1 it, not
+    /// the server, may be what held the goodput down.
+    pub load_cpu_share: f64,
 }
 
 /// Multiples of the peak the goodput curve is measured at (up to `--curve-to`).
@@ -1129,14 +1132,27 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             duration: Some(a.step_s),
             ..base.clone()
         })?;
-        let cpu0 = cpu::cpu_of(&pids);
+        let (cpu0, own0, began) = (
+            cpu::cpu_of(&pids),
+            cpu::own_cpu(),
+            std::time::Instant::now(),
+        );
         let s = load::execute(&trial, &mut bound, stop)?;
         let cpu_s = cpu::cpu_of(&pids).since(cpu0).total_s();
+        let load_cpu_share = cpu::own_cpu().since(own0).total_s() / began.elapsed().as_secs_f64();
+        if !a.quiet {
+            eprintln!(
+                "sipsec bench: {r}/s offered for {}s: {} on time, p50 {:.1} ms, load generator \
+                 {:.2} of its core; failed {:?}",
+                a.step_s, s.on_time, s.latency_ms.p50, load_cpu_share, s.failures_by_reason
+            );
+        }
         goodput_curve.push(CurvePoint {
             rate: r,
             offered_per_s: s.attempted as f64 / a.step_s,
             goodput_per_s: s.on_time as f64 / a.step_s,
             server_cpu_us_per_op: us_per_op(cpu_s, counted(&a, &s)),
+            load_cpu_share,
         });
     }
     drop(peak_quota);

@@ -5,6 +5,14 @@
 use super::*;
 
 impl Ua {
+    /// Counts one operation of the schedule as failed without sending it, for `reason` (the
+    /// connection it would take is backlogged): its number is used up as `start` would.
+    pub fn refuse_start(&mut self, reason: &str) {
+        self.next_call += 1;
+        self.stats.attempt();
+        self.stats.failure(reason);
+    }
+
     /// Starts one operation of the configured scenario.
     pub fn start(&mut self, now_us: u64, out: &mut Vec<Transmit>) {
         let number = self.next_call;

@@ -58,9 +58,22 @@ const ACCEPT_BATCH: usize = 256;
 /// Requests remembered per connection while it comes up.
 const MAX_UNCONFIRMED: usize = 64;
 
-/// Binds a listening socket with SO_REUSEPORT, one per worker on the same address.
+/// The kernel receive buffer asked for on every SIP connection (the kernel keeps at most
+/// `net.core.rmem_max` and reports double). Left to autotuning it grows to `tcp_rmem`'s
+/// maximum (32 MiB on the lab's machine): seconds of requests that arrived but that the worker
+/// has not read, where overload control can neither see their age nor refuse them, so past
+/// the worker's read rate every call on the connection came late (the lab's TLS rows at 3–4×
+/// its capacity: 0.3 of it). Bounded, the sender's queue fills instead and a sender that caps
+/// it fails the excess at once (as `sipsec load` and Kamailio do). 256 KiB is a few hundred
+/// INVITEs — tens of milliseconds of a worker's reading — and still lets one connection carry
+/// ~5 MB/s over a 50 ms path, more than a worker handles.
+pub(crate) const RECEIVE_BUFFER: usize = 256 * 1024;
+
+/// Binds a listening socket with SO_REUSEPORT, one per worker on the same address. Its
+/// connections inherit [`RECEIVE_BUFFER`] (set before `listen`, so the window scale fits it).
 pub(crate) fn listen_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_recv_buffer_size(RECEIVE_BUFFER)?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
@@ -817,6 +830,7 @@ impl Connections {
         let socket = Socket::new(Domain::for_address(to.addr), Type::STREAM, None)?;
         socket.set_nonblocking(true)?;
         socket.set_nodelay(true)?;
+        socket.set_recv_buffer_size(RECEIVE_BUFFER)?;
         match socket.connect(&SockAddr::from(to.addr)) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -1109,5 +1123,44 @@ mod descriptor_tests {
         let mut c = Config::from_toml(toml).unwrap();
         assert_eq!(fit_to_descriptors(&mut c, Some(100)), Some((100_000, 2)));
         assert_eq!(c.streams.max_per_ip_per_worker, 1);
+    }
+}
+
+#[cfg(test)]
+mod receive_buffer_tests {
+    use super::{listen_reuseport, RECEIVE_BUFFER};
+    use std::io;
+    use std::net::TcpStream;
+
+    /// A worker's connections take the bounded receive buffer from its listener, not the
+    /// kernel's autotuned one (which starts at `tcp_rmem`'s default and grows to its maximum).
+    #[test]
+    fn accepted_connections_inherit_the_bounded_receive_buffer() {
+        let listener = listen_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let accepted = loop {
+            match listener.accept() {
+                Ok((c, _)) => break c,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "no connection accepted"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        // The kernel caps the request at net.core.rmem_max and reports twice what it keeps.
+        let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let got = socket2::SockRef::from(&accepted)
+            .recv_buffer_size()
+            .unwrap();
+        assert_eq!(got, 2 * RECEIVE_BUFFER.min(rmem_max));
     }
 }

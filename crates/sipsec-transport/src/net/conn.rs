@@ -27,6 +27,10 @@ pub struct StreamConn {
     /// Received plaintext not yet framed. Empty (and unallocated) on an idle connection.
     pub inbuf: Vec<u8>,
     outbuf: Vec<u8>,
+    /// Over TLS, bytes queued and not yet written, counted as plaintext queued less ciphertext
+    /// written (rustls does not say what it holds): within a record's overhead of the truth,
+    /// and zero whenever the session has nothing to write.
+    tls_unsent: usize,
     /// When the kernel received the last segment a read took, while the socket has receive
     /// timestamps on (`udp::set_timestamps`), until taken.
     stamp: Option<SystemTime>,
@@ -70,6 +74,7 @@ impl StreamConn {
             ws: None,
             inbuf: Vec::new(),
             outbuf: Vec::new(),
+            tls_unsent: 0,
             stamp: None,
         }
     }
@@ -88,6 +93,9 @@ impl StreamConn {
 
     /// Queues one SIP message (or, on a plain stream, any bytes) for the peer.
     pub fn queue(&mut self, data: &[u8]) {
+        if self.tls.is_some() {
+            self.tls_unsent += data.len();
+        }
         let mut out = sink(&mut self.tls, &mut self.outbuf);
         match &mut self.ws {
             Some(ws) => {
@@ -137,6 +145,13 @@ impl StreamConn {
         !self.outbuf.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
     }
 
+    /// Bytes queued that the socket has not taken yet: what a sender that must not queue without
+    /// limit (a peer that reads slower than it is sent to) checks before queueing more. Exact
+    /// on a plain stream; over TLS within a record's overhead (see `tls_unsent`).
+    pub fn queued_bytes(&self) -> usize {
+        self.outbuf.len() + self.tls_unsent
+    }
+
     /// Writes as much queued output as the socket takes; false when the connection failed.
     pub fn flush(&mut self) -> bool {
         let would_wait = |e: &io::Error| {
@@ -146,12 +161,13 @@ impl StreamConn {
             while tls.wants_write() {
                 match tls.write_to(&mut self.stream) {
                     Ok(0) => return false,
-                    Ok(_) => {}
+                    Ok(n) => self.tls_unsent = self.tls_unsent.saturating_sub(n),
                     Err(e) if would_wait(&e) => return true,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => return false,
                 }
             }
+            self.tls_unsent = 0;
             return true;
         }
         while !self.outbuf.is_empty() {
@@ -386,5 +402,43 @@ mod tests {
         assert!(waited >= Duration::from_millis(25), "{waited:?}");
         // Taken once.
         assert_eq!(conn.take_timestamp(), None);
+    }
+
+    /// What the socket has not taken is counted, here and in the kernel, while the peer does
+    /// not read, and it all goes once it does.
+    #[test]
+    fn queued_bytes_count_what_the_socket_has_not_taken() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, remote) = listener.accept().unwrap();
+        client.set_nonblocking(true).unwrap();
+        let mut conn = StreamConn::new(client, remote, None);
+        let chunk = vec![b'x'; 64 * 1024];
+        let total = 256 * chunk.len();
+        for _ in 0..256 {
+            conn.queue(&chunk);
+        }
+        assert_eq!(conn.queued_bytes(), total);
+        assert!(conn.flush());
+        let here = conn.queued_bytes();
+        let in_kernel = crate::net::unsent_in_kernel(conn.stream.as_raw_fd());
+        assert!(here > 0 && here < total, "{here} of {total} still here");
+        assert!(in_kernel > 0, "the kernel holds what the peer did not read");
+        // The peer reads everything: nothing stays queued.
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0; 1 << 20];
+            let mut got = 0;
+            while got < total {
+                got += io::Read::read(&mut server, &mut buf).unwrap();
+            }
+            got
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while conn.has_output() && std::time::Instant::now() < deadline {
+            assert!(conn.flush());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(reader.join().unwrap(), total);
+        assert_eq!(conn.queued_bytes(), 0);
     }
 }

@@ -27,6 +27,20 @@ pub fn set_int_option(
     }
 }
 
+/// Bytes the kernel holds in a TCP socket's send queue that the peer has not acknowledged
+/// (`SIOCOUTQ`); 0 if the kernel does not say. Autotuning lets that queue grow to megabytes,
+/// so a sender judging whether its peer keeps up counts it beside its own queue.
+pub fn unsent_in_kernel(fd: std::os::fd::RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int through the pointer, valid for it.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    if rc == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 /// Lifts the open-file limit: every TCP or TLS connection is a descriptor, and the usual soft
 /// limit of 1024 would cap a server (or a bench holding idle connections) at about that many.
 /// With the privilege to, the hard limit is raised too (to 1,048,576, the kernel's default
