@@ -23,11 +23,12 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import tempfile
 import threading
 import time
+
+from kit import t_interval
 
 PORT = 35260
 UAS = f"127.0.0.3:{PORT + 20}"
@@ -171,23 +172,30 @@ def main():
                     results.setdefault((name, digest, case), []).append(g)
                     print(f"round {r + 1} {'digest' if digest else 'none':6} {case:17} "
                           f"{name:8} {g:7.1f} calls/s", flush=True)
-    print(f"\nlegitimate goodput, calls/s: median [min–max] of {a.rounds} rounds; rate "
+    def cell(v, digits):
+        m, h = t_interval(v)
+        return f"{m:.{digits}f} [{m - h:.{digits}f}, {m + h:.{digits}f}]"
+
+    print(f"\nlegitimate goodput, calls/s: mean [95% t-interval] of {a.rounds} rounds; rate "
           f"{a.rate}/s ({a.digest_rate}/s with digest), flood {a.flood}/s from {FLOOD_FROM}, quota {a.quota} core, {a.seconds} s")
     for digest in auths:
         for case in cases:
-            cells = []
-            for name, _ in binaries:
-                v = results[(name, digest, case)]
-                cells.append(f"{name} {statistics.median(v):6.1f} [{min(v):.0f}–{max(v):.0f}]")
+            cells = [f"{name} {cell(results[(name, digest, case)], 1)}" for name, _ in binaries]
             print(f"{'digest' if digest else 'none':6} {case:17} " + "   ".join(cells))
-    print("\nagainst the plain flood under the first binary (the bar: >= 0.9):")
-    base = {d: statistics.median(results[(binaries[0][0], d, "plain")]) for d in auths}
+    print("\nagainst the plain flood under the first binary, round by round (the bar: >= 0.9):")
     for digest in auths:
+        base = results[(binaries[0][0], digest, "plain")]
         for case in cases:
-            ratios = [f"{name} {statistics.median(results[(name, digest, case)]) / base[digest]:.2f}"
+            ratios = [f"{name} {cell([g / b for g, b in zip(results[(name, digest, case)], base)], 2)}"
                       for name, _ in binaries]
             print(f"{'digest' if digest else 'none':6} {case:17} " + "   ".join(ratios))
-
+    print("\nagainst the offered rate (the share the legitimate calls kept):")
+    for digest in auths:
+        rate = a.digest_rate if digest else a.rate
+        for case in cases:
+            kept = [f"{name} {cell([g / rate for g in results[(name, digest, case)]], 2)}"
+                    for name, _ in binaries]
+            print(f"{'digest' if digest else 'none':6} {case:17} " + "   ".join(kept))
 
 if __name__ == "__main__":
     main()
