@@ -27,9 +27,11 @@ use std::os::fd::AsRawFd;
 
 /// Largest message accepted from a stream.
 const MAX_MESSAGE: usize = 65_535;
-/// Unsent bytes on the caller's connection — queued here or in the kernel's send queue —
-/// beyond which new operations fail unsent ([`Links::backlogged`]); Kamailio's default
-/// `tcp_conn_wq_max` is the same size. Past the server's read rate
+/// Unsent bytes on the caller's connection — queued here, or in the kernel's send queue and
+/// not yet sent — beyond which new operations fail unsent ([`Links::backlogged`]); Kamailio's
+/// default `tcp_conn_wq_max`, which counts only its own queue, is the same size. Judged before
+/// each start, so what one turn of the loop starts at once (a batch after a stall) may go
+/// past it. Past the server's read rate
 /// the excess then fails here at once instead of queueing without limit and reaching the
 /// server seconds late, when every call it carries is lost whatever the server does.
 const MAX_QUEUED: usize = 32 * 1024;
@@ -93,8 +95,6 @@ pub(crate) struct StreamLinks {
     closed_flows: Vec<usize>,
     /// SIP over WebSocket (RFC 7118): connections upgrade first, messages are frames.
     websocket: Option<std::sync::Arc<sipsec_transport::net::ws::Policy>>,
-    /// After the last send, the caller's connection held more than [`MAX_QUEUED`] unsent.
-    backlogged: bool,
 }
 
 impl StreamLinks {
@@ -120,7 +120,6 @@ impl StreamLinks {
             flow_ip: None,
             sources: None,
             websocket: None,
-            backlogged: false,
         }
     }
 
@@ -437,7 +436,14 @@ impl Links for StreamLinks {
     }
 
     fn backlogged(&self) -> bool {
-        self.backlogged
+        // Judged now, not at the last send: a backlog clears (or its connection closes) while
+        // nothing is sent, and no new call would be sent to find out. A system call a start.
+        !self.per_call
+            && self.by_remote.values().any(|&i| {
+                self.conns[i].as_ref().is_some_and(|c| {
+                    c.io.queued_bytes() + unsent_in_kernel(c.io.stream.as_raw_fd()) > MAX_QUEUED
+                })
+            })
     }
 
     fn send(&mut self, out: &mut Vec<Transmit>) -> usize {
@@ -464,12 +470,6 @@ impl Links for StreamLinks {
                 self.close(i);
             }
         }
-        self.backlogged = !self.per_call
-            && self.by_remote.values().any(|&i| {
-                self.conns[i].as_ref().is_some_and(|c| {
-                    c.io.queued_bytes() + unsent_in_kernel(c.io.stream.as_raw_fd()) > MAX_QUEUED
-                })
-            });
         failed
     }
 

@@ -332,8 +332,8 @@ pub struct CurvePoint {
     /// The server's CPU (user plus system) per operation counted over the trial, µs: per
     /// call completed, or per call refused where every call is (`--refuse-all`).
     pub server_cpu_us_per_op: f64,
-    /// The load generator's CPU over the trial, as a share of its one core: near 1 it, not
-    /// the server, may be what held the goodput down.
+    /// The load generator's CPU (this process's) over the trial's schedule, as a share of its
+    /// one core: near 1 it, not the server, may be what held the goodput down.
     pub load_cpu_share: f64,
 }
 
@@ -1132,14 +1132,12 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             duration: Some(a.step_s),
             ..base.clone()
         })?;
-        let (cpu0, own0, began) = (
-            cpu::cpu_of(&pids),
-            cpu::own_cpu(),
-            std::time::Instant::now(),
-        );
+        let (cpu0, own0) = (cpu::cpu_of(&pids), cpu::own_cpu());
         let s = load::execute(&trial, &mut bound, stop)?;
         let cpu_s = cpu::cpu_of(&pids).since(cpu0).total_s();
-        let load_cpu_share = cpu::own_cpu().since(own0).total_s() / began.elapsed().as_secs_f64();
+        // Over the schedule, not the wall time with the drain after it (idle, up to 35 s):
+        // the drain's little CPU makes it err high, which marks a point rather than hides it.
+        let load_cpu_share = cpu::own_cpu().since(own0).total_s() / a.step_s;
         if !a.quiet {
             eprintln!(
                 "sipsec bench: {r}/s offered for {}s: {} on time, p50 {:.1} ms, load generator \

@@ -20,17 +20,17 @@ pub struct StreamConn {
     pub stream: TcpStream,
     /// The peer's address.
     pub remote: SocketAddr,
-    /// TLS state; plaintext goes through it instead of `outbuf`.
+    /// TLS state: plaintext goes through it, and its records are moved to `outbuf` as they
+    /// are made, so what waits for the socket is counted exactly on every transport.
     pub tls: Option<Box<Session>>,
     /// WebSocket state (`ws:`, `wss:`): between the plaintext and SIP.
     ws: Option<Box<WebSocket>>,
     /// Received plaintext not yet framed. Empty (and unallocated) on an idle connection.
     pub inbuf: Vec<u8>,
     outbuf: Vec<u8>,
-    /// Over TLS, bytes queued and not yet written, counted as plaintext queued less ciphertext
-    /// written (rustls does not say what it holds): within a record's overhead of the truth,
-    /// and zero whenever the session has nothing to write.
-    tls_unsent: usize,
+    /// Plaintext queued while the TLS handshake runs, which the session holds until it
+    /// finishes (and then seals into `outbuf`).
+    handshake_plain: usize,
     /// When the kernel received the last segment a read took, while the socket has receive
     /// timestamps on (`udp::set_timestamps`), until taken.
     stamp: Option<SystemTime>,
@@ -74,7 +74,7 @@ impl StreamConn {
             ws: None,
             inbuf: Vec::new(),
             outbuf: Vec::new(),
-            tls_unsent: 0,
+            handshake_plain: 0,
             stamp: None,
         }
     }
@@ -93,8 +93,8 @@ impl StreamConn {
 
     /// Queues one SIP message (or, on a plain stream, any bytes) for the peer.
     pub fn queue(&mut self, data: &[u8]) {
-        if self.tls.is_some() {
-            self.tls_unsent += data.len();
+        if self.tls.as_ref().is_some_and(|t| t.is_handshaking()) {
+            self.handshake_plain += data.len();
         }
         let mut out = sink(&mut self.tls, &mut self.outbuf);
         match &mut self.ws {
@@ -104,6 +104,24 @@ impl StreamConn {
             None => {
                 let _ = out.write_all(data);
             }
+        }
+        self.seal();
+    }
+
+    /// Moves the records the TLS session has made into `outbuf` (the copy is small beside the
+    /// encryption, and it is what lets [`StreamConn::queued_bytes`] be exact over TLS).
+    fn seal(&mut self) {
+        let Some(tls) = &mut self.tls else {
+            return;
+        };
+        while tls.wants_write() {
+            match tls.write_to(&mut self.outbuf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        if !tls.is_handshaking() {
+            self.handshake_plain = 0;
         }
     }
 
@@ -146,10 +164,11 @@ impl StreamConn {
     }
 
     /// Bytes queued that the socket has not taken yet: what a sender that must not queue without
-    /// limit (a peer that reads slower than it is sent to) checks before queueing more. Exact
-    /// on a plain stream; over TLS within a record's overhead (see `tls_unsent`).
+    /// limit (a peer that reads slower than it is sent to) checks before queueing more: the
+    /// bytes waiting for the socket (TLS records included), and the plaintext a TLS session
+    /// holds until its handshake finishes.
     pub fn queued_bytes(&self) -> usize {
-        self.outbuf.len() + self.tls_unsent
+        self.outbuf.len() + self.handshake_plain
     }
 
     /// Writes as much queued output as the socket takes; false when the connection failed.
@@ -157,19 +176,7 @@ impl StreamConn {
         let would_wait = |e: &io::Error| {
             e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOTCONN)
         };
-        if let Some(tls) = &mut self.tls {
-            while tls.wants_write() {
-                match tls.write_to(&mut self.stream) {
-                    Ok(0) => return false,
-                    Ok(n) => self.tls_unsent = self.tls_unsent.saturating_sub(n),
-                    Err(e) if would_wait(&e) => return true,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return false,
-                }
-            }
-            self.tls_unsent = 0;
-            return true;
-        }
+        self.seal();
         while !self.outbuf.is_empty() {
             match self.stream.write(&self.outbuf) {
                 Ok(0) => return false,

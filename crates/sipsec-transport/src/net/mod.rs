@@ -27,13 +27,15 @@ pub fn set_int_option(
     }
 }
 
-/// Bytes the kernel holds in a TCP socket's send queue that the peer has not acknowledged
-/// (`SIOCOUTQ`); 0 if the kernel does not say. Autotuning lets that queue grow to megabytes,
-/// so a sender judging whether its peer keeps up counts it beside its own queue.
+/// Bytes the kernel holds in a TCP socket's send queue not yet sent (`SIOCOUTQNSD`: those the
+/// peer's window has no room for; bytes in flight, awaiting acknowledgement, are not counted,
+/// so a long path is not mistaken for a slow reader); 0 if the kernel does not say. The queue
+/// autotunes to megabytes, so a sender judging whether its peer keeps up counts it beside its
+/// own.
 pub fn unsent_in_kernel(fd: std::os::fd::RawFd) -> usize {
     let mut n: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int through the pointer, valid for it.
-    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    // SAFETY: SIOCOUTQNSD writes one c_int through the pointer, valid for it.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCOUTQNSD, &mut n) };
     if rc == 0 {
         usize::try_from(n).unwrap_or(0)
     } else {
