@@ -197,5 +197,6 @@ def main():
                     for name, _ in binaries]
             print(f"{'digest' if digest else 'none':6} {case:17} " + "   ".join(kept))
 
+
 if __name__ == "__main__":
     main()

@@ -31,9 +31,9 @@ const MAX_MESSAGE: usize = 65_535;
 /// not yet sent — beyond which new operations fail unsent ([`Links::backlogged`]); Kamailio's
 /// default `tcp_conn_wq_max`, which counts only its own queue, is the same size. Judged before
 /// each start, so what one turn of the loop starts at once (a batch after a stall) may go
-/// past it. Past the server's read rate
-/// the excess then fails here at once instead of queueing without limit and reaching the
-/// server seconds late, when every call it carries is lost whatever the server does.
+/// past it. Past the server's read rate the excess then fails here at once instead of
+/// queueing without limit and reaching the server seconds late, when every call it carries
+/// is lost whatever the server does.
 const MAX_QUEUED: usize = 32 * 1024;
 
 struct Conn {
