@@ -198,9 +198,9 @@ impl Engine {
         let cfg = &self.cfg.overload;
         let o = &mut self.overload;
         o.interval.arrived += 1;
-        // Below the thresholds a new request costs two counters and nothing more; the
-        // neighbours that speak RFC 7339 are told apart only while feedback is given.
-        let oc = o.control.feedback_on() && overload::offered(msg.top_via()).is_some();
+        // Below half load a new request costs two counters and nothing more; the neighbours
+        // that speak RFC 7339 are told apart from there on (`Controller::watching`).
+        let oc = o.control.watching() && overload::offered(msg.top_via()).is_some();
         if oc {
             o.interval.oc_arrived += 1;
             if o.rate_clients.len() < MAX_RATE_CLIENTS && !o.rate_clients.contains(&source.addr) {
