@@ -378,7 +378,8 @@ impl Links for StreamLinks {
                     failed = true;
                 }
                 match c.io.read(&mut self.scratch) {
-                    ReadEnd::Drained => {}
+                    // `read` has no limit, so never stops at one.
+                    ReadEnd::Drained | ReadEnd::Limit => {}
                     ReadEnd::Closed => failed = true,
                     ReadEnd::TlsError(why) => {
                         failed = true;

@@ -89,6 +89,7 @@ counters! {
     connection_errors: "connections that failed (connect, reset, write)",
     idle_closed: "connections closed after idle_timeout_s without traffic",
     message_timeouts: "connections closed for holding a message or handshake open too long",
+    send_stalls: "connections closed for not reading what was sent to them (nothing taken for message_timeout_ms, or too much queued)",
     framing_errors: "connections closed for bytes that are not SIP framing",
     tls_handshakes_full: "TLS handshakes completed in full (both sides)",
     tls_handshakes_resumed: "TLS handshakes resumed from an earlier session",

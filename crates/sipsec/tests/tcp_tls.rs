@@ -508,6 +508,124 @@ Max-Forwards: 70\r\nContent-Length: 0\r\n\r\nOPTIONS sip:x SIP/2.0\r\nVia: x\r\n
     assert_eq!(n(&u, "uas_answered"), 200, "{u}");
 }
 
+/// Peers that send requests and never read the answers (an attacker's way to make the server
+/// queue without limit): one that sent enough to fill the socket's buffers and stopped is
+/// closed once the socket has taken nothing for `message_timeout_ms`; one that goes on
+/// sending is closed once its queue passes its ceiling (`MAX_QUEUED`); both are counted, and a
+/// peer that reads is answered as before. Without the limits such a connection stayed open
+/// for as long as it kept sending (17 million OPTIONS over a minute, their answers queued).
+#[test]
+fn peers_that_never_read_their_answers_are_closed_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ports(29500);
+    let tcp = format!("tcp:127.0.0.1:{port}");
+    let server = Server::start_logged(
+        dir.path(),
+        &config(
+            dir.path(),
+            std::slice::from_ref(&tcp),
+            "message_timeout_ms = 500\nidle_timeout_s = 60",
+            "sip:127.0.0.3:9;transport=tcp",
+            None,
+        ),
+    );
+    let addr = &tcp[4..];
+    let options = |i: u64| {
+        format!(
+            "OPTIONS sip:example.test SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.1:9;branch=z9hG4bKdeaf{i}\r\n\
+From: <sip:a@example.test>;tag=1\r\nTo: <sip:example.test>\r\nCall-ID: deaf{i}\r\nCSeq: 1 OPTIONS\r\n\
+Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+        )
+    };
+    // A small receive buffer, never read: the server's answers fill it and the server's send
+    // buffer, then wait in the server's queue. The server reads on while it cannot write, so
+    // a write blocks only for moments; one that blocks for seconds means it stopped reading.
+    let deaf = || {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let to: std::net::SocketAddr = addr.parse().unwrap();
+        socket.connect(&to.into()).unwrap();
+        let c: TcpStream = socket.into();
+        c.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        c
+    };
+    // Sends OPTIONS from `first` in batches of 100 until `until` are sent or the server
+    // closes the connection (then the time it took).
+    let send = |c: &mut TcpStream, first: u64, until: u64| -> (u64, Option<Duration>) {
+        let start = Instant::now();
+        let mut sent = first;
+        let mut batch = String::new();
+        while sent < until && start.elapsed() < Duration::from_secs(20) {
+            batch.clear();
+            for _ in 0..100 {
+                batch += &options(sent);
+                sent += 1;
+            }
+            match c.write_all(batch.as_bytes()) {
+                Ok(()) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    panic!(
+                        "the server stopped reading after {sent} OPTIONS\n{}",
+                        server.log()
+                    )
+                }
+                Err(_) => return (sent, Some(start.elapsed())),
+            }
+        }
+        (sent, None)
+    };
+
+    // 30,000 OPTIONS (some 10 MB of answers: more than the kernel's buffers, less than the
+    // ceiling), then silence: closed for taking nothing.
+    let mut stopped = deaf();
+    let (sent, closed) = send(&mut stopped, 0, 30_000);
+    assert_eq!(closed, None, "closed while sending: {}", server.log());
+    let timed_out = "it took nothing sent to it in time";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !server.log().contains(timed_out) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        server.log().contains(timed_out),
+        "{sent} sent:\n{}",
+        server.log()
+    );
+
+    // OPTIONS for as long as the connection takes them: closed at the ceiling.
+    let mut flooding = deaf();
+    let (sent, closed) = send(&mut flooding, sent, u64::MAX);
+    let closed = closed.unwrap_or_else(|| {
+        panic!(
+            "still open after {sent} OPTIONS never read\n{}",
+            server.log()
+        )
+    });
+    assert!(
+        server.log().contains("passed MAX_QUEUED"),
+        "closed after {closed:?}:\n{}",
+        server.log()
+    );
+
+    // A peer that reads is answered as ever.
+    let mut reader = TcpStream::connect(addr).unwrap();
+    reader.write_all(options(u64::MAX).as_bytes()).unwrap();
+    reader
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut answer = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(&reader), &mut answer).unwrap();
+    assert!(answer.starts_with("SIP/2.0 200"), "{answer:?}");
+    let c = server.stop_counters();
+    assert!(c.get("send_stalls") >= 2, "{c:?}");
+    drop((stopped, flooding));
+}
+
 #[test]
 fn a_next_hop_that_refuses_the_connection_or_the_handshake_fails_at_once_with_503() {
     let dir = tempfile::tempdir().unwrap();

@@ -33,8 +33,13 @@
 //! one address, is refused at accept; a handshake (TLS, or a WebSocket upgrade) or a
 //! message begun but not finished within `message_timeout_ms` (slowloris) closes the
 //! connection; bytes that are not SIP framing close it; TLS failures close it; an upgrade the
-//! `[websocket]` policy forbids is answered 4xx and closed. Each is counted and logged at a
-//! bounded rate.
+//! `[websocket]` policy forbids is answered 4xx and closed. A peer that does not read what is
+//! sent to it is closed too, as Kamailio's `tcp_send_timeout` and `tcp_conn_wq_max` close one:
+//! when the socket has taken nothing of its queue for `message_timeout_ms`, when its queue
+//! would pass [`MAX_QUEUED`], or when the worker's connections together hold more than
+//! [`MAX_QUEUED_TOTAL`] and its own queue is past [`SLOW_QUEUE`] — so requests sent by a peer
+//! that never reads the answers cannot grow the server's memory without limit. Each is counted
+//! and logged at a bounded rate.
 
 use super::token::Token;
 use crate::config::{OutboundConnections, StreamConfig};
@@ -57,6 +62,26 @@ use std::sync::Arc;
 const ACCEPT_BATCH: usize = 256;
 /// Requests remembered per connection while it comes up.
 const MAX_UNCONFIRMED: usize = 64;
+/// What one read of a connection takes at most (its kernel receive buffer's worth): the
+/// rest waits for the next pass, after what this one read was answered. Read until the
+/// socket was empty, a peer that sent as fast as the worker read kept one read going for
+/// seconds — two million OPTIONS held in memory, none answered, every other connection of
+/// the worker unread meanwhile.
+const READ_LIMIT: usize = 256 << 10;
+/// What one connection may hold queued for its peer: past it the peer is reading far slower
+/// than it is sent to, and the connection is closed. Large, because the worker's own
+/// neighbours fall behind in bursts: a quarter of this held at four times capacity over TLS
+/// would be seconds of calls, where a 1 MiB ceiling closed the load generator's callee within
+/// tens of milliseconds of such a burst (Kamailio's `tcp_conn_wq_max` default, 32 KiB, is
+/// for a server whose reads block).
+pub(crate) const MAX_QUEUED: usize = 16 << 20;
+/// What a worker's connections may hold queued together. Past it, a connection that is sent
+/// more while its own queue is past [`SLOW_QUEUE`] is closed: many slow readers cannot take
+/// memory that one may not.
+pub(crate) const MAX_QUEUED_TOTAL: usize = 256 << 20;
+/// A queue past this is a slow reader's, for [`MAX_QUEUED_TOTAL`]: a connection that keeps
+/// up holds at most what a pass wrote to it while the socket's buffer was full.
+pub(crate) const SLOW_QUEUE: usize = 256 << 10;
 
 /// The kernel receive buffer asked for on every SIP connection (the kernel keeps at most
 /// `net.core.rmem_max` and reports double). Left to autotuning it grows to `tcp_rmem`'s
@@ -169,12 +194,30 @@ struct Conn {
     /// through its handshake): if it fails instead, each is handed back to the engine as a
     /// transport error, which fails its branch at once (RFC 3261 §8.1.3.1).
     unconfirmed: Vec<Bytes>,
+    /// Since when output has waited for the socket without it taking any (None: nothing
+    /// waits, or the last write took some): `message_timeout_ms` past it, the peer is closed.
+    blocked_since: Option<Millis>,
+    /// Its queued bytes as last added to [`Connections::queued`].
+    counted: usize,
+    /// The pass it was last read in ([`Connections::pass`]): once a pass.
+    read_pass: u64,
+    /// Its last read stopped at [`READ_LIMIT`]: it is in [`Connections::unread`].
+    unread: bool,
 }
 
 impl Conn {
     /// When the connection's time runs out: its pending handshake or message, else its
     /// keep-alive's next step (a WebSocket), else idleness.
     fn deadline(&self, cfg: &StreamConfig) -> Millis {
+        let own = self.own_deadline(cfg);
+        match self.blocked_since {
+            Some(t) => own.min(t + cfg.message_timeout_ms),
+            None => own,
+        }
+    }
+
+    /// The deadline without what waits to be written.
+    fn own_deadline(&self, cfg: &StreamConfig) -> Millis {
         match self.pending_since {
             Some(t) => t + cfg.message_timeout_ms,
             None if self.kept_alive(cfg) => match self.pinged {
@@ -199,6 +242,8 @@ enum Close {
     Error,
     Idle,
     MessageTimeout,
+    /// The peer does not read what is sent to it (see the module's doc).
+    Stalled(&'static str),
     Framing(&'static str),
     Tls,
     CallOver,
@@ -262,6 +307,12 @@ pub struct Connections {
     /// Requests that could not be delivered (see `Conn::unconfirmed`), for the worker to hand
     /// to the engine.
     failed: Vec<(Peer, Bytes)>,
+    /// Bytes queued on all the connections, as last counted (`Conn::counted`).
+    queued: usize,
+    /// The pass the worker is in (one per [`Connections::release`]).
+    pass: u64,
+    /// Connections whose last read stopped at [`READ_LIMIT`], to read again next pass.
+    unread: Vec<usize>,
     /// What this pass read, until [`Connections::release`].
     frames: Vec<Frame>,
     reads: Vec<Read>,
@@ -318,6 +369,9 @@ impl Connections {
             delays: Vec::new(),
             framed: Framed::default(),
             failed: Vec::new(),
+            queued: 0,
+            pass: 1,
+            unread: Vec::new(),
             frames: Vec::new(),
             reads: Vec::new(),
             stats,
@@ -508,6 +562,10 @@ impl Connections {
                 self.cfg.websocket.ping_interval_ms,
             ),
             unconfirmed: Vec::new(),
+            blocked_since: None,
+            counted: 0,
+            read_pass: 0,
+            unread: false,
         };
         let at = c.deadline(&self.cfg);
         c.timer = Some(self.timers.insert(at, slot));
@@ -544,9 +602,19 @@ impl Connections {
             // Ended: nothing more is read, only the answers written.
             return;
         }
+        if c.read_pass == self.pass {
+            // Read already this pass (as unread, then woken): what woke it was read then.
+            return;
+        }
+        c.read_pass = self.pass;
+        c.unread = false;
         c.last_active = now;
         c.pinged = None;
-        let end = c.io.read(&mut self.scratch);
+        let end = c.io.read_up_to(&mut self.scratch, READ_LIMIT);
+        if matches!(end, ReadEnd::Limit) {
+            c.unread = true;
+            self.unread.push(slot);
+        }
         if let Some(t) = c.io.take_timestamp() {
             self.delays.push(t.elapsed().unwrap_or_default());
         }
@@ -605,6 +673,33 @@ impl Connections {
         });
     }
 
+    /// Whether a connection's last read stopped at its limit, so the next pass must read it
+    /// without waiting for readiness ([`Connections::read_unread`]).
+    pub(crate) fn has_unread(&self) -> bool {
+        !self.unread.is_empty()
+    }
+
+    /// Reads the connections whose last read stopped at its limit. Call once a pass, before
+    /// its events' reads ([`Connections::on_event`]).
+    pub(crate) fn read_unread(&mut self, now: Millis) {
+        let slots = std::mem::take(&mut self.unread);
+        for &slot in &slots {
+            if self
+                .conns
+                .get(slot)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| c.unread)
+            {
+                self.read(now, slot);
+            }
+        }
+        if self.unread.is_empty() {
+            let mut slots = slots;
+            slots.clear();
+            self.unread = slots;
+        }
+    }
+
     /// Whether this pass read any connection, so [`Connections::release`] has work.
     pub(crate) fn read_any(&self) -> bool {
         !self.reads.is_empty()
@@ -636,6 +731,7 @@ impl Connections {
     /// Consumes what this pass read, once the worker has handed it to the engine: answers
     /// keep-alive pings, re-arms timeouts, and ends the connections that ended.
     pub fn release(&mut self, now: Millis) {
+        self.pass += 1;
         self.frames.clear();
         let mut reads = std::mem::take(&mut self.reads);
         for r in reads.drain(..) {
@@ -662,8 +758,10 @@ impl Connections {
             match (r.end, r.invalid) {
                 (_, Some(why)) if r.refused => self.drain(now, r.slot, Close::Upgrade(why)),
                 (_, Some(why)) => self.drain(now, r.slot, Close::Framing(why)),
-                (ReadEnd::Drained, None) if r.closed => self.drain(now, r.slot, Close::Peer),
-                (ReadEnd::Drained, None) => self.rearm_if_earlier(r.slot),
+                (ReadEnd::Drained | ReadEnd::Limit, None) if r.closed => {
+                    self.drain(now, r.slot, Close::Peer);
+                }
+                (ReadEnd::Drained | ReadEnd::Limit, None) => self.rearm_if_earlier(r.slot),
                 (ReadEnd::Closed, None) => {
                     if abrupt {
                         inc(&self.stats.websocket_closed_abruptly);
@@ -723,16 +821,43 @@ impl Connections {
                 return None;
             }
         };
+        let mut remembered = false;
         if let Some(c) = self.conns[slot].as_mut() {
             c.io.queue(data);
             c.last_active = now;
             let up = !c.connecting && c.established;
             if request && !c.accepted && !up && c.unconfirmed.len() < MAX_UNCONFIRMED {
                 c.unconfirmed.push(Bytes::copy_from_slice(data));
+                remembered = true;
             }
+        }
+        if let Some(why) = self.count_queued(slot) {
+            // What was just queued dies with the connection: a request's branch fails now
+            // (handed back by the close if it was remembered as unconfirmed).
+            if request && !remembered {
+                self.failed.push((to, Bytes::copy_from_slice(data)));
+            }
+            self.close(now, slot, Close::Stalled(why));
+            return None;
         }
         self.mark_dirty(slot);
         None
+    }
+
+    /// Brings [`Connections::queued`] up to date with what the connection at `slot` holds,
+    /// and says why it must be closed if its queue is past a ceiling.
+    fn count_queued(&mut self, slot: usize) -> Option<&'static str> {
+        let c = self.conns.get_mut(slot).and_then(Option::as_mut)?;
+        let held = c.io.queued_bytes();
+        self.queued = self.queued - c.counted + held;
+        c.counted = held;
+        if held > MAX_QUEUED {
+            Some("it reads far slower than it is sent to (its queue passed MAX_QUEUED)")
+        } else if self.queued > MAX_QUEUED_TOTAL && held > SLOW_QUEUE {
+            Some("it reads slower than it is sent to, and the worker's queues are full")
+        } else {
+            None
+        }
     }
 
     /// The connection a message goes on: the one named if it is still open, else one to the
@@ -930,10 +1055,28 @@ impl Connections {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
+        let before = c.io.queued_bytes();
         if !c.io.flush() {
             self.close(now, slot, Close::Error);
-        } else if c.io.has_output() {
-            // The rest goes when the socket is writable again.
+            return;
+        }
+        let waits = c.io.has_output();
+        if !waits {
+            c.blocked_since = None;
+        } else if c.blocked_since.is_none() || c.io.queued_bytes() < before {
+            // Taken in part: the rest goes when the socket is writable again, and the peer
+            // has `message_timeout_ms` from now to take more.
+            c.blocked_since = Some(now);
+        }
+        if let Some(why) = self.count_queued(slot) {
+            self.close(now, slot, Close::Stalled(why));
+            return;
+        }
+        let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if waits {
+            self.rearm_if_earlier(slot);
         } else if let Some(why) = c.drain {
             self.close(now, slot, why);
         } else if c.closing {
@@ -950,6 +1093,16 @@ impl Connections {
                 continue;
             };
             c.timer = None;
+            if c.blocked_since
+                .is_some_and(|t| t + self.cfg.message_timeout_ms <= now)
+            {
+                self.close(
+                    now,
+                    slot,
+                    Close::Stalled("it took nothing sent to it in time"),
+                );
+                continue;
+            }
             let mut at = c.deadline(&self.cfg);
             // A quiet WebSocket is asked to answer, and closed if it does not by the next
             // interval (its deadline, from the ping).
@@ -1011,6 +1164,7 @@ impl Connections {
         }
         self.free.push(slot);
         self.open -= 1;
+        self.queued -= c.counted;
         // Closed before it was up, whatever closed it (refused, reset, a failed or abandoned
         // handshake): what was queued on it never left.
         let to = Peer::new(c.transport, c.io.remote);
@@ -1021,6 +1175,7 @@ impl Connections {
             Close::Error => Some(&self.stats.connection_errors),
             Close::Idle => Some(&self.stats.idle_closed),
             Close::MessageTimeout => Some(&self.stats.message_timeouts),
+            Close::Stalled(_) => Some(&self.stats.send_stalls),
             Close::Framing(_) => Some(&self.stats.framing_errors),
             Close::Tls => Some(&self.stats.tls_failures),
             Close::Upgrade(_) => Some(&self.stats.websocket_refused),
@@ -1029,7 +1184,7 @@ impl Connections {
             inc(counter);
         }
         let problem = match why {
-            Close::Framing(f) | Close::Upgrade(f) => Some(f),
+            Close::Framing(f) | Close::Upgrade(f) | Close::Stalled(f) => Some(f),
             Close::MessageTimeout if !c.established => Some("handshake not finished in time"),
             Close::MessageTimeout => Some("message not finished in time"),
             Close::Idle => {

@@ -2,10 +2,12 @@
 //!
 //! The loop, one pass at a time:
 //! 1. one `epoll_wait` on the worker's UDP sockets, mailbox, listeners and connections
-//!    (returning at once while anything is ready, sleeping until the next deadline otherwise);
+//!    (returning at once while anything is ready, or a connection was read to its limit last
+//!    pass, sleeping until the next deadline otherwise);
 //! 2. mail first (bindings other workers made must be in place before any message that may
 //!    depend on them), then a `recvmmsg` batch per readable UDP socket and the bytes of each
-//!    readable connection ([`Connections`]), every message handed to the engine by the same
+//!    readable connection, up to a limit a pass ([`Connections`]; those read to it first),
+//!    every message handed to the engine by the same
 //!    call, [`Engine::handle_message`], after the mail that arrived meanwhile — except
 //!    requests from a source over its flood limit (`Flood`, counted before they are parsed)
 //!    and STUN Binding requests on UDP, answered here (`crate::stun`);
@@ -179,11 +181,14 @@ impl Worker {
             .flatten()
             .min()
             .map_or(200, |d| d.saturating_sub(now).min(200)) as i32;
+            // A connection read to its limit last pass has more waiting, and no edge will say so.
+            let unread = self.connections.has_unread();
+            let timeout = if unread { 0 } else { timeout };
             let n = self.epoll.wait(&mut events, timeout);
             let woke = Instant::now();
             busy.idle(woke.saturating_duration_since(wait_start));
             let delay = self.coalescer.delay(self.millis(woke));
-            if n > 0 && !delay.is_zero() && !backlog {
+            if n > 0 && !delay.is_zero() && !backlog && !unread {
                 // Under load, let datagrams accumulate briefly so one batch takes them; not
                 // while a backlog waits, which would only be drained slower (measured: a
                 // worker that slept before every batch sat idle a seventh of the time while
@@ -200,6 +205,10 @@ impl Worker {
             // batch takes the mail again first, for what came during the pass.)
             self.take_mail(&mut fx);
             backlog = false;
+            if unread {
+                let now = self.now();
+                self.connections.read_unread(now);
+            }
             for (token, ev) in tokens() {
                 match token {
                     Some(Token::Udp(i)) if i < fds.len() => {

@@ -41,6 +41,9 @@ pub struct StreamConn {
 pub enum ReadEnd {
     /// Nothing more to read for now.
     Drained,
+    /// The read stopped at its limit ([`StreamConn::read_up_to`]) with more perhaps waiting:
+    /// no new readiness edge comes for it, so read again soon.
+    Limit,
     /// The peer closed or reset the connection.
     Closed,
     /// TLS failed (bad record, alert, certificate refused).
@@ -199,7 +202,19 @@ impl StreamConn {
     /// shorter than `scratch` means the socket was drained, so the usual extra read that
     /// only returns EAGAIN is skipped (a later arrival raises a new edge).
     pub fn read(&mut self, scratch: &mut [u8]) -> ReadEnd {
+        self.read_up_to(scratch, usize::MAX)
+    }
+
+    /// As [`StreamConn::read`], but stops once `limit` bytes (as received: ciphertext over
+    /// TLS) have been read and the socket may hold more ([`ReadEnd::Limit`]): a peer that
+    /// sends as fast as it is read would otherwise keep one read going for as long as it
+    /// sends, everything it sent held in `inbuf` and nothing answered meanwhile.
+    pub fn read_up_to(&mut self, scratch: &mut [u8], limit: usize) -> ReadEnd {
+        let mut taken = 0usize;
         loop {
+            if taken >= limit {
+                return ReadEnd::Limit;
+            }
             let n = match self.recv(scratch) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadEnd::Drained,
@@ -207,6 +222,7 @@ impl StreamConn {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return ReadEnd::Closed,
             };
+            taken += n;
             let Some(tls) = &mut self.tls else {
                 if n == 0 {
                     return ReadEnd::Closed;
@@ -447,5 +463,51 @@ mod tests {
         }
         assert_eq!(reader.join().unwrap(), total);
         assert_eq!(conn.queued_bytes(), 0);
+    }
+
+    /// A read with a limit stops there while the socket holds more, and says so; the next
+    /// takes the rest, and says the socket is drained.
+    #[test]
+    fn a_limited_read_stops_at_its_limit_and_the_next_takes_the_rest() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, remote) = listener.accept().unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let mut conn = StreamConn::new(stream, remote, None);
+        let total = 1 << 20;
+        // The writer hands the stream back, so the connection stays open.
+        let writer = std::thread::spawn(move || peer.write_all(&vec![b'x'; total]).map(|()| peer));
+        let mut scratch = vec![0; 64 * 1024];
+        let limit = 256 * 1024;
+        // Wait until more than the limit has arrived.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut first = None;
+        while std::time::Instant::now() < deadline {
+            match conn.read_up_to(&mut scratch, limit) {
+                ReadEnd::Limit => {
+                    first = Some(conn.inbuf.len());
+                    break;
+                }
+                ReadEnd::Drained => std::thread::sleep(Duration::from_millis(1)),
+                end => panic!("{end:?}"),
+            }
+        }
+        let first = first.expect("never reached the limit");
+        // What an earlier drained read took, plus at most the limit and one scratch over.
+        assert!(first < total, "{first}");
+        let _peer = writer.join().unwrap().unwrap();
+        while conn.inbuf.len() < total && std::time::Instant::now() < deadline {
+            let before = conn.inbuf.len();
+            match conn.read_up_to(&mut scratch, limit) {
+                ReadEnd::Limit => assert!(conn.inbuf.len() - before <= limit + scratch.len()),
+                ReadEnd::Drained => {}
+                end => panic!("{end:?}"),
+            }
+        }
+        assert_eq!(conn.inbuf.len(), total);
+        assert!(matches!(
+            conn.read_up_to(&mut scratch, limit),
+            ReadEnd::Drained
+        ));
     }
 }
