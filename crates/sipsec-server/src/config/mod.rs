@@ -440,7 +440,8 @@ pub struct StreamConfig {
     pub outbound: OutboundConnections,
     /// A connection with no traffic this long is closed.
     pub(crate) idle_timeout_ms: u64,
-    /// A message (or a TLS handshake) must arrive whole within this time once begun.
+    /// A message (or a TLS handshake) must arrive whole within this time once begun, and a
+    /// peer must take some of what waits to be sent to it within it.
     pub message_timeout_ms: u64,
     /// Open connections per worker beyond which new ones are refused.
     pub(crate) max_connections_per_worker: usize,
