@@ -203,6 +203,11 @@ struct Conn {
     read_pass: u64,
     /// Its last read stopped at [`READ_LIMIT`]: it is in [`Connections::unread`].
     unread: bool,
+    /// Which connection this is, of all the worker opened: a slot is reused, and a read,
+    /// closed and reused within one pass must not be taken for the new one's.
+    serial: u64,
+    /// What the socket had taken ([`StreamConn::written`]) when `blocked_since` was last set.
+    written_at_block: u64,
 }
 
 impl Conn {
@@ -264,6 +269,9 @@ pub enum Received<'a> {
 /// One message framed this pass: where it is in its connection's input buffer.
 struct Frame {
     slot: usize,
+    /// The connection's serial ([`Conn::serial`]): a slot closed and taken by a new
+    /// connection within the pass is not the one read.
+    serial: u64,
     start: usize,
     len: usize,
     oversize: bool,
@@ -272,6 +280,7 @@ struct Frame {
 /// One connection read this pass, and what is left to do once its messages are handled.
 struct Read {
     slot: usize,
+    serial: u64,
     consumed: usize,
     ping: bool,
     invalid: Option<&'static str>,
@@ -313,6 +322,8 @@ pub struct Connections {
     pass: u64,
     /// Connections whose last read stopped at [`READ_LIMIT`], to read again next pass.
     unread: Vec<usize>,
+    /// The serial the next connection gets.
+    next_serial: u64,
     /// What this pass read, until [`Connections::release`].
     frames: Vec<Frame>,
     reads: Vec<Read>,
@@ -372,6 +383,7 @@ impl Connections {
             queued: 0,
             pass: 1,
             unread: Vec::new(),
+            next_serial: 1,
             frames: Vec::new(),
             reads: Vec::new(),
             stats,
@@ -566,7 +578,10 @@ impl Connections {
             counted: 0,
             read_pass: 0,
             unread: false,
+            serial: self.next_serial,
+            written_at_block: 0,
         };
+        self.next_serial += 1;
         let at = c.deadline(&self.cfg);
         c.timer = Some(self.timers.insert(at, slot));
         c.timer_at = at;
@@ -648,6 +663,7 @@ impl Connections {
         for &(start, len) in &framed.messages {
             self.frames.push(Frame {
                 slot,
+                serial: c.serial,
                 start,
                 len,
                 oversize: false,
@@ -657,6 +673,7 @@ impl Connections {
             // The oversize message starts where the framed ones end.
             self.frames.push(Frame {
                 slot,
+                serial: c.serial,
                 start: framed.consumed,
                 len: c.io.inbuf.len() - framed.consumed,
                 oversize: true,
@@ -664,6 +681,7 @@ impl Connections {
         }
         self.reads.push(Read {
             slot,
+            serial: c.serial,
             consumed: framed.consumed,
             ping: framed.ping,
             invalid: framed.invalid,
@@ -714,6 +732,9 @@ impl Connections {
     pub fn received(&self, i: usize) -> Option<Received<'_>> {
         let f = self.frames.get(i)?;
         let c = self.conns.get(f.slot)?.as_ref()?;
+        if c.serial != f.serial {
+            return None;
+        }
         let peer = Peer {
             transport: c.transport,
             addr: c.io.remote,
@@ -738,6 +759,10 @@ impl Connections {
             let Some(c) = self.conns.get_mut(r.slot).and_then(Option::as_mut) else {
                 continue;
             };
+            if c.serial != r.serial {
+                // Closed since it was read, its slot taken by a new connection.
+                continue;
+            }
             if r.ping {
                 c.io.queue(b"\r\n");
             }
@@ -831,7 +856,7 @@ impl Connections {
                 remembered = true;
             }
         }
-        if let Some(why) = self.count_queued(slot) {
+        if let Some(why) = self.count_queued(now, slot) {
             // What was just queued dies with the connection: a request's branch fails now
             // (handed back by the close if it was remembered as unconfirmed).
             if request && !remembered {
@@ -846,14 +871,19 @@ impl Connections {
 
     /// Brings [`Connections::queued`] up to date with what the connection at `slot` holds,
     /// and says why it must be closed if its queue is past a ceiling.
-    fn count_queued(&mut self, slot: usize) -> Option<&'static str> {
+    fn count_queued(&mut self, now: Millis, slot: usize) -> Option<&'static str> {
         let c = self.conns.get_mut(slot).and_then(Option::as_mut)?;
         let held = c.io.queued_bytes();
         self.queued = self.queued - c.counted + held;
         c.counted = held;
+        // Only a queue the socket has taken nothing of for a while counts against the total:
+        // a next hop still taking its burst is not closed for what slow readers hold.
+        let stuck = c
+            .blocked_since
+            .is_some_and(|t| now.saturating_sub(t) >= self.cfg.message_timeout_ms / 4);
         if held > MAX_QUEUED {
             Some("it reads far slower than it is sent to (its queue passed MAX_QUEUED)")
-        } else if self.queued > MAX_QUEUED_TOTAL && held > SLOW_QUEUE {
+        } else if self.queued > MAX_QUEUED_TOTAL && held > SLOW_QUEUE && stuck {
             Some("it reads slower than it is sent to, and the worker's queues are full")
         } else {
             None
@@ -1055,7 +1085,6 @@ impl Connections {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        let before = c.io.queued_bytes();
         if !c.io.flush() {
             self.close(now, slot, Close::Error);
             return;
@@ -1063,12 +1092,17 @@ impl Connections {
         let waits = c.io.has_output();
         if !waits {
             c.blocked_since = None;
-        } else if c.blocked_since.is_none() || c.io.queued_bytes() < before {
-            // Taken in part: the rest goes when the socket is writable again, and the peer
-            // has `message_timeout_ms` from now to take more.
+        } else if !c.connecting
+            && c.established
+            && (c.blocked_since.is_none() || c.io.written() > c.written_at_block)
+        {
+            // The rest goes when the socket is writable again, and the peer has
+            // `message_timeout_ms` from now to take more. (A connection still coming up is
+            // timed by its connect or handshake instead.)
             c.blocked_since = Some(now);
+            c.written_at_block = c.io.written();
         }
-        if let Some(why) = self.count_queued(slot) {
+        if let Some(why) = self.count_queued(now, slot) {
             self.close(now, slot, Close::Stalled(why));
             return;
         }
@@ -1096,12 +1130,22 @@ impl Connections {
             if c.blocked_since
                 .is_some_and(|t| t + self.cfg.message_timeout_ms <= now)
             {
-                self.close(
-                    now,
-                    slot,
-                    Close::Stalled("it took nothing sent to it in time"),
-                );
-                continue;
+                // Progress shows only at a write, and a peer reading slowly raises no
+                // writable edge until a third of the send buffer is free: try once more.
+                let alive = c.io.flush();
+                if alive && c.io.written() > c.written_at_block {
+                    c.blocked_since = Some(now);
+                    c.written_at_block = c.io.written();
+                } else if alive && !c.io.has_output() {
+                    c.blocked_since = None;
+                } else {
+                    self.close(
+                        now,
+                        slot,
+                        Close::Stalled("it took nothing sent to it in time"),
+                    );
+                    continue;
+                }
             }
             let mut at = c.deadline(&self.cfg);
             // A quiet WebSocket is asked to answer, and closed if it does not by the next

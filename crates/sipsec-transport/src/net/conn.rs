@@ -34,6 +34,8 @@ pub struct StreamConn {
     /// When the kernel received the last segment a read took, while the socket has receive
     /// timestamps on (`udp::set_timestamps`), until taken.
     stamp: Option<SystemTime>,
+    /// Bytes the socket has taken, all told.
+    written: u64,
 }
 
 /// How reading a connection ended.
@@ -79,6 +81,7 @@ impl StreamConn {
             outbuf: Vec::new(),
             handshake_plain: 0,
             stamp: None,
+            written: 0,
         }
     }
 
@@ -174,6 +177,12 @@ impl StreamConn {
         self.outbuf.len() + self.handshake_plain
     }
 
+    /// Bytes the socket has taken from this connection, all told: whether a peer that is sent
+    /// more than it reads is reading at all.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
     /// Writes as much queued output as the socket takes; false when the connection failed.
     pub fn flush(&mut self) -> bool {
         let would_wait = |e: &io::Error| {
@@ -185,6 +194,7 @@ impl StreamConn {
                 Ok(0) => return false,
                 Ok(n) => {
                     self.outbuf.drain(..n);
+                    self.written += n as u64;
                 }
                 Err(e) if would_wait(&e) => return true,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
