@@ -37,9 +37,10 @@
 //! sent to it is closed too, as Kamailio's `tcp_send_timeout` and `tcp_conn_wq_max` close one:
 //! when the socket has taken nothing of its queue for `message_timeout_ms`, when its queue
 //! would pass [`MAX_QUEUED`], or when the worker's connections together hold more than
-//! [`MAX_QUEUED_TOTAL`] and its own queue is past [`SLOW_QUEUE`] — so requests sent by a peer
-//! that never reads the answers cannot grow the server's memory without limit. Each is counted
-//! and logged at a bounded rate.
+//! [`MAX_QUEUED_TOTAL`] and its own queue is past [`SLOW_QUEUE`], untaken for a quarter of
+//! `message_timeout_ms` — so requests sent by a peer that never reads the answers cannot grow
+//! the server's memory without limit (the total is not a hard cap: queues under
+//! [`SLOW_QUEUE`] are never closed by it). Each is counted and logged at a bounded rate.
 
 use super::token::Token;
 use crate::config::{OutboundConnections, StreamConfig};
@@ -76,8 +77,9 @@ const READ_LIMIT: usize = 256 << 10;
 /// for a server whose reads block).
 pub(crate) const MAX_QUEUED: usize = 16 << 20;
 /// What a worker's connections may hold queued together. Past it, a connection that is sent
-/// more while its own queue is past [`SLOW_QUEUE`] is closed: many slow readers cannot take
-/// memory that one may not.
+/// more (or written to) while its own queue is past [`SLOW_QUEUE`] and its socket has taken
+/// nothing for a quarter of `message_timeout_ms` is closed: many slow readers cannot take
+/// memory that one may not, and a next hop still taking a burst is not closed for them.
 pub(crate) const MAX_QUEUED_TOTAL: usize = 256 << 20;
 /// A queue past this is a slow reader's, for [`MAX_QUEUED_TOTAL`]: a connection that keeps
 /// up holds at most what a pass wrote to it while the socket's buffer was full.
