@@ -390,15 +390,20 @@ mod tests {
     use std::net::TcpListener;
     use std::time::Duration;
 
+    /// A connection over an accepted loopback stream (non-blocking), and its peer.
+    fn accepted() -> (StreamConn, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, remote) = listener.accept().unwrap();
+        stream.set_nonblocking(true).unwrap();
+        (StreamConn::new(stream, remote, None), peer)
+    }
+
     /// With receive timestamps on, a read says when the kernel received what it took (the
     /// stream side of a worker's queue delay); with them off it says nothing.
     #[test]
     fn a_read_carries_the_kernel_receive_time_when_timestamps_are_on() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, remote) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let mut conn = StreamConn::new(server, remote, None);
+        let (mut conn, mut client) = accepted();
         let mut scratch = vec![0; 4096];
 
         client.write_all(b"OPTIONS").unwrap();
@@ -479,11 +484,7 @@ mod tests {
     /// takes the rest, and says the socket is drained.
     #[test]
     fn a_limited_read_stops_at_its_limit_and_the_next_takes_the_rest() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (stream, remote) = listener.accept().unwrap();
-        stream.set_nonblocking(true).unwrap();
-        let mut conn = StreamConn::new(stream, remote, None);
+        let (mut conn, mut peer) = accepted();
         let total = 1 << 20;
         // The writer hands the stream back, so the connection stays open.
         let writer = std::thread::spawn(move || peer.write_all(&vec![b'x'; total]).map(|()| peer));

@@ -412,8 +412,8 @@ impl Controller {
             now_kept
         };
         let (low, high) = (now_kept.min(before_kept), now_kept.max(before_kept));
-        let steady = high / low - 1.0 <= UNSTEADY && (growth_s / elapsed).abs() <= UNSTEADY;
         let growth = growth_s / elapsed;
+        let steady = high / low - 1.0 <= UNSTEADY && growth.abs() <= UNSTEADY;
         let sample = if steady || self.oc_offered <= 0.0 {
             Some(sent / now_kept)
         } else if growth > UNSTEADY {
