@@ -10,8 +10,9 @@
 //!   once the quota runs out, leaping from a third to one at saturation; this reads it
 //!   linearly. The load is the larger of the two (without a quota it is the busy fraction);
 //! - near capacity, how long datagrams waited in the kernel before they were read (kernel
-//!   receive timestamps, the oldest of each batch; on TCP and TLS connections, the last segment
-//!   each read took): the least over the interval — a queue that
+//!   receive timestamps, the oldest of each batch; on TCP and TLS connections, a bound on how
+//!   long the head of each pass's longest read waited, `Connections::take_delay`): the least
+//!   over the interval — a queue that
 //!   stood the whole interval, CoDel's test, which one late batch after a hiccup does not pass
 //!   — and the last, the queue as the interval ended.
 
@@ -79,8 +80,8 @@ impl BusyMeter {
         }
     }
 
-    /// A batch's oldest datagram, or a stream read's last segment, waited `d` in the kernel
-    /// before it was read.
+    /// A batch's oldest datagram, or the head of a pass's stream reads, waited `d` in the
+    /// kernel before it was read.
     pub(crate) fn queued(&mut self, d: Duration) {
         self.standing = Some(self.standing.map_or(d, |s| s.min(d)));
         self.latest = d;

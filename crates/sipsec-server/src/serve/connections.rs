@@ -205,6 +205,8 @@ struct Conn {
     read_pass: u64,
     /// Its last read stopped at [`READ_LIMIT`]: it is in [`Connections::unread`].
     unread: bool,
+    /// When it was last read (or opened), for the queue delay ([`Connections::take_delay`]).
+    read_at: Millis,
     /// Which connection this is, of all the worker opened: a slot is reused, and a read,
     /// closed and reused within one pass must not be taken for the new one's.
     serial: u64,
@@ -332,10 +334,12 @@ pub struct Connections {
     /// The domain a TLS destination was located from, which its certificate must name
     /// (RFC 5922 §4); addresses not here are checked against their IP address.
     tls_names: HashMap<SocketAddr, Arc<str>>,
-    /// Whether connections have kernel receive timestamps on (near capacity, as the UDP
-    /// sockets do), and how long what each read took had waited, until taken.
-    timestamps: bool,
-    delays: Vec<std::time::Duration>,
+    /// Whether a read's queue delay is measured (near capacity, when the UDP sockets have
+    /// kernel timestamps on), the earliest anything this pass's wait reported can have arrived
+    /// ([`Connections::woke`]), and the longest delay a read found since taken.
+    measuring: bool,
+    since: Millis,
+    delay: Option<Millis>,
 }
 
 /// Domains remembered for TLS destinations, per worker.
@@ -378,8 +382,9 @@ impl Connections {
             tls_client,
             scratch: vec![0; 64 * 1024],
             tls_names: HashMap::new(),
-            timestamps: false,
-            delays: Vec::new(),
+            measuring: false,
+            since: 0,
+            delay: None,
             framed: Framed::default(),
             failed: Vec::new(),
             queued: 0,
@@ -393,22 +398,34 @@ impl Connections {
         })
     }
 
-    /// Switches kernel receive timestamps on or off for every connection, open and to come:
-    /// the stream side of a worker's queue delay (see `serve::busy`).
-    pub(crate) fn set_timestamps(&mut self, on: bool) {
-        self.timestamps = on;
-        for c in self.conns.iter().flatten() {
-            sipsec_transport::net::udp::set_timestamps(c.io.stream.as_raw_fd(), on);
-        }
-        if !on {
-            self.delays.clear();
-        }
+    /// Switches the measure of queue delay on or off (see [`Connections::take_delay`]).
+    pub(crate) fn set_measuring(&mut self, on: bool) {
+        self.measuring = on;
+        self.delay = None;
     }
 
-    /// How long what each read since the last call had waited in the kernel (while
-    /// timestamps are on).
-    pub(crate) fn take_delays(&mut self) -> std::vec::Drain<'_, std::time::Duration> {
-        self.delays.drain(..)
+    /// Says when the wait that began this pass returned, or, if it slept, when it began: the
+    /// earliest the data it reported can have arrived (a readiness edge raised before would
+    /// have ended the wait before; data that was already waiting woke it at once).
+    pub(crate) fn woke(&mut self, since: Millis) {
+        self.since = since;
+    }
+
+    /// The longest the head of a read's data had waited in the kernel, since the last call,
+    /// while measuring ([`Connections::set_measuring`]): the stream side of the worker's queue
+    /// delay. Kernel receive timestamps cannot say it (they stamp a read with its newest
+    /// segment, and TCP merges the segments it queues, each merge taking the newest stamp:
+    /// measured over TLS at four times capacity, reads' stamps said 0 ms while the callers'
+    /// connections stood full). It is bounded instead: what a read takes arrived after the
+    /// connection's last read and after the pass's wait began ([`Connections::woke`]) — or,
+    /// for a connection whose last read stopped at its limit, was waiting at that read. The
+    /// bound is the head's wait when data arrives throughout, as it does on a connection
+    /// whose sender is held back by its window, the stream's standing queue; when it does
+    /// not, the wait is short, and so is the bound. The longest of a pass: every connection is
+    /// a queue, and one read every pass because little comes on it says nothing of the
+    /// callers' connections' queue.
+    pub(crate) fn take_delay(&mut self) -> Option<Millis> {
+        self.delay.take()
     }
 
     /// The next time [`Connections::on_tick`] has work.
@@ -549,9 +566,6 @@ impl Connections {
             }
         };
         let token = Token::Connection(slot).encode();
-        if self.timestamps {
-            sipsec_transport::net::udp::set_timestamps(stream.as_raw_fd(), true);
-        }
         if let Err(e) = epoll.add(stream.as_raw_fd(), epoll::STREAM, token) {
             self.free.push(slot);
             return Err(e);
@@ -579,6 +593,7 @@ impl Connections {
             blocked_since: None,
             counted: 0,
             read_pass: 0,
+            read_at: now,
             unread: false,
             serial: self.next_serial,
             written_at_block: 0,
@@ -624,6 +639,16 @@ impl Connections {
             return;
         }
         c.read_pass = self.pass;
+        if self.measuring {
+            let from = if c.unread {
+                c.read_at
+            } else {
+                c.read_at.max(self.since)
+            };
+            let d = now.saturating_sub(from);
+            self.delay = Some(self.delay.map_or(d, |l| l.max(d)));
+        }
+        c.read_at = now;
         c.unread = false;
         c.last_active = now;
         c.pinged = None;
@@ -631,9 +656,6 @@ impl Connections {
         if matches!(end, ReadEnd::Limit) {
             c.unread = true;
             self.unread.push(slot);
-        }
-        if let Some(t) = c.io.take_timestamp() {
-            self.delays.push(t.elapsed().unwrap_or_default());
         }
         if !c.established {
             if let Some(kind) = c.io.handshake_kind() {
@@ -1377,5 +1399,91 @@ mod receive_buffer_tests {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod delay_tests {
+    use super::{listen_reuseport, Connections, Token};
+    use crate::config::Config;
+    use sip_core::timer::Millis;
+    use sipsec_transport::net::epoll::{self, Epoll};
+    use sipsec_transport::net::transport::Transport;
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    /// Waits until something is readable and hands the events to the table at `now` (engine
+    /// milliseconds, made up here: the bound is arithmetic on them), as one pass.
+    fn pass(conns: &mut Connections, ep: &Epoll, now: Millis) {
+        let mut events = epoll::events(16);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut readable = false;
+        while !readable {
+            let n = ep.wait(&mut events, 50);
+            for ev in &events[..n] {
+                let token = Token::decode(ev.u64).expect("ours");
+                conns.on_event(now, token, ev, ep);
+                readable |= ev.events & libc::EPOLLIN as u32 != 0;
+            }
+            assert!(Instant::now() < deadline, "nothing became readable");
+        }
+        conns.release(now);
+    }
+
+    /// A stream read's queue delay is bounded by when its data can have arrived: after the
+    /// connection's last read, and after the wait that reported it began if that wait slept —
+    /// so a connection read every pass while the worker never waits says the pass's length
+    /// (its sender's queue stands), and one read after a sleep says how long since the sleep.
+    #[test]
+    fn a_stream_read_s_delay_is_bounded_by_its_last_read_and_the_wait() {
+        let toml = "[server]\nlisten = [\"tcp:127.0.0.1:5060\"]\n";
+        let cfg = Config::from_toml(toml).unwrap();
+        let ep = Epoll::new().unwrap();
+        let listener = listen_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut conns = Connections::new(
+            0,
+            cfg.streams.clone(),
+            65_535,
+            vec![(Transport::Tcp, listener)],
+            None,
+            None,
+            Default::default(),
+            &ep,
+        )
+        .unwrap();
+        conns.set_measuring(true);
+        let mut client = TcpStream::connect(addr).unwrap();
+        conns.woke(0);
+        pass(&mut conns, &ep, 0); // accepted at 0
+        assert_eq!(conns.take_delay(), None, "an accept reads nothing");
+
+        // The worker never waited since: the data may have waited since the accept.
+        client.write_all(b"\r\n\r\n").unwrap();
+        conns.woke(0);
+        pass(&mut conns, &ep, 30);
+        assert_eq!(conns.take_delay(), Some(30));
+        assert_eq!(conns.take_delay(), None, "taken once");
+
+        // Read again 12 ms later, the wait not having slept: a pass's length.
+        client.write_all(b"\r\n\r\n").unwrap();
+        conns.woke(30);
+        pass(&mut conns, &ep, 42);
+        assert_eq!(conns.take_delay(), Some(12));
+
+        // The wait slept from 100: the data came during it.
+        conns.woke(100);
+        client.write_all(b"\r\n\r\n").unwrap();
+        pass(&mut conns, &ep, 103);
+        assert_eq!(conns.take_delay(), Some(3));
+
+        // Not measuring: nothing.
+        conns.set_measuring(false);
+        conns.woke(200);
+        client.write_all(b"\r\n\r\n").unwrap();
+        pass(&mut conns, &ep, 250);
+        assert_eq!(conns.take_delay(), None);
     }
 }

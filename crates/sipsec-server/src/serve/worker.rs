@@ -165,6 +165,8 @@ impl Worker {
         let mut timestamps = false;
         // The last pass read a full batch from some socket: more is waiting already.
         let mut backlog = false;
+        // When the last wait returned, engine milliseconds.
+        let mut woke_ms = 0;
         while !self.shutdown.load(Ordering::Relaxed) {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
             // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
@@ -186,7 +188,13 @@ impl Worker {
             let timeout = if unread { 0 } else { timeout };
             let n = self.epoll.wait(&mut events, timeout);
             let woke = Instant::now();
-            busy.idle(woke.saturating_duration_since(wait_start));
+            let waited = woke.saturating_duration_since(wait_start);
+            busy.idle(waited);
+            // What this wait reported arrived after the last one returned, or, if it slept
+            // (what was ready returns it within microseconds), after it began.
+            let slept = timeout > 0 && waited >= SLEPT;
+            self.connections.woke(if slept { now } else { woke_ms });
+            woke_ms = self.millis(woke);
             let delay = self.coalescer.delay(self.millis(woke));
             if n > 0 && !delay.is_zero() && !backlog && !unread {
                 // Under load, let datagrams accumulate briefly so one batch takes them; not
@@ -227,10 +235,8 @@ impl Worker {
                 }
             }
             self.receive_streams(&mut fx);
-            if timestamps {
-                for d in self.connections.take_delays() {
-                    busy.queued(d);
-                }
+            if let Some(d) = self.connections.take_delay() {
+                busy.queued(Duration::from_millis(d));
             }
             let now = self.now();
             if self.engine.poll_timeout().is_some_and(|d| d <= now) {
@@ -263,7 +269,7 @@ impl Worker {
                     for &fd in &fds {
                         udp::set_timestamps(fd, want);
                     }
-                    self.connections.set_timestamps(want);
+                    self.connections.set_measuring(want);
                 }
             }
             self.flush(&fds, &mut sender, &mut udp_out, &mut fx);
@@ -530,3 +536,6 @@ fn admit(
 /// their queue delay); below it nothing is stamped. Overload control reads a `target`
 /// below it as a cap on the load (`engine::overload::control::QUEUE_MEASURED_FROM`, the same).
 const TIMESTAMPS_FROM_LOAD: f64 = 0.5;
+
+/// A wait that took this long slept: one that returns what was ready takes microseconds.
+const SLEPT: Duration = Duration::from_millis(1);

@@ -7,11 +7,9 @@
 use super::ws::{Policy, Sink, WebSocket};
 use crate::tls::{Received, Session};
 use sip_core::message::framing::{next_frame, Frame};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 /// One accepted or opened stream connection: its socket, its TLS session if any, and the bytes
 /// waiting to be framed or written.
@@ -31,9 +29,6 @@ pub struct StreamConn {
     /// Plaintext queued while the TLS handshake runs, which the session holds until it
     /// finishes (and then seals into `outbuf`).
     handshake_plain: usize,
-    /// When the kernel received the last segment a read took, while the socket has receive
-    /// timestamps on (`udp::set_timestamps`), until taken.
-    stamp: Option<SystemTime>,
     /// Bytes the socket has taken, all told.
     written: u64,
 }
@@ -80,7 +75,6 @@ impl StreamConn {
             inbuf: Vec::new(),
             outbuf: Vec::new(),
             handshake_plain: 0,
-            stamp: None,
             written: 0,
         }
     }
@@ -264,35 +258,9 @@ impl StreamConn {
         }
     }
 
-    /// When the kernel received the last segment the latest reads took, if the socket has
-    /// receive timestamps on: how long what was read waited to be read. Taken once.
-    pub fn take_timestamp(&mut self) -> Option<SystemTime> {
-        self.stamp.take()
-    }
-
-    /// One read of the socket into `scratch` (`recvmsg`, so the kernel's receive timestamp
-    /// comes with it when the socket has them on).
+    /// One read of the socket into `scratch`.
     fn recv(&mut self, scratch: &mut [u8]) -> io::Result<usize> {
-        let mut iov = libc::iovec {
-            iov_base: scratch.as_mut_ptr().cast(),
-            iov_len: scratch.len(),
-        };
-        let mut control = [0u64; 8];
-        // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
-        let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-        hdr.msg_iov = &mut iov;
-        hdr.msg_iovlen = 1;
-        hdr.msg_control = control.as_mut_ptr().cast();
-        hdr.msg_controllen = size_of_val(&control);
-        // SAFETY: the socket is ours and open; `hdr` points at a live buffer and control area.
-        let n = unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut hdr, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if let Some(t) = crate::net::udp::timestamp_in(&hdr) {
-            self.stamp = Some(t);
-        }
-        Ok(n as usize)
+        self.stream.read(scratch)
     }
 
     /// Finds the whole messages and keep-alives at the front of `inbuf`; `max` bounds one
@@ -388,6 +356,7 @@ fn sink<'a>(tls: &'a mut Option<Box<Session>>, outbuf: &'a mut Vec<u8>) -> Sink<
 mod tests {
     use super::*;
     use std::net::TcpListener;
+    use std::os::fd::AsRawFd;
     use std::time::Duration;
 
     /// A connection over an accepted loopback stream (non-blocking), and its peer.
@@ -397,49 +366,6 @@ mod tests {
         let (stream, remote) = listener.accept().unwrap();
         stream.set_nonblocking(true).unwrap();
         (StreamConn::new(stream, remote, None), peer)
-    }
-
-    /// With receive timestamps on, a read says when the kernel received what it took (the
-    /// stream side of a worker's queue delay); with them off it says nothing.
-    #[test]
-    fn a_read_carries_the_kernel_receive_time_when_timestamps_are_on() {
-        let (mut conn, mut client) = accepted();
-        let mut scratch = vec![0; 4096];
-
-        client.write_all(b"OPTIONS").unwrap();
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(matches!(conn.read(&mut scratch), ReadEnd::Drained));
-        assert_eq!(conn.inbuf, b"OPTIONS");
-        assert_eq!(conn.take_timestamp(), None);
-
-        assert!(crate::net::udp::set_timestamps(
-            conn.stream.as_raw_fd(),
-            true
-        ));
-        // The kernel starts stamping packets a moment after the first socket asks (it switches
-        // a static key from a work queue): write until a read carries a stamp.
-        let mut stamped = None;
-        for _ in 0..50 {
-            let sent = SystemTime::now();
-            client.write_all(b" sip:x").unwrap();
-            std::thread::sleep(Duration::from_millis(30));
-            assert!(matches!(conn.read(&mut scratch), ReadEnd::Drained));
-            if let Some(stamp) = conn.take_timestamp() {
-                stamped = Some((sent, stamp));
-                break;
-            }
-        }
-        assert!(conn.inbuf.starts_with(b"OPTIONS sip:x"));
-        let (sent, stamp) = stamped.expect("a receive timestamp within 50 writes");
-        let waited = stamp.elapsed().unwrap();
-        // Received after it was sent, and it waited about the 30 ms we slept before reading.
-        assert!(
-            stamp >= sent - Duration::from_millis(1),
-            "{stamp:?} {sent:?}"
-        );
-        assert!(waited >= Duration::from_millis(25), "{waited:?}");
-        // Taken once.
-        assert_eq!(conn.take_timestamp(), None);
     }
 
     /// What the socket has not taken is counted, here and in the kernel, while the peer does
@@ -467,7 +393,7 @@ mod tests {
             let mut buf = vec![0; 1 << 20];
             let mut got = 0;
             while got < total {
-                got += io::Read::read(&mut server, &mut buf).unwrap();
+                got += server.read(&mut buf).unwrap();
             }
             got
         });

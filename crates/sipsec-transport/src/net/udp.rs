@@ -21,7 +21,7 @@ const SOCKET_BUFFER: libc::c_int = 8 << 20;
 /// 8-byte words of control buffer for the first datagram of a batch.
 const CONTROL_WORDS: usize = 8;
 
-/// Switches kernel receive timestamps (`SO_TIMESTAMPNS`) on or off for a socket, UDP or TCP.
+/// Switches kernel receive timestamps (`SO_TIMESTAMPNS`) on or off for a UDP socket.
 /// Off by default: while on, every packet the host receives is stamped, so a worker turns them
 /// on only while it is near its capacity and queue delay is worth knowing.
 pub fn set_timestamps(fd: RawFd, on: bool) -> bool {
@@ -34,8 +34,7 @@ pub fn set_timestamps(fd: RawFd, on: bool) -> bool {
 }
 
 /// The kernel receive timestamp (`SCM_TIMESTAMPNS`) in the control data of a message
-/// `recvmsg` filled, if any: for a datagram, when it arrived; for a stream read, when the last
-/// segment it took did.
+/// `recvmsg` filled, if any: when the datagram arrived.
 pub(crate) fn timestamp_in(h: &libc::msghdr) -> Option<std::time::SystemTime> {
     if h.msg_control.is_null() || h.msg_controllen == 0 {
         return None;

@@ -302,11 +302,12 @@ impl Controller {
             self.cost
                 .add(admitted_rate, arrived_rate - admitted_rate, iv.cpu.min(1.0));
         }
-        // Only where a queue is measured (UDP workers): there the trim corrects the model from
-        // the queue every interval. Where only the load speaks (streams), nothing corrects it,
-        // and a call read dearer below saturation lowers the capacity for good — measured over
-        // TLS, RFC 7339 callers at four times capacity kept 0.45 [0.27, 0.76] of what the
-        // estimator below keeps (5 alternated rounds): streams keep that estimator.
+        // Only where a queue is measured: there the trim corrects the model from the queue
+        // every interval. Where only the load speaks (a `target` below half load), nothing
+        // corrects it, and a call read dearer below saturation lowers the capacity for good —
+        // measured over TLS before stream reads measured a queue, RFC 7339 callers at four
+        // times capacity kept 0.45 [0.27, 0.76] of what the estimator below keeps (5
+        // alternated rounds): such a worker keeps that estimator.
         let fit = self.cost.fit().filter(|_| queue_measured);
         if let Some((a, _)) = fit.filter(|_| saturated || engaged) {
             // The cost model speaks: the capacity is what the whole CPU takes at the cost

@@ -4,8 +4,8 @@
 //! **The load signal** (`serve::busy`, handed in by [`Engine::handle_load`] every
 //! `[overload] interval_ms`) is the worker's busy fraction, or its CPU time against the share
 //! of a cgroup quota it may use where that is more; and, near capacity, the queue delay of
-//! datagrams in the kernel: the least over the interval (a queue that stood throughout) and
-//! the last.
+//! datagrams and stream reads in the kernel: the least over the interval (a queue that stood
+//! throughout) and the last.
 //!
 //! **The controller** (`control`) turns that into an estimate of the worker's capacity in new
 //! requests per second, then:
@@ -70,8 +70,8 @@ pub(crate) struct Measured {
     pub(crate) load: f64,
     /// Its CPU time as a share of what it may use.
     pub(crate) cpu: f64,
-    /// The least time a datagram (or a stream read's last segment) waited in the kernel over
-    /// the interval, milliseconds: a standing queue. None when not measured.
+    /// The least time a datagram (or the head of a pass's stream reads) waited in the kernel
+    /// over the interval, milliseconds: a standing queue. None when not measured.
     pub(crate) standing_delay_ms: Option<u64>,
     /// How long the last one read waited, milliseconds (0 when not measured).
     pub(crate) queue_delay_ms: u64,
