@@ -509,7 +509,7 @@ pub struct OverloadConfig {
     /// estimated capacity.
     pub enabled: bool,
     /// The load that counts as saturation where no queue delay is measured (below half
-    /// load, where kernel receive timestamps are off).
+    /// load, where the worker does not measure it).
     pub target: f64,
     /// RFC 7339/7415 neighbours are given `feedback_target / target` of the capacity: a
     /// margin, so a neighbour that honours it is never shed locally as well.

@@ -11,10 +11,12 @@
 //!   linearly. The load is the larger of the two (without a quota it is the busy fraction);
 //! - near capacity, how long datagrams waited in the kernel before they were read (kernel
 //!   receive timestamps, the oldest of each batch; on TCP and TLS connections, a bound on how
-//!   long the head of each pass's longest read waited, `Connections::take_delay`): the least
-//!   over the interval — a queue that
-//!   stood the whole interval, CoDel's test, which one late batch after a hiccup does not pass
-//!   — and the last, the queue as the interval ended.
+//!   long the head of each pass's longest read waited, `Connections::take_delay`): for each
+//!   of the two queues, the least over the interval — a queue that stood the whole interval,
+//!   CoDel's test, which one late batch after a hiccup does not pass, and a pass that found it
+//!   empty fails — and the last, the queue as the interval ended. The worker's figures are the
+//!   larger queue's: datagrams read at once do not say that the connections' queue is short,
+//!   nor the other way round.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -38,8 +40,38 @@ pub(crate) struct BusyMeter {
     limit: f64,
     limit_read: Option<Instant>,
     workers: usize,
-    standing: Option<Duration>,
+    /// The datagrams' queue and the connections'.
+    queues: [QueueDelay; 2],
+}
+
+/// Which of a worker's queues a delay was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queue {
+    /// The UDP sockets' (kernel receive timestamps).
+    Datagrams = 0,
+    /// The TCP, TLS and WebSocket connections' (`Connections::take_delay`).
+    Streams = 1,
+}
+
+/// One queue's delays over the current interval.
+#[derive(Debug, Clone, Copy, Default)]
+struct QueueDelay {
+    /// The least so far (None: none read this interval).
+    least: Option<Duration>,
+    /// The last pass's (zero if it read none).
     latest: Duration,
+    /// Read this pass.
+    read: bool,
+    /// A pass this interval read none: the queue was empty then.
+    emptied: bool,
+}
+
+impl QueueDelay {
+    /// What stood all interval, if anything was read.
+    fn standing(&self) -> Option<Duration> {
+        self.least
+            .map(|d| if self.emptied { Duration::ZERO } else { d })
+    }
 }
 
 /// One interval's measurements.
@@ -49,10 +81,10 @@ pub struct Load {
     pub busy: f64,
     /// The thread's CPU time over the interval, as a share of the CPU it may use.
     pub(crate) cpu: f64,
-    /// The least time a datagram waited in the kernel over the interval (None unless
-    /// measured).
+    /// The least time the longer queue (datagrams' or connections') made what was read from
+    /// it wait over the interval, zero if a pass found it empty (None unless measured).
     pub(crate) standing_delay: Option<Duration>,
-    /// How long the last batch's oldest datagram waited (zero unless measured).
+    /// How long what the last pass read had waited, the longer queue's (zero unless measured).
     pub(crate) queue_delay: Duration,
 }
 
@@ -75,16 +107,28 @@ impl BusyMeter {
             limit: 1.0,
             limit_read: None,
             workers: workers.max(1),
-            standing: None,
-            latest: Duration::ZERO,
+            queues: [QueueDelay::default(); 2],
         }
     }
 
     /// A batch's oldest datagram, or the head of a pass's stream reads, waited `d` in the
     /// kernel before it was read.
-    pub(crate) fn queued(&mut self, d: Duration) {
-        self.standing = Some(self.standing.map_or(d, |s| s.min(d)));
-        self.latest = d;
+    pub(crate) fn queued(&mut self, queue: Queue, d: Duration) {
+        let q = &mut self.queues[queue as usize];
+        q.least = Some(q.least.map_or(d, |s| s.min(d)));
+        q.latest = if q.read { q.latest.max(d) } else { d };
+        q.read = true;
+    }
+
+    /// A loop pass ended: a queue it read nothing from was empty.
+    pub(crate) fn pass(&mut self) {
+        for q in &mut self.queues {
+            if !q.read {
+                q.emptied = true;
+                q.latest = Duration::ZERO;
+            }
+            q.read = false;
+        }
     }
 
     /// The worker spent `d` waiting.
@@ -107,17 +151,17 @@ impl BusyMeter {
         }
         let cpu_now = thread_cpu_time();
         let cpu = cpu_now.saturating_sub(self.cpu_start).as_secs_f64();
+        let [datagrams, streams] = self.queues;
         let load = Load {
             busy: busy.clamp(0.0, 1.0),
             cpu: cpu / wall.as_secs_f64() / self.limit,
-            standing_delay: self.standing,
-            queue_delay: self.latest,
+            standing_delay: datagrams.standing().max(streams.standing()),
+            queue_delay: datagrams.latest.max(streams.latest),
         };
         self.start = now;
         self.cpu_start = cpu_now;
         self.idle = Duration::ZERO;
-        self.standing = None;
-        self.latest = Duration::ZERO;
+        self.queues = [QueueDelay::default(); 2];
         Some(load)
     }
 }
@@ -232,13 +276,15 @@ mod tests {
         let t0 = Instant::now();
         let mut m = BusyMeter::new(Duration::from_millis(100), t0, 1);
         for d in [1, 2, 55, 30, 3, 2] {
-            m.queued(Duration::from_millis(d));
+            m.queued(Queue::Datagrams, Duration::from_millis(d));
+            m.pass();
         }
         let load = m.take(t0 + Duration::from_millis(100)).unwrap();
         assert_eq!(load.standing_delay, Some(Duration::from_millis(1)));
         assert_eq!(load.queue_delay, Duration::from_millis(2));
         for d in [40, 60, 80] {
-            m.queued(Duration::from_millis(d));
+            m.queued(Queue::Datagrams, Duration::from_millis(d));
+            m.pass();
         }
         let load = m.take(t0 + Duration::from_millis(200)).unwrap();
         assert_eq!(load.standing_delay, Some(Duration::from_millis(40)));
@@ -246,6 +292,45 @@ mod tests {
         // Not measured: none.
         let load = m.take(t0 + Duration::from_millis(300)).unwrap();
         assert_eq!(load.standing_delay, None);
+    }
+
+    /// The datagrams' queue and the connections' stand or not each on its own, and the worker
+    /// reads the longer: datagrams read at once (a few stray ones while the connections stand
+    /// full) do not hide the connections' queue. A pass that read nothing from a queue found it
+    /// empty, so it did not stand that interval.
+    #[test]
+    fn each_queue_stands_on_its_own_and_the_longer_counts() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut m = BusyMeter::new(ms(100), t0, 1);
+        for (udp, stream) in [(Some(1), 25), (None, 30), (Some(0), 22), (None, 28)] {
+            if let Some(d) = udp {
+                m.queued(Queue::Datagrams, ms(d));
+            }
+            m.queued(Queue::Streams, ms(stream));
+            m.pass();
+        }
+        let load = m.take(t0 + ms(100)).unwrap();
+        assert_eq!(load.standing_delay, Some(ms(22)));
+        assert_eq!(load.queue_delay, ms(28));
+        // A datagram queue that stood, and connections read in only some passes.
+        for (udp, stream) in [(12, Some(40)), (9, None), (15, Some(3))] {
+            m.queued(Queue::Datagrams, ms(udp));
+            if let Some(d) = stream {
+                m.queued(Queue::Streams, ms(d));
+            }
+            m.pass();
+        }
+        let load = m.take(t0 + ms(200)).unwrap();
+        assert_eq!(load.standing_delay, Some(ms(9)));
+        assert_eq!(load.queue_delay, ms(15));
+        // Two reads of one queue in a pass: the pass's figure is the longer.
+        m.queued(Queue::Streams, ms(4));
+        m.queued(Queue::Streams, ms(7));
+        m.pass();
+        let load = m.take(t0 + ms(300)).unwrap();
+        assert_eq!(load.standing_delay, Some(ms(4)));
+        assert_eq!(load.queue_delay, ms(7));
     }
 
     /// The CPU fraction is the thread's CPU time against its limit: a spinning thread reads

@@ -404,9 +404,10 @@ impl Connections {
         self.delay = None;
     }
 
-    /// Says when the wait that began this pass returned, or, if it slept, when it began: the
-    /// earliest the data it reported can have arrived (a readiness edge raised before would
-    /// have ended the wait before; data that was already waiting woke it at once).
+    /// Says the earliest the data this pass's wait reported can have arrived: as the wait woke
+    /// if it slept (the first readiness edge ends it), otherwise when the wait before returned
+    /// (a readiness edge raised before that would have been in its report) — the worker's
+    /// `Arrivals`.
     pub(crate) fn woke(&mut self, since: Millis) {
         self.since = since;
     }
@@ -417,13 +418,16 @@ impl Connections {
     /// segment, and TCP merges the segments it queues, each merge taking the newest stamp:
     /// measured over TLS at four times capacity, reads' stamps said 0 ms while the callers'
     /// connections stood full). It is bounded instead: what a read takes arrived after the
-    /// connection's last read and after the pass's wait began ([`Connections::woke`]) — or,
-    /// for a connection whose last read stopped at its limit, was waiting at that read. The
+    /// connection's last read and no earlier than [`Connections::woke`] says — or, for a
+    /// connection whose last read stopped at its limit, was waiting at that read (there the
+    /// bound is short of the head's wait, by what the buffer held beyond the limit). The
     /// bound is the head's wait when data arrives throughout, as it does on a connection
-    /// whose sender is held back by its window, the stream's standing queue; when it does
-    /// not, the wait is short, and so is the bound. The longest of a pass: every connection is
-    /// a queue, and one read every pass because little comes on it says nothing of the
-    /// callers' connections' queue.
+    /// whose sender is held back by its window, the stream's standing queue; after a wait
+    /// that slept it is the time from the wake to the read. The longest of a pass: every
+    /// connection is a queue, and one read every pass because little comes on it says nothing
+    /// of the callers' connections' queue. Milliseconds: ±1 ms, against a standing queue of
+    /// `SATURATED_MS` (5 ms) and more. An accepted connection's first read counts from the
+    /// accept, though what it sent may have waited in the backlog before.
     pub(crate) fn take_delay(&mut self) -> Option<Millis> {
         self.delay.take()
     }
@@ -1432,9 +1436,10 @@ mod delay_tests {
     }
 
     /// A stream read's queue delay is bounded by when its data can have arrived: after the
-    /// connection's last read, and after the wait that reported it began if that wait slept —
-    /// so a connection read every pass while the worker never waits says the pass's length
-    /// (its sender's queue stands), and one read after a sleep says how long since the sleep.
+    /// connection's last read, and no earlier than the worker says its wait's report can have
+    /// (when the wait before returned, or as it woke if it slept) — so a connection read every
+    /// pass while the worker never waits says the pass's length (its sender's queue stands),
+    /// and one read after a sleep says how long since the wake.
     #[test]
     fn a_stream_read_s_delay_is_bounded_by_its_last_read_and_the_wait() {
         let toml = "[server]\nlisten = [\"tcp:127.0.0.1:5060\"]\n";
@@ -1473,11 +1478,18 @@ mod delay_tests {
         pass(&mut conns, &ep, 42);
         assert_eq!(conns.take_delay(), Some(12));
 
-        // The wait slept from 100: the data came during it.
-        conns.woke(100);
+        // The wait slept, and woke at 100 as the data came: read at 103.
         client.write_all(b"\r\n\r\n").unwrap();
+        conns.woke(100);
         pass(&mut conns, &ep, 103);
         assert_eq!(conns.take_delay(), Some(3));
+
+        // What a wait reports is bounded by the connection's last read too: the wait before
+        // returned at 90, but this connection was read at 103.
+        client.write_all(b"\r\n\r\n").unwrap();
+        conns.woke(90);
+        pass(&mut conns, &ep, 110);
+        assert_eq!(conns.take_delay(), Some(7));
 
         // Not measuring: nothing.
         conns.set_measuring(false);

@@ -24,7 +24,7 @@
 //! only answer "nothing". Under load it also lets datagrams accumulate briefly after waking
 //! (`Coalescer`), as long as that is measured to cost less CPU than waking for each.
 
-use super::busy::BusyMeter;
+use super::busy::{BusyMeter, Queue};
 use super::coalesce::Coalescer;
 use super::connections::{Connections, Received};
 use super::fetch::FetchHandle;
@@ -35,6 +35,7 @@ use crate::engine::{Effects, Engine, Mail, Measured};
 use crate::flood::{Flood, Verdict};
 use crate::stats::Stats;
 use bytes::Bytes;
+use sip_core::timer::Millis;
 use sipsec_transport::net::epoll::{self, Epoll};
 use sipsec_transport::net::transport::{Peer, Transport};
 use sipsec_transport::net::udp::{self, RecvBatch, SendBatch};
@@ -162,11 +163,12 @@ impl Worker {
         let mut failed: Vec<(Peer, Bytes)> = Vec::new();
         let interval = Duration::from_millis(self.engine.overload_interval_ms());
         let mut busy = BusyMeter::new(interval, Instant::now(), self.workers.len());
+        // Queue delay is measured (UDP kernel timestamps on, connections' reads timed).
         let mut timestamps = false;
         // The last pass read a full batch from some socket: more is waiting already.
         let mut backlog = false;
-        // When the last wait returned, engine milliseconds.
-        let mut woke_ms = 0;
+        // When what each wait reports can have arrived (for the connections' queue delay).
+        let mut arrivals = Arrivals::default();
         while !self.shutdown.load(Ordering::Relaxed) {
             // One wait per pass: it returns at once while anything is ready (UDP sockets and
             // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
@@ -186,15 +188,21 @@ impl Worker {
             // A connection read to its limit last pass has more waiting, and no edge will say so.
             let unread = self.connections.has_unread();
             let timeout = if unread { 0 } else { timeout };
-            let n = self.epoll.wait(&mut events, timeout);
+            // While queue delay is measured, a look before the wait says whether it sleeps:
+            // what a wait that slept reports arrived as it woke (the first edge ends it).
+            let (n, slept) = if timestamps && timeout > 0 {
+                match self.epoll.wait(&mut events, 0) {
+                    0 => (self.epoll.wait(&mut events, timeout), true),
+                    n => (n, false),
+                }
+            } else {
+                (self.epoll.wait(&mut events, timeout), false)
+            };
             let woke = Instant::now();
-            let waited = woke.saturating_duration_since(wait_start);
-            busy.idle(waited);
-            // What this wait reported arrived after the last one returned, or, if it slept
-            // (what was ready returns it within microseconds), after it began.
-            let slept = timeout > 0 && waited >= SLEPT;
-            self.connections.woke(if slept { now } else { woke_ms });
-            woke_ms = self.millis(woke);
+            busy.idle(woke.saturating_duration_since(wait_start));
+            let full = n == events.len();
+            let since = arrivals.after_wait(self.millis(woke), slept, full);
+            self.connections.woke(since);
             let delay = self.coalescer.delay(self.millis(woke));
             if n > 0 && !delay.is_zero() && !backlog && !unread {
                 // Under load, let datagrams accumulate briefly so one batch takes them; not
@@ -223,7 +231,7 @@ impl Worker {
                         backlog |= self.receive_udp(i, fds[i], &mut batch, &mut fx) == udp::BATCH;
                         if timestamps {
                             if let Some(t) = batch.first_timestamp() {
-                                busy.queued(t.elapsed().unwrap_or_default());
+                                busy.queued(Queue::Datagrams, t.elapsed().unwrap_or_default());
                             }
                         }
                     }
@@ -236,7 +244,7 @@ impl Worker {
             }
             self.receive_streams(&mut fx);
             if let Some(d) = self.connections.take_delay() {
-                busy.queued(Duration::from_millis(d));
+                busy.queued(Queue::Streams, Duration::from_millis(d));
             }
             let now = self.now();
             if self.engine.poll_timeout().is_some_and(|d| d <= now) {
@@ -248,6 +256,7 @@ impl Worker {
             if self.flood.next_deadline().is_some_and(|d| d <= now) {
                 self.flood.on_tick(now, self.engine.stats());
             }
+            busy.pass();
             if let Some(load) = busy.take(woke) {
                 self.engine.handle_load(
                     now,
@@ -261,7 +270,8 @@ impl Worker {
                 let open = self.connections.open() as u64;
                 let traffic = &self.engine.stats().traffic;
                 traffic.connections_open.store(open, Ordering::Relaxed);
-                // Kernel timestamps only near capacity, where queue delay is worth knowing.
+                // Queue delay only near capacity, where it is worth knowing (kernel timestamps
+                // cost every packet the host receives).
                 let want = load.load() >= TIMESTAMPS_FROM_LOAD
                     || load.standing_delay.is_some_and(|d| !d.is_zero());
                 if want != timestamps {
@@ -532,10 +542,53 @@ fn admit(
     }
 }
 
-/// The load from which a worker has the kernel stamp its datagrams (and measures
-/// their queue delay); below it nothing is stamped. Overload control reads a `target`
+/// The load from which a worker measures queue delay: it has the kernel stamp its datagrams,
+/// times its connections' reads, and looks before each wait whether it will sleep; below it
+/// none of that is done. Overload control reads a `target`
 /// below it as a cap on the load (`engine::overload::control::QUEUE_MEASURED_FROM`, the same).
 const TIMESTAMPS_FROM_LOAD: f64 = 0.5;
 
-/// A wait that took this long slept: one that returns what was ready takes microseconds.
-const SLEPT: Duration = Duration::from_millis(1);
+/// When the data a loop pass's wait reports can have arrived, for the connections' queue
+/// delay (`Connections::woke`).
+#[derive(Debug, Default)]
+struct Arrivals {
+    /// When the last wait whose report was whole returned, engine milliseconds.
+    returned: Millis,
+}
+
+impl Arrivals {
+    /// A wait returned at `woke`; it `slept` first (nothing was ready when it began), and its
+    /// report was `full` (as many events as the list holds). What it reports arrived as it
+    /// woke if it slept; otherwise at any time since the last wait returned — except what a
+    /// full list left out, which the next wait reports though it arrived before this one
+    /// returned, so the next looks back as far as this one did.
+    fn after_wait(&mut self, woke: Millis, slept: bool, full: bool) -> Millis {
+        let since = if slept { woke } else { self.returned };
+        if !full {
+            self.returned = woke;
+        }
+        since
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Arrivals;
+
+    /// What a wait that slept reports arrived as it woke; what one that did not reports, at
+    /// any time since the last returned; and what a full event list left out, since the one
+    /// before it.
+    #[test]
+    fn a_wait_s_report_arrived_after_the_last_wait_or_as_it_woke() {
+        let mut a = Arrivals::default();
+        assert_eq!(a.after_wait(10, false, false), 0);
+        // Did not sleep: since the wait at 10 returned.
+        assert_eq!(a.after_wait(35, false, false), 10);
+        // Slept until an edge at 80: as it woke, not since 35, nor since it began.
+        assert_eq!(a.after_wait(80, true, false), 80);
+        // A full list at 90: the next wait reports what it left out, from before 90.
+        assert_eq!(a.after_wait(90, false, true), 80);
+        assert_eq!(a.after_wait(120, false, false), 80);
+        assert_eq!(a.after_wait(130, false, false), 120);
+    }
+}

@@ -4,12 +4,13 @@
 //! 7339 neighbours are told. No clock and no I/O: the engine hands in an [`Interval`] every
 //! `[overload] interval_ms` and asks [`Controller::admit`] for each new sheddable request.
 //!
-//! **Saturation** is a queue that stood a whole interval: the least a datagram waited in the
-//! kernel over it was at least [`SATURATED_MS`] (CoDel's rule — one late batch after a hiccup
-//! does not count, nor the slices a CPU quota holds the worker off for). Neither the busy
+//! **Saturation** is a queue that stood a whole interval: the least what was read from the
+//! datagrams' or the connections' queue had waited in the kernel over it was at least
+//! [`SATURATED_MS`] (CoDel's rule — one late batch after a hiccup does not count, nor the
+//! slices a CPU quota holds the worker off for; `serve::busy`). Neither the busy
 //! fraction nor CPU time can say it: a worker that batches more as load grows does more per
 //! CPU second, and measured here it read fully busy at 85% of the rate it could carry. Where
-//! no queue delay is measured (below half load, where the worker leaves kernel timestamps off)
+//! no queue delay is measured (below half load, where the worker does not measure it)
 //! the load reaching `target` stands in for it; a `target` below half load is a cap on the
 //! load itself, saturation whatever the queue says.
 //!
@@ -161,10 +162,11 @@ pub(crate) struct Interval {
     pub(crate) load: f64,
     /// Its CPU time over the interval as a share of the CPU it may use.
     pub(crate) cpu: f64,
-    /// The least time a datagram waited in the kernel over the interval, milliseconds (None
-    /// when not measured): a queue that stood all interval (CoDel's rule).
+    /// The least time what was read from the longer queue (datagrams' or connections') had
+    /// waited in the kernel over the interval, milliseconds (None when not measured): a queue
+    /// that stood all interval (CoDel's rule).
     pub(crate) standing_delay_ms: Option<u64>,
-    /// How long the last datagram read in the interval waited, milliseconds (0 when not
+    /// How long what the interval's last pass read had waited, milliseconds (0 when not
     /// measured): the queue as the interval ended.
     pub(crate) queue_delay_ms: u64,
     /// New sheddable requests read.
@@ -320,8 +322,8 @@ impl Controller {
                 self.trim *= 1.0 + TRIM_UP;
                 // A worker that waited says more than "up": what it took, at the load it took
                 // it with, is what it takes at the target scaled by `target / load`. Stepping
-                // by TRIM_UP alone, a model that started low over TLS (no queue stands there:
-                // senders hold it) took seven seconds to double, the worker idle a third of
+                // by TRIM_UP alone, a model that started low over TLS (where no queue was seen
+                // before 0827b85: senders hold it) took seven seconds to double, the worker idle a third of
                 // the time, the loss 0.8 where 0.6 would have done.
                 if iv.load > 0.0 && iv.load < FULL {
                     let waited = a * admitted_rate * t.target / iv.load;
