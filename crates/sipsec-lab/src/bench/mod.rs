@@ -190,6 +190,11 @@ pub struct BenchArgs {
     /// ablation at equal wake-ups).
     #[arg(long)]
     pub(crate) max_batch_delay_us: Option<u64>,
+    /// With the default config: `[overload] max_queue_delay_ms`, the standing queue delay
+    /// beyond which a saturated worker drains its queue (the server's own default when not
+    /// given).
+    #[arg(long)]
+    pub(crate) max_queue_delay_ms: Option<u64>,
     /// Run the started server under callgrind and count the user-space instructions it
     /// executes per operation over the measured run (valgrind; slow, so use a low rate and
     /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
@@ -568,7 +573,10 @@ pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> Strin
     if let Some(us) = a.max_batch_delay_us {
         server_extra += &format!("max_batch_delay_us = {us}\n");
     }
-    let refuse = if a.refuse_all { "max_rate = 0\n" } else { "" };
+    let mut overload_extra = if a.refuse_all { "max_rate = 0\n" } else { "" }.to_string();
+    if let Some(ms) = a.max_queue_delay_ms {
+        overload_extra += &format!("max_queue_delay_ms = {ms}\n");
+    }
     let (route, hosts) = if a.route_by_name {
         let uas: SocketAddr = UAS.parse().expect("the bench's UAS address");
         (
@@ -584,7 +592,7 @@ pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> Strin
          stateful = {}\nrecord_route = true\nworkers = 1\n{server_extra}[routing]\n\
          default_route = \"sip:{route};transport={}\"\n{hosts}[database]\nurl = \"sqlite://{}\"\n\
          [overload]\nenabled = {overload}\nfeedback = {overload}\nannounce = {overload}\n\
-         {refuse}[control]\nsocket = \"{}\"\n{tables}",
+         {overload_extra}[control]\nsocket = \"{}\"\n{tables}",
         if role == Role::Redirect {
             "redirect"
         } else {
