@@ -53,16 +53,20 @@ pub(crate) enum Queue {
     Streams = 1,
 }
 
-/// One queue's delays over the current interval.
+/// One queue's delays over the current interval: each pass's figure is the longest it read
+/// (a datagram read at once from an idle socket says nothing of another socket's queue), the
+/// interval's the least of its passes'.
 #[derive(Debug, Clone, Copy, Default)]
 struct QueueDelay {
-    /// The least so far (None: none read this interval).
+    /// The least pass figure so far (None: none this interval).
     least: Option<Duration>,
-    /// The last pass's (zero if it read none).
+    /// The last pass's figure (zero if that pass found the queue empty).
     latest: Duration,
-    /// Read this pass.
+    /// This pass's figure so far.
+    this_pass: Option<Duration>,
+    /// Read this pass (with or without a figure).
     read: bool,
-    /// A pass this interval read none: the queue was empty then.
+    /// A pass this interval found the queue empty: it did not stand.
     emptied: bool,
 }
 
@@ -115,15 +119,24 @@ impl BusyMeter {
     /// kernel before it was read.
     pub(crate) fn queued(&mut self, queue: Queue, d: Duration) {
         let q = &mut self.queues[queue as usize];
-        q.least = Some(q.least.map_or(d, |s| s.min(d)));
-        q.latest = if q.read { q.latest.max(d) } else { d };
+        q.this_pass = Some(q.this_pass.map_or(d, |l| l.max(d)));
         q.read = true;
     }
 
-    /// A loop pass ended: a queue it read nothing from was empty.
-    pub(crate) fn pass(&mut self) {
+    /// Something was read from `queue` this pass whose wait is not known (a batch the kernel
+    /// did not stamp): the queue was not empty.
+    pub(crate) fn read(&mut self, queue: Queue) {
+        self.queues[queue as usize].read = true;
+    }
+
+    /// A loop pass ended. A queue it read nothing from was empty — unless its wait's report
+    /// was `full` (as many events as the list holds), which may have left that queue out.
+    pub(crate) fn pass(&mut self, full: bool) {
         for q in &mut self.queues {
-            if !q.read {
+            if let Some(d) = q.this_pass.take() {
+                q.least = Some(q.least.map_or(d, |l| l.min(d)));
+                q.latest = d;
+            } else if !q.read && !full {
                 q.emptied = true;
                 q.latest = Duration::ZERO;
             }
@@ -277,14 +290,14 @@ mod tests {
         let mut m = BusyMeter::new(Duration::from_millis(100), t0, 1);
         for d in [1, 2, 55, 30, 3, 2] {
             m.queued(Queue::Datagrams, Duration::from_millis(d));
-            m.pass();
+            m.pass(false);
         }
         let load = m.take(t0 + Duration::from_millis(100)).unwrap();
         assert_eq!(load.standing_delay, Some(Duration::from_millis(1)));
         assert_eq!(load.queue_delay, Duration::from_millis(2));
         for d in [40, 60, 80] {
             m.queued(Queue::Datagrams, Duration::from_millis(d));
-            m.pass();
+            m.pass(false);
         }
         let load = m.take(t0 + Duration::from_millis(200)).unwrap();
         assert_eq!(load.standing_delay, Some(Duration::from_millis(40)));
@@ -308,7 +321,7 @@ mod tests {
                 m.queued(Queue::Datagrams, ms(d));
             }
             m.queued(Queue::Streams, ms(stream));
-            m.pass();
+            m.pass(false);
         }
         let load = m.take(t0 + ms(100)).unwrap();
         assert_eq!(load.standing_delay, Some(ms(22)));
@@ -319,18 +332,34 @@ mod tests {
             if let Some(d) = stream {
                 m.queued(Queue::Streams, ms(d));
             }
-            m.pass();
+            m.pass(false);
         }
         let load = m.take(t0 + ms(200)).unwrap();
         assert_eq!(load.standing_delay, Some(ms(9)));
         assert_eq!(load.queue_delay, ms(15));
-        // Two reads of one queue in a pass: the pass's figure is the longer.
-        m.queued(Queue::Streams, ms(4));
-        m.queued(Queue::Streams, ms(7));
-        m.pass();
+        // Two reads of one queue in a pass (two UDP sockets, one idle but for a datagram read
+        // at once): the pass's figure is the longer, so the idle one does not hide the other's
+        // queue.
+        for _ in 0..3 {
+            m.queued(Queue::Datagrams, ms(20));
+            m.queued(Queue::Datagrams, ms(1));
+            m.pass(false);
+        }
         let load = m.take(t0 + ms(300)).unwrap();
-        assert_eq!(load.standing_delay, Some(ms(4)));
-        assert_eq!(load.queue_delay, ms(7));
+        assert_eq!(load.standing_delay, Some(ms(20)));
+        assert_eq!(load.queue_delay, ms(20));
+        // A pass whose wait's report was full may have left a queue out: not empty, then; nor
+        // is one read without a stamp.
+        m.queued(Queue::Datagrams, ms(9));
+        m.pass(false);
+        m.pass(true);
+        m.read(Queue::Datagrams);
+        m.pass(false);
+        m.queued(Queue::Datagrams, ms(8));
+        m.pass(false);
+        let load = m.take(t0 + ms(400)).unwrap();
+        assert_eq!(load.standing_delay, Some(ms(8)));
+        assert_eq!(load.queue_delay, ms(8));
     }
 
     /// The CPU fraction is the thread's CPU time against its limit: a spinning thread reads

@@ -170,8 +170,9 @@ impl Worker {
         // When what each wait reports can have arrived (for the connections' queue delay).
         let mut arrivals = Arrivals::default();
         while !self.shutdown.load(Ordering::Relaxed) {
-            // One wait per pass: it returns at once while anything is ready (UDP sockets and
-            // the mailbox are level-triggered), and sleeps until the next deadline otherwise.
+            // One wait per pass (two while queue delay is measured: a look, then the wait): it
+            // returns at once while anything is ready (UDP sockets and the mailbox are
+            // level-triggered), and sleeps until the next deadline otherwise.
             // The clock is read twice a pass, around the wait: what the wait took is the idle
             // time overload control measures.
             let wait_start = Instant::now();
@@ -228,10 +229,14 @@ impl Worker {
             for (token, ev) in tokens() {
                 match token {
                     Some(Token::Udp(i)) if i < fds.len() => {
-                        backlog |= self.receive_udp(i, fds[i], &mut batch, &mut fx) == udp::BATCH;
-                        if timestamps {
+                        let got = self.receive_udp(i, fds[i], &mut batch, &mut fx);
+                        backlog |= got == udp::BATCH;
+                        if timestamps && got > 0 {
                             if let Some(t) = batch.first_timestamp() {
-                                busy.queued(Queue::Datagrams, t.elapsed().unwrap_or_default());
+                                let waited = t.elapsed().unwrap_or_default();
+                                busy.queued(Queue::Datagrams, waited);
+                            } else {
+                                busy.read(Queue::Datagrams);
                             }
                         }
                     }
@@ -256,7 +261,7 @@ impl Worker {
             if self.flood.next_deadline().is_some_and(|d| d <= now) {
                 self.flood.on_tick(now, self.engine.stats());
             }
-            busy.pass();
+            busy.pass(full);
             if let Some(load) = busy.take(woke) {
                 self.engine.handle_load(
                     now,
@@ -561,10 +566,11 @@ impl Arrivals {
     /// report was `full` (as many events as the list holds). What it reports arrived as it
     /// woke if it slept; otherwise at any time since the last wait returned — except what a
     /// full list left out, which the next wait reports though it arrived before this one
-    /// returned, so the next looks back as far as this one did.
+    /// returned, so the next looks back as far as this one did (or to this one's wake, if it
+    /// slept: all it could have reported came as it woke).
     fn after_wait(&mut self, woke: Millis, slept: bool, full: bool) -> Millis {
         let since = if slept { woke } else { self.returned };
-        if !full {
+        if !full || slept {
             self.returned = woke;
         }
         since
@@ -590,5 +596,8 @@ mod tests {
         assert_eq!(a.after_wait(90, false, true), 80);
         assert_eq!(a.after_wait(120, false, false), 80);
         assert_eq!(a.after_wait(130, false, false), 120);
+        // A full list after a sleep that woke at 300: what it left out came as it woke.
+        assert_eq!(a.after_wait(300, true, true), 300);
+        assert_eq!(a.after_wait(305, false, false), 300);
     }
 }

@@ -322,8 +322,8 @@ impl Controller {
                 self.trim *= 1.0 + TRIM_UP;
                 // A worker that waited says more than "up": what it took, at the load it took
                 // it with, is what it takes at the target scaled by `target / load`. Stepping
-                // by TRIM_UP alone, a model that started low over TLS (where no queue was seen
-                // before 0827b85: senders hold it) took seven seconds to double, the worker idle a third of
+                // by TRIM_UP alone, a model that started low over TLS (measured when stream
+                // reads could not see their queue) took seven seconds to double, the worker idle a third of
                 // the time, the loss 0.8 where 0.6 would have done.
                 if iv.load > 0.0 && iv.load < FULL {
                     let waited = a * admitted_rate * t.target / iv.load;

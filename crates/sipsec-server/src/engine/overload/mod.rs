@@ -70,10 +70,12 @@ pub(crate) struct Measured {
     pub(crate) load: f64,
     /// Its CPU time as a share of what it may use.
     pub(crate) cpu: f64,
-    /// The least time a datagram (or the head of a pass's stream reads) waited in the kernel
-    /// over the interval, milliseconds: a standing queue. None when not measured.
+    /// The least time what was read from the longer queue (datagrams' or connections') had
+    /// waited in the kernel over the interval, milliseconds: a standing queue (`serve::busy`).
+    /// None when not measured.
     pub(crate) standing_delay_ms: Option<u64>,
-    /// How long the last one read waited, milliseconds (0 when not measured).
+    /// How long what the interval's last pass read had waited, milliseconds (0 when not
+    /// measured, or that pass found the queues empty).
     pub(crate) queue_delay_ms: u64,
 }
 
