@@ -164,7 +164,7 @@ impl Worker {
         let interval = Duration::from_millis(self.engine.overload_interval_ms());
         let mut busy = BusyMeter::new(interval, Instant::now(), self.workers.len());
         // Queue delay is measured (UDP kernel timestamps on, connections' reads timed).
-        let mut timestamps = false;
+        let mut measuring = false;
         // The last pass read a full batch from some socket: more is waiting already.
         let mut backlog = false;
         // When what each wait reports can have arrived (for the connections' queue delay).
@@ -191,7 +191,7 @@ impl Worker {
             let timeout = if unread { 0 } else { timeout };
             // While queue delay is measured, a look before the wait says whether it sleeps:
             // what a wait that slept reports arrived as it woke (the first edge ends it).
-            let (n, slept) = if timestamps && timeout > 0 {
+            let (n, slept) = if measuring && timeout > 0 {
                 match self.epoll.wait(&mut events, 0) {
                     0 => (self.epoll.wait(&mut events, timeout), true),
                     n => (n, false),
@@ -202,9 +202,10 @@ impl Worker {
             let woke = Instant::now();
             busy.idle(woke.saturating_duration_since(wait_start));
             let full = n == events.len();
-            let since = arrivals.after_wait(self.millis(woke), slept, full);
-            self.connections.woke(since);
-            let delay = self.coalescer.delay(self.millis(woke));
+            let woke_ms = self.millis(woke);
+            self.connections
+                .woke(arrivals.after_wait(woke_ms, slept, full));
+            let delay = self.coalescer.delay(woke_ms);
             if n > 0 && !delay.is_zero() && !backlog && !unread {
                 // Under load, let datagrams accumulate briefly so one batch takes them; not
                 // while a backlog waits, which would only be drained slower (measured: a
@@ -231,7 +232,7 @@ impl Worker {
                     Some(Token::Udp(i)) if i < fds.len() => {
                         let got = self.receive_udp(i, fds[i], &mut batch, &mut fx);
                         backlog |= got == udp::BATCH;
-                        if timestamps && got > 0 {
+                        if measuring && got > 0 {
                             if let Some(t) = batch.first_timestamp() {
                                 let waited = t.elapsed().unwrap_or_default();
                                 busy.queued(Queue::Datagrams, waited);
@@ -277,10 +278,10 @@ impl Worker {
                 traffic.connections_open.store(open, Ordering::Relaxed);
                 // Queue delay only near capacity, where it is worth knowing (kernel timestamps
                 // cost every packet the host receives).
-                let want = load.load() >= TIMESTAMPS_FROM_LOAD
+                let want = load.load() >= QUEUE_MEASURED_FROM_LOAD
                     || load.standing_delay.is_some_and(|d| !d.is_zero());
-                if want != timestamps {
-                    timestamps = want;
+                if want != measuring {
+                    measuring = want;
                     for &fd in &fds {
                         udp::set_timestamps(fd, want);
                     }
@@ -551,7 +552,7 @@ fn admit(
 /// times its connections' reads, and looks before each wait whether it will sleep; below it
 /// none of that is done. Overload control reads a `target`
 /// below it as a cap on the load (`engine::overload::control::QUEUE_MEASURED_FROM`, the same).
-const TIMESTAMPS_FROM_LOAD: f64 = 0.5;
+const QUEUE_MEASURED_FROM_LOAD: f64 = 0.5;
 
 /// When the data a loop pass's wait reports can have arrived, for the connections' queue
 /// delay (`Connections::woke`).

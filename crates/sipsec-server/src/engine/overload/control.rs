@@ -80,8 +80,8 @@ const BASELINE_FADE: f64 = 0.99;
 /// sudden flood is held to it from its first interval, which otherwise admits what one
 /// interval brings and whose calls' later messages then swamp the worker for seconds.
 pub(crate) const PREARM: f64 = 2.0;
-/// The load from which the driver measures queue delay (`serve::worker` turns kernel
-/// timestamps on there).
+/// The load from which the driver measures queue delay (`serve::worker`'s
+/// `QUEUE_MEASURED_FROM_LOAD`, the same).
 pub(crate) const QUEUE_MEASURED_FROM: f64 = 0.5;
 /// The share of the way the estimate moves to each saturated sample.
 pub(crate) const GAIN: f64 = 0.5;
@@ -323,8 +323,8 @@ impl Controller {
                 // A worker that waited says more than "up": what it took, at the load it took
                 // it with, is what it takes at the target scaled by `target / load`. Stepping
                 // by TRIM_UP alone, a model that started low over TLS (measured when stream
-                // reads could not see their queue) took seven seconds to double, the worker idle a third of
-                // the time, the loss 0.8 where 0.6 would have done.
+                // reads could not see their queue) took seven seconds to double, the worker
+                // idle a third of the time, the loss 0.8 where 0.6 would have done.
                 if iv.load > 0.0 && iv.load < FULL {
                     let waited = a * admitted_rate * t.target / iv.load;
                     if waited > self.trim {
