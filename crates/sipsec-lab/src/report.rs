@@ -12,7 +12,7 @@ use super::charts;
 use super::model::{self, Model, BLOCKS};
 use super::results::{self, Record};
 use super::stats::{self, Ratio};
-use super::suite::{self, Suite};
+use super::suite::{self, Row, Suite};
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -623,8 +623,10 @@ fn amdahl_chart(s: &Suite, rows: &[RowSummary]) -> Result<Option<String>> {
 
 /// Goodput against offered load, past the peak, for the rows with a curve.
 fn goodput_chart(rows: &[RowSummary]) -> Result<Option<String>> {
+    // A row that searched a capacity has no curve.
     let series: Vec<(String, Vec<(f64, f64)>)> = rows
         .iter()
+        .filter(|r| !r.goodput_curve.is_empty())
         .map(|r| {
             let points = r.goodput_curve.iter().map(|p| (p[0], p[1])).collect();
             (r.label.to_string(), points)
@@ -674,11 +676,13 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
     }
     html += "</tr>";
     let mut any_load_bound = false;
-    // The row refusing every call is read below, as r.
-    for r in rows
-        .iter()
-        .filter(|r| r.skipped.is_none() && !refuses_all(s, r.id))
-    {
+    // The row refusing every call is read below, as r; a row searching a capacity has no
+    // goodput, and is read in the note.
+    for r in rows.iter().filter(|r| {
+        r.skipped.is_none()
+            && !refuses_all(s, r.id)
+            && !s.row(r.id).is_some_and(Row::searches_capacity)
+    }) {
         let rounds: Vec<&Record> = records
             .iter()
             .filter(|x| x.suite == s.name && x.row == r.id && x.skipped.is_none())
@@ -711,7 +715,59 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
         html += "</tr>";
         writeln!(md, "| {} | {} |", r.label, cells.join(" | ")).ok();
     }
-    let mut note = String::new();
+    // Rows read against their own capacity, searched in the same round.
+    let mut capacities = Vec::new();
+    for row in &s.rows {
+        let Some(capacity) = row.capacity.and_then(|c| s.row(c)) else {
+            continue;
+        };
+        let cells: Vec<String> = grid
+            .iter()
+            .map(|&rate| {
+                let shares: Vec<f64> = records
+                    .iter()
+                    .filter(|x| x.suite == s.name && x.row == row.id && x.skipped.is_none())
+                    .filter_map(|x| {
+                        let i = curve_point(x, rate)?;
+                        Some(x.goodput_curve[i][1] / peak_beside(records, s, capacity.id, x)?)
+                    })
+                    .collect();
+                stats::mean_interval(&shares).map_or("—".into(), |m| m.text(2))
+            })
+            .collect();
+        if cells.iter().all(|c| c == "—") {
+            continue;
+        }
+        let label = format!("{} ÷ its own capacity, the same round's", row.label);
+        write!(html, "<tr><td>{}</td>", escape(&label)).ok();
+        for c in &cells {
+            write!(html, "<td class=num>{c}</td>").ok();
+        }
+        html += "</tr>";
+        writeln!(md, "| {label} | {} |", cells.join(" | ")).ok();
+        if !capacities.contains(&capacity.id) {
+            capacities.push(capacity.id);
+        }
+    }
+    let mut note = capacities
+        .iter()
+        .filter_map(|&id| {
+            let peaks: Vec<f64> = records
+                .iter()
+                .filter(|x| x.suite == s.name && x.row == id && x.skipped.is_none())
+                .filter_map(|x| x.peak_per_s)
+                .collect();
+            let calls = stats::mean_interval(&peaks)?;
+            let shares: Vec<f64> = peaks.iter().map(|p| p / reference).collect();
+            Some(format!(
+                "{}: {} calls/s, {} of the reference.",
+                s.row(id)?.label,
+                calls.text(0),
+                stats::mean_interval(&shares)?.text(2)
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
     if let Some(b) = RefusalBound::of(s, records, reference) {
         let cells = |values: &dyn Fn(f64) -> Vec<f64>| -> Vec<String> {
             suite::GRID
@@ -748,7 +804,11 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
             html += "</tr>";
             writeln!(md, "| {label} | {} |", cells.join(" | ")).ok();
         }
-        note = b.describe();
+        note = [note, b.describe()]
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n\n");
     }
     html += "</table>";
     if any_load_bound {
@@ -783,6 +843,23 @@ fn curve_point(rec: &Record, rate: f64) -> Option<usize> {
         .position(|p| (p[0] - rate).abs() <= 0.05 * rate)
 }
 
+/// The peak the capacity row `capacity` searched in the same round as `rec`, in the same
+/// sitting (the same build and date): a row and its capacity measured apart are not a pair.
+fn peak_beside(records: &[Record], s: &Suite, capacity: &str, rec: &Record) -> Option<f64> {
+    records
+        .iter()
+        .find(|c| {
+            c.suite == s.name
+                && c.row == capacity
+                && c.round == rec.round
+                && c.skipped.is_none()
+                && c.commit == rec.commit
+                && c.date == rec.date
+        })?
+        .peak_per_s
+        .filter(|&p| p > 0.0)
+}
+
 /// Whether row `id` of `s` refuses every call: it keeps no goodput, and is read as r.
 fn refuses_all(s: &Suite, id: &str) -> bool {
     s.row(id).is_some_and(|r| r.bench.refuse_all)
@@ -808,7 +885,7 @@ struct RefusalBound<'a> {
     rate: f64,
     /// The row of plain callers the bounds are for (same transport, local admission on),
     /// and its goodput ÷ the reference at each grid rate, by round.
-    plain: Option<&'a suite::Row>,
+    plain: Option<&'a Row>,
     plain_shares: BTreeMap<u32, Vec<Option<f64>>>,
 }
 
@@ -1469,6 +1546,67 @@ mod goodput_tests {
             md.contains("† In at least one round the load generator used 90%"),
             "{md}"
         );
+    }
+
+    /// A row naming its own capacity is read as a share of the peak searched in the same
+    /// round and sitting, beside the reference; the capacity row has no line of goodput, and
+    /// the note gives its peak and its share of the reference.
+    #[test]
+    fn a_row_is_read_against_the_capacity_searched_beside_it() {
+        let mut reference = curve_rec(suite::REFERENCE, 0, &[]);
+        reference.peak_per_s = Some(4000.0);
+        let mut records = vec![reference];
+        for round in 1..=5 {
+            let wobble = 1.0 + 0.01 * (round as f64 - 3.0);
+            let mut capacity = curve_rec("two-hop-capacity", round, &[]);
+            capacity.peak_per_s = Some(3600.0 * wobble);
+            records.push(capacity);
+            // 0.95 of its own capacity in every round: 0.855 of the reference on average.
+            records.push(curve_rec(
+                "two-hop-oc",
+                round,
+                &[[8000.0, 3420.0 * wobble], [16000.0, 3420.0 * wobble]],
+            ));
+        }
+        let s = suite::named("overload").unwrap();
+        let rows = summarise(&s, &records, Options::default());
+        let line = |md: &str, start: &str| {
+            md.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("{start}: {md}"))
+                .to_string()
+        };
+        let (_, md) = goodput_table(&s, &rows, &records).unwrap();
+        let own = line(
+            &md,
+            "| two hops, upstream honours RFC 7339 ÷ its own capacity, the same round's |",
+        );
+        assert_eq!(own.matches("| 0.95 [0.95, 0.95]").count(), 2, "{own}");
+        let shared = line(&md, "| two hops, upstream honours RFC 7339 |");
+        assert!(shared.contains("| 0.85 ["), "{shared}");
+        assert!(!md.contains("| two hops: the downstream's peak"), "{md}");
+        assert!(
+            md.contains("searched every round: 3600 [") && md.contains("calls/s, 0.90 ["),
+            "{md}"
+        );
+        // A capacity searched in another sitting is no pair: the round it would have
+        // dragged down is left out.
+        let i = records
+            .iter()
+            .position(|r| r.row == "two-hop-capacity" && r.round == 5)
+            .unwrap();
+        records[i].date = "2026-01-01".into();
+        let j = records
+            .iter()
+            .position(|r| r.row == "two-hop-oc" && r.round == 5)
+            .unwrap();
+        records[j].goodput_curve = vec![[8000.0, 100.0], [16000.0, 100.0]];
+        let (_, md) = goodput_table(&s, &rows, &records).unwrap();
+        let own = line(
+            &md,
+            "| two hops, upstream honours RFC 7339 ÷ its own capacity, the same round's |",
+        );
+        assert_eq!(own.matches("| 0.95 (n = 4)").count(), 2, "{own}");
     }
 
     /// The row refusing every call gives r (its CPU per refusal over control off's per

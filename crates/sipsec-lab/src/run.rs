@@ -531,8 +531,9 @@ fn measure(
         // second or so: each gets 5 s.
         measured.step_s = 5.0;
         match grid {
-            Some(rates) => measured.curve_rates = rates.to_vec(),
-            None => measured.find_peak = true,
+            // A capacity row searches its peak in every round instead.
+            Some(rates) if !row.searches_capacity() => measured.curve_rates = rates.to_vec(),
+            _ => measured.find_peak = true,
         }
     } else if a.peak || a.curve {
         measured.find_peak = true;
@@ -573,7 +574,7 @@ fn measure(
 }
 
 /// The rows of `suite` that `only` selects (see [`RunArgs::only`]), with their baselines
-/// (for CPU, and for latency where a row names one).
+/// (for CPU, and for latency where a row names one) and the rows searching their capacity.
 fn selected<'s>(suite: &'s Suite, only: Option<&str>) -> Vec<&'s Row> {
     let Some(only) = only else {
         return suite.rows.iter().collect();
@@ -587,7 +588,7 @@ fn selected<'s>(suite: &'s Suite, only: Option<&str>) -> Vec<&'s Row> {
         .rows
         .iter()
         .filter(|r| texts.iter().any(|t| r.id.contains(t)))
-        .flat_map(|r| [Some(r.id), Some(r.baseline), r.latency_baseline])
+        .flat_map(|r| [Some(r.id), Some(r.baseline), r.latency_baseline, r.capacity])
         .flatten()
         .collect();
     suite

@@ -93,9 +93,20 @@ pub struct Row {
     /// Stages the server and the load do without cryptography (`bench --lab-noop`; seed
     /// 002's ablation, lab builds only); empty for none.
     pub noop: &'static str,
+    /// In a suite with a goodput curve: the row that searches this one's own capacity in
+    /// every round (a row whose bench searches the peak, [`Row::searches_capacity`]); the
+    /// report reads this row's goodput as a share of the peak searched in the same round
+    /// too, beside the suite's one reference.
+    pub(crate) capacity: Option<&'static str>,
 }
 
 impl Row {
+    /// Whether this row, in a suite with a goodput curve, searches a peak in every round
+    /// rather than measuring goodput on the grid: a capacity other rows are read against.
+    pub(crate) fn searches_capacity(&self) -> bool {
+        self.bench.find_peak
+    }
+
     /// What the server is asked to do per operation, as a key: the server, its setup, the
     /// stages made free and every bench option but those that say how much, how fast, how
     /// long or how it is watched (rate, calls, warm-up, peak search and curve, quota, cores,
@@ -239,6 +250,7 @@ fn row(
         unavailable: None,
         rate: None,
         noop: "",
+        capacity: None,
     }
 }
 
@@ -1119,14 +1131,27 @@ fn overload() -> Suite {
         ),
         at_quota("on", "sipsec, local admission control", Plain, quota()),
         at_quota(
-            "on-oc",
-            "sipsec, callers honour RFC 7339 feedback",
+            "capacity",
+            "sipsec's peak, control off, searched every round",
             Plain,
             BenchArgs {
-                oc: true,
+                overload: Off,
+                find_peak: true,
                 ..quota()
             },
         ),
+        Row {
+            capacity: Some("capacity"),
+            ..at_quota(
+                "on-oc",
+                "sipsec, callers honour RFC 7339 feedback",
+                Plain,
+                BenchArgs {
+                    oc: true,
+                    ..quota()
+                },
+            )
+        },
         at_quota(
             "on-tls",
             "sipsec over TLS, local admission control",
@@ -1164,18 +1189,38 @@ fn overload() -> Suite {
                 quota(),
             )
         },
+        // Behind an upstream a call costs the downstream more (the upstream's Via and
+        // Record-Route in every request, longer responses): its own capacity there, not
+        // the single server's, is what the two-hop rows keep a share of.
         at_quota(
-            "two-hop",
-            "two hops, upstream a plain proxy",
+            "two-hop-capacity",
+            "two hops: the downstream's peak behind a plain upstream, control off, searched \
+             every round",
             Upstream { oc: false },
-            quota(),
+            BenchArgs {
+                overload: Off,
+                find_peak: true,
+                ..quota()
+            },
         ),
-        at_quota(
-            "two-hop-oc",
-            "two hops, upstream honours RFC 7339",
-            Upstream { oc: true },
-            quota(),
-        ),
+        Row {
+            capacity: Some("two-hop-capacity"),
+            ..at_quota(
+                "two-hop",
+                "two hops, upstream a plain proxy",
+                Upstream { oc: false },
+                quota(),
+            )
+        },
+        Row {
+            capacity: Some("two-hop-capacity"),
+            ..at_quota(
+                "two-hop-oc",
+                "two hops, upstream honours RFC 7339",
+                Upstream { oc: true },
+                quota(),
+            )
+        },
     ];
     Suite {
         name: "overload",
@@ -1187,7 +1232,9 @@ fn overload() -> Suite {
                 searched once per run (the reference capacity); every row's goodput (calls \
                 completed within 500 ms per second) is then measured at the same offered \
                 rates, half to four times that reference, and read as a share of it — the \
-                TLS rows too, whose own capacity is lower. The CPU column is \
+                TLS rows too, whose own capacity differs. Rows that name their own capacity \
+                (the peak of their configuration with control off, searched in every round \
+                beside them) are read as a share of that too, round by round. The CPU column is \
                 at a rate below the peak, where control must cost nothing; one row refuses \
                 every call there, and its ratio is r, a refusal's cost as a share of a \
                 call's, which bounds what callers that ignore feedback can keep at k times \
