@@ -569,6 +569,7 @@ fn summarize(plan: &Plan, stats: &RunTally, times: &driver::RunTimes) -> Summary
             0.0
         },
         latency_ms: Latency::of(t),
+        first_response_ms: Latency::first_response(t),
         latency_cdf_ms: t.latency_cdf_ms(),
         uas_answered: stats.uas_answered,
         uas_completed: stats.uas_completed,

@@ -131,6 +131,9 @@ pub struct Step {
     pub goodput_per_s: f64,
     /// Latency of the step's answered operations, first request to the response that counts.
     pub latency_ms: Latency,
+    /// The step's calls' wait for the first response to their first request (see
+    /// [`Summary::first_response_ms`]).
+    pub first_response_ms: Latency,
     /// The load generator's own CPU over the step (its one thread: caller and callee), as a
     /// share of its core: near 1 where the load, not what it offers to, set the pace.
     pub load_cpu_share: f64,
@@ -167,6 +170,11 @@ pub struct Summary {
     pub throughput_per_s: f64,
     /// Latency of the answered operations, first request to the response that counts.
     pub latency_ms: Latency,
+    /// Calls' wait from their first request to the first response to it, provisional or
+    /// final (a stateful proxy's 100 Trying), answered or not in the end: the part of the
+    /// latency before the server answered at all — the caller's queue, the network and the
+    /// server's own — without the callee's. Empty (zeros) for other operations.
+    pub first_response_ms: Latency,
     /// The latency distribution as `[quantile, ms]` points, for CDF plots.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub latency_cdf_ms: Vec<[f64; 2]>,
@@ -286,11 +294,30 @@ impl Registrations {
 impl Latency {
     /// The percentiles of the latencies `t` recorded, in ms.
     pub fn of(t: &Tally) -> Latency {
+        Latency::from_us(&t.latency_us)
+    }
+
+    /// The percentiles of the first responses `t` recorded, in ms.
+    pub fn first_response(t: &Tally) -> Latency {
+        Latency::from_us(&t.first_response_us)
+    }
+
+    /// The percentiles of a histogram of µs, in ms (all 0 when it is empty).
+    fn from_us(h: &hdrhistogram::Histogram<u64>) -> Latency {
+        let ms = |us: u64| us as f64 / 1000.0;
+        if h.is_empty() {
+            return Latency {
+                p50: 0.0,
+                p90: 0.0,
+                p99: 0.0,
+                max: 0.0,
+            };
+        }
         Latency {
-            p50: t.latency_ms(0.5),
-            p90: t.latency_ms(0.9),
-            p99: t.latency_ms(0.99),
-            max: t.latency_max_ms(),
+            p50: ms(h.value_at_quantile(0.5)),
+            p90: ms(h.value_at_quantile(0.9)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
         }
     }
 }
@@ -329,6 +356,7 @@ impl Step {
             offered_per_s: per_s(t.attempted),
             goodput_per_s: per_s(on_time),
             latency_ms: Latency::of(t),
+            first_response_ms: Latency::first_response(t),
             load_cpu_share: 0.0,
         }
     }
@@ -434,6 +462,14 @@ impl Summary {
                 self.latency_ms.p99,
                 self.latency_ms.max,
             ));
+            if self.first_response_ms.max > 0.0 {
+                let f = &self.first_response_ms;
+                s.push_str(&format!(
+                    "first response (the wait before the server answered at all) p50 {:.2} ms, \
+                     p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
+                    f.p50, f.p90, f.p99, f.max
+                ));
+            }
             self.push_failures(&mut s);
             if self.uas_answered > 0 {
                 s.push_str(&format!(

@@ -22,6 +22,9 @@ pub struct Tally {
     /// Microseconds from the first request to the response that counts (INVITE→200,
     /// REGISTER→200, INVITE→302, OPTIONS→200).
     pub(crate) latency_us: Histogram<u64>,
+    /// Microseconds from a call's first request to the first response to it, provisional or
+    /// final (a stateful proxy's 100 Trying): how long before the server answered at all.
+    pub(crate) first_response_us: Histogram<u64>,
 }
 
 impl Default for Tally {
@@ -32,10 +35,15 @@ impl Default for Tally {
             failed: 0,
             failures_by_reason: BTreeMap::new(),
             retransmissions: 0,
-            // Up to an hour at three significant digits: every latency a SIP timer allows.
-            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"),
+            latency_us: histogram(),
+            first_response_us: histogram(),
         }
     }
+}
+
+/// Up to an hour at three significant digits: every latency a SIP timer allows.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
 }
 
 impl Tally {
@@ -58,10 +66,6 @@ impl Tally {
         QUANTILES.iter().map(|&q| [q, self.latency_ms(q)]).collect()
     }
 
-    pub(crate) fn latency_max_ms(&self) -> f64 {
-        self.latency_us.max() as f64 / 1000.0
-    }
-
     /// Adds another tally's counts (used to merge several UAs or trials).
     pub(crate) fn merge(&mut self, other: &Tally) {
         self.attempted += other.attempted;
@@ -72,6 +76,7 @@ impl Tally {
         }
         self.retransmissions += other.retransmissions;
         let _ = self.latency_us.add(&other.latency_us);
+        let _ = self.first_response_us.add(&other.first_response_us);
     }
 }
 
@@ -153,6 +158,14 @@ impl RunTally {
         let us = us.max(1);
         let _ = self.total.latency_us.record(us);
         let _ = self.window.latency_us.record(us);
+    }
+
+    /// Records how long a call waited for the first response to its first request, in µs
+    /// (at least 1).
+    pub fn first_response(&mut self, us: u64) {
+        let us = us.max(1);
+        let _ = self.total.first_response_us.record(us);
+        let _ = self.window.first_response_us.record(us);
     }
 
     /// Counts an operation that succeeded.

@@ -19,7 +19,11 @@ pub mod relay;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sipsec_load::cli::{OnOff, RedirectArg, Role as LoadRole, ScenarioArg};
-use sipsec_load::{self as load, report::Summary, LoadArgs};
+use sipsec_load::{
+    self as load,
+    report::{Latency, Summary},
+    LoadArgs,
+};
 use sipsec_server::cmd::ctl::{self, CtlArgs};
 use sipsec_server::serve::control;
 use sipsec_transport::net::transport::Transport;
@@ -195,6 +199,10 @@ pub struct BenchArgs {
     /// given).
     #[arg(long)]
     pub(crate) max_queue_delay_ms: Option<u64>,
+    /// With the default config: `[overload] feedback_target`, the busy fraction whose
+    /// capacity RFC 7339 neighbours are given (the server's own default when not given).
+    #[arg(long)]
+    pub(crate) feedback_target: Option<f64>,
     /// Run the started server under callgrind and count the user-space instructions it
     /// executes per operation over the measured run (valgrind; slow, so use a low rate and
     /// few calls): a count the machine's noise cannot move. CPU figures are then valgrind's.
@@ -340,6 +348,12 @@ pub struct CurvePoint {
     /// The load generator's CPU (this process's) over the trial's schedule, as a share of its
     /// one core: near 1 it, not the server, may be what held the goodput down.
     pub load_cpu_share: f64,
+    /// The trial's calls' latency, first request to the response that counts.
+    pub latency_ms: Latency,
+    /// Of that, the wait before the first response (`sipsec load`'s `first_response_ms`):
+    /// where it is most of the latency, calls waited before the server answered them, not
+    /// behind it.
+    pub first_response_ms: Latency,
 }
 
 /// Multiples of the peak the goodput curve is measured at (up to `--curve-to`).
@@ -576,6 +590,9 @@ pub(crate) fn default_config(dir: &Path, a: &BenchArgs, tls_dir: &Path) -> Strin
     let mut overload_extra = if a.refuse_all { "max_rate = 0\n" } else { "" }.to_string();
     if let Some(ms) = a.max_queue_delay_ms {
         overload_extra += &format!("max_queue_delay_ms = {ms}\n");
+    }
+    if let Some(t) = a.feedback_target {
+        overload_extra += &format!("feedback_target = {t}\n");
     }
     let (route, hosts) = if a.route_by_name {
         let uas: SocketAddr = UAS.parse().expect("the bench's UAS address");
@@ -1148,9 +1165,14 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
         let load_cpu_share = cpu::own_cpu().since(own0).total_s() / a.step_s;
         if !a.quiet {
             eprintln!(
-                "sipsec bench: {r}/s offered for {}s: {} on time, p50 {:.1} ms, load generator \
-                 {:.2} of its core; failed {:?}",
-                a.step_s, s.on_time, s.latency_ms.p50, load_cpu_share, s.failures_by_reason
+                "sipsec bench: {r}/s offered for {}s: {} on time, p50 {:.1} ms (first response \
+                 {:.1} ms), load generator {:.2} of its core; failed {:?}",
+                a.step_s,
+                s.on_time,
+                s.latency_ms.p50,
+                s.first_response_ms.p50,
+                load_cpu_share,
+                s.failures_by_reason
             );
         }
         goodput_curve.push(CurvePoint {
@@ -1159,6 +1181,8 @@ pub fn run_until(a: BenchArgs, stop: &AtomicBool) -> Result<Report> {
             goodput_per_s: s.on_time as f64 / a.step_s,
             server_cpu_us_per_op: us_per_op(cpu_s, counted(&a, &s)),
             load_cpu_share,
+            latency_ms: s.latency_ms.clone(),
+            first_response_ms: s.first_response_ms.clone(),
         });
     }
     drop(peak_quota);

@@ -61,6 +61,7 @@ impl Ua {
             auth_tries: 0,
             pc_nonce: [0; 16],
             latency_recorded: false,
+            answered: false,
             hold: None,
             branches: 0,
             extra_dialogs: Vec::new(),
@@ -243,6 +244,10 @@ impl Ua {
                 self.on_later_invite_2xx(number, msg);
             }
             return;
+        }
+        if !call.answered && call.stage == Stage::Invite {
+            call.answered = true;
+            self.stats.first_response(now_us - call.started_us);
         }
         if code < 200 {
             return;

@@ -204,6 +204,8 @@ struct Call {
     /// The Proxychain nonce n_AP sent with the current request.
     pc_nonce: sip_core::proxychain::Nonce,
     latency_recorded: bool,
+    /// A response to the call's first request has arrived (its wait is recorded).
+    answered: bool,
     hold: Option<TimerHandle>,
     branches: u32,
     /// Dialogs other UASs set up when a proxy forked the INVITE (RFC 3261 §13.2.2.4), ended

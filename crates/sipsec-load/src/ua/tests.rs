@@ -215,6 +215,34 @@ fn a_lost_invite_is_retransmitted_on_timer_a_and_counted() {
     assert!(t.latency_us.max() >= 500_000, "{}", t.latency_us.max());
 }
 
+/// The wait for the first response is recorded apart from the latency: a 180 that came at
+/// once and a 200 lost and resent 500 ms later are a call answered at once and completed late.
+#[test]
+fn the_wait_for_a_first_response_is_counted_apart_from_the_latency() {
+    let mut w = Wire::new(Scenario::Call, Users::default());
+    let mut dropped = false;
+    w.drop_to_uac = Box::new(move |m| {
+        if m.starts_with("SIP/2.0 200") && m.contains("CSeq: 1 INVITE") && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    w.start();
+    w.run(2000, 10);
+    let t = &w.uac.stats.total;
+    assert_eq!(t.succeeded, 1);
+    assert_eq!(t.first_response_us.len(), 1);
+    assert!(
+        t.first_response_us.max() < 10_000,
+        "{}",
+        t.first_response_us.max()
+    );
+    assert!(t.latency_us.max() >= 500_000, "{}", t.latency_us.max());
+    // The UAS records none: it made no call.
+    assert_eq!(w.uas.stats.total.first_response_us.len(), 0);
+}
+
 #[test]
 fn a_lost_ack_makes_the_uas_resend_its_2xx_and_the_uac_ack_again() {
     let mut w = Wire::new(Scenario::Call, Users::default());
