@@ -759,9 +759,13 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
                 .collect();
             let calls = stats::mean_interval(&peaks)?;
             let shares: Vec<f64> = peaks.iter().map(|p| p / reference).collect();
+            let label = s.row(id)?.label;
+            let mut first = label.chars();
+            let label = first
+                .next()
+                .map(|c| c.to_uppercase().chain(first).collect::<String>())?;
             Some(format!(
-                "{}: {} calls/s, {} of the reference.",
-                s.row(id)?.label,
+                "{label}: {} calls/s, {} of the reference.",
                 calls.text(0),
                 stats::mean_interval(&shares)?.text(2)
             ))
@@ -1586,7 +1590,10 @@ mod goodput_tests {
         assert!(shared.contains("| 0.85 ["), "{shared}");
         assert!(!md.contains("| two hops: the downstream's peak"), "{md}");
         assert!(
-            md.contains("searched every round: 3600 [") && md.contains("calls/s, 0.90 ["),
+            md.contains(
+                "Two hops: the downstream's peak behind a plain upstream, control off, \
+                 searched every round: 3600 ["
+            ) && md.contains("calls/s, 0.90 ["),
             "{md}"
         );
         // A capacity searched in another sitting is no pair: the round it would have
