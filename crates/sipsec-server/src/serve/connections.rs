@@ -69,6 +69,13 @@ const MAX_UNCONFIRMED: usize = 64;
 /// seconds — two million OPTIONS held in memory, none answered, every other connection of
 /// the worker unread meanwhile.
 const READ_LIMIT: usize = 256 << 10;
+/// A connection the worker opened to a next hop carries the answers to requests it already
+/// took in and forwarded; bounded like a caller's, the answers to the calls the worker
+/// admitted wait behind the new calls it reads (a callee's responses are longer than the
+/// requests they answer), and at four times capacity over TLS the callee's own send buffer
+/// held 4 MB of them — half a second of admitted calls. Its receive buffer and its read are
+/// four times a caller's: still bounded, and what floods it is a peer the worker chose.
+const OPENED_SCALE: usize = 4;
 /// What one connection may hold queued for its peer: past it the peer is reading far slower
 /// than it is sent to, and the connection is closed. Large, because the worker's own
 /// neighbours fall behind in bursts: a quarter of this held at four times capacity over TLS
@@ -656,7 +663,12 @@ impl Connections {
         c.unread = false;
         c.last_active = now;
         c.pinged = None;
-        let end = c.io.read_up_to(&mut self.scratch, READ_LIMIT);
+        let limit = if c.accepted {
+            READ_LIMIT
+        } else {
+            OPENED_SCALE * READ_LIMIT
+        };
+        let end = c.io.read_up_to(&mut self.scratch, limit);
         if matches!(end, ReadEnd::Limit) {
             c.unread = true;
             self.unread.push(slot);
@@ -1016,7 +1028,7 @@ impl Connections {
         let socket = Socket::new(Domain::for_address(to.addr), Type::STREAM, None)?;
         socket.set_nonblocking(true)?;
         socket.set_nodelay(true)?;
-        socket.set_recv_buffer_size(RECEIVE_BUFFER)?;
+        socket.set_recv_buffer_size(OPENED_SCALE * RECEIVE_BUFFER)?;
         match socket.connect(&SockAddr::from(to.addr)) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -1356,6 +1368,29 @@ mod descriptor_tests {
     }
 }
 
+/// A worker's table on the default config, listening for TCP on a port of loopback the kernel
+/// chose (tests of the table on real sockets).
+#[cfg(test)]
+fn test_table(ep: &Epoll) -> (Connections, SocketAddr) {
+    let toml = "[server]\nlisten = [\"tcp:127.0.0.1:5060\"]\n";
+    let cfg = crate::config::Config::from_toml(toml).unwrap();
+    let listener = listen_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Connections::new(
+        0,
+        cfg.streams.clone(),
+        65_535,
+        vec![(Transport::Tcp, listener)],
+        None,
+        None,
+        Default::default(),
+        ep,
+    )
+    .unwrap();
+    (conns, addr)
+}
+
 #[cfg(test)]
 mod receive_buffer_tests {
     use super::{listen_reuseport, RECEIVE_BUFFER};
@@ -1408,11 +1443,9 @@ mod receive_buffer_tests {
 
 #[cfg(test)]
 mod delay_tests {
-    use super::{listen_reuseport, Connections, Token};
-    use crate::config::Config;
+    use super::{Connections, Token};
     use sip_core::timer::Millis;
     use sipsec_transport::net::epoll::{self, Epoll};
-    use sipsec_transport::net::transport::Transport;
     use std::io::Write;
     use std::net::TcpStream;
     use std::time::{Duration, Instant};
@@ -1442,23 +1475,8 @@ mod delay_tests {
     /// and one read after a sleep says how long since the wake.
     #[test]
     fn a_stream_read_s_delay_is_bounded_by_its_last_read_and_the_wait() {
-        let toml = "[server]\nlisten = [\"tcp:127.0.0.1:5060\"]\n";
-        let cfg = Config::from_toml(toml).unwrap();
         let ep = Epoll::new().unwrap();
-        let listener = listen_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut conns = Connections::new(
-            0,
-            cfg.streams.clone(),
-            65_535,
-            vec![(Transport::Tcp, listener)],
-            None,
-            None,
-            Default::default(),
-            &ep,
-        )
-        .unwrap();
+        let (mut conns, addr) = super::test_table(&ep);
         conns.set_measuring(true);
         let mut client = TcpStream::connect(addr).unwrap();
         conns.woke(0);
@@ -1497,5 +1515,77 @@ mod delay_tests {
         client.write_all(b"\r\n\r\n").unwrap();
         pass(&mut conns, &ep, 250);
         assert_eq!(conns.take_delay(), None);
+    }
+}
+
+#[cfg(test)]
+mod read_limit_tests {
+    use super::{Connections, Token, READ_LIMIT};
+    use sipsec_transport::net::epoll::{self, Epoll};
+    use sipsec_transport::net::transport::{Peer, Transport};
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    /// Writes `len` bytes of CRLF keep-alives from `socket` on a thread of its own (its peer
+    /// reads only what a pass takes); the receiver hears when all of it was written.
+    fn send_pings(mut socket: TcpStream, len: usize) -> std::sync::mpsc::Receiver<()> {
+        let (done, written) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            if socket.write_all(&b"\r\n\r\n".repeat(len / 4)).is_ok() {
+                let _ = done.send(());
+            }
+        });
+        written
+    }
+
+    /// A connection the worker opened to a next hop (it carries the answers to what the
+    /// worker forwarded) is read up to four times as far a pass as one it accepted, so the
+    /// answers to admitted calls do not wait behind new ones.
+    #[test]
+    fn a_connection_the_worker_opened_is_read_further_a_pass_than_one_it_accepted() {
+        let ep = Epoll::new().unwrap();
+        let (mut conns, addr) = super::test_table(&ep);
+        // The next hop: the worker opens a connection to it by sending.
+        let next_hop = TcpListener::bind("127.0.0.1:0").unwrap();
+        let hop_addr = next_hop.local_addr().unwrap();
+        let owner = conns.send(0, Peer::new(Transport::Tcp, hop_addr), b"\r\n\r\n", &ep);
+        assert_eq!(owner, None, "this worker's own connection");
+        let (hop_side, _) = next_hop.accept().unwrap();
+        // A caller: the worker accepts it.
+        let caller = TcpStream::connect(addr).unwrap();
+
+        let len = 3 * READ_LIMIT;
+        let hop_written = send_pings(hop_side, len);
+        let _caller_writes = send_pings(caller, len);
+        // The opened connection's window takes all of it; the caller's fills as far as its
+        // window lets it.
+        hop_written
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the next hop wrote it all");
+        std::thread::sleep(Duration::from_millis(100));
+
+        // Events until both connections were read once (one pass: nothing is released).
+        let mut events = epoll::events(16);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let read = |conns: &Connections, accepted: bool| {
+            conns.reads.iter().find_map(|r| {
+                let c = conns.conns[r.slot].as_ref()?;
+                (c.accepted == accepted).then_some(r.consumed)
+            })
+        };
+        while read(&conns, true).is_none() || read(&conns, false).is_none() {
+            assert!(Instant::now() < deadline, "not both read");
+            let n = ep.wait(&mut events, 50);
+            for ev in &events[..n] {
+                let token = Token::decode(ev.u64).expect("ours");
+                conns.on_event(0, token, ev, &ep);
+            }
+        }
+        let opened = read(&conns, false).unwrap();
+        let accepted = read(&conns, true).unwrap();
+        assert!(accepted <= READ_LIMIT, "accepted: {accepted}");
+        assert!(opened > READ_LIMIT, "opened: {opened}");
+        assert!(opened <= 4 * READ_LIMIT, "opened: {opened}");
     }
 }
