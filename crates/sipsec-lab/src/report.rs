@@ -749,7 +749,8 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
             capacities.push(capacity.id);
         }
     }
-    let mut note = capacities
+    let top = grid.last().copied().unwrap_or(reference);
+    let note = capacities
         .iter()
         .filter_map(|&id| {
             let peaks: Vec<f64> = records
@@ -759,19 +760,24 @@ fn goodput_table(s: &Suite, rows: &[RowSummary], records: &[Record]) -> Option<(
                 .collect();
             let calls = stats::mean_interval(&peaks)?;
             let shares: Vec<f64> = peaks.iter().map(|p| p / reference).collect();
-            let label = s.row(id)?.label;
-            let mut first = label.chars();
-            let label = first
-                .next()
-                .map(|c| c.to_uppercase().chain(first).collect::<String>())?;
             Some(format!(
-                "{label}: {} calls/s, {} of the reference.",
+                "{}: {} calls/s, {} of the reference, so the grid's {top:.0}/s is {:.1} times it",
+                s.row(id)?.label,
                 calls.text(0),
-                stats::mean_interval(&shares)?.text(2)
+                stats::mean_interval(&shares)?.text(2),
+                top / calls.mean
             ))
         })
-        .collect::<Vec<_>>()
-        .join(" ");
+        .collect::<Vec<_>>();
+    let mut note = if note.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "Own capacities (the \"÷ its own capacity\" lines; their columns are the grid's \
+             rates, not multiples of these) — {}.",
+            note.join("; ")
+        )
+    };
     if let Some(b) = RefusalBound::of(s, records, reference) {
         let cells = |values: &dyn Fn(f64) -> Vec<f64>| -> Vec<String> {
             suite::GRID
@@ -1591,9 +1597,10 @@ mod goodput_tests {
         assert!(!md.contains("| two hops: the downstream's peak"), "{md}");
         assert!(
             md.contains(
-                "Two hops: the downstream's peak behind a plain upstream, control off, \
+                "two hops: the downstream's peak behind a plain upstream, control off, \
                  searched every round: 3600 ["
-            ) && md.contains("calls/s, 0.90 ["),
+            ) && md.contains("calls/s, 0.90 [")
+                && md.contains("so the grid's 16000/s is 4.4 times it."),
             "{md}"
         );
         // A capacity searched in another sitting is no pair: the round it would have

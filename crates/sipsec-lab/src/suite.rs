@@ -1189,9 +1189,9 @@ fn overload() -> Suite {
                 quota(),
             )
         },
-        // Behind an upstream a call costs the downstream more (the upstream's Via and
-        // Record-Route in every request, longer responses): its own capacity there, not
-        // the single server's, is what the two-hop rows keep a share of.
+        // Behind an upstream the downstream's work differs (the upstream's Via and
+        // Record-Route in every request, longer responses; one paced sender): its own
+        // capacity there, not the single server's, is what the two-hop rows keep a share of.
         at_quota(
             "two-hop-capacity",
             "two hops: the downstream's peak behind a plain upstream, control off, searched \

@@ -171,9 +171,11 @@ pub struct Summary {
     /// Latency of the answered operations, first request to the response that counts.
     pub latency_ms: Latency,
     /// Calls' wait from their first request to the first response to it, provisional or
-    /// final (a stateful proxy's 100 Trying), answered or not in the end: the part of the
+    /// final (a stateful proxy's 100 Trying), of every call that had one — refused and
+    /// challenged ones too, so not quite the population of `latency_ms`: the part of the
     /// latency before the server answered at all — the caller's queue, the network and the
-    /// server's own — without the callee's. Empty (zeros) for other operations.
+    /// server's own — without the callee's. Where no 100 Trying comes (a stateless proxy, a
+    /// redirect server) it is the whole wait for the answer; zeros for other operations.
     pub first_response_ms: Latency,
     /// The latency distribution as `[quantile, ms]` points, for CDF plots.
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -69,12 +69,15 @@ const MAX_UNCONFIRMED: usize = 64;
 /// seconds — two million OPTIONS held in memory, none answered, every other connection of
 /// the worker unread meanwhile.
 const READ_LIMIT: usize = 256 << 10;
-/// A connection the worker opened to a next hop carries the answers to requests it already
-/// took in and forwarded; bounded like a caller's, the answers to the calls the worker
+/// A connection the worker opened to forward a request to a next hop carries the answers to
+/// requests it already took in; bounded like a caller's, the answers to the calls the worker
 /// admitted wait behind the new calls it reads (a callee's responses are longer than the
 /// requests they answer), and at four times capacity over TLS the callee's own send buffer
 /// held 4 MB of them — half a second of admitted calls. Its receive buffer and its read are
-/// four times a caller's: still bounded, and what floods it is a peer the worker chose.
+/// four times a caller's: still bounded. A peer that has requests routed to it (any peer
+/// where nothing authenticates them) gains from it no more than four accepted connections
+/// would give it; a connection opened to return a response (RFC 3261 §18.2.2, the one it
+/// came on gone) is not one — a peer can have that opened to it by closing its own.
 const OPENED_SCALE: usize = 4;
 /// What one connection may hold queued for its peer: past it the peer is reading far slower
 /// than it is sent to, and the connection is closed. Large, because the worker's own
@@ -92,7 +95,8 @@ pub(crate) const MAX_QUEUED_TOTAL: usize = 256 << 20;
 /// up holds at most what a pass wrote to it while the socket's buffer was full.
 pub(crate) const SLOW_QUEUE: usize = 256 << 10;
 
-/// The kernel receive buffer asked for on every SIP connection (the kernel keeps at most
+/// The kernel receive buffer asked for on every SIP connection (four times it on one opened to
+/// a next hop, [`OPENED_SCALE`]) (the kernel keeps at most
 /// `net.core.rmem_max` and reports double). Left to autotuning it grows to `tcp_rmem`'s
 /// maximum (32 MiB on the lab's machine): seconds of requests that arrived but that the worker
 /// has not read, where overload control can neither see their age nor refuse them, so past
@@ -180,6 +184,8 @@ struct Conn {
     connecting: bool,
     /// Accepted from a listener (counted in `per_ip`).
     accepted: bool,
+    /// Opened to forward a request to a next hop: read [`OPENED_SCALE`] times as far a pass.
+    next_hop: bool,
     last_active: Millis,
     /// Since when a handshake or a partial message has been waiting to complete.
     pending_since: Option<Millis>,
@@ -210,7 +216,8 @@ struct Conn {
     counted: usize,
     /// The pass it was last read in ([`Connections::pass`]): once a pass.
     read_pass: u64,
-    /// Its last read stopped at [`READ_LIMIT`]: it is in [`Connections::unread`].
+    /// Its last read stopped at its limit ([`READ_LIMIT`], [`OPENED_SCALE`] times it for a
+    /// next hop): it is in [`Connections::unread`].
     unread: bool,
     /// When it was last read (or opened), for the queue delay ([`Connections::take_delay`]).
     read_at: Millis,
@@ -331,7 +338,7 @@ pub struct Connections {
     queued: usize,
     /// The pass the worker is in (one per [`Connections::release`]).
     pass: u64,
-    /// Connections whose last read stopped at [`READ_LIMIT`], to read again next pass.
+    /// Connections whose last read stopped at its limit, to read again next pass.
     unread: Vec<usize>,
     /// The serial the next connection gets.
     next_serial: u64,
@@ -588,6 +595,7 @@ impl Connections {
             established: !transport.secure(),
             connecting: false,
             accepted: false,
+            next_hop: false,
             last_active: now,
             pending_since,
             timer: None,
@@ -663,10 +671,10 @@ impl Connections {
         c.unread = false;
         c.last_active = now;
         c.pinged = None;
-        let limit = if c.accepted {
-            READ_LIMIT
-        } else {
+        let limit = if c.next_hop {
             OPENED_SCALE * READ_LIMIT
+        } else {
+            READ_LIMIT
         };
         let end = c.io.read_up_to(&mut self.scratch, limit);
         if matches!(end, ReadEnd::Limit) {
@@ -978,7 +986,8 @@ impl Connections {
                 return Ok(slot);
             }
         }
-        match self.connect(now, to, call, epoll) {
+        let request = !data.starts_with(b"SIP/2.0 ");
+        match self.connect(now, to, call, request, epoll) {
             Ok(slot) => {
                 match call {
                     Some(h) => self.by_call.insert((to.transport, to.addr, h), slot),
@@ -996,11 +1005,14 @@ impl Connections {
         }
     }
 
+    /// Opens a connection to `to`; `request`: to forward a request (a next hop), not to
+    /// return a response.
     fn connect(
         &mut self,
         now: Millis,
         to: Peer,
         call: Option<u64>,
+        request: bool,
         epoll: &Epoll,
     ) -> io::Result<usize> {
         if self.open >= self.cfg.max_connections_per_worker {
@@ -1028,7 +1040,8 @@ impl Connections {
         let socket = Socket::new(Domain::for_address(to.addr), Type::STREAM, None)?;
         socket.set_nonblocking(true)?;
         socket.set_nodelay(true)?;
-        socket.set_recv_buffer_size(OPENED_SCALE * RECEIVE_BUFFER)?;
+        let scale = if request { OPENED_SCALE } else { 1 };
+        socket.set_recv_buffer_size(scale * RECEIVE_BUFFER)?;
         match socket.connect(&SockAddr::from(to.addr)) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -1047,6 +1060,7 @@ impl Connections {
         )?;
         if let Some(c) = self.conns[slot].as_mut() {
             c.connecting = true;
+            c.next_hop = request;
         }
         inc(&self.stats.connections_opened);
         Ok(slot)
@@ -1525,56 +1539,83 @@ mod read_limit_tests {
     use sipsec_transport::net::transport::{Peer, Transport};
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
     use std::time::{Duration, Instant};
 
     /// Writes `len` bytes of CRLF keep-alives from `socket` on a thread of its own (its peer
-    /// reads only what a pass takes); the receiver hears when all of it was written.
+    /// reads only what a pass takes); the receiver hears when all of it has reached the
+    /// peer's receive queue (nothing left unacknowledged on loopback).
     fn send_pings(mut socket: TcpStream, len: usize) -> std::sync::mpsc::Receiver<()> {
-        let (done, written) = std::sync::mpsc::channel();
+        let (done, delivered) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            if socket.write_all(&b"\r\n\r\n".repeat(len / 4)).is_ok() {
-                let _ = done.send(());
+            if socket.write_all(&b"\r\n\r\n".repeat(len / 4)).is_err() {
+                return;
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let mut unacked: libc::c_int = 0;
+                // SAFETY: TIOCOUTQ writes one int for our own socket.
+                let r = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut unacked) };
+                if r == 0 && unacked == 0 {
+                    let _ = done.send(());
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
         });
-        written
+        delivered
     }
 
-    /// A connection the worker opened to a next hop (it carries the answers to what the
-    /// worker forwarded) is read up to four times as far a pass as one it accepted, so the
-    /// answers to admitted calls do not wait behind new ones.
+    /// A connection the worker opened to forward a request to a next hop (it carries the
+    /// answers to what the worker forwarded) is read up to four times as far a pass as one it
+    /// accepted, so the answers to admitted calls do not wait behind new ones; one it opened
+    /// to return a response (the one the request came on gone) is not: a peer can have that
+    /// opened by closing its own.
     #[test]
-    fn a_connection_the_worker_opened_is_read_further_a_pass_than_one_it_accepted() {
+    fn a_connection_opened_to_a_next_hop_is_read_further_a_pass_than_others() {
         let ep = Epoll::new().unwrap();
         let (mut conns, addr) = super::test_table(&ep);
         // The next hop: the worker opens a connection to it by sending.
         let next_hop = TcpListener::bind("127.0.0.1:0").unwrap();
         let hop_addr = next_hop.local_addr().unwrap();
-        let owner = conns.send(0, Peer::new(Transport::Tcp, hop_addr), b"\r\n\r\n", &ep);
+        let owner = conns.send(0, Peer::new(Transport::Tcp, hop_addr), b"OPTIONS", &ep);
         assert_eq!(owner, None, "this worker's own connection");
         let (hop_side, _) = next_hop.accept().unwrap();
+        // A response's way back, opened because the connection it came on is gone.
+        let answered = TcpListener::bind("127.0.0.1:0").unwrap();
+        let back = Peer::new(Transport::Tcp, answered.local_addr().unwrap());
+        assert_eq!(conns.send(0, back, b"SIP/2.0 200 OK", &ep), None);
+        let (answered_side, _) = answered.accept().unwrap();
         // A caller: the worker accepts it.
         let caller = TcpStream::connect(addr).unwrap();
 
         let len = 3 * READ_LIMIT;
-        let hop_written = send_pings(hop_side, len);
+        let hop_delivered = send_pings(hop_side, len);
         let _caller_writes = send_pings(caller, len);
-        // The opened connection's window takes all of it; the caller's fills as far as its
-        // window lets it.
-        hop_written
+        let _answered_writes = send_pings(answered_side, len);
+        // The next hop's window takes all of it (its buffer is four times the others', which
+        // fill as far as their windows let them).
+        hop_delivered
             .recv_timeout(Duration::from_secs(10))
-            .expect("the next hop wrote it all");
+            .expect("all of the next hop's bytes in the worker's receive queue");
         std::thread::sleep(Duration::from_millis(100));
 
         // Events until both connections were read once (one pass: nothing is released).
         let mut events = epoll::events(16);
         let deadline = Instant::now() + Duration::from_secs(5);
-        let read = |conns: &Connections, accepted: bool| {
+        // What the pass read from each: the caller (accepted), the next hop, the way back.
+        let read = |conns: &Connections, which: usize| {
             conns.reads.iter().find_map(|r| {
                 let c = conns.conns[r.slot].as_ref()?;
-                (c.accepted == accepted).then_some(r.consumed)
+                let kind = match c.io.remote {
+                    a if a == hop_addr => 1,
+                    a if a == back.addr => 2,
+                    _ => 0,
+                };
+                (kind == which).then_some(r.consumed)
             })
         };
-        while read(&conns, true).is_none() || read(&conns, false).is_none() {
+        while (0..3).any(|k| read(&conns, k).is_none()) {
             assert!(Instant::now() < deadline, "not both read");
             let n = ep.wait(&mut events, 50);
             for ev in &events[..n] {
@@ -1582,10 +1623,14 @@ mod read_limit_tests {
                 conns.on_event(0, token, ev, &ep);
             }
         }
-        let opened = read(&conns, false).unwrap();
-        let accepted = read(&conns, true).unwrap();
+        let (accepted, next_hop, back) = (
+            read(&conns, 0).unwrap(),
+            read(&conns, 1).unwrap(),
+            read(&conns, 2).unwrap(),
+        );
+        assert!(next_hop > READ_LIMIT, "next hop: {next_hop}");
+        assert!(next_hop <= 4 * READ_LIMIT, "next hop: {next_hop}");
         assert!(accepted <= READ_LIMIT, "accepted: {accepted}");
-        assert!(opened > READ_LIMIT, "opened: {opened}");
-        assert!(opened <= 4 * READ_LIMIT, "opened: {opened}");
+        assert!(back <= READ_LIMIT, "a response's way back: {back}");
     }
 }
