@@ -304,22 +304,13 @@ impl Latency {
         Latency::from_us(&t.first_response_us)
     }
 
-    /// The percentiles of a histogram of µs, in ms (all 0 when it is empty).
+    /// The percentiles and the largest of a histogram of µs, in ms (all 0 when it is empty).
     fn from_us(h: &hdrhistogram::Histogram<u64>) -> Latency {
-        let ms = |us: u64| us as f64 / 1000.0;
-        if h.is_empty() {
-            return Latency {
-                p50: 0.0,
-                p90: 0.0,
-                p99: 0.0,
-                max: 0.0,
-            };
-        }
         Latency {
-            p50: ms(h.value_at_quantile(0.5)),
-            p90: ms(h.value_at_quantile(0.9)),
-            p99: ms(h.value_at_quantile(0.99)),
-            max: ms(h.max()),
+            p50: crate::stats::quantile_ms(h, 0.5),
+            p90: crate::stats::quantile_ms(h, 0.9),
+            p99: crate::stats::quantile_ms(h, 0.99),
+            max: h.max() as f64 / 1000.0,
         }
     }
 }

@@ -46,13 +46,18 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
 }
 
+/// A percentile of a histogram of µs, in milliseconds (0 when nothing was recorded).
+pub(crate) fn quantile_ms(h: &Histogram<u64>, quantile: f64) -> f64 {
+    if h.is_empty() {
+        return 0.0;
+    }
+    h.value_at_quantile(quantile) as f64 / 1000.0
+}
+
 impl Tally {
     /// Latency percentile in milliseconds (0 when nothing was recorded).
     pub fn latency_ms(&self, quantile: f64) -> f64 {
-        if self.latency_us.is_empty() {
-            return 0.0;
-        }
-        self.latency_us.value_at_quantile(quantile) as f64 / 1000.0
+        quantile_ms(&self.latency_us, quantile)
     }
 
     /// The latency distribution at the quantiles a CDF plot needs, as `[quantile, ms]`.

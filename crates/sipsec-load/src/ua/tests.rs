@@ -142,6 +142,18 @@ impl Wire {
     }
 }
 
+/// A wire filter that drops the first message `matches` picks and lets every other through.
+fn drop_first(matches: impl Fn(&str) -> bool + 'static) -> Box<dyn FnMut(&str) -> bool> {
+    let mut dropped = false;
+    Box::new(move |m| {
+        if !dropped && matches(m) {
+            dropped = true;
+            return false;
+        }
+        true
+    })
+}
+
 fn method_of(text: &str) -> &str {
     text.split(' ').next().unwrap_or("")
 }
@@ -199,14 +211,7 @@ fn rport_is_in_the_via_only_when_asked_for() {
 #[test]
 fn a_lost_invite_is_retransmitted_on_timer_a_and_counted() {
     let mut w = Wire::new(Scenario::Call, Users::default());
-    let mut dropped = false;
-    w.drop_to_uas = Box::new(move |m| {
-        if m.starts_with("INVITE") && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    });
+    w.drop_to_uas = drop_first(|m| m.starts_with("INVITE"));
     w.start();
     w.run(2000, 10);
     let t = &w.uac.stats.total;
@@ -220,14 +225,7 @@ fn a_lost_invite_is_retransmitted_on_timer_a_and_counted() {
 #[test]
 fn the_wait_for_a_first_response_is_counted_apart_from_the_latency() {
     let mut w = Wire::new(Scenario::Call, Users::default());
-    let mut dropped = false;
-    w.drop_to_uac = Box::new(move |m| {
-        if m.starts_with("SIP/2.0 200") && m.contains("CSeq: 1 INVITE") && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    });
+    w.drop_to_uac = drop_first(|m| m.starts_with("SIP/2.0 200") && m.contains("CSeq: 1 INVITE"));
     w.start();
     w.run(2000, 10);
     let t = &w.uac.stats.total;

@@ -883,7 +883,7 @@ impl Connections {
     /// connection named.
     pub fn send(&mut self, now: Millis, to: Peer, data: &[u8], epoll: &Epoll) -> Option<usize> {
         let request = !data.starts_with(b"SIP/2.0 ");
-        let slot = match self.find(now, to, data, epoll) {
+        let slot = match self.find(now, to, data, request, epoll) {
             Ok(slot) => slot,
             Err(Some(owner)) => return Some(owner),
             Err(None) => {
@@ -939,13 +939,14 @@ impl Connections {
     }
 
     /// The connection a message goes on: the one named if it is still open, else one to the
-    /// address (per call for requests when so configured), opened if needed. `Err(Some(w))`:
-    /// worker `w` owns the connection named.
+    /// address (per call for requests when so configured), opened if needed; `request`: `data`
+    /// is a request (else a response). `Err(Some(w))`: worker `w` owns the connection named.
     fn find(
         &mut self,
         now: Millis,
         to: Peer,
         data: &[u8],
+        request: bool,
         epoll: &Epoll,
     ) -> Result<usize, Option<usize>> {
         if to.conn != 0 {
@@ -974,7 +975,7 @@ impl Connections {
             return Err(None);
         }
         let call = match self.cfg.outbound {
-            OutboundConnections::PerCall if !data.starts_with(b"SIP/2.0 ") => call_hash(data),
+            OutboundConnections::PerCall if request => call_hash(data),
             _ => None,
         };
         let existing = match call {
@@ -986,7 +987,6 @@ impl Connections {
                 return Ok(slot);
             }
         }
-        let request = !data.starts_with(b"SIP/2.0 ");
         match self.connect(now, to, call, request, epoll) {
             Ok(slot) => {
                 match call {
