@@ -449,11 +449,11 @@ fn interval(e: &mut Engine, at: Millis, n: usize, load: f64, standing_ms: u64) {
 
 #[test]
 fn a_standing_queue_beyond_the_limit_counts_as_overload_however_busy() {
-    // Half busy by the clock, but every datagram of the interval waited 70 ms: saturated,
+    // Half busy by the clock, but every datagram of the interval waited 150 ms: saturated,
     // and local admission holds new requests below what it took until the 50 ms beyond the
-    // limit drain.
+    // limit (100 ms by default) drain.
     let mut e = engine(ROUTE);
-    interval(&mut e, 0, 50, 0.5, 70);
+    interval(&mut e, 0, 50, 0.5, 150);
     let c = e.overload.control();
     assert!(c.local_on());
     // Nothing known of its cost before: half of what the saturating interval took.
