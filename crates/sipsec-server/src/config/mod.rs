@@ -516,8 +516,9 @@ pub struct OverloadConfig {
     pub(crate) feedback_target: f64,
     /// How often a worker measures its load and updates what it admits, in milliseconds.
     pub interval_ms: u64,
-    /// A queue (datagrams' or connections', kernel receive to read) standing longer than
-    /// this drains: admission keeps less of the capacity until it is gone.
+    /// A queue (datagrams', kernel receive to read) standing longer than this drains:
+    /// admission keeps less of the capacity until it is gone. The connections' queue is
+    /// judged against this or 20 ms, whichever is less (`overload::control`).
     pub(crate) max_queue_delay_ms: u64,
     /// New sheddable requests the server admits per second at most, whatever its load,
     /// shared equally between its workers (a fixed limit, as Kamailio's `ratelimit` keeps);
@@ -548,9 +549,11 @@ pub struct OverloadConfig {
 /// `[overload] max_queue_delay_ms` unless set: how long a queue may stand before it drains.
 /// Up to it the controller lets a queue stand, and a longer one means fuller batches, so a
 /// call costs the worker less: RFC 7339 callers at the lab grid's 4× kept 1.10 [1.01, 1.19] of
-/// what they kept with 20 ms (2×: 1.05 [0.99, 1.11]; 5 rotated rounds, BENCHMARKS.md), their
-/// first responses' median 61 ms against 16 under that overload — inside SIP's 500 ms T1 — and
-/// the peak search's own trials stood ~100 ms queues at the peak.
+/// what they kept with 20 ms (2×: 1.05 [0.99, 1.11]; 5 rotated rounds over UDP, the best of
+/// 20, 50 and 100 ms, BENCHMARKS.md). The price under that overload: first responses at most
+/// 340 ms (inside SIP's 500 ms T1, so no INVITE is retransmitted for want of one), calls' 99th
+/// percentile 340–575 ms against 198–387. The connections' queue, whose figure is a lower
+/// bound on the wait, keeps a 20 ms limit (`STREAMS_MAX_DELAY_MS`).
 pub(crate) const DEFAULT_MAX_QUEUE_DELAY_MS: u64 = 100;
 
 /// Where `[overload] feedback_target` is not set, RFC 7339/7415 neighbours are given this

@@ -88,6 +88,10 @@ pub struct Load {
     /// The least time the longer queue (datagrams' or connections') made what was read from
     /// it wait over the interval, zero if a pass found it empty (None unless measured).
     pub(crate) standing_delay: Option<Duration>,
+    /// The connections' queue's alone: a lower bound on what a stream's reads waited (the
+    /// rest waits in the senders' windows, where no read sees it), so overload control judges
+    /// it against a shorter limit.
+    pub(crate) streams_standing_delay: Option<Duration>,
     /// How long what the last pass read had waited, the longer queue's (zero unless measured).
     pub(crate) queue_delay: Duration,
 }
@@ -169,6 +173,7 @@ impl BusyMeter {
             busy: busy.clamp(0.0, 1.0),
             cpu: cpu / wall.as_secs_f64() / self.limit,
             standing_delay: datagrams.standing().max(streams.standing()),
+            streams_standing_delay: streams.standing(),
             queue_delay: datagrams.latest.max(streams.latest),
         };
         self.start = now;

@@ -270,6 +270,9 @@ impl Worker {
                         load: load.load(),
                         cpu: load.cpu,
                         standing_delay_ms: load.standing_delay.map(|d| d.as_millis() as u64),
+                        streams_standing_delay_ms: load
+                            .streams_standing_delay
+                            .map(|d| d.as_millis() as u64),
                         queue_delay_ms: load.queue_delay.as_millis() as u64,
                     },
                 );

@@ -32,10 +32,11 @@
 //! to, is then `trim / a`. The trim is the queue's say: down while a queue beyond the
 //! limit grows or holds, up while requests are held back and none stands or the worker
 //! waited, steady between — so a short queue stands and the worker reads full batches, where
-//! a call costs least. Up is first half the way an interval back to the rate the worker last
-//! sustained with a short queue, then [`TRIM_UP`] an interval: after a cut, the load cannot
-//! say how far to come back (a worker's reads full well below saturation, a call costing
-//! more in smaller batches), and 1% an interval took four seconds to regain a fifth. The
+//! a call costs least. Up is first half the way an interval back to the CPU share the worker
+//! last sustained with a short queue (since control engaged), then [`TRIM_UP`] an interval:
+//! after a cut, the load cannot say how far to come back (a worker's reads full well below
+//! saturation, a call costing more in smaller batches); traced at 4×, stepping 1% an interval
+//! after a cut to 0.8 of where a short queue had stood climbed for nearly four seconds. The
 //! probe-and-sample estimator above remains for before the model speaks; on its own it
 //! never sampled at four times capacity (the queue leapt past the limit within an interval)
 //! and probed to five times the worker's capacity while the drain alone held it.
@@ -46,7 +47,8 @@
 //!
 //! **Local admission** takes effect when the worker saturates, as a token bucket at the
 //! estimate (depth [`BURST_S`] of it): new requests beyond it are refused before any work.
-//! A queue that stands beyond `max_queue_delay` drains: the bucket then admits only
+//! A queue that stands beyond `max_queue_delay` (the connections' beyond
+//! [`STREAMS_MAX_DELAY_MS`]) drains: the bucket then admits only
 //! `1 − excess / DRAIN_MS` of the estimate. Requests from neighbours that announced `oc` are
 //! not judged by it while those neighbours stay within the budget they were given (over the
 //! interval so far, with [`OC_BURST_S`] and [`OC_SLACK`] to spare,
@@ -94,6 +96,12 @@ pub(crate) const PROBE: f64 = 0.05;
 /// A standing queue beyond the limit is drained over about this long: admission keeps
 /// `1 − excess / DRAIN_MS` of the capacity (at least [`MIN_DRAIN`]) while it stands.
 pub(crate) const DRAIN_MS: f64 = 100.0;
+/// The limit a standing queue of the connections' is judged against, milliseconds (or
+/// `max_queue_delay_ms` if shorter). A stream's figure is the head of what a pass read, a
+/// lower bound on what its requests waited: the rest waits in the senders' windows, where no
+/// read sees it (measured over TLS at 4×: it read 11–32 ms while the callers' connections stood
+/// full). The datagrams' limit was raised to 100 ms on UDP measurements; this one was not.
+pub(crate) const STREAMS_MAX_DELAY_MS: u64 = 20;
 /// The least share of the capacity admitted while a queue drains.
 const MIN_DRAIN: f64 = 0.1;
 /// The share of the way the estimate of what `oc` neighbours offer moves to each sample: it
@@ -143,10 +151,10 @@ const PRIOR_R: f64 = 0.25;
 /// The prior's weight against the data's, as a share of their spread.
 const PRIOR_WEIGHT: f64 = 0.05;
 /// The queue's correction of the cost model (the trim), per interval: down by this share
-/// for each `max_queue_delay` a queue stood all interval while it stood beyond that (at most
-/// twice), up by [`TRIM_UP`] while new requests were held back and no queue stood or the
-/// worker waited for work; between — a short queue stands, the worker never waits — it
-/// holds. A short standing queue is where the worker
+/// for each limit a queue stood all interval while it stood beyond its limit and did not
+/// shrink (at most twice), up by [`TRIM_UP`] — after regaining what it last sustained — while
+/// new requests were held back and no queue stood or the worker waited for work; between — a
+/// short queue stands, the worker never waits — it holds. A short standing queue is where the worker
 /// does most: it reads full batches (measured under a quarter-core quota, 4× capacity: with
 /// the queue kept under 5 ms a call cost 116–121 µs of CPU, with one of 20–30 ms 102 µs).
 const TRIM_DOWN: f64 = 0.02;
@@ -170,6 +178,10 @@ pub(crate) struct Interval {
     /// waited in the kernel over the interval, milliseconds (None when not measured): a queue
     /// that stood all interval (CoDel's rule).
     pub(crate) standing_delay_ms: Option<u64>,
+    /// The connections' queue's alone, milliseconds (None when not measured): judged against
+    /// [`STREAMS_MAX_DELAY_MS`], for a stream's figure is a lower bound on what its requests
+    /// waited.
+    pub(crate) streams_standing_delay_ms: Option<u64>,
     /// How long what the interval's last pass read had waited, milliseconds (0 when not
     /// measured): the queue as the interval ended.
     pub(crate) queue_delay_ms: u64,
@@ -236,12 +248,12 @@ pub(crate) struct Controller {
     trim: f64,
     /// The share of the capacity admitted while a standing queue drains (1: none).
     drain: f64,
-    /// New requests per second the worker took in recent intervals in which a short queue
-    /// stood all interval (within the limit), smoothed: what it sustains saturated (0: not
-    /// seen yet).
+    /// The CPU share (`a` × admitted rate, the trim's unit) the worker's admissions took in
+    /// recent intervals in which a short queue stood all interval, smoothed: what it sustains
+    /// saturated (0: not seen since control engaged).
     sustained: f64,
-    /// The standing queue delay of the interval before, milliseconds.
-    prev_standing_ms: u64,
+    /// How far a queue stood beyond its limit the interval before, milliseconds.
+    prev_over_ms: u64,
     bucket: Bucket,
 }
 
@@ -263,7 +275,7 @@ impl Default for Controller {
             trim: 1.0,
             drain: 1.0,
             sustained: 0.0,
-            prev_standing_ms: 0,
+            prev_over_ms: 0,
             bucket: Bucket::default(),
         }
     }
@@ -291,7 +303,16 @@ impl Controller {
         } else {
             admitted_rate
         };
-        let over_ms = standing.saturating_sub(t.max_delay_ms);
+        // How far a queue stood beyond its limit, and how many limits it stood: the
+        // connections' queue against the shorter one (its figure is a lower bound on the wait).
+        let streams_limit = t.max_delay_ms.clamp(1, STREAMS_MAX_DELAY_MS);
+        let streams = iv.streams_standing_delay_ms.unwrap_or(0);
+        let over_ms = standing
+            .saturating_sub(t.max_delay_ms)
+            .max(streams.saturating_sub(streams_limit));
+        let stood = (standing as f64 / t.max_delay_ms.max(1) as f64)
+            .max(streams as f64 / streams_limit as f64);
+        let drained_before = self.drain < 1.0;
         self.drain = (1.0 - over_ms as f64 / DRAIN_MS).clamp(MIN_DRAIN, 1.0);
         let refused = iv.arrived.saturating_sub(iv.admitted);
         let held_back = refused > 0 || (self.engaged && self.loss > 0.0);
@@ -327,11 +348,16 @@ impl Controller {
             // The cost model speaks: the capacity is what the whole CPU takes at the cost
             // admitted requests have had, trimmed by the queue, so the estimate rests where a
             // short queue stands and the worker never waits.
-            if queue_says && over_ms == 0 {
+            // The CPU share the worker's admissions took while a short queue stood all interval
+            // (not one admitted under the drain, which reads low): a share, not a rate, so a
+            // change of what requests cost since (another mix, a cheap flood) does not carry a
+            // rate that meant less CPU into what is regained.
+            if queue_says && over_ms == 0 && !drained_before {
+                let share = a * admitted_rate;
                 self.sustained = if self.sustained > 0.0 {
-                    self.sustained + GAIN * (admitted_rate - self.sustained)
+                    self.sustained + GAIN * (share - self.sustained)
                 } else {
-                    admitted_rate
+                    share
                 };
             }
             if over_ms > 0 {
@@ -339,17 +365,15 @@ impl Controller {
                 // the cuts before have not (cut every interval it stood, the trim fell a fifth
                 // below where a short queue had stood, measured at four times capacity, and
                 // took forty intervals to climb back).
-                if standing >= self.prev_standing_ms {
-                    let stood = standing as f64 / t.max_delay_ms.max(1) as f64;
+                if over_ms >= self.prev_over_ms {
                     self.trim *= 1.0 - TRIM_DOWN * stood.min(2.0);
                 }
             } else if held_back && (!queue_says || iv.load < FULL) {
                 // Back to the rate the worker last sustained with a short queue in a few
                 // intervals, then on by TRIM_UP: that queue said where the worker saturates;
                 // the load, which reads full well below it, cannot.
-                let regain = a * self.sustained;
-                if self.trim < regain {
-                    self.trim += GAIN * (regain - self.trim);
+                if self.trim < self.sustained {
+                    self.trim += GAIN * (self.sustained - self.trim);
                 }
                 self.trim *= 1.0 + TRIM_UP;
                 // A worker that waited says more than "up": what it took, at the load it took
@@ -411,13 +435,15 @@ impl Controller {
                 self.loss = 0.0;
                 self.prev_loss = 0.0;
                 self.oc_budget = 0.0;
+                // What it sustained then says nothing of the next overload's requests.
+                self.sustained = 0.0;
             }
         }
         if self.engaged {
             self.feedback_step(iv, t);
         }
         self.prev_delay_ms = iv.queue_delay_ms;
-        self.prev_standing_ms = standing;
+        self.prev_over_ms = over_ms;
         self.watching = self.engaged || iv.load >= QUEUE_MEASURED_FROM;
     }
 

@@ -74,6 +74,8 @@ pub(crate) struct Measured {
     /// waited in the kernel over the interval, milliseconds: a standing queue (`serve::busy`).
     /// None when not measured.
     pub(crate) standing_delay_ms: Option<u64>,
+    /// The connections' queue's alone (`serve::busy::Load::streams_standing_delay`).
+    pub(crate) streams_standing_delay_ms: Option<u64>,
     /// How long what the interval's last pass read had waited, milliseconds (0 when not
     /// measured, or that pass found the queues empty).
     pub(crate) queue_delay_ms: u64,
@@ -148,6 +150,7 @@ impl Engine {
             load: m.load,
             cpu: m.cpu,
             standing_delay_ms: m.standing_delay_ms,
+            streams_standing_delay_ms: m.streams_standing_delay_ms,
             queue_delay_ms: m.queue_delay_ms,
             oc_clients: o.rate_clients.len(),
             ..std::mem::take(&mut o.interval)

@@ -38,6 +38,7 @@ fn measured(load: f64, standing_delay_ms: Option<u64>, queue_delay_ms: u64) -> M
         load,
         cpu: load,
         standing_delay_ms,
+        streams_standing_delay_ms: None,
         queue_delay_ms,
     }
 }
@@ -469,6 +470,45 @@ fn a_standing_queue_beyond_the_limit_counts_as_overload_however_busy() {
     let mut e = engine(ROUTE);
     interval(&mut e, 0, 50, 1.0, 4);
     assert!(!e.overload.control().local_on());
+}
+
+/// The connections' queue is judged against a shorter limit than the datagrams': its figure
+/// is the head of what a pass read, a lower bound on what a stream's requests waited. A queue
+/// of 90 ms of datagrams is within their limit (100 ms); the same of the connections' is 70 ms
+/// beyond theirs (20 ms), and admission drains it.
+#[test]
+fn a_standing_stream_queue_drains_at_a_shorter_limit_than_datagrams() {
+    let admitted_after = |streams: Option<u64>| {
+        let mut e = engine(ROUTE);
+        for k in 0..50 {
+            deliver(
+                &mut e,
+                k * 2,
+                ALICE,
+                &invite(2_000_000 + k as usize, "", ""),
+            );
+        }
+        e.handle_load(
+            100,
+            Measured {
+                load: 1.0,
+                cpu: 1.0,
+                standing_delay_ms: Some(90),
+                streams_standing_delay_ms: streams,
+                queue_delay_ms: 90,
+            },
+        );
+        assert!(e.overload.control().local_on());
+        (0..100)
+            .filter(|&n| offer(&mut e, 100 + n as Millis, n, "", "").shed.is_empty())
+            .count()
+    };
+    // Half of what the saturating interval took (250/s), for 100 ms, and the bucket's depth.
+    let datagrams = admitted_after(None);
+    assert!((25..=32).contains(&datagrams), "{datagrams}");
+    // 0.3 of that while 70 ms beyond the limit drain.
+    let streams = admitted_after(Some(90));
+    assert!(streams <= 12, "{streams} (datagrams: {datagrams})");
 }
 
 /// Under overload a source offering far more than its share is refused first: ALICE floods
