@@ -369,7 +369,7 @@ impl Controller {
                     self.trim *= 1.0 - TRIM_DOWN * stood.min(2.0);
                 }
             } else if held_back && (!queue_says || iv.load < FULL) {
-                // Back to the rate the worker last sustained with a short queue in a few
+                // Back to the CPU share the worker last sustained with a short queue in a few
                 // intervals, then on by TRIM_UP: that queue said where the worker saturates;
                 // the load, which reads full well below it, cannot.
                 if self.trim < self.sustained {
@@ -937,7 +937,7 @@ mod tests {
         assert!(sim.ctl.cost.fit().is_some());
         sim.ctl.trim *= 0.5;
         sim.ctl.capacity *= 0.5;
-        // No rate sustained with a short queue to regain: the load alone says how far.
+        // Nothing sustained with a short queue to regain: the load alone says how far.
         sim.ctl.sustained = 0.0;
         let after = sim.run(4.0 * CAPACITY, 12);
         assert!(mean(&after[1..3]) < 0.8, "{after:?}");
@@ -950,7 +950,7 @@ mod tests {
     /// saturation (a wake-up's cost per small batch, [`Sim::wake_s`]), so that only the queue
     /// says it could take more, and a hiccup of 80 ms: the queue it leaves stands beyond the
     /// limit, the drain clears it and the trim is cut; from the third interval on, the worker
-    /// takes at least 0.97 of its capacity again, regaining the rate it last sustained with a
+    /// takes at least 0.97 of its capacity again, regaining the CPU share it last sustained with a
     /// short queue (stepping up 1% an interval from the cut, the third to the sixth took
     /// 0.93–0.97), and 0.93 over the two seconds from the hiccup, which itself takes most of
     /// an interval.
